@@ -1,0 +1,108 @@
+"""dask-redist: a dask array rechunk as ONE collective step across the workers.
+
+>>> import dask_redist
+>>> dask_redist.enable()          # every eligible x.rechunk(...) now runs as a collective
+>>> dask_redist.explain(y)        # what runs for each rechunk in y's graph, and why
+>>> dask_redist.rechunk(x, (1024, -1, 1))   # the explicit form
+"""
+
+from __future__ import annotations
+
+import dask
+
+from dask_redist.config import ConfigError, Settings
+from dask_redist.errors import (
+    NotEligibleError,
+    RedistConsistencyError,
+    RedistError,
+    RedistTimeoutError,
+)
+from dask_redist.explain import explain
+from dask_redist.optimize import CollectiveOptimizer, decide, find_rechunks, rewrite
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ConfigError",
+    "NotEligibleError",
+    "RedistConsistencyError",
+    "RedistError",
+    "RedistTimeoutError",
+    "Settings",
+    "disable",
+    "enable",
+    "explain",
+    "rechunk",
+]
+
+_enabled: list = []
+
+
+def _overrides(options: dict) -> dict:
+    cfg = {f"redist.{k.replace('_', '-')}": v for k, v in options.items()}
+    with dask.config.set(cfg):
+        Settings.from_config()  # fail here, naming the key, not later on the scheduler
+    return cfg
+
+
+class Enabled:
+    """Returned by :func:`enable`; leaving its ``with`` block disables again."""
+
+    def __init__(self, handle):
+        self._handle = handle
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        disable(self)
+
+
+def enable(**options) -> Enabled:
+    """Run every eligible ``x.rechunk(...)`` as one collective step.
+
+    Installs dask's ``array_optimize`` hook (chaining to whatever was there);
+    ``options`` set ``redist.*`` config keys for as long as it stays enabled,
+    e.g. ``enable(engine="dask", memory_budget="2GiB")``. Also a context manager.
+    """
+    current = dask.config.get("array_optimize", None)
+    if isinstance(current, CollectiveOptimizer):
+        current = current.chain
+    cfg = {"array_optimize": CollectiveOptimizer(chain=current), **_overrides(options)}
+    handle = Enabled(dask.config.set(cfg))
+    _enabled.append(handle)
+    return handle
+
+
+def disable(handle: Enabled | None = None) -> None:
+    """Undo :func:`enable` (the latest one, or ``handle`` and everything enabled after it)."""
+    while _enabled:
+        h = _enabled.pop()
+        h._handle.__exit__(None, None, None)
+        if handle is None or h is handle:
+            return
+
+
+def rechunk(x, chunks="auto", *, threshold=None, block_size_limit=None, balance=False, **options):
+    """``x.rechunk(chunks)`` as one collective step, whether or not :func:`enable` was called.
+
+    Takes dask's arguments; ``options`` override ``redist.*`` keys for this call.
+    Raises :class:`NotEligibleError` (with the reason) where the collective
+    cannot run, e.g. for object dtypes or unknown chunk sizes.
+    """
+    from dask.array import Array
+
+    if any(isinstance(c, float) and c != c for axis in x.chunks for c in axis):
+        raise NotEligibleError("chunk sizes are unknown (NaN); call x.compute_chunk_sizes() first")
+    y = x.rechunk(chunks, threshold=threshold, block_size_limit=block_size_limit, balance=balance, method="tasks")
+    if y is x:
+        return x
+    with dask.config.set(_overrides(options)):
+        settings = Settings.from_config()
+    graph = y.__dask_graph__()
+    (chain,) = [c for c in find_rechunks(graph, {y.name}) if c.output == y.name]
+    decision = decide(graph, chain, settings)
+    if not decision.collective:
+        raise NotEligibleError(decision.reason)
+    graph, _ = rewrite(graph, [], settings, only=[decision])
+    return Array(graph, y.name, y.chunks, meta=y._meta)

@@ -1,0 +1,227 @@
+"""One rank's part of one run of a collective rechunk, agnostic of the cluster.
+
+A :class:`WorkerRun` holds the inputs staged on this rank, collects the pieces
+other ranks send, and hands out the output chunks. It knows nothing of dask
+workers or comms: the engine that executes it is given a transport, so tests
+drive several runs in one process with a fake one.
+
+Thread model: the run is *executed* on the worker's collective thread, pieces
+*arrive* on the worker's event loop, outputs are *taken* by unpack tasks on
+the worker's task threads. One condition variable guards the state; every
+wait on it has a timeout.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Any
+
+import numpy as np
+
+from dask_redist.assemble import Assembly
+from dask_redist.errors import RedistConsistencyError, RedistError, RedistTimeoutError
+from dask_redist.layer import CollectiveSpec
+from dask_redist.plan import Plan, chunk_box, make_plan
+
+
+@dataclass(frozen=True, eq=False)
+class RunSpec:
+    """What the scheduler tells every rank when it starts a run."""
+
+    collective: CollectiveSpec
+    run_id: int
+    seq: int  # global order of runs: every worker executes runs by increasing seq
+    workers: tuple[str, ...]  # rank -> worker address
+    in_ranks: np.ndarray
+    out_ranks: np.ndarray
+    needed: np.ndarray
+    engine: str
+    kind: str = "numpy"  # array type of the chunks: "numpy" or "cupy"
+
+    @property
+    def token(self) -> str:
+        return self.collective.token
+
+    @cached_property
+    def plan(self) -> Plan:
+        return make_plan(
+            self.collective.rechunk,
+            self.in_ranks,
+            len(self.workers),
+            out_ranks=self.out_ranks,
+            needed=self.needed,
+        )
+
+    def name(self, rank: int | None = None) -> str:
+        who = "" if rank is None else f", rank {rank} ({self.workers[rank]})"
+        return f"{self.collective.describe()} run {self.run_id}{who}"
+
+
+class WorkerRun:
+    """The state of one run on one rank."""
+
+    def __init__(self, spec: RunSpec, address: str, inputs: dict[int, Any]):
+        self.spec = spec
+        self.address = address
+        self.rank = spec.workers.index(address)
+        self.inputs = inputs
+        self.timeout = spec.collective.settings.collective_timeout
+        self._cond = threading.Condition()
+        self.state = "queued"  # queued -> running -> done | failed
+        self.phase = "queued"
+        self.error: BaseException | None = None
+        self.outputs: dict[int, Any] = {}
+        self.started = time.time()
+        self._inbox: list[tuple[int, int, list]] = []  # pieces as they arrive, sorted out later
+
+    @property
+    def plan(self) -> Plan:
+        return self.spec.plan
+
+    @property
+    def run_id(self) -> int:
+        return self.spec.run_id
+
+    def name(self) -> str:
+        return self.spec.name(self.rank)
+
+    # -- event loop side --------------------------------------------------------------
+
+    def receive(self, src: int, first: int, arrays: list) -> None:
+        """Pieces ``first .. first + len(arrays)`` of what ``src`` sends this rank.
+
+        Only queued here (cheap, on the event loop); :meth:`wait_received` sorts them.
+        """
+        with self._cond:
+            if self.state not in ("done", "failed"):
+                self._inbox.append((src, first, arrays))
+                self._cond.notify_all()
+
+    def fail(self, error: BaseException) -> None:
+        """Abort the run: every wait on it raises ``error`` from now on."""
+        with self._cond:
+            if self.state == "failed":
+                return
+            self.state = "failed"
+            self.error = error
+            self.inputs = {}
+            self._inbox = []
+            self.outputs = {}
+            self._cond.notify_all()
+
+    # -- collective thread side ---------------------------------------------------------
+
+    def start(self) -> bool:
+        """Mark the run as executing; False if it was aborted meanwhile."""
+        with self._cond:
+            if self.state != "queued":
+                return False
+            self.state = "running"
+            return True
+
+    def set_phase(self, phase: str) -> None:
+        self.phase = phase
+        self._raise_if_failed()
+
+    def _raise_if_failed(self):
+        if self.state == "failed":
+            raise self.error
+
+    def wait_received(self) -> dict[int, list]:
+        """Block until every expected piece arrived; the pieces by source rank."""
+        self.set_phase("exchange")
+        recv = self.plan.receives(self.rank)
+        slots = {int(s): [None] * int(n) for s, n in zip(*np.unique(recv.src, return_counts=True))}
+        missing = {s: len(v) for s, v in slots.items()}
+        deadline = time.monotonic() + self.timeout
+        with self._cond:
+            while True:
+                self._raise_if_failed()
+                for src, first, arrays in self._inbox:
+                    slot = slots.get(src)
+                    if slot is None or first + len(arrays) > len(slot):
+                        raise RedistError(f"{self.name()}: unexpected pieces {first}..{first + len(arrays)} from rank {src}")
+                    for i, a in enumerate(arrays):
+                        missing[src] -= slot[first + i] is None
+                        slot[first + i] = a
+                self._inbox.clear()
+                if not any(missing.values()):
+                    return slots
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    late = sorted(s for s, n in missing.items() if n)
+                    raise RedistTimeoutError(
+                        f"{self.name()} timed out after {self.timeout:g}s in phase 'exchange' waiting for "
+                        f"pieces from ranks {late} ({', '.join(self.spec.workers[s] for s in late)}); "
+                        "raise redist.timeouts.collective if the run is just slow"
+                    )
+                self._cond.wait(left)
+
+    def finish(self, outputs: dict[int, Any]) -> None:
+        with self._cond:
+            if self.state == "failed":
+                return
+            self.outputs = outputs
+            self.inputs = {}
+            self.state = "done"
+            self.phase = "done"
+            self._cond.notify_all()
+
+    # -- task side ------------------------------------------------------------------
+
+    def take_output(self, index: int):
+        """The output chunk with flat index ``index``; waits for the run to finish."""
+        deadline = time.monotonic() + self.timeout
+        with self._cond:
+            while self.state in ("queued", "running"):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise RedistTimeoutError(
+                        f"{self.name()} timed out after {self.timeout:g}s waiting for output chunk {index} "
+                        f"(run is in phase '{self.phase}'); raise redist.timeouts.collective if it is just slow"
+                    )
+                self._cond.wait(left)
+            self._raise_if_failed()
+            try:
+                out = self.outputs.pop(index)
+            except KeyError:
+                raise RedistConsistencyError(
+                    f"{self.name()}: output chunk {index} is not here (owned by rank "
+                    f"{int(self.plan.out_ranks.ravel()[index])}, or already taken)"
+                ) from None
+        return out.build() if isinstance(out, Assembly) else out
+
+    # -- helpers for engines ----------------------------------------------------------
+
+    def assemblies(self, received: dict[int, list]) -> dict[int, Assembly]:
+        """Output chunks of this rank as pieces, from the received pieces by source rank."""
+        spec = self.spec.collective
+        recv = self.plan.receives(self.rank)
+        like = self._like(received)
+        out: dict[int, Assembly] = {}
+        for j in self.plan.owned(self.rank):
+            flat = int(np.ravel_multi_index(j, spec.rechunk.new_grid))
+            lo, hi = chunk_box(spec.rechunk.new, j)
+            out[flat] = Assembly(lo, hi, spec.dtype, like, [])
+        position = {s: 0 for s in received}
+        for i in range(len(recv)):
+            s = int(recv.src[i])
+            a = received[s][position[s]]
+            position[s] += 1
+            out[int(recv.new_block[i])].parts.append((recv.lo[i], recv.hi[i], a))
+        return out
+
+    def _like(self, received):
+        for arrays in received.values():
+            if arrays:
+                return arrays[0]
+        for a in self.inputs.values():
+            return a
+        if self.spec.kind == "cupy":  # pragma: no cover - needs a GPU
+            import cupy
+
+            return cupy.empty(0, dtype=self.spec.collective.dtype)
+        return np.empty(0, dtype=self.spec.collective.dtype)

@@ -1,0 +1,276 @@
+"""Scheduler side of the collective: runs, their global order, owners, restarts.
+
+The barrier task of a collective rechunk calls :meth:`RedistSchedulerPlugin.barrier`
+with where every input chunk is staged. The plugin then
+
+1. chooses the engine and the owner of every output chunk (the pure planner),
+2. numbers the run: a run id per attempt of this rechunk, and a sequence
+   number in one global order over all runs,
+3. pins every unpack task to its owner (``worker_restrictions``),
+4. sends ``redist-start`` to every worker of the run, in sequence order.
+
+It watches the unpack tasks: when all are in memory the run is cleaned up on
+the workers; when one errs the run is aborted everywhere. When a worker of an
+active run leaves, or a rank reports that a run's state was lost, the run is
+restarted: the barrier and the unfinished unpack tasks are released, so dask
+runs the barrier again (re-staging what was lost) under a new run id, up to
+``redist.retries`` times. A rank that fails for any other reason has the run
+aborted on every rank with its error, so no rank is left waiting.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+from collections import defaultdict, deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from distributed.diagnostics.plugin import SchedulerPlugin
+from distributed.protocol.pickle import dumps
+from distributed.protocol.serialize import ToPickle
+from distributed.utils import log_errors, offload
+
+from dask_redist._run import RunSpec
+from dask_redist._worker import RedistWorkerPlugin
+from dask_redist.layer import BARRIER_PREFIX, STAGE_PREFIX, BarrierTask, CollectiveSpec
+from dask_redist.plan import make_plan
+
+logger = logging.getLogger("dask_redist")
+
+
+@dataclass
+class ActiveRun:
+    spec: RunSpec
+    pending: set  # keys of unpack tasks not yet in memory
+    restrictions: dict  # original worker restrictions of the pinned unpack tasks
+    nbytes: int
+    moved: int
+    started: float = field(default_factory=time.time)
+
+
+class RedistSchedulerPlugin(SchedulerPlugin):
+    name = "redist"
+
+    def __init__(self):
+        self.scheduler = None
+        self.active: dict[str, ActiveRun] = {}
+        self.attempts: defaultdict[str, int] = defaultdict(int)
+        self.restarts: defaultdict[str, int] = defaultdict(int)
+        self.by_output: dict[Any, str] = {}
+        self.stage_home: dict[Any, str] = {}
+        self.history: deque = deque(maxlen=200)
+        self._seq = itertools.count(1)
+        self._ready: asyncio.Event | None = None
+
+    async def start(self, scheduler) -> None:
+        if self.name in scheduler.plugins:  # registered concurrently by another barrier
+            return
+        self.scheduler = scheduler
+        self._ready = asyncio.Event()
+        scheduler.add_plugin(self, name=self.name)
+        scheduler.handlers.update(
+            {
+                "redist_barrier": self.barrier,
+                "redist_failed": self.failed,
+                "redist_history": self.get_history,
+            }
+        )
+        await scheduler.register_worker_plugin(
+            None, dumps(RedistWorkerPlugin()), name=RedistWorkerPlugin.name, idempotent=True
+        )
+        self._ready.set()
+
+    # -- handlers -------------------------------------------------------------------
+
+    @log_errors
+    async def barrier(self, token: str, workers: list[str], holders: list[int], kind: str) -> dict:
+        await self._ready.wait()
+        key = BARRIER_PREFIX + token
+        ts = self.scheduler.tasks.get(key)
+        if ts is None or ts.state != "processing" or not isinstance(ts.run_spec, BarrierTask):
+            return {"status": "error", "message": f"barrier task {key} is not processing"}
+        spec: CollectiveSpec = ts.run_spec.spec
+        if lost := [w for w in workers if w not in self.scheduler.workers]:
+            self._restart(token, f"workers {lost} holding staged inputs left before the run started")
+            return {"status": "error", "message": f"workers {lost} left"}
+
+        ranks = sorted(set(self.scheduler.workers) | set(workers))
+        position = {w: i for i, w in enumerate(ranks)}
+        in_ranks = np.array([position[workers[h]] for h in holders], dtype=np.int64)
+        tasks = self.scheduler.tasks
+        needed = np.array(
+            [(k in tasks and tasks[k].state != "memory") for k in spec.output_keys()], dtype=bool
+        )
+        engine = self.choose_engine(spec, kind)
+        plan = await offload(make_plan, spec.rechunk, in_ranks, len(ranks), needed=needed)
+
+        if lost := [w for w in ranks if w not in self.scheduler.workers]:
+            self._restart(token, f"workers {lost} left while the run was planned")
+            return {"status": "error", "message": f"workers {lost} left"}
+        if token in self.active:
+            self._abort(token, "superseded by a new run", restart=True)
+        self.attempts[token] += 1
+        run = RunSpec(
+            collective=spec,
+            run_id=self.attempts[token],
+            seq=next(self._seq),
+            workers=tuple(ranks),
+            in_ranks=plan.in_ranks,
+            out_ranks=plan.out_ranks,
+            needed=needed,
+            engine=engine,
+            kind=kind,
+        )
+        pending, restrictions = set(), {}
+        owners = plan.out_ranks.ravel()
+        for flat in np.flatnonzero(needed):
+            out_key = spec.output_key(int(flat))
+            restrictions[out_key] = tasks[out_key].worker_restrictions
+            self.scheduler.set_restrictions({out_key: {ranks[owners[flat]]}})
+            self.by_output[out_key] = token
+            pending.add(out_key)
+        self.active[token] = ActiveRun(run, pending, restrictions, plan.nbytes, plan.moved_bytes)
+        message = {"op": "redist-start", "run": ToPickle(run)}
+        for w in ranks:  # no await since the sequence number: starts leave in seq order
+            self.scheduler.stream_comms[w].send(message)
+        logger.debug("started %s on %d workers (engine %s)", run.name(), len(ranks), engine)
+        if not pending:
+            self._finish(token)
+        return {"status": "OK", "run_id": run.run_id}
+
+    def choose_engine(self, spec: CollectiveSpec, kind: str) -> str:
+        engine = spec.settings.engine
+        if engine == "auto":
+            return "dask"
+        return engine
+
+    @log_errors
+    def failed(self, token: str, run_id: int, address: str, message: str, restart: bool) -> None:
+        run = self.active.get(token)
+        if run is None or run.spec.run_id != run_id:
+            return
+        logger.warning("%s failed on %s: %s", run.spec.name(), address, message)
+        if restart:
+            self._restart(token, message)
+        else:
+            self._abort(token, message, restart=False)
+
+    def get_history(self) -> list[dict]:
+        return list(self.history)
+
+    # -- run lifecycle ----------------------------------------------------------------
+
+    def _send(self, workers, message) -> None:
+        for w in workers:
+            if (comm := self.scheduler.stream_comms.get(w)) is not None:
+                comm.send(message)
+
+    def _deactivate(self, token: str, outcome: str) -> ActiveRun | None:
+        run = self.active.pop(token, None)
+        if run is None:
+            return None
+        for key, original in run.restrictions.items():
+            self.by_output.pop(key, None)
+            if key in self.scheduler.tasks:
+                self.scheduler.set_restrictions({key: original})
+        self.history.append(
+            {
+                "token": token,
+                "run": run.spec.run_id,
+                "engine": run.spec.engine,
+                "workers": len(run.spec.workers),
+                "bytes": run.nbytes,
+                "bytes moved": run.moved,
+                "seconds": round(time.time() - run.started, 6),
+                "outcome": outcome,
+            }
+        )
+        return run
+
+    def _finish(self, token: str) -> None:
+        run = self._deactivate(token, "done")
+        if run is not None:
+            self._send(run.spec.workers, {"op": "redist-cleanup", "token": token, "run_id": run.spec.run_id})
+            self.restarts.pop(token, None)
+
+    def _abort(self, token: str, reason: str, *, restart: bool) -> None:
+        run = self._deactivate(token, "restarted" if restart else "failed")
+        if run is None:
+            return
+        self._send(
+            run.spec.workers,
+            {"op": "redist-abort", "token": token, "run_id": run.spec.run_id, "reason": reason, "restart": restart},
+        )
+
+    def _restart(self, token: str, reason: str) -> None:
+        """Abort the run and release the barrier and unfinished unpack tasks: dask reruns them."""
+        spec_run = self.active.get(token)
+        settings = spec_run.spec.collective.settings if spec_run else None
+        self.restarts[token] += 1
+        if settings is not None and self.restarts[token] > settings.retries:
+            self._abort(
+                token, f"{reason} (gave up after {settings.retries} restarts, see redist.retries)", restart=False
+            )
+            return
+        self._abort(token, reason, restart=True)
+        logger.warning("restarting rechunk %s: %s", token[:8], reason)
+        barrier = self.scheduler.tasks.get(BARRIER_PREFIX + token)
+        if barrier is None:
+            return
+        recs = {dt.key: "released" for dt in barrier.dependents if dt.state in ("processing", "waiting", "no-worker")}
+        if barrier.state in ("memory", "processing"):
+            recs[barrier.key] = "released"
+        stimulus = f"redist-restart-{token}-{time.time()}"
+        self.scheduler.transitions(recs, stimulus_id=stimulus)
+        self.scheduler.stimulus_queue_slots_maybe_opened(stimulus_id=stimulus)
+
+    # -- scheduler hooks ------------------------------------------------------------------
+
+    def transition(self, key, start, finish, *args, stimulus_id: str, **kwargs) -> None:
+        if type(key) is tuple and key and type(key[0]) is str and key[0].startswith(STAGE_PREFIX):
+            if finish == "memory" and "worker" in kwargs:
+                self.stage_home[key] = kwargs["worker"]
+            elif start == "memory" and (home := self.stage_home.pop(key, None)) is not None:
+                self._send([home], {"op": "redist-drop", "token": key[0][len(STAGE_PREFIX) :], "index": key[1:]})
+            return
+        token = self.by_output.get(key)
+        if token is not None:
+            run = self.active.get(token)
+            if run is None:
+                return
+            if finish == "memory":
+                run.pending.discard(key)
+                if not run.pending:
+                    self._finish(token)
+            elif finish == "erred":
+                self._abort(token, f"output task {key} failed", restart=False)
+            elif finish == "forgotten":
+                run.pending.discard(key)
+                if not run.pending:
+                    self._abort(token, "all outputs forgotten", restart=False)
+            return
+        if type(key) is str and key.startswith(BARRIER_PREFIX) and finish in ("released", "erred", "forgotten"):
+            token = key[len(BARRIER_PREFIX) :]
+            if token in self.active:
+                self._abort(token, f"barrier {finish}", restart=finish == "released")
+            if finish == "forgotten":
+                self.attempts.pop(token, None)
+                self.restarts.pop(token, None)
+
+    def remove_worker(self, scheduler, worker: str, *, stimulus_id: str, **kwargs) -> None:
+        for key in [k for k, w in self.stage_home.items() if w == worker]:
+            del self.stage_home[key]
+        for token, run in list(self.active.items()):
+            if worker in run.spec.workers:
+                self._restart(token, f"worker {worker} left during {run.spec.name()}")
+
+    def restart(self, scheduler) -> None:
+        self.active.clear()
+        self.by_output.clear()
+        self.stage_home.clear()
+        self.attempts.clear()
+        self.restarts.clear()

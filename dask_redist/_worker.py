@@ -1,0 +1,362 @@
+"""Worker side of the collective: staged inputs, runs, and the collective thread.
+
+Every worker process has one :class:`WorkerState`. Stage tasks put chunks into
+it; the scheduler's ``redist-start`` message turns staged chunks into a
+:class:`~dask_redist._run.WorkerRun`; ONE collective thread per worker executes
+runs strictly by their global sequence number, so two rechunks running at the
+same time can never wait on each other crosswise; unpack tasks take the
+outputs. A staged chunk lives exactly as long as its stage key is in memory
+on the scheduler (which sends ``redist-drop`` when it is released), so a
+restarted run finds every marker it is given backed by data.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+import logging
+import threading
+import weakref
+from collections import defaultdict
+from typing import Any, Callable, NamedTuple
+
+import numpy as np
+from distributed import get_worker
+from distributed.diagnostics.plugin import WorkerPlugin
+from distributed.protocol import to_serialize
+
+from dask_redist._run import RunSpec, WorkerRun
+from dask_redist.assemble import array_kind
+from dask_redist.engines import get_engine
+from dask_redist.errors import RedistConsistencyError, RedistError, RedistTimeoutError
+
+logger = logging.getLogger("dask_redist")
+
+
+class Staged(NamedTuple):
+    """What a stage task returns: where its chunk is kept, and what it is."""
+
+    address: str
+    nbytes: int
+    kind: str
+
+
+def _worker():
+    try:
+        return get_worker()
+    except ValueError:
+        raise RedistError(
+            "dask-redist's collective rechunk runs on a distributed cluster: create a "
+            "distributed.Client (e.g. on a LocalCluster or LocalCUDACluster) before computing"
+        ) from None
+
+
+# -- tasks (called by the functions in dask_redist.layer) -----------------------------
+
+
+def stage(token: str, index: tuple[int, ...], shape: tuple[int, ...], chunk: Any) -> Staged:
+    return get_state(_worker()).stage(token, index, shape, chunk)
+
+
+def barrier(spec, markers) -> int:
+    return get_state(_worker()).barrier(spec, markers)
+
+
+def unpack(token: str, index: int, run_id: int):
+    return get_state(_worker()).unpack(token, index, run_id)
+
+
+# -- the collective thread ------------------------------------------------------------
+
+
+class CollectiveThread:
+    """Executes runs one at a time, lowest sequence number first."""
+
+    def __init__(self, execute: Callable[[WorkerRun], None], name: str):
+        self._execute = execute
+        self._name = name
+        self._heap: list[tuple[int, int, WorkerRun]] = []
+        self._tie = itertools.count()
+        self._cond = threading.Condition()
+        self._closed = False
+        self._thread: threading.Thread | None = None
+
+    def submit(self, run: WorkerRun) -> None:
+        with self._cond:
+            if self._closed:
+                run.fail(RedistError(f"{run.name()}: worker is closing"))
+                return
+            heapq.heappush(self._heap, (run.spec.seq, next(self._tie), run))
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._loop, name=self._name, daemon=True)
+                self._thread.start()
+            self._cond.notify()
+
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                while not self._heap and not self._closed:
+                    self._cond.wait()
+                if self._closed:
+                    return
+                _, _, run = heapq.heappop(self._heap)
+            self._execute(run)
+
+    def close(self, timeout: float = 10) -> None:
+        with self._cond:
+            self._closed = True
+            pending = [r for _, _, r in self._heap]
+            self._heap.clear()
+            self._cond.notify_all()
+        for run in pending:
+            run.fail(RedistError(f"{run.name()}: worker is closing"))
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+
+class CommsTransport:
+    """Sends pieces to peer workers over Dask comms, all peers at once."""
+
+    def __init__(self, state: WorkerState, run: WorkerRun):
+        self.state, self.run = state, run
+
+    def send(self, batches: list[tuple[int, int, list]]) -> None:
+        run, worker = self.run, self.state.worker
+        by_dst: dict[int, list] = defaultdict(list)
+        for dst, first, arrays in batches:
+            by_dst[dst].append((first, arrays))
+
+        async def to_peer(dst, items):
+            for first, arrays in items:
+                await worker.rpc(run.spec.workers[dst]).redist_receive(
+                    token=run.spec.token, run_id=run.run_id, src=run.rank, first=first, data=to_serialize(arrays)
+                )
+
+        async def send_all():
+            await asyncio.gather(*(to_peer(d, items) for d, items in by_dst.items()))
+
+        self.state.call(send_all, run.timeout, f"{run.name()} phase 'send'")
+
+
+# -- per-worker state -----------------------------------------------------------------
+
+_states: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_states_lock = threading.Lock()
+_registered: set[str] = set()  # scheduler addresses where this process registered the plugins
+
+
+def get_state(worker) -> WorkerState:
+    with _states_lock:
+        state = _states.get(worker)
+        if state is None:
+            state = _states[worker] = WorkerState(worker)
+        return state
+
+
+class WorkerState:
+    def __init__(self, worker):
+        self.worker = worker
+        self._lock = threading.Lock()
+        self.staged: dict[tuple[str, tuple[int, ...]], Any] = {}  # (token, chunk index) -> chunk
+        self.runs: dict[str, WorkerRun] = {}
+        self.early: dict[tuple[str, int], list] = defaultdict(list)
+        self.thread = CollectiveThread(self._execute, f"redist-collective-{worker.address}")
+
+    @property
+    def address(self) -> str:
+        return self.worker.address
+
+    def call(self, coro_fn, timeout: float, what: str):
+        """Run ``coro_fn()`` on the worker's event loop from a thread, with a timeout."""
+        loop = self.worker.loop.asyncio_loop
+
+        async def bounded():
+            return await asyncio.wait_for(coro_fn(), timeout)
+
+        try:
+            return asyncio.run_coroutine_threadsafe(bounded(), loop).result()
+        except asyncio.TimeoutError:
+            raise RedistTimeoutError(f"{what} timed out after {timeout:g}s") from None
+
+    # -- tasks --------------------------------------------------------------------
+
+    def stage(self, token: str, index: tuple[int, ...], shape: tuple[int, ...], chunk: Any) -> Staged:
+        kind = array_kind(chunk)
+        if kind not in ("numpy", "cupy"):
+            raise TypeError(
+                f"dask-redist can only rechunk NumPy or CuPy chunks, got a {kind} for input chunk {index}; "
+                "narrow redist.chunk-types or rechunk this array with dask_redist.disable()"
+            )
+        if tuple(chunk.shape) != tuple(shape):
+            raise ValueError(
+                f"input chunk {index} has shape {tuple(chunk.shape)} but the array's chunks say {tuple(shape)}"
+            )
+        with self._lock:
+            self.staged[(token, tuple(index))] = chunk
+        return Staged(self.address, int(chunk.nbytes), kind)
+
+    def barrier(self, spec, markers) -> int:
+        settings = spec.settings
+        self._ensure_plugins(settings.barrier_timeout)
+        kinds = {m.kind for m in markers}
+        if len(kinds) > 1:
+            raise TypeError(f"{spec.describe()}: input chunks of mixed types {sorted(kinds)}; convert them to one type first")
+        workers = sorted({m.address for m in markers})
+        index = {w: i for i, w in enumerate(workers)}
+        holders = [index[m.address] for m in markers]
+
+        async def ask():
+            return await self.worker.scheduler.redist_barrier(
+                token=spec.token, workers=workers, holders=holders, kind=kinds.pop() if kinds else "numpy"
+            )
+
+        response = self.call(ask, settings.barrier_timeout, f"{spec.describe()} barrier")
+        if response.get("status") != "OK":
+            raise RedistConsistencyError(f"{spec.describe()} barrier: {response.get('message', response)}")
+        return response["run_id"]
+
+    def unpack(self, token: str, index: int, run_id: int):
+        with self._lock:
+            run = self.runs.get(token)
+        if run is None or run.run_id != run_id:
+            have = "no run" if run is None else f"run {run.run_id}"
+            raise RedistConsistencyError(
+                f"rechunk {token[:8]}: unpack of output chunk {index} expected run {run_id} on {self.address}, found {have}"
+            )
+        return run.take_output(index)
+
+    def _ensure_plugins(self, timeout: float) -> None:
+        """Register the scheduler plugin (which registers the worker plugin) once per scheduler."""
+        address = self.worker.scheduler.address
+        if address in _registered:
+            return
+        from distributed.protocol.pickle import dumps
+
+        from dask_redist._scheduler import RedistSchedulerPlugin
+
+        async def register():
+            await self.worker.scheduler.register_scheduler_plugin(
+                plugin=dumps(RedistSchedulerPlugin()), name=RedistSchedulerPlugin.name, idempotent=True
+            )
+
+        self.call(register, timeout, "registering the dask-redist scheduler plugin")
+        _registered.add(address)
+
+    # -- messages from the scheduler and peers (event loop) --------------------------------
+
+    def handle_start(self, run: RunSpec) -> None:
+        rank = run.workers.index(self.address)
+        mine = np.flatnonzero(run.in_ranks.ravel() == rank)
+        grid = run.collective.rechunk.old_grid
+        with self._lock:
+            inputs = {int(i): self.staged.get((run.token, tuple(int(v) for v in np.unravel_index(i, grid)))) for i in mine}
+            old = self.runs.get(run.token)
+            wr = self.runs[run.token] = WorkerRun(run, self.address, {i: a for i, a in inputs.items() if a is not None})
+            early = self.early.pop((run.token, run.run_id), [])
+            for key in [k for k in self.early if k[0] == run.token and k[1] < run.run_id]:
+                del self.early[key]
+        if old is not None and old.state in ("queued", "running"):
+            old.fail(RedistConsistencyError(f"{old.name()} superseded by run {run.run_id}"))
+        missing = [i for i, a in inputs.items() if a is None]
+        if missing:
+            error = RedistConsistencyError(f"{wr.name()}: staged input chunks {missing[:5]} are not on this worker")
+            wr.fail(error)
+            self._report(wr, error)
+            return
+        for src, first, arrays in early:
+            wr.receive(src, first, arrays)
+        self.thread.submit(wr)
+
+    async def handle_receive(self, token: str, run_id: int, src: int, first: int, data: list) -> str:
+        with self._lock:
+            run = self.runs.get(token)
+            if run is None or run.run_id < run_id:
+                self.early[(token, run_id)].append((src, first, data))
+                return "OK"
+        if run.run_id == run_id:
+            run.receive(src, first, data)
+        return "OK"
+
+    def handle_abort(self, token: str, run_id: int, reason: str, restart: bool) -> None:
+        with self._lock:
+            run = self.runs.get(token)
+            for key in [k for k in self.early if k[0] == token and k[1] <= run_id]:
+                del self.early[key]
+        if run is not None and run.run_id == run_id:
+            run.fail((RedistConsistencyError if restart else RedistError)(reason))
+
+    def handle_cleanup(self, token: str, run_id: int) -> None:
+        with self._lock:
+            run = self.runs.get(token)
+            if run is not None and run.run_id <= run_id:
+                del self.runs[token]
+
+    def handle_drop(self, token: str, index: list[int]) -> None:
+        with self._lock:
+            self.staged.pop((token, tuple(index)), None)
+
+    # -- the collective thread ---------------------------------------------------------
+
+    def _execute(self, run: WorkerRun) -> None:
+        if not run.start():
+            return
+        try:
+            get_engine(run.spec.engine).execute(run, CommsTransport(self, run))
+        except BaseException as e:  # noqa: B036 - every failure must reach the other ranks
+            if run.state == "failed":  # aborted from outside; the scheduler knows
+                return
+            if not isinstance(e, RedistError):
+                e = RedistError(f"{run.name()} failed in phase '{run.phase}': {type(e).__name__}: {e}")
+            logger.warning("%s", e)
+            run.fail(e)
+            self._report(run, e)
+
+    def _report(self, run: WorkerRun, error: BaseException) -> None:
+        """Tell the scheduler, which aborts the run on every rank (fire and forget)."""
+
+        async def report():
+            try:
+                await self.worker.scheduler.redist_failed(
+                    token=run.spec.token,
+                    run_id=run.run_id,
+                    address=self.address,
+                    message=str(error),
+                    restart=isinstance(error, RedistConsistencyError),
+                )
+            except Exception:  # the scheduler may be gone; the other ranks time out on their own
+                logger.exception("could not report the failure of %s", run.name())
+
+        asyncio.run_coroutine_threadsafe(report(), self.worker.loop.asyncio_loop)
+
+    def close(self) -> None:
+        self.thread.close()
+        with self._lock:
+            runs = list(self.runs.values())
+            self.runs.clear()
+            self.staged.clear()
+            self.early.clear()
+        for run in runs:
+            run.fail(RedistError(f"{run.name()}: worker {self.address} closed"))
+
+
+class RedistWorkerPlugin(WorkerPlugin):
+    """Hooks the worker's :class:`WorkerState` into its comms; registered by the scheduler plugin."""
+
+    name = "redist"
+    idempotent = True
+
+    def setup(self, worker):
+        state = get_state(worker)
+        worker.handlers["redist_receive"] = state.handle_receive
+        worker.stream_handlers.update(
+            {
+                "redist-start": lambda run: state.handle_start(run),
+                "redist-abort": state.handle_abort,
+                "redist-cleanup": state.handle_cleanup,
+                "redist-drop": state.handle_drop,
+            }
+        )
+
+    def teardown(self, worker):
+        get_state(worker).close()

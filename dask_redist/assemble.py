@@ -1,0 +1,65 @@
+"""Cutting pieces out of chunks and putting chunks together from pieces.
+
+Works on any array that slices like NumPy (NumPy, CuPy): the array's own
+namespace allocates, so CuPy chunks stay on their GPU.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+
+from dask_redist.errors import RedistError
+
+
+def array_kind(x: Any) -> str:
+    """'numpy', 'cupy', or the type's qualified name for anything else."""
+    t = type(x)
+    if t is np.ndarray:
+        return "numpy"
+    module = t.__module__.split(".")[0]
+    if module == "cupy" and t.__name__ == "ndarray":
+        return "cupy"
+    return f"{t.__module__}.{t.__qualname__}"
+
+
+def cut(chunk, chunk_lower: Sequence[int], lower: Sequence[int], upper: Sequence[int]):
+    """The part of ``chunk`` (whose first element is global ``chunk_lower``) in [lower, upper)."""
+    return chunk[tuple(slice(l - o, u - o) for l, u, o in zip(lower, upper, chunk_lower))]
+
+
+def empty(like, shape: Sequence[int], dtype):
+    """An uninitialized C-ordered array in the same namespace (and device) as ``like``."""
+    return np.empty_like(like, shape=tuple(shape), dtype=dtype, order="C")
+
+
+@dataclass
+class Assembly:
+    """An output chunk still in pieces: ``parts`` are (lower, upper, array), global bounds."""
+
+    lower: tuple[int, ...]
+    upper: tuple[int, ...]
+    dtype: Any
+    like: Any  # an array of the right namespace, for allocation
+    parts: list[tuple[Sequence[int], Sequence[int], Any]]
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(u - l for l, u in zip(self.lower, self.upper))
+
+    def build(self):
+        """The chunk; a single piece covering it is returned without a copy."""
+        if len(self.parts) == 1:
+            lo, hi, a = self.parts[0]
+            if tuple(lo) == self.lower and tuple(hi) == self.upper:
+                return a
+        out = empty(self.like, self.shape, self.dtype)
+        covered = 0
+        for lo, hi, a in self.parts:
+            out[tuple(slice(l - o, u - o) for l, u, o in zip(lo, hi, self.lower))] = a
+            covered += int(np.prod([u - l for l, u in zip(lo, hi)]))
+        if covered != int(np.prod(self.shape)):
+            raise RedistError(f"chunk at {self.lower} got {covered} of {int(np.prod(self.shape))} elements")
+        return out

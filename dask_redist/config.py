@@ -1,0 +1,111 @@
+"""The ``redist`` dask config namespace and the validated settings read from it.
+
+Settings are read once, on the client, when a graph is built or submitted, and
+travel inside the graph: the scheduler and the workers act on the values the
+user had set, not on their own process's config.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, fields
+
+import dask
+import yaml
+from dask.utils import parse_bytes, parse_timedelta
+
+_DEFAULTS_FILE = os.path.join(os.path.dirname(__file__), "redist.yaml")
+with open(_DEFAULTS_FILE) as f:
+    DEFAULTS = yaml.safe_load(f)
+dask.config.update_defaults(DEFAULTS)
+
+ENGINES = ("auto", "dask", "cufftmp")
+CHUNK_TYPES = ("numpy", "cupy")
+
+
+class ConfigError(ValueError):
+    """A ``redist.*`` config value has the wrong type or an impossible value."""
+
+
+def _get(key: str, config: dict | None):
+    if config is None:
+        return dask.config.get(f"redist.{key}")
+    node = config
+    for part in key.split("."):
+        node = node[part]
+    return node
+
+
+def _bytes(key, value) -> int:
+    try:
+        n = parse_bytes(value) if isinstance(value, str) else value
+    except ValueError as e:
+        raise ConfigError(f"redist.{key} must be a size like '1GiB', got {value!r}") from e
+    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+        raise ConfigError(f"redist.{key} must be a size like '1GiB' or a number of bytes >= 0, got {value!r}")
+    return n
+
+
+def _seconds(key, value) -> float:
+    try:
+        t = parse_timedelta(value, default="s")
+    except (ValueError, KeyError, TypeError) as e:
+        raise ConfigError(f"redist.{key} must be a duration like '60s', got {value!r}") from e
+    if t is None or isinstance(value, bool) or t <= 0:
+        raise ConfigError(f"redist.{key} must be a positive duration like '60s', got {value!r}")
+    return float(t)
+
+
+def _int(key, value, low=0) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ConfigError(f"redist.{key} must be an integer >= {low}, got {value!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class Settings:
+    """A validated snapshot of ``redist.*``."""
+
+    engine: str = "auto"
+    chunk_types: tuple[str, ...] = CHUNK_TYPES
+    min_bytes: int = 0
+    memory_budget: int = 2**30
+    size_class_bits: int = 4
+    retries: int = 3
+    barrier_timeout: float = 60.0
+    collective_timeout: float = 300.0
+    bootstrap_timeout: float = 120.0
+    symmetric_size: int | None = None
+
+    @classmethod
+    def from_config(cls, config: dict | None = None) -> Settings:
+        """Read and check ``redist.*`` (from dask config, or from a dict shaped like it)."""
+        engine = _get("engine", config)
+        if not isinstance(engine, str) or not (engine in ENGINES or ":" in engine):
+            raise ConfigError(
+                f"redist.engine must be one of {', '.join(ENGINES)} or 'module:EngineClass', got {engine!r}"
+            )
+        types = _get("chunk-types", config)
+        if isinstance(types, str):
+            types = [types]
+        if not isinstance(types, (list, tuple)) or not set(types) <= set(CHUNK_TYPES):
+            raise ConfigError(f"redist.chunk-types must be a list drawn from {list(CHUNK_TYPES)}, got {types!r}")
+        sym = _get("nvshmem.symmetric-size", config)
+        budget = _bytes("memory-budget", _get("memory-budget", config))
+        if budget == 0:
+            raise ConfigError("redist.memory-budget must be larger than 0")
+        return cls(
+            engine=engine,
+            chunk_types=tuple(types),
+            min_bytes=_bytes("min-bytes", _get("min-bytes", config)),
+            memory_budget=budget,
+            size_class_bits=_int("size-class-bits", _get("size-class-bits", config)),
+            retries=_int("retries", _get("retries", config)),
+            barrier_timeout=_seconds("timeouts.barrier", _get("timeouts.barrier", config)),
+            collective_timeout=_seconds("timeouts.collective", _get("timeouts.collective", config)),
+            bootstrap_timeout=_seconds("timeouts.bootstrap", _get("timeouts.bootstrap", config)),
+            symmetric_size=None if sym is None else _bytes("nvshmem.symmetric-size", sym),
+        )
+
+    def describe(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in fields(self)}

@@ -1,0 +1,47 @@
+"""Engines: the same plan, different transports.
+
+An engine executes one rank's part of a run (:class:`~dask_redist._run.WorkerRun`)
+on the worker's collective thread. ``dask`` moves pieces over Dask's own comms
+(TCP or UCX, NumPy or CuPy); ``cufftmp`` moves them GPU to GPU through NVSHMEM
+with one cuFFTMp reshape per round. ``redist.engine`` also accepts
+``"package.module:EngineClass"`` for an engine of your own.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from dask_redist._run import WorkerRun
+
+_BUILTIN = {
+    "dask": "dask_redist.engines.dask:DaskEngine",
+    "cufftmp": "dask_redist.engines.cufftmp:CufftMpEngine",
+}
+_instances: dict[str, Engine] = {}
+
+
+class Transport(Protocol):
+    """How an engine reaches the other ranks of a run (injected, so tests can fake it)."""
+
+    def send(self, batches: list[tuple[int, int, list]]) -> None:
+        """Deliver ``(dst_rank, first, arrays)`` batches; raise on failure or timeout."""
+
+
+class Engine(Protocol):
+    name: str
+
+    def execute(self, run: WorkerRun, transport: Transport) -> None:
+        """Move this rank's pieces and finish ``run`` with its output chunks."""
+
+
+def get_engine(name: str) -> Engine:
+    """The engine called ``name`` (one instance per process: engines keep caches)."""
+    if name not in _instances:
+        path = _BUILTIN.get(name, name)
+        module, _, attr = path.partition(":")
+        if not attr:
+            raise ValueError(f"unknown engine {name!r}: expected one of {sorted(_BUILTIN)} or 'module:Class'")
+        _instances[name] = getattr(importlib.import_module(module), attr)()
+    return _instances[name]

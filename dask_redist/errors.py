@@ -1,0 +1,23 @@
+"""Errors raised by dask-redist."""
+
+from __future__ import annotations
+
+
+class RedistError(RuntimeError):
+    """A collective rechunk failed; the message names the run, the rank and the phase."""
+
+
+class RedistTimeoutError(RedistError, TimeoutError):
+    """A wait inside a collective rechunk ran past its ``redist.timeouts.*`` limit."""
+
+
+class RedistConsistencyError(RedistError):
+    """A run's state is stale or was lost (a worker left, a newer attempt started).
+
+    The scheduler restarts the collective when it sees one of these; users only
+    see it when the retries (``redist.retries``) are used up.
+    """
+
+
+class NotEligibleError(ValueError):
+    """An array cannot be rechunked by the collective; the message says why."""

@@ -1,0 +1,180 @@
+"""``explain(x)``: what will run for each rechunk in an array's graph, and why."""
+
+from __future__ import annotations
+
+import html
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from dask_redist.config import Settings
+from dask_redist.layout import choose_layout
+from dask_redist.optimize import Decision, decide, find_rechunks
+from dask_redist.plan import make_plan
+
+
+def _size(n: int | None) -> str:
+    if n is None:
+        return "-"
+    from dask.utils import format_bytes
+
+    return format_bytes(int(n))
+
+
+def _grid(chunks) -> str:
+    return " x ".join(str(len(c)) for c in chunks)
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One rechunk of the graph."""
+
+    output: str
+    method: str  # what dask planned
+    runs: str  # "collective" or "dask"
+    reason: str
+    chunks: str = ""
+    engine: str = "-"
+    mapping: str = "-"
+    nbytes: int | None = None
+    moved: int | None = None
+    padding: int | None = None
+    rounds: int | None = None
+    imbalance: float | None = None
+    placement: str = ""
+
+    def as_dict(self) -> dict:
+        return {
+            "rechunk": self.output,
+            "dask planned": self.method,
+            "runs as": self.runs,
+            "why": self.reason,
+            "chunks": self.chunks,
+            "engine": self.engine,
+            "mapping": self.mapping,
+            "bytes": _size(self.nbytes),
+            "moved between workers": _size(self.moved),
+            "padding": _size(self.padding),
+            "rounds": "-" if self.rounds is None else str(self.rounds),
+            "output imbalance": "-" if self.imbalance is None else f"{self.imbalance:.2f}",
+            "placement": self.placement,
+        }
+
+
+@dataclass(frozen=True)
+class Explanation:
+    entries: tuple[Entry, ...]
+    enabled: bool
+    nworkers: int
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def __getitem__(self, i) -> Entry:
+        return self.entries[i]
+
+    def __str__(self) -> str:
+        if not self.entries:
+            return "no rechunk in this graph"
+        lines = []
+        if not self.enabled:
+            lines.append("dask_redist is not enabled: this is what enable() would do")
+        for e in self.entries:
+            d = e.as_dict()
+            lines.append(f"{d.pop('rechunk')}:")
+            width = max(map(len, d))
+            lines += [f"  {k:<{width}}  {v}" for k, v in d.items() if v not in ("", "-")]
+        return "\n".join(lines)
+
+    __repr__ = __str__
+
+    def _repr_html_(self) -> str:
+        if not self.entries:
+            return "<p>no rechunk in this graph</p>"
+        rows = [e.as_dict() for e in self.entries]
+        head = "".join(f"<th>{html.escape(k)}</th>" for k in rows[0])
+        body = "".join(
+            "<tr>" + "".join(f"<td>{html.escape(str(v))}</td>" for v in r.values()) + "</tr>" for r in rows
+        )
+        note = "" if self.enabled else "<p><i>dask_redist is not enabled: this is what enable() would do</i></p>"
+        return f"{note}<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def _client():
+    try:
+        from distributed import default_client
+
+        return default_client()
+    except (ImportError, ValueError):
+        return None
+
+
+def _placement(decision: Decision, x, client, nworkers: int) -> tuple[np.ndarray, str]:
+    """Rank of each input chunk: where it is if persisted, else contiguous blocks over the workers."""
+    spec = decision.spec
+    grid = spec.rechunk.old_grid
+    n = math.prod(grid)
+    if client is not None:
+        keys = [(spec.input_name, *i) for i in np.ndindex(*grid)]
+        graph = x.__dask_graph__()
+        layer = graph.layers.get(spec.input_name)
+        if layer is not None and all(type(v).__name__ == "Future" for v in list(layer.values())[:1]):
+            who = client.who_has(keys)
+            workers = sorted(client.scheduler_info(n_workers=-1)["workers"])
+            if all(who.get(k) for k in keys):
+                pos = {w: i for i, w in enumerate(workers)}
+                return np.array([pos[who[k][0]] for k in keys]), "where the persisted input is"
+    ranks = (np.arange(n) * nworkers) // max(n, 1)
+    return ranks, f"assumed: contiguous blocks over {nworkers} workers"
+
+
+def explain(x, *, nworkers: int | None = None, settings: Settings | None = None) -> Explanation:
+    """For every rechunk in ``x``'s graph: engine, mapping, bytes moved, padding, rounds, or why not."""
+    import dask
+
+    from dask_redist.optimize import CollectiveOptimizer
+
+    settings = settings or Settings.from_config()
+    enabled = isinstance(dask.config.get("array_optimize", None), CollectiveOptimizer)
+    client = _client()
+    if nworkers is None:
+        nworkers = len(client.scheduler_info(n_workers=-1)["workers"]) if client is not None else 2
+    nworkers = max(1, nworkers)
+    graph = x.__dask_graph__()
+    entries = []
+    for chain in find_rechunks(graph, {x.name}):
+        d = decide(graph, chain, settings)
+        if not d.collective:
+            entries.append(Entry(chain.output, d.method, "dask", d.reason))
+            continue
+        if client is None:
+            reason = "eligible, but no distributed Client: dask's rechunk runs on local schedulers"
+        else:
+            reason = "eligible"
+        spec = d.spec
+        in_ranks, where = _placement(d, x, client, nworkers)
+        plan = make_plan(spec.rechunk, in_ranks, nworkers)
+        engine = settings.engine
+        if engine == "auto":
+            engine = "dask"
+        layout, why = choose_layout(plan, settings.memory_budget, size_class_bits=settings.size_class_bits)
+        mapping = f"{layout.kind} ({why})" if engine == "cufftmp" else f"pieces over dask comms ({why})"
+        entries.append(
+            Entry(
+                chain.output,
+                d.method,
+                "collective" if client is not None else "dask",
+                reason,
+                chunks=f"{_grid(spec.rechunk.old)} -> {_grid(spec.rechunk.new)} chunks, {spec.dtype}",
+                engine=engine,
+                mapping=mapping,
+                nbytes=plan.nbytes,
+                moved=plan.moved_bytes,
+                padding=layout.padding if engine == "cufftmp" else 0,
+                rounds=layout.rounds,
+                imbalance=plan.imbalance,
+                placement=where,
+            )
+        )
+    return Explanation(tuple(entries), enabled, nworkers)

@@ -1,0 +1,120 @@
+"""The collective rechunk as tasks in a dask graph.
+
+For a rechunk with token ``T`` of the array ``in`` into output keys ``out``::
+
+    (in, i)  ->  ("redist-stage-T", i)  --+
+    (in, j)  ->  ("redist-stage-T", j)  --+->  "redist-barrier-T"  ->  (out, k) for every k
+    ...                                   |
+
+* a **stage** task per input chunk runs where the chunk lives, keeps the chunk in
+  the worker's collective state and returns a tiny marker (where it is, how big);
+* one **barrier** task gathers the markers and asks the scheduler to start a
+  run: the scheduler picks output owners, pins the unpack tasks to them and
+  tells every worker, which executes runs one at a time in a global order;
+* an **unpack** task per output chunk, pinned to its owner, waits for the run
+  and returns the chunk under the original output key, so downstream tasks
+  keep working.
+
+All three block low-level fusion: the scheduler plugin finds them by key.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from dask._task_spec import DataNode, Task, TaskRef
+
+from dask_redist.config import Settings
+from dask_redist.plan import RechunkSpec
+
+STAGE_PREFIX = "redist-stage-"
+BARRIER_PREFIX = "redist-barrier-"
+
+
+@dataclass(frozen=True)
+class CollectiveSpec:
+    """Everything the scheduler and workers need to know about one collective rechunk."""
+
+    token: str
+    input_name: str
+    output_name: str
+    rechunk: RechunkSpec
+    dtype: np.dtype
+    settings: Settings
+
+    @property
+    def stage_name(self) -> str:
+        return STAGE_PREFIX + self.token
+
+    @property
+    def barrier_key(self) -> str:
+        return BARRIER_PREFIX + self.token
+
+    def output_key(self, flat: int) -> tuple:
+        return (self.output_name, *(int(i) for i in np.unravel_index(flat, self.rechunk.new_grid)))
+
+    def output_keys(self) -> list[tuple]:
+        return [(self.output_name, *map(int, i)) for i in np.ndindex(*self.rechunk.new_grid)]
+
+    def describe(self) -> str:
+        return f"rechunk {self.token[:8]} ({self.output_name})"
+
+
+class CollectiveTask(Task):
+    """A task of the collective: never fused, so its key stays findable."""
+
+    __slots__ = ()
+
+    @property
+    def block_fusion(self) -> bool:
+        return True
+
+
+class BarrierTask(CollectiveTask):
+    """The barrier; carries the spec so that the scheduler plugin can read it."""
+
+    spec: CollectiveSpec
+    __slots__ = ("spec",)
+
+    def __init__(self, key, func, /, *args, spec: CollectiveSpec, **kwargs):
+        self.spec = spec
+        super().__init__(key, func, *args, **kwargs)
+
+
+def stage(token: str, index: tuple[int, ...], shape: tuple[int, ...], chunk: Any):
+    from dask_redist._worker import stage as _stage
+
+    return _stage(token, index, shape, chunk)
+
+
+def barrier(spec: CollectiveSpec, *markers):
+    from dask_redist._worker import barrier as _barrier
+
+    return _barrier(spec, markers)
+
+
+def unpack(token: str, index: int, run_id: int):
+    from dask_redist._worker import unpack as _unpack
+
+    return _unpack(token, index, run_id)
+
+
+def collective_tasks(spec: CollectiveSpec) -> dict:
+    """The stage, barrier and unpack tasks of one collective rechunk."""
+    old = spec.rechunk.old
+    dsk: dict = {}
+    stage_refs = []
+    for idx in np.ndindex(*spec.rechunk.old_grid):
+        key = (spec.stage_name, *idx)
+        shape = tuple(c[i] for c, i in zip(old, idx))
+        dsk[key] = CollectiveTask(key, stage, spec.token, idx, shape, TaskRef((spec.input_name, *idx)))
+        stage_refs.append(TaskRef(key))
+    dsk[spec.barrier_key] = BarrierTask(spec.barrier_key, barrier, DataNode(None, spec), *stage_refs, spec=spec)
+    barrier_ref = TaskRef(spec.barrier_key)
+    for flat in range(math.prod(spec.rechunk.new_grid)):
+        key = spec.output_key(flat)
+        dsk[key] = CollectiveTask(key, unpack, spec.token, flat, barrier_ref)
+    return dsk

@@ -1,0 +1,194 @@
+"""Find the rechunks in a dask array graph and swap them for the collective.
+
+Dask builds ``x.rechunk(...)`` as one or more ``rechunk-merge-*`` layers (the
+``tasks`` method, possibly a multi-step chain) or a ``rechunk-p2p-*`` layer
+after a ``rechunk-merge-*`` pre-chunking layer. Whatever was picked, a chain of
+such layers between an input layer and the last rechunk layer becomes one
+collective layer whose unpack tasks carry the last layer's keys, so every
+downstream task still finds its inputs.
+
+Installed as dask's ``array_optimize`` by :func:`dask_redist.enable`; under
+distributed that hook runs on the scheduler while the graph is materialized.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from dataclasses import dataclass
+
+import numpy as np
+from dask.base import tokenize
+from dask.core import flatten
+from dask.highlevelgraph import HighLevelGraph, MaterializedLayer
+
+from dask_redist.config import Settings
+from dask_redist.layer import CollectiveSpec, collective_tasks
+from dask_redist.plan import PlanError, RechunkSpec
+
+RECHUNK_PREFIXES = ("rechunk-merge-", "rechunk-split-", "rechunk-p2p-")
+
+
+def is_rechunk_layer(name: str) -> bool:
+    return isinstance(name, str) and name.startswith(RECHUNK_PREFIXES)
+
+
+@dataclass(frozen=True)
+class RechunkChain:
+    """The rechunk layers, first to last, between ``source`` and the output layer."""
+
+    source: str
+    layers: tuple[str, ...]
+
+    @property
+    def output(self) -> str:
+        return self.layers[-1]
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What happens to one rechunk, and why."""
+
+    chain: RechunkChain
+    spec: CollectiveSpec | None
+    reason: str
+    method: str  # what dask had planned: "tasks" (n steps) or "p2p"
+
+    @property
+    def collective(self) -> bool:
+        return self.spec is not None
+
+
+def find_rechunks(hlg: HighLevelGraph, requested: set[str] = frozenset()) -> list[RechunkChain]:
+    """Maximal chains of rechunk layers; a layer someone else needs ends a chain."""
+    dependents = hlg.dependents
+    deps = hlg.dependencies
+
+    def absorbed(name):  # an intermediate step of a longer chain
+        after = dependents.get(name, set())
+        return len(after) == 1 and is_rechunk_layer(next(iter(after))) and name not in requested
+
+    chains = []
+    for name in hlg.layers:
+        if not is_rechunk_layer(name) or absorbed(name):
+            continue
+        chain, current = [name], name
+        while len(deps.get(current, ())) == 1:
+            (previous,) = deps[current]
+            if is_rechunk_layer(previous) and absorbed(previous):
+                chain.insert(0, previous)
+                current = previous
+            else:
+                chains.append(RechunkChain(previous, tuple(chain)))
+                break
+    return chains
+
+
+def _method(chain: RechunkChain) -> str:
+    if chain.output.startswith("rechunk-p2p-"):
+        return "p2p"
+    return f"tasks ({len(chain.layers)} step{'s' * (len(chain.layers) > 1)})"
+
+
+def decide(hlg: HighLevelGraph, chain: RechunkChain, settings: Settings) -> Decision:
+    """Turn a chain into a :class:`CollectiveSpec`, or say why it keeps dask's rechunk."""
+    method = _method(chain)
+
+    def keep(reason):
+        return Decision(chain, None, reason, method)
+
+    source = hlg.layers.get(chain.source)
+    src_ann = getattr(source, "collection_annotations", None) or {}
+    out_ann = hlg.layers[chain.output].collection_annotations or {}
+    old, new = src_ann.get("chunks"), out_ann.get("chunks")
+    dtype, chunk_type = out_ann.get("dtype"), str(out_ann.get("chunk_type", ""))
+    if source is None or old is None or new is None or dtype is None:
+        return keep("the rechunk's input layer carries no array metadata")
+    if any(isinstance(c, float) and math.isnan(c) for axis in old + new for c in axis):
+        return keep("chunk sizes are unknown (NaN); call compute_chunk_sizes() first")
+    dtype = np.dtype(dtype)
+    if dtype.hasobject:
+        return keep(f"dtype {dtype} holds Python objects")
+    kind = "cupy" if chunk_type.startswith("cupy") else "numpy" if chunk_type == "numpy.ndarray" else chunk_type
+    if kind not in settings.chunk_types:
+        return keep(f"chunk type {chunk_type or 'unknown'} is not in redist.chunk-types {list(settings.chunk_types)}")
+    if len(old) == 0:
+        return keep("0-d arrays have nothing to rechunk")
+    try:
+        rechunk = RechunkSpec(old, new, dtype.itemsize)
+    except PlanError as e:
+        return keep(f"inconsistent chunks: {e}")
+    if rechunk.nbytes < settings.min_bytes:
+        return keep(f"{rechunk.nbytes} bytes is below redist.min-bytes ({settings.min_bytes})")
+    first = (chain.source,) + (0,) * len(old)
+    if first not in source.get_output_keys():
+        return keep(f"input keys of layer {chain.source} are not ({chain.source}, i, j, ...)")
+    spec = CollectiveSpec(tokenize(chain.output), chain.source, chain.output, rechunk, dtype, settings)
+    return Decision(chain, spec, "eligible", method)
+
+
+def rewrite(
+    hlg: HighLevelGraph, keys=(), settings: Settings | None = None, *, only: list[Decision] | None = None
+) -> tuple[HighLevelGraph, list[Decision]]:
+    """Replace every eligible rechunk chain in ``hlg`` (or the ``only`` ones) by a collective layer."""
+    if only is not None:
+        decisions = only
+    else:
+        settings = settings or Settings.from_config()
+        requested = {k[0] if isinstance(k, tuple) else k for k in flatten(keys)} if keys else set()
+        decisions = [decide(hlg, c, settings) for c in find_rechunks(hlg, requested)]
+    if not any(d.collective for d in decisions):
+        return hlg, decisions
+    layers, deps = dict(hlg.layers), {k: set(v) for k, v in hlg.dependencies.items()}
+    for d in decisions:
+        if not d.collective:
+            continue
+        for name in d.chain.layers[:-1]:
+            del layers[name]
+            del deps[name]
+        out = d.chain.output
+        layers[out] = MaterializedLayer(
+            collective_tasks(d.spec), collection_annotations=hlg.layers[out].collection_annotations
+        )
+        deps[out] = {d.chain.source}
+    return HighLevelGraph(layers, deps), decisions
+
+
+def running_on_scheduler() -> bool:
+    """Is this hook materializing a graph inside a distributed scheduler?
+
+    Under distributed the scheduler runs ``array_optimize`` in its offload thread;
+    without a distributed scheduler the graph runs on a local one, where the
+    collective cannot work, so dask's own rechunk is kept.
+    """
+    try:
+        from distributed import Scheduler
+    except ImportError:  # pragma: no cover - distributed is a dependency
+        return False
+    if not any(s.status.name == "running" for s in list(Scheduler._instances)):
+        return False
+    return threading.current_thread().name.startswith("Dask-Offload")
+
+
+class CollectiveOptimizer:
+    """dask's ``array_optimize`` hook: the collective rewrite, then the previous optimizer.
+
+    Pickling snapshots the ``redist.*`` settings, so the scheduler acts on the
+    client's config at the time the graph was submitted.
+    """
+
+    def __init__(self, chain=None, settings: Settings | None = None):
+        self.chain = chain
+        self.settings = settings
+
+    def __reduce__(self):
+        return (CollectiveOptimizer, (self.chain, self.settings or Settings.from_config()))
+
+    def __call__(self, dsk, keys, **kwargs):
+        if isinstance(dsk, HighLevelGraph) and running_on_scheduler():
+            dsk, _ = rewrite(dsk, keys, self.settings or Settings.from_config())
+        if self.chain is not None:
+            return self.chain(dsk, keys, **kwargs)
+        from dask.array.optimization import optimize
+
+        return optimize(dsk, keys, **kwargs)

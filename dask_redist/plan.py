@@ -1,0 +1,521 @@
+"""Pure planning of a collective rechunk: which bytes go where.
+
+This module imports nothing from dask, distributed or any GPU library; it is
+plain NumPy on chunk tuples, so it is property-tested on its own and runs the
+same on the client (``explain``), on the scheduler (choosing owners) and on
+every worker (each rank derives its share of the plan locally).
+
+Algorithm
+---------
+A rechunk from chunk grid ``old`` to chunk grid ``new`` is a set of *pieces*:
+the non-empty boxes ``old_chunk ∩ new_chunk``. Along one axis two chunkings
+intersect in *segments* (the runs between consecutive boundaries of either
+chunking); every segment lies in exactly one old and one new chunk. Chunk
+grids are tensor products of their axes, so the pieces are exactly the
+Cartesian product of the per-axis segments. They are kept as index arrays,
+not objects: a rechunk of 10,000 chunks into 10,000 others has a few tens of
+thousands of pieces and planning it stays vectorized.
+
+The *placement* says which rank holds each old chunk (known only at run time,
+when the stage tasks have run). The planner then picks an *owner* for every
+new chunk. Owners must be balanced (the output is what the user computes on
+next) and should keep bytes local. Candidates:
+
+* recursive bisection of the new chunk grid into one box per rank (boxes are
+  what the direct cuFFTMp mapping needs), tried with each axis as the first
+  cut, then matched to ranks greedily by the bytes each rank already holds;
+* a greedy assignment of each new chunk to the rank holding most of its
+  bytes, under a load cap.
+
+Among the candidates within 10% of the best balance, the one that moves the
+fewest bytes across ranks wins; near-ties go to box-shaped candidates.
+
+The result is a :class:`Plan`: pieces with a source and destination rank,
+the traffic matrix and a short report. How the plan is laid out for a
+particular transport (boxes, a packed word matrix, rounds) lives in
+:mod:`dask_redist.layout`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Iterator, Sequence
+
+import numpy as np
+
+Chunks = tuple[tuple[int, ...], ...]
+
+#: Candidates whose worst rank load is within this factor of the best candidate's
+#: are considered balanced.
+BALANCE_TOLERANCE = 1.10
+#: Moved bytes within this fraction of the total count as a tie.
+TIE_FRACTION = 0.01
+
+
+class PlanError(ValueError):
+    """The chunks, placement or rank count given to the planner are inconsistent."""
+
+
+def _as_chunks(chunks: Sequence[Sequence[int]], name: str) -> Chunks:
+    out = []
+    for axis, c in enumerate(chunks):
+        sizes = []
+        for s in c:
+            if isinstance(s, float) and math.isnan(s):
+                raise PlanError(f"{name}: axis {axis} has unknown (NaN) chunk sizes")
+            if isinstance(s, bool) or not isinstance(s, (int, np.integer)) or s < 0:
+                raise PlanError(f"{name}: axis {axis} has chunk size {s!r}; expected integers >= 0")
+            sizes.append(int(s))
+        if not sizes:
+            raise PlanError(f"{name}: axis {axis} has no chunks")
+        out.append(tuple(sizes))
+    return tuple(out)
+
+
+@dataclass(frozen=True)
+class RechunkSpec:
+    """What is rechunked: the chunks before and after and the item size in bytes."""
+
+    old: Chunks
+    new: Chunks
+    itemsize: int
+
+    def __post_init__(self):
+        old = _as_chunks(self.old, "old chunks")
+        new = _as_chunks(self.new, "new chunks")
+        if len(old) != len(new):
+            raise PlanError(f"old chunks have {len(old)} axes, new chunks {len(new)}")
+        for axis, (a, b) in enumerate(zip(old, new)):
+            if sum(a) != sum(b):
+                raise PlanError(
+                    f"axis {axis}: old chunks sum to {sum(a)}, new chunks to {sum(b)}"
+                )
+        if not isinstance(self.itemsize, (int, np.integer)) or self.itemsize <= 0:
+            raise PlanError(f"itemsize must be a positive integer, got {self.itemsize!r}")
+        object.__setattr__(self, "old", old)
+        object.__setattr__(self, "new", new)
+        object.__setattr__(self, "itemsize", int(self.itemsize))
+
+    @property
+    def ndim(self) -> int:
+        return len(self.old)
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(sum(c) for c in self.old)
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * self.itemsize
+
+    @property
+    def old_grid(self) -> tuple[int, ...]:
+        return tuple(len(c) for c in self.old)
+
+    @property
+    def new_grid(self) -> tuple[int, ...]:
+        return tuple(len(c) for c in self.new)
+
+
+def chunk_box(chunks: Chunks, index: Sequence[int]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Global (lower, upper) element bounds of the chunk at ``index``."""
+    lower, upper = [], []
+    for c, i in zip(chunks, index):
+        start = sum(c[:i])
+        lower.append(start)
+        upper.append(start + c[i])
+    return tuple(lower), tuple(upper)
+
+
+def chunk_nbytes(chunks: Chunks, itemsize: int) -> np.ndarray:
+    """Bytes of every chunk, as an array shaped like the chunk grid."""
+    out = np.ones([len(c) for c in chunks], dtype=np.int64) * itemsize
+    for axis, c in enumerate(chunks):
+        shape = [1] * len(chunks)
+        shape[axis] = len(c)
+        out = out * np.asarray(c, dtype=np.int64).reshape(shape)
+    return out
+
+
+@dataclass(frozen=True, eq=False)
+class AxisSegments:
+    """The intersections of two chunkings of one axis, in increasing order."""
+
+    old: np.ndarray  # old chunk index of each segment
+    new: np.ndarray  # new chunk index of each segment
+    start: np.ndarray  # global start of each segment
+    stop: np.ndarray  # global stop of each segment
+
+    def __len__(self) -> int:
+        return len(self.start)
+
+
+def axis_segments(old: Sequence[int], new: Sequence[int]) -> AxisSegments:
+    """Segments where old and new chunks of one axis overlap (empty chunks have none)."""
+    old_bounds = np.concatenate([[0], np.cumsum(old, dtype=np.int64)])
+    new_bounds = np.concatenate([[0], np.cumsum(new, dtype=np.int64)])
+    cuts = np.union1d(old_bounds, new_bounds)
+    start, stop = cuts[:-1], cuts[1:]
+    # The chunk containing [start, stop) is the last one starting at or before start;
+    # side="right" skips zero-length chunks that start at the same position.
+    o = np.searchsorted(old_bounds, start, side="right") - 1
+    n = np.searchsorted(new_bounds, start, side="right") - 1
+    return AxisSegments(o.astype(np.int64), n.astype(np.int64), start, stop)
+
+
+@dataclass(frozen=True, eq=False)
+class Transfers:
+    """Boxes of the global array moving from a source rank to a destination rank.
+
+    A transfer is a piece ``old_chunk ∩ new_chunk``, or part of one when a run is
+    split into rounds. ``lo``/``hi`` are global element bounds, shape (n, ndim);
+    ``old_block``/``new_block`` are flat (C-order) chunk indices.
+    """
+
+    src: np.ndarray
+    dst: np.ndarray
+    old_block: np.ndarray
+    new_block: np.ndarray
+    lo: np.ndarray
+    hi: np.ndarray
+    itemsize: int
+
+    def __len__(self) -> int:
+        return len(self.src)
+
+    @cached_property
+    def nbytes(self) -> np.ndarray:
+        return np.prod(self.hi - self.lo, axis=1, dtype=np.int64) * self.itemsize
+
+    def take(self, index) -> Transfers:
+        return Transfers(
+            self.src[index], self.dst[index], self.old_block[index], self.new_block[index],
+            self.lo[index], self.hi[index], self.itemsize,
+        )  # fmt: skip
+
+    def traffic(self, nranks: int) -> np.ndarray:
+        """Bytes sent from rank s to rank d, as an (nranks, nranks) matrix."""
+        t = np.zeros((nranks, nranks), dtype=np.int64)
+        np.add.at(t, (self.src, self.dst), self.nbytes)
+        return t
+
+    def canonical_order(self) -> np.ndarray:
+        """Order by (src, dst, new chunk, position): the order both ends agree on."""
+        keys = [self.lo[:, a] for a in range(self.lo.shape[1] - 1, -1, -1)]
+        return np.lexsort(keys + [self.old_block, self.new_block, self.dst, self.src])
+
+    def split(self, max_bytes: int) -> Transfers:
+        """Cut every box larger than ``max_bytes`` into boxes of at most that size.
+
+        Boxes are halved along their outermost axis with more than one element, so
+        the parts stay boxes; a single element is never cut.
+        """
+        max_bytes = max(int(max_bytes), self.itemsize)
+        big = np.flatnonzero(self.nbytes > max_bytes)
+        if len(big) == 0:
+            return self
+        keep = np.ones(len(self), dtype=bool)
+        keep[big] = False
+        rows = []
+        for i in big:
+            stack = [(self.lo[i].copy(), self.hi[i].copy())]
+            while stack:
+                lo, hi = stack.pop()
+                ext = hi - lo
+                if math.prod(ext.tolist()) * self.itemsize <= max_bytes:
+                    rows.append((i, lo, hi))
+                    continue
+                axis = int(np.flatnonzero(ext > 1)[0])
+                mid = lo[axis] + ext[axis] // 2
+                hi1, lo2 = hi.copy(), lo.copy()
+                hi1[axis] = mid
+                lo2[axis] = mid
+                stack.append((lo2, hi))  # popped last: parts stay in order
+                stack.append((lo, hi1))
+        idx = np.array([r[0] for r in rows], dtype=np.int64)
+        parts = Transfers(
+            self.src[idx], self.dst[idx], self.old_block[idx], self.new_block[idx],
+            np.array([r[1] for r in rows]), np.array([r[2] for r in rows]), self.itemsize,
+        )  # fmt: skip
+        return concat_transfers([self.take(keep), parts])
+
+
+def concat_transfers(parts: Sequence[Transfers]) -> Transfers:
+    return Transfers(
+        *(np.concatenate([getattr(p, f) for p in parts]) for f in ("src", "dst", "old_block", "new_block", "lo", "hi")),
+        parts[0].itemsize,
+    )  # fmt: skip
+
+
+def pieces(spec: RechunkSpec) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """All pieces of a rechunk: (old_block, new_block, lo, hi), flat indices and bounds."""
+    axes = [axis_segments(o, n) for o, n in zip(spec.old, spec.new)]
+    counts = [len(a) for a in axes]
+    total = math.prod(counts)
+    ndim = spec.ndim
+    if total == 0:
+        empty = np.zeros(0, dtype=np.int64)
+        return empty, empty, np.zeros((0, ndim), np.int64), np.zeros((0, ndim), np.int64)
+    grid = np.indices(counts, dtype=np.int64).reshape(ndim, total)
+    old_idx = [a.old[g] for a, g in zip(axes, grid)]
+    new_idx = [a.new[g] for a, g in zip(axes, grid)]
+    lo = np.stack([a.start[g] for a, g in zip(axes, grid)], axis=1)
+    hi = np.stack([a.stop[g] for a, g in zip(axes, grid)], axis=1)
+    old_flat = np.ravel_multi_index(old_idx, spec.old_grid)
+    new_flat = np.ravel_multi_index(new_idx, spec.new_grid)
+    return old_flat, new_flat, lo, hi
+
+
+# -- owners ---------------------------------------------------------------------------
+
+
+def _bisect(ranges: list[tuple[int, int]], nparts: int, lengths: Chunks, first_axis: int | None):
+    """Split a box of chunk indices into ``nparts`` boxes of balanced volume (some may be empty)."""
+    if nparts == 1:
+        return [ranges]
+    spans = [hi - lo for lo, hi in ranges]
+    if first_axis is not None and spans[first_axis] > 1:
+        axis = first_axis
+    elif max(spans) > 1:
+        axis = int(np.argmax(spans))
+    else:
+        return [ranges] + [None] * (nparts - 1)
+    lo, hi = ranges[axis]
+    n1 = nparts // 2
+    sizes = np.asarray(lengths[axis][lo:hi], dtype=np.float64)
+    cum = np.cumsum(sizes)
+    target = cum[-1] * n1 / nparts
+    # cut after k chunks, 1 <= k <= span - 1, as close to the target share as possible
+    k = int(np.clip(np.argmin(np.abs(cum[:-1] - target)) + 1, 1, hi - lo - 1))
+    left = list(ranges)
+    right = list(ranges)
+    left[axis] = (lo, lo + k)
+    right[axis] = (lo + k, hi)
+    return _bisect(left, n1, lengths, None) + _bisect(right, nparts - n1, lengths, None)
+
+
+def _match_slots(local: np.ndarray) -> np.ndarray:
+    """Give each slot (row) a distinct rank (column), greedily by bytes already there."""
+    nslots, nranks = local.shape
+    order = np.argsort(-local, axis=None, kind="stable")
+    slot_rank = np.full(nslots, -1, dtype=np.int64)
+    used = np.zeros(nranks, dtype=bool)
+    for flat in order:
+        s, r = divmod(int(flat), nranks)
+        if slot_rank[s] < 0 and not used[r]:
+            slot_rank[s] = r
+            used[r] = True
+    free = iter(np.flatnonzero(~used))
+    for s in np.flatnonzero(slot_rank < 0):
+        slot_rank[s] = next(free)
+    return slot_rank
+
+
+@dataclass(frozen=True)
+class OwnerCandidate:
+    name: str
+    owners: np.ndarray  # rank per new chunk, shaped like the new grid
+    boxes: bool  # every rank owns one box of chunks (possibly empty)
+
+
+def owner_candidates(
+    spec: RechunkSpec, local: np.ndarray, nranks: int
+) -> Iterator[OwnerCandidate]:
+    """Candidate owner maps; ``local[j, r]`` = bytes of new chunk j held by rank r."""
+    grid = spec.new_grid
+    sizes = chunk_nbytes(spec.new, spec.itemsize).ravel()
+    tried = set()
+    for first in range(spec.ndim):
+        if grid[first] <= 1 and first != 0:
+            continue
+        boxes = _bisect([(0, g) for g in grid], nranks, spec.new, first)
+        key = tuple(map(tuple, (b or () for b in boxes)))
+        if key in tried:
+            continue
+        tried.add(key)
+        slot = np.full(grid, -1, dtype=np.int64)
+        for s, box in enumerate(boxes):
+            if box is not None:
+                slot[tuple(slice(lo, hi) for lo, hi in box)] = s
+        slot = slot.ravel()
+        slot_local = np.zeros((nranks, nranks), dtype=np.int64)
+        np.add.at(slot_local, slot, local)
+        owners = _match_slots(slot_local)[slot]
+        yield OwnerCandidate(f"boxes(axis {first})", owners.reshape(grid), True)
+
+    # greedy: biggest chunks first, each to the rank holding most of it, under a cap
+    cap = sizes.sum() / nranks + (sizes.max() if len(sizes) else 0)
+    load = np.zeros(nranks, dtype=np.int64)
+    owners = np.zeros(len(sizes), dtype=np.int64)
+    for j in np.argsort(-sizes, kind="stable"):
+        prefs = np.argsort(-local[j], kind="stable")
+        fits = [r for r in prefs if load[r] + sizes[j] <= cap]
+        r = fits[0] if fits else int(np.argmin(load))
+        owners[j] = r
+        load[r] += sizes[j]
+    yield OwnerCandidate("greedy locality", owners.reshape(grid), False)
+
+
+def is_box_placement(chunks: Chunks, ranks: np.ndarray, nranks: int) -> bool:
+    """Does every rank's set of (non-empty) chunks tile one box of the global array?"""
+    sizes = chunk_nbytes(chunks, 1)
+    bounds = [np.concatenate([[0], np.cumsum(c)]) for c in chunks]
+    for r in range(nranks):
+        idx = np.argwhere((ranks == r) & (sizes > 0))
+        if len(idx) == 0:
+            continue
+        lo = idx.min(axis=0)
+        hi = idx.max(axis=0) + 1
+        vol = math.prod(int(b[h] - b[l]) for b, l, h in zip(bounds, lo, hi))
+        if vol != int(sizes[tuple(idx.T)].sum()):
+            return False
+    return True
+
+
+# -- the plan -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, eq=False)
+class Plan:
+    """Where every byte of a rechunk comes from and goes to, for ``nranks`` ranks.
+
+    ``in_ranks``/``out_ranks`` are shaped like the old and new chunk grids.
+    ``needed`` marks the new chunks somebody asked for; only they are moved.
+    """
+
+    spec: RechunkSpec
+    nranks: int
+    in_ranks: np.ndarray
+    out_ranks: np.ndarray
+    needed: np.ndarray
+    owner_strategy: str = "given"
+    transfers: Transfers = field(repr=False, default=None)
+
+    @cached_property
+    def traffic(self) -> np.ndarray:
+        return self.transfers.traffic(self.nranks)
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.transfers.nbytes.sum())
+
+    @property
+    def moved_bytes(self) -> int:
+        """Bytes that cross from one rank to another."""
+        t = self.traffic
+        return int(t.sum() - np.trace(t))
+
+    @cached_property
+    def out_bytes(self) -> np.ndarray:
+        """Bytes each rank owns after the rechunk (needed chunks only)."""
+        sizes = chunk_nbytes(self.spec.new, self.spec.itemsize).ravel()
+        return np.bincount(
+            self.out_ranks.ravel()[self.needed.ravel()],
+            weights=sizes[self.needed.ravel()],
+            minlength=self.nranks,
+        ).astype(np.int64)
+
+    @property
+    def imbalance(self) -> float:
+        """Largest rank's output over the mean (1.0 is perfectly balanced)."""
+        total = self.out_bytes.sum()
+        return float(self.out_bytes.max() * self.nranks / total) if total else 1.0
+
+    @cached_property
+    def boxes(self) -> bool:
+        """Inputs and outputs both tile one box per rank: the direct mapping applies."""
+        return is_box_placement(self.spec.old, self.in_ranks, self.nranks) and is_box_placement(
+            self.spec.new, np.where(self.needed, self.out_ranks, -1), self.nranks
+        )
+
+    def sends(self, rank: int) -> Transfers:
+        """What ``rank`` sends (its local pieces included), in canonical order."""
+        t = self.transfers.take(self.transfers.src == rank)
+        return t.take(t.canonical_order())
+
+    def receives(self, rank: int) -> Transfers:
+        """What ``rank`` receives (its local pieces included), in canonical order."""
+        t = self.transfers.take(self.transfers.dst == rank)
+        return t.take(t.canonical_order())
+
+    def owned(self, rank: int) -> list[tuple[int, ...]]:
+        """Grid indices of the needed new chunks that ``rank`` owns."""
+        return [tuple(map(int, i)) for i in np.argwhere((self.out_ranks == rank) & self.needed)]
+
+    def summary(self) -> dict:
+        t = self.traffic
+        return {
+            "ranks": self.nranks,
+            "old chunks": math.prod(self.spec.old_grid),
+            "new chunks": math.prod(self.spec.new_grid),
+            "pieces": len(self.transfers),
+            "bytes": self.nbytes,
+            "bytes moved between ranks": self.moved_bytes,
+            "largest send by one rank": int((t.sum(axis=1) - np.diag(t)).max(initial=0)),
+            "owners": self.owner_strategy,
+            "output imbalance": round(self.imbalance, 3),
+            "box-shaped": self.boxes,
+        }
+
+
+def make_plan(
+    spec: RechunkSpec,
+    in_ranks: np.ndarray | Sequence,
+    nranks: int,
+    *,
+    out_ranks: np.ndarray | None = None,
+    needed: np.ndarray | None = None,
+) -> Plan:
+    """Plan a rechunk given which rank holds each old chunk.
+
+    Owners of the new chunks are chosen here unless ``out_ranks`` is given.
+    """
+    if not isinstance(nranks, (int, np.integer)) or nranks < 1:
+        raise PlanError(f"nranks must be a positive integer, got {nranks!r}")
+    in_ranks = np.asarray(in_ranks, dtype=np.int64).reshape(spec.old_grid)
+    if in_ranks.size and (in_ranks.min() < 0 or in_ranks.max() >= nranks):
+        raise PlanError(f"input ranks must lie in [0, {nranks}), got {in_ranks.min()}..{in_ranks.max()}")
+    needed = (
+        np.ones(spec.new_grid, dtype=bool)
+        if needed is None
+        else np.asarray(needed, dtype=bool).reshape(spec.new_grid)
+    )
+    old_flat, new_flat, lo, hi = pieces(spec)
+    keep = needed.ravel()[new_flat]
+    old_flat, new_flat, lo, hi = old_flat[keep], new_flat[keep], lo[keep], hi[keep]
+    src = in_ranks.ravel()[old_flat]
+    nbytes = np.prod(hi - lo, axis=1, dtype=np.int64) * spec.itemsize
+
+    strategy = "given"
+    if out_ranks is None:
+        out_ranks, strategy = _choose_owners(spec, src, new_flat, nbytes, needed, nranks)
+    else:
+        out_ranks = np.asarray(out_ranks, dtype=np.int64).reshape(spec.new_grid)
+        if out_ranks.size and (out_ranks.min() < 0 or out_ranks.max() >= nranks):
+            raise PlanError(f"output ranks must lie in [0, {nranks})")
+    dst = out_ranks.ravel()[new_flat]
+    transfers = Transfers(src, dst, old_flat, new_flat, lo, hi, spec.itemsize)
+    return Plan(spec, int(nranks), in_ranks, out_ranks, needed, strategy, transfers)
+
+
+def _choose_owners(spec, src, new_flat, nbytes, needed, nranks):
+    n_new = math.prod(spec.new_grid)
+    local = np.zeros((n_new, nranks), dtype=np.int64)
+    np.add.at(local, (new_flat, src), nbytes)
+    sizes = chunk_nbytes(spec.new, spec.itemsize).ravel() * needed.ravel()
+    total = int(sizes.sum())
+    scored = []
+    for cand in owner_candidates(spec, local, nranks):
+        flat = cand.owners.ravel()
+        load = np.bincount(flat, weights=sizes, minlength=nranks)
+        kept = int(local[np.arange(n_new), flat].sum())
+        scored.append((load.max(), total - kept, cand))
+    best_load = min(s[0] for s in scored)
+    balanced = [s for s in scored if s[0] <= best_load * BALANCE_TOLERANCE + 1]
+    least_moved = min(s[1] for s in balanced)
+    near = [s for s in balanced if s[1] <= least_moved + TIE_FRACTION * total]
+    near.sort(key=lambda s: (not s[2].boxes, s[1], s[0]))
+    winner = near[0][2]
+    return winner.owners, winner.name
