@@ -1,0 +1,208 @@
+"""The collective rechunk end to end on a LocalCluster of worker processes (NumPy)."""
+
+from __future__ import annotations
+
+import threading
+
+import dask
+import dask.array as da
+import numpy as np
+import pytest
+from conftest import scheduler_history, worker_leftovers
+from distributed import wait
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import dask_redist
+
+
+@pytest.fixture
+def enabled():
+    with dask_redist.enable(engine="dask"):
+        yield
+
+
+def chunking(n: int, draw) -> tuple[int, ...]:
+    """A random chunking of an axis of length n (uneven, possibly one chunk)."""
+    if n == 0:
+        return (0,)
+    cuts = sorted(draw(st.sets(st.integers(1, n - 1), max_size=min(n - 1, 5)))) if n > 1 else []
+    bounds = [0, *cuts, n]
+    return tuple(b - a for a, b in zip(bounds[:-1], bounds[1:]))
+
+
+@st.composite
+def rechunks(draw):
+    ndim = draw(st.integers(1, 5))
+    budget = 6 if ndim > 3 else 20
+    shape = tuple(draw(st.integers(1, budget)) for _ in range(ndim))
+    old = tuple(chunking(n, draw) for n in shape)
+    new = tuple(chunking(n, draw) for n in shape)
+    return shape, old, new
+
+
+def data_for(shape, dtype, seed=0):
+    rng = np.random.default_rng(seed)
+    n = int(np.prod(shape))
+    if np.dtype(dtype) == bool:
+        return rng.random(n).reshape(shape) > 0.5
+    if np.dtype(dtype).kind == "c":
+        return (rng.standard_normal(n) + 1j * rng.standard_normal(n)).reshape(shape).astype(dtype)
+    if np.dtype(dtype).kind in "iu":
+        return rng.integers(-100, 100, n).reshape(shape).astype(dtype)
+    return rng.standard_normal(n).reshape(shape).astype(dtype)
+
+
+def runs_done(client) -> int:
+    return sum(h["outcome"] == "done" for h in scheduler_history(client))
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(case=rechunks(), dtype=st.sampled_from(["float64", "int8", "complex128"]))
+def test_generated_chunkings_equal_numpy(client, enabled, case, dtype):
+    shape, old, new = case
+    a = data_for(shape, dtype)
+    x = da.from_array(a, chunks=old)
+    y = x.rechunk(new)
+    before = runs_done(client)
+    np.testing.assert_array_equal(y.compute(), a)
+    if y is not x:
+        assert runs_done(client) == before + 1, "the rechunk did not run through the collective"
+        assert y.compute().dtype == a.dtype
+
+
+@pytest.mark.parametrize("dtype", ["bool", "int8", "float16", "float32", "float64", "complex128", "U3", "i4,f8"])
+def test_dtypes(client, enabled, dtype):
+    shape = (24, 10, 6)
+    if dtype == "U3":
+        a = np.array([f"{i % 997:03d}" for i in range(np.prod(shape))]).reshape(shape)
+    elif dtype == "i4,f8":
+        a = np.zeros(shape, dtype=dtype)
+        a["f0"] = np.arange(a.size).reshape(shape)
+        a["f1"] = -np.arange(a.size).reshape(shape) / 3
+    else:
+        a = data_for(shape, dtype, seed=1)
+    x = da.from_array(a, chunks=(5, 10, 6))
+    np.testing.assert_array_equal(x.rechunk((24, 3, 2)).compute(), a)
+
+
+def test_rechunk_then_more_operations(client, enabled):
+    a = data_for((40, 30, 20), "float64")
+    x = da.from_array(a, chunks=(5, 30, 20))
+    y = (x.rechunk((40, 6, 20)) * 2 + 1).sum(axis=0)
+    np.testing.assert_allclose(y.compute(), (a * 2 + 1).sum(axis=0))
+
+
+def test_several_rechunks_in_one_graph(client, enabled):
+    a = data_for((30, 24), "float32")
+    x = da.from_array(a, chunks=(6, 24))
+    y = x.rechunk((30, 4))
+    z = x.rechunk((10, 8))
+    w = (y.rechunk((7, 24)) + z.rechunk((7, 24))).T.rechunk((5, 5))
+    before = runs_done(client)
+    got = dask.compute(y, z, w)
+    for g, e in zip(got, (a, a, (a + a).T)):
+        np.testing.assert_array_equal(g, e)
+    assert runs_done(client) - before >= 4
+
+
+def test_persist_then_compute(client, enabled):
+    a = data_for((64, 64), "float64")
+    x = da.from_array(a, chunks=(8, 64)).persist()
+    wait(x)
+    y = x.rechunk((64, 8)).persist()
+    wait(y)
+    np.testing.assert_array_equal(y.compute(), a)
+    np.testing.assert_array_equal((y + 1).rechunk((16, 16)).compute(), a + 1)
+    assert worker_leftovers(client) == {}
+
+
+def test_only_needed_outputs_are_moved(client, enabled):
+    a = data_for((64, 64), "float64")
+    x = da.from_array(a, chunks=(8, 64))
+    y = x.rechunk((64, 8))[:, :8]
+    np.testing.assert_array_equal(y.compute(), a[:, :8])
+    assert scheduler_history(client)[-1]["bytes"] == a[:, :8].nbytes
+
+
+def test_two_threads_at_once(client, enabled):
+    a = data_for((60, 40), "float64")
+    results, errors = {}, []
+
+    def work(i):
+        try:
+            x = da.from_array(a + i, chunks=(6 + i, 40))
+            results[i] = x.rechunk((60, 4 + i)).sum(axis=1).compute()
+        except Exception as e:  # pragma: no cover - surfaced below
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not errors
+    for i in range(4):
+        np.testing.assert_allclose(results[i], (a + i).sum(axis=1))
+    assert worker_leftovers(client) == {}
+
+
+def test_same_rechunk_from_two_threads_shares_one_run(client, enabled):
+    a = data_for((32, 32), "int8")
+    x = da.from_array(a, chunks=(4, 32))
+    y = x.rechunk((32, 4))
+    out = [None, None]
+
+    def work(i):
+        out[i] = y.compute()
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    np.testing.assert_array_equal(out[0], a)
+    np.testing.assert_array_equal(out[1], a)
+
+
+def test_zero_size_arrays(client, enabled):
+    a = np.zeros((0, 6))
+    x = da.from_array(a, chunks=(1, 3))
+    np.testing.assert_array_equal(x.rechunk((1, 2)).compute(), a)
+    b = data_for((5, 0, 4), "float64")
+    y = da.from_array(b, chunks=(2, 1, 2)).rechunk((5, 1, 1))
+    assert y.compute().shape == (5, 0, 4)
+
+
+def test_object_dtype_keeps_dask_rechunk(client, enabled):
+    a = np.array([{"i": i} for i in range(12)], dtype=object)
+    x = da.from_array(a, chunks=3)
+    before = len(scheduler_history(client))
+    assert list(x.rechunk(4).compute()) == list(a)
+    assert len(scheduler_history(client)) == before
+
+
+def test_chunks_that_do_not_sum_raise_dask_error(client, enabled):
+    x = da.ones((10, 10), chunks=5)
+    with pytest.raises(ValueError, match="[Cc]hunks"):
+        x.rechunk(((3, 3), (10,)))
+
+
+def test_chunks_that_lie_about_their_shape_fail_clearly(client, enabled):
+    x = da.ones((8, 8), chunks=4).map_blocks(lambda b: b[:2], dtype=float)  # chunks metadata wrong
+    with pytest.raises(ValueError, match="input chunk .* has shape"):
+        x.rechunk((8, 2)).compute()
+
+
+def test_chunks_of_another_type_fail_clearly(client, enabled):
+    x = da.ones((8, 8), chunks=4)
+    # metadata says NumPy, but the chunks are masked arrays
+    odd = x.map_blocks(lambda b: np.ma.masked_array(b), dtype=float, meta=np.empty((0, 0)))
+    with pytest.raises(TypeError, match="NumPy or CuPy"):
+        odd.rechunk((8, 2)).compute()
+
+
+def test_no_state_left_behind(client, enabled):
+    a = data_for((16, 16), "float64")
+    da.from_array(a, chunks=(2, 16)).rechunk((16, 2)).compute()
+    assert worker_leftovers(client) == {}

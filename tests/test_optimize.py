@@ -1,0 +1,160 @@
+"""The graph rewrite on its own: which rechunks are found, which become collectives."""
+
+from __future__ import annotations
+
+import dask
+import dask.array as da
+import numpy as np
+import pytest
+
+import dask_redist
+from dask_redist.config import ConfigError, Settings
+from dask_redist.layer import BARRIER_PREFIX, STAGE_PREFIX
+from dask_redist.optimize import CollectiveOptimizer, decide, find_rechunks, rewrite
+
+
+def layers_of(x):
+    return list(x.__dask_graph__().layers)
+
+
+def test_tasks_chain_becomes_one_collective_with_the_same_output_keys():
+    x = da.ones((64, 48, 32), chunks=(8, 48, 32))
+    y = x.rechunk((64, 6, 32), method="tasks")
+    graph = y.__dask_graph__()
+    assert len([n for n in graph.layers if n.startswith("rechunk-")]) == 2  # dask's two-step plan
+    new, decisions = rewrite(graph, [y.__dask_keys__()])
+    (d,) = decisions
+    assert d.collective and d.method == "tasks (2 steps)" and d.chain.source == x.name
+    assert set(new.layers) == {x.name, y.name}
+    keys = set(new.layers[y.name])
+    assert set(dask.core.flatten(y.__dask_keys__())) <= keys
+    assert sum(isinstance(k, tuple) and k[0] == STAGE_PREFIX + d.spec.token for k in keys) == 8
+    assert BARRIER_PREFIX + d.spec.token in keys
+
+
+def test_p2p_layer_is_found_and_replaced():
+    x = da.ones((64, 48), chunks=(8, 48))
+    y = x.rechunk((64, 6), method="p2p")
+    (d,) = rewrite(y.__dask_graph__(), [y.__dask_keys__()])[1]
+    assert d.collective and d.method == "p2p"
+
+
+def test_an_intermediate_that_is_also_wanted_ends_the_chain():
+    x = da.ones((16, 16), chunks=(4, 16))
+    y = x.rechunk((16, 4), method="tasks")
+    z = y.rechunk((8, 8), method="tasks")
+    graph = dask.highlevelgraph.HighLevelGraph.merge(y.__dask_graph__(), z.__dask_graph__())
+    chains = find_rechunks(graph, {y.name, z.name})
+    assert {c.output for c in chains} == {y.name, z.name}
+    assert {c.source for c in chains} == {x.name, y.name}
+    # without y requested the two rechunks fold into one collective from x
+    (chain,) = find_rechunks(z.__dask_graph__(), {z.name})
+    assert chain.source == x.name
+
+
+@pytest.mark.parametrize(
+    "make, reason",
+    [
+        (lambda: da.from_array(np.array([object()] * 8, dtype=object), chunks=4).rechunk(2), "Python objects"),
+        (lambda: da.ones(8, chunks=4).rechunk(2), None),
+    ],
+)
+def test_eligibility(make, reason):
+    y = make()
+    (chain,) = find_rechunks(y.__dask_graph__(), {y.name})
+    d = decide(y.__dask_graph__(), chain, Settings())
+    if reason is None:
+        assert d.collective
+    else:
+        assert not d.collective and reason in d.reason
+
+
+def test_chunk_types_and_min_bytes_narrow_eligibility():
+    y = da.ones(1000, chunks=100).rechunk(500)
+    graph = y.__dask_graph__()
+    (chain,) = find_rechunks(graph, {y.name})
+    assert "not in redist.chunk-types" in decide(graph, chain, Settings(chunk_types=("cupy",))).reason
+    assert "below redist.min-bytes" in decide(graph, chain, Settings(min_bytes=10**6)).reason
+
+
+def test_unknown_chunks_keep_dask_behaviour():
+    x = da.ones(10, chunks=5)
+    x = x[x > 0]
+    with pytest.raises(ValueError, match="unknown"):
+        x.rechunk(3)  # dask's own error
+    with pytest.raises(dask_redist.NotEligibleError, match="unknown"):
+        dask_redist.rechunk(x, 3)
+
+
+def test_explicit_rechunk_refuses_object_dtype():
+    x = da.from_array(np.array([object()] * 8, dtype=object), chunks=4)
+    with pytest.raises(dask_redist.NotEligibleError, match="Python objects"):
+        dask_redist.rechunk(x, 2)
+
+
+def test_explicit_rechunk_with_same_chunks_is_a_no_op():
+    x = da.ones((10, 10), chunks=5)
+    assert dask_redist.rechunk(x, 5) is x
+
+
+def test_hook_keeps_dask_rechunk_without_a_distributed_scheduler():
+    x = da.from_array(np.arange(64.0).reshape(8, 8), chunks=(2, 8))
+    with dask_redist.enable():
+        y = x.rechunk((8, 2))
+        np.testing.assert_array_equal(y.compute(scheduler="sync"), x.compute())
+
+
+def test_enable_is_a_context_manager_and_chains_the_previous_hook():
+    calls = []
+
+    def previous(dsk, keys, **kwargs):
+        calls.append(1)
+        from dask.array.optimization import optimize
+
+        return optimize(dsk, keys, **kwargs)
+
+    with dask.config.set(array_optimize=previous):
+        with dask_redist.enable(engine="dask"):
+            hook = dask.config.get("array_optimize")
+            assert isinstance(hook, CollectiveOptimizer) and hook.chain is previous
+            assert dask.config.get("redist.engine") == "dask"
+            da.ones(8, chunks=4).rechunk(2).compute(scheduler="sync")
+        assert dask.config.get("array_optimize") is previous
+    assert calls == [1]
+
+
+def test_enable_and_disable_without_with():
+    before = dask.config.get("array_optimize", None)
+    dask_redist.enable()
+    dask_redist.enable()  # idempotent: does not wrap itself twice
+    hook = dask.config.get("array_optimize")
+    assert isinstance(hook, CollectiveOptimizer) and not isinstance(hook.chain, CollectiveOptimizer)
+    dask_redist.disable()
+    dask_redist.disable()
+    assert dask.config.get("array_optimize", None) is before
+
+
+def test_enable_rejects_bad_config_naming_the_key():
+    with pytest.raises(ConfigError, match="redist.timeouts.collective"):
+        with dask.config.set({"redist.timeouts.collective": "soon"}):
+            dask_redist.enable()
+    with pytest.raises(ConfigError, match="redist.memory-budget"):
+        dask_redist.enable(memory_budget=-5)
+    with pytest.raises(ConfigError, match="redist.engine"):
+        dask_redist.enable(engine="mpi")
+
+
+def test_optimizer_pickles_the_settings_of_the_moment():
+    import pickle
+
+    with dask.config.set({"redist.engine": "dask", "redist.min-bytes": "1kB"}):
+        hook = pickle.loads(pickle.dumps(CollectiveOptimizer()))
+    assert hook.settings.engine == "dask" and hook.settings.min_bytes == 1000
+
+
+def test_rewrite_of_a_10000_chunk_rechunk():
+    """Its speed is measured by `dask-redist bench rewrite`, not here."""
+    x = da.ones((10_000, 100), chunks=(1, 100))
+    y = x.rechunk((10_000, 1))
+    new, (d,) = rewrite(y.__dask_graph__(), [y.__dask_keys__()])
+    assert d.collective and len(new.layers[y.name]) == 10_000 + 1 + 100

@@ -1,0 +1,149 @@
+"""WorkerRun and the dask engine driven in one process with a loopback transport.
+
+No cluster here: each rank's run executes on its own thread, as on a worker's
+collective thread, and a fake transport hands pieces straight to the peer.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from dask_redist._run import RunSpec, WorkerRun
+from dask_redist.config import Settings
+from dask_redist.engines import get_engine
+from dask_redist.errors import RedistError, RedistTimeoutError
+from dask_redist.layer import CollectiveSpec
+from dask_redist.plan import RechunkSpec, chunk_box, make_plan
+
+
+class Loopback:
+    """Delivers batches to the peer runs directly (copies, as a wire would)."""
+
+    def __init__(self, runs: list[WorkerRun], src: int, fail: bool = False):
+        self.runs, self.src, self.fail = runs, src, fail
+
+    def send(self, batches):
+        if self.fail:
+            raise ConnectionError("peer unreachable")
+        for dst, first, arrays in batches:
+            self.runs[dst].receive(self.src, first, [np.array(a) for a in arrays])
+
+
+def make_runs(data, old, new, nranks, in_ranks=None, timeout=30.0, budget=2**20):
+    spec = RechunkSpec(old, new, data.dtype.itemsize)
+    settings = Settings(collective_timeout=timeout, memory_budget=budget)
+    collective = CollectiveSpec("tok", "x", "y", spec, data.dtype, settings)
+    grid = spec.old_grid
+    if in_ranks is None:
+        in_ranks = (np.arange(int(np.prod(grid))) * nranks // int(np.prod(grid))).reshape(grid)
+    plan = make_plan(spec, in_ranks, nranks)
+    workers = tuple(f"w{i}" for i in range(nranks))
+    run_spec = RunSpec(collective, 1, 1, workers, plan.in_ranks, plan.out_ranks, plan.needed, "dask")
+    runs = []
+    for r, w in enumerate(workers):
+        inputs = {}
+        for flat, idx in enumerate(np.ndindex(*grid)):
+            if plan.in_ranks[idx] == r:
+                lo, hi = chunk_box(spec.old, idx)
+                inputs[flat] = data[tuple(slice(a, b) for a, b in zip(lo, hi))]
+        runs.append(WorkerRun(run_spec, w, inputs))
+    return runs
+
+
+def execute_all(runs, fail_rank=None):
+    engine = get_engine("dask")
+    errors = {}
+
+    def go(r, run):
+        run.start()
+        try:
+            engine.execute(run, Loopback(runs, r, fail=r == fail_rank))
+        except Exception as e:
+            errors[r] = e
+            run.fail(e)
+
+    threads = [threading.Thread(target=go, args=(r, run)) for r, run in enumerate(runs)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    return errors
+
+
+def collect(runs, data, new):
+    spec = runs[0].spec
+    for flat, idx in enumerate(np.ndindex(*[len(c) for c in new])):
+        owner = runs[int(spec.out_ranks[idx])]
+        lo, hi = chunk_box(new, idx)
+        got = owner.take_output(flat)
+        np.testing.assert_array_equal(got, data[tuple(slice(a, b) for a, b in zip(lo, hi))])
+
+
+@pytest.mark.parametrize(
+    "shape, old, new, nranks",
+    [
+        ((12, 10), ((6, 6), (10,)), ((12,), (5, 5)), 2),
+        ((12, 10), ((4, 4, 4), (3, 7)), ((5, 7), (2, 2, 6)), 3),
+        ((7, 5, 3), ((7,), (5,), (3,)), ((1, 2, 4), (5,), (1, 1, 1)), 4),
+        ((9,), ((2, 0, 7),), ((9,),), 2),
+    ],
+)
+def test_exchange_matches_numpy(shape, old, new, nranks):
+    data = np.arange(np.prod(shape), dtype=np.float64).reshape(shape) * 1.5 - 7
+    runs = make_runs(data, old, new, nranks)
+    assert execute_all(runs) == {}
+    collect(runs, data, new)
+
+
+def test_small_budget_sends_many_batches():
+    data = np.arange(4096, dtype=np.int32).reshape(64, 64)
+    runs = make_runs(data, ((32, 32), (64,)), ((64,), (8,) * 8), 2, budget=256)
+    assert execute_all(runs) == {}
+    collect(runs, data, ((64,), (8,) * 8))
+
+
+def test_failed_sender_times_out_peers_with_a_clear_error():
+    data = np.arange(100.0).reshape(10, 10)
+    runs = make_runs(data, ((5, 5), (10,)), ((10,), (5, 5)), 2, timeout=0.5)
+    errors = execute_all(runs, fail_rank=0)
+    assert isinstance(errors[0], ConnectionError)
+    assert isinstance(errors[1], RedistTimeoutError)
+    message = str(errors[1])
+    assert "rank 1 (w1)" in message and "'exchange'" in message and "ranks [0] (w0)" in message
+    with pytest.raises(RedistTimeoutError):
+        runs[1].take_output(1)
+
+
+def test_abort_releases_a_waiting_unpack_at_once():
+    data = np.arange(100.0).reshape(10, 10)
+    runs = make_runs(data, ((5, 5), (10,)), ((10,), (5, 5)), 2, timeout=60)
+    run = runs[0]
+    got = {}
+
+    def unpack():
+        try:
+            run.take_output(0)
+        except RedistError as e:
+            got["error"] = e
+
+    t = threading.Thread(target=unpack)
+    t.start()
+    time.sleep(0.1)
+    start = time.monotonic()
+    run.fail(RedistError("rank 1 failed in phase 'send'"))
+    t.join(5)
+    assert time.monotonic() - start < 2
+    assert "rank 1 failed" in str(got["error"])
+
+
+def test_unpack_waits_at_most_the_timeout():
+    data = np.arange(16.0).reshape(4, 4)
+    runs = make_runs(data, ((2, 2), (4,)), ((4,), (2, 2)), 2, timeout=0.3)
+    start = time.monotonic()
+    with pytest.raises(RedistTimeoutError, match="waiting for output chunk 0"):
+        runs[0].take_output(0)
+    assert time.monotonic() - start < 5
