@@ -1,0 +1,318 @@
+"""Benchmark harness: every rechunk method on the same placed input, results checked.
+
+Placement is controlled: input chunk ``i`` of ``n`` (C order) is created on
+worker ``i * W // n`` of the ``W`` workers sorted by address (contiguous
+blocks, the layout the design figures use), by a task pinned there. Every
+repetition builds a fresh input (new keys, so nothing is cached) and times
+
+    y = x.rechunk(new).persist(); wait(y)
+
+for each method, after one untimed warm-up. Every result is then checked on
+the workers against the formula that generated the input.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import platform
+import statistics
+import time
+from contextlib import nullcontext
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+
+import dask
+import dask.array as da
+import numpy as np
+from dask.highlevelgraph import HighLevelGraph
+from dask.utils import format_bytes, parse_bytes
+
+METHODS = ("redist-cufftmp", "redist-dask", "tasks", "p2p")
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    old: tuple
+    new: tuple
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * np.dtype(self.dtype).itemsize
+
+
+def slab_case(nbytes: int | str, nchunks: int, dtype: str = "float64") -> Case:
+    """A cube split into ``nchunks`` slabs along axis 0, rechunked to slabs along axis 1."""
+    nbytes = parse_bytes(nbytes) if isinstance(nbytes, str) else nbytes
+    n = round((nbytes / np.dtype(dtype).itemsize) ** (1 / 3))
+    shape = (n, n, n)
+    old = (da.core.normalize_chunks((math.ceil(n / nchunks), n, n), shape))
+    new = (da.core.normalize_chunks((n, math.ceil(n / nchunks), n), shape))
+    return Case(f"slab {format_bytes(nbytes)} {nchunks}->{nchunks} {dtype}", shape, dtype, old, new)
+
+
+def pencil_case(nbytes: int | str, per_axis: int, dtype: str = "float64") -> Case:
+    """Pencils along axis 2 (chunks on axes 0, 1) to pencils along axis 0 (chunks on 1, 2)."""
+    nbytes = parse_bytes(nbytes) if isinstance(nbytes, str) else nbytes
+    n = round((nbytes / np.dtype(dtype).itemsize) ** (1 / 3))
+    shape, c = (n, n, n), math.ceil(n / per_axis)
+    old = da.core.normalize_chunks((c, c, n), shape)
+    new = da.core.normalize_chunks((n, c, c), shape)
+    return Case(f"pencil {format_bytes(nbytes)} {per_axis}x{per_axis} {dtype}", shape, dtype, old, new)
+
+
+# -- data with a known value at every index ---------------------------------------------
+
+_MODULUS = {"f2": 2039, "i1": 127, "b1": 2}
+
+
+def expected_block(dtype: str, seed: int, shape, lower, global_shape, xp=np):
+    """Value at every index: (linear index * 7 + seed) mod m, exact in any dtype."""
+    dt = np.dtype(dtype)
+    m = _MODULUS.get(dt.str[1:], 65521)
+    idx = [xp.arange(lo, lo + s, dtype=xp.int64) for lo, s in zip(lower, shape)]
+    lin = xp.zeros(tuple(shape), dtype=xp.int64)
+    stride = 1
+    for axis in range(len(shape) - 1, -1, -1):
+        view = [1] * len(shape)
+        view[axis] = shape[axis]
+        lin = lin + idx[axis].reshape(view) * stride
+        stride *= global_shape[axis]
+    v = (lin * 7 + seed) % m
+    if dt.kind == "c":
+        return (v - 1j * v).astype(dt)
+    return v.astype(dt)
+
+
+def _make_block(dtype, seed, shape, lower, global_shape, kind):
+    if kind == "cupy":
+        import cupy
+
+        return expected_block(dtype, seed, shape, lower, global_shape, xp=cupy)
+    return expected_block(dtype, seed, shape, lower, global_shape)
+
+
+def placed_array(client, case: Case, seed: int, kind: str = "numpy") -> da.Array:
+    """The case's input, chunk i created on worker i * W // n: contiguous blocks."""
+    from distributed import wait
+
+    workers = sorted(client.scheduler_info(n_workers=-1)["workers"])
+    grid = [len(c) for c in case.old]
+    n = math.prod(grid)
+    name = f"bench-input-{seed}-{dask.base.tokenize(case, kind)}"
+    bounds = [np.concatenate([[0], np.cumsum(c)]) for c in case.old]
+    futures = {}
+    for i, idx in enumerate(np.ndindex(*grid)):
+        shape = tuple(c[j] for c, j in zip(case.old, idx))
+        lower = tuple(int(b[j]) for b, j in zip(bounds, idx))
+        futures[(name, *idx)] = client.submit(
+            _make_block, case.dtype, seed, shape, lower, case.shape, kind,
+            key=(name, *idx), workers=[workers[i * len(workers) // n]], allow_other_workers=False, pure=False,
+        )  # fmt: skip
+    wait(list(futures.values()))
+    meta = np.empty((0,) * len(grid), dtype=case.dtype)
+    if kind == "cupy":
+        import cupy
+
+        meta = cupy.empty((0,) * len(grid), dtype=case.dtype)
+    graph = HighLevelGraph.from_collections(name, futures, dependencies=())
+    return da.Array(graph, name, case.old, meta=meta)
+
+
+def _check_block(block, dtype, seed, global_shape, block_info=None):
+    lower = [lo for lo, _ in block_info[0]["array-location"]]
+    xp = np
+    if type(block).__module__.startswith("cupy"):
+        import cupy as xp
+    ok = bool((block == expected_block(dtype, seed, block.shape, lower, global_shape, xp=xp)).all())
+    return np.array([ok]).reshape((1,) * block.ndim)
+
+
+def check(y: da.Array, case: Case, seed: int) -> bool:
+    flags = y.map_blocks(
+        _check_block, case.dtype, seed, case.shape, dtype=bool, chunks=(1,) * y.ndim, meta=np.empty((0,) * y.ndim, bool)
+    )
+    return bool(flags.all().compute())
+
+
+# -- running ---------------------------------------------------------------------------
+
+
+@dataclass
+class Result:
+    case: str
+    method: str
+    nbytes: int
+    nchunks_in: int
+    nchunks_out: int
+    times: list[float] = field(default_factory=list)
+    correct: bool | None = None
+    error: str | None = None
+    peak_gpu_bytes: dict | None = None
+
+    @property
+    def median(self) -> float | None:
+        return statistics.median(self.times) if self.times else None
+
+    def row(self) -> dict:
+        t = sorted(self.times)
+        return {
+            "case": self.case,
+            "method": self.method,
+            "median": _seconds(self.median) if self.times else "unsupported" if self.error else "-",
+            "min .. max": f"{_seconds(t[0])} .. {_seconds(t[-1])}" if t else "",
+            "runs": len(t),
+            "GB/s": f"{self.nbytes / self.median / 1e9:.2f}" if self.times else "",
+            "checked": {True: "equal", False: "WRONG", None: "-"}[self.correct],
+            "note": (self.error or "")[:120],
+        }
+
+
+def _seconds(t: float) -> str:
+    return f"{t * 1e3:.1f} ms" if t < 1 else f"{t:.2f} s"
+
+
+def _method_context(method: str):
+    import dask_redist
+
+    if method.startswith("redist-"):
+        return dask_redist.enable(engine=method.split("-", 1)[1]), None
+    return nullcontext(), method
+
+
+def run_case(client, case: Case, methods=METHODS, reps: int = 3, kind: str = "numpy", progress=None) -> list[Result]:
+    """Time every method on the case: one warm-up, then ``reps`` timed runs on fresh inputs."""
+    from distributed import wait
+
+    results = []
+    for method in methods:
+        r = Result(case.name, method, case.nbytes, math.prod(map(len, case.old)), math.prod(map(len, case.new)))
+        results.append(r)
+        if method == "redist-cufftmp" and kind != "cupy":
+            r.error = "cufftmp moves CuPy chunks only"
+            continue
+        for rep in range(reps + 1):
+            seed = rep + 1
+            x = placed_array(client, case, seed, kind)
+            ctx, dask_method = _method_context(method)
+            try:
+                with ctx:
+                    start = time.perf_counter()
+                    y = x.rechunk(case.new, method=dask_method).persist()
+                    wait(y)
+                    elapsed = time.perf_counter() - start
+                ok = check(y, case, seed)
+            except Exception as e:
+                r.error = f"{type(e).__name__}: {e}".splitlines()[0]
+                break
+            finally:
+                del x
+            r.correct = ok if r.correct is None else r.correct and ok
+            if rep:  # rep 0 is the warm-up
+                r.times.append(elapsed)
+            del y
+            if progress:
+                progress(method, rep, elapsed)
+    return results
+
+
+def environment(client) -> dict:
+    import distributed
+
+    info = client.scheduler_info(n_workers=-1)
+    env = {
+        "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "host": platform.node(),
+        "machine": f"{platform.machine()}, {_cpus()} CPUs",
+        "workers": len(info["workers"]),
+        "threads per worker": sorted({w["nthreads"] for w in info["workers"].values()}),
+        "python": platform.python_version(),
+        "dask": dask.__version__,
+        "distributed": distributed.__version__,
+        "numpy": np.__version__,
+    }
+    for module in ("cupy", "dask_cuda", "nvmath"):
+        try:
+            env[module] = __import__(module).__version__
+        except Exception:
+            pass
+    return env
+
+
+def _cpus():
+    import os
+
+    return os.cpu_count()
+
+
+def markdown(results: list[Result], env: dict, command: str) -> str:
+    rows = [r.row() for r in results]
+    head = list(rows[0])
+    lines = [
+        f"Command: `{command}`  ",
+        f"Date: {env['date']}; machine: {env['machine']}; {env['workers']} workers; "
+        + ", ".join(f"{k} {env[k]}" for k in ("dask", "distributed", "numpy", "cupy", "dask_cuda", "nvmath") if k in env),
+        "",
+        "| " + " | ".join(head) + " |",
+        "|" + "---|" * len(head),
+    ]
+    lines += ["| " + " | ".join(str(r[h]) for h in head) + " |" for r in rows]
+    return "\n".join(lines) + "\n"
+
+
+def to_json(results: list[Result], env: dict, command: str) -> str:
+    return json.dumps(
+        {"command": command, "environment": env, "results": [asdict(r) | {"median": r.median} for r in results]},
+        indent=1,
+        default=str,
+    )
+
+
+# -- micro benchmarks ----------------------------------------------------------------------
+
+
+def rewrite_time(nchunks: int = 10_000, reps: int = 3) -> dict:
+    """Seconds to rewrite (and then optimize) the graph of an ``nchunks``-chunk rechunk."""
+    from dask.array.optimization import optimize
+
+    from dask_redist.optimize import rewrite
+
+    x = da.ones((nchunks, 100), chunks=(1, 100))
+    y = x.rechunk((nchunks, 1), method="tasks")
+    keys = y.__dask_keys__()
+    rewrite_s, total_s = [], []
+    for _ in range(reps):
+        graph = y.__dask_graph__()
+        t0 = time.perf_counter()
+        new, _ = rewrite(graph, [keys])
+        t1 = time.perf_counter()
+        optimize(new, [keys])
+        t2 = time.perf_counter()
+        rewrite_s.append(t1 - t0)
+        total_s.append(t2 - t0)
+    return {"chunks": nchunks, "rewrite": statistics.median(rewrite_s), "rewrite + dask optimize": statistics.median(total_s)}
+
+
+def fixed_cost(client, reps: int = 20) -> dict:
+    """End-to-end seconds of a tiny rechunk (2 -> 2 chunks of 16x16 float64), fresh keys each time."""
+    from distributed import wait
+
+    import dask_redist
+
+    labels = {"collective (dask engine)": lambda: dask_redist.enable(engine="dask"), "dask tasks": nullcontext}
+    times = {k: [] for k in labels}
+    for i in range(reps + 2):
+        for j, (label, ctx) in enumerate(labels.items()):
+            a = da.from_array(np.full((16, 16), float(i * 10 + j)), chunks=(8, 16)).persist()
+            wait(a)
+            with ctx():
+                t0 = time.perf_counter()
+                y = a.rechunk((16, 8), method="tasks").persist()
+                wait(y)
+                if i >= 2:
+                    times[label].append(time.perf_counter() - t0)
+            del a, y
+    return {k: statistics.median(v) for k, v in times.items()}

@@ -1,0 +1,147 @@
+"""``dask-redist demo | bench | doctor``."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import shlex
+import sys
+
+from rich.console import Console
+from rich.table import Table
+
+console = Console()
+
+
+def _table(rows: list[dict], title: str = "") -> Table:
+    t = Table(title=title, show_lines=False)
+    for h in rows[0]:
+        t.add_column(h, overflow="fold")
+    for r in rows:
+        t.add_row(*(str(v) for v in r.values()))
+    return t
+
+
+@contextlib.contextmanager
+def _client(args):
+    """A Client to ``--scheduler``, or to a local cluster started here (CUDA with --gpu)."""
+    from distributed import Client, LocalCluster
+
+    if args.scheduler:
+        with Client(args.scheduler) as client:
+            yield client
+        return
+    if args.gpu:
+        from dask_cuda import LocalCUDACluster
+
+        cluster = LocalCUDACluster(n_workers=args.workers, dashboard_address=None, protocol=args.protocol)
+    else:
+        cluster = LocalCluster(
+            n_workers=args.workers, threads_per_worker=args.threads, processes=True, dashboard_address=None,
+            protocol=args.protocol,
+        )  # fmt: skip
+    with cluster, Client(cluster) as client:
+        client.wait_for_workers(args.workers)
+        yield client
+
+
+def _cluster_args(p: argparse.ArgumentParser, workers: int = 2):
+    p.add_argument("--scheduler", help="address of a running scheduler (default: start a local cluster)")
+    p.add_argument("--workers", type=int, default=workers, help="workers of the local cluster")
+    p.add_argument("--threads", type=int, default=1, help="threads per worker of the local CPU cluster")
+    p.add_argument("--gpu", action="store_true", help="LocalCUDACluster and CuPy chunks")
+    p.add_argument("--protocol", default="tcp", help="tcp or ucx (local cluster)")
+
+
+def demo(args) -> int:
+    import dask_redist
+    from dask_redist.bench import run_case, slab_case
+
+    case = slab_case(args.size, args.chunks)
+    kind = "cupy" if args.gpu else "numpy"
+    with _client(args) as client:
+        console.print(f"[bold]{case.name}[/]: shape {case.shape}, {len(client.scheduler_info()['workers'])} workers")
+        from dask_redist.bench import placed_array
+
+        x = placed_array(client, case, seed=0, kind=kind)
+        with dask_redist.enable():
+            console.print(dask_redist.explain(x.rechunk(case.new)))
+        engine = "redist-cufftmp" if args.gpu else "redist-dask"
+        results = run_case(client, case, (engine, "tasks", "p2p"), reps=args.reps, kind=kind)
+    console.print(_table([r.row() for r in results], "y = x.rechunk(new).persist(); wait(y)"))
+    return 0 if all(r.correct is not False for r in results) else 1
+
+
+def bench(args) -> int:
+    from dask_redist import bench as b
+
+    command = "dask-redist bench " + " ".join(shlex.quote(a) for a in args.argv)
+    if args.micro:
+        with _client(args) as client:
+            rows = [b.rewrite_time(args.rewrite_chunks)] + [b.fixed_cost(client)]
+        for r in rows:
+            console.print(_table([{k: (f"{v * 1e3:.1f} ms" if isinstance(v, float) else v) for k, v in r.items()}]))
+        return 0
+    kind = "cupy" if args.gpu else "numpy"
+    cases = []
+    for size in args.size:
+        for dtype in args.dtype:
+            for n in args.chunks:
+                if "slab" in args.cases:
+                    cases.append(b.slab_case(size, n, dtype))
+                if "pencil" in args.cases:
+                    cases.append(b.pencil_case(size, max(1, round(n**0.5)), dtype))
+    results = []
+    with _client(args) as client:
+        env = b.environment(client)
+        for case in cases:
+            console.print(f"[bold]{case.name}[/] ...")
+            results += b.run_case(client, case, args.methods, reps=args.reps, kind=kind)
+            console.print(_table([r.row() for r in results[-len(args.methods) :]]))
+    text = b.markdown(results, env, command)
+    if args.out:
+        os.makedirs(args.out, exist_ok=True)
+        stem = os.path.join(args.out, args.name)
+        with open(stem + ".md", "w") as f:
+            f.write(text)
+        with open(stem + ".json", "w") as f:
+            f.write(b.to_json(results, env, command))
+        console.print(f"wrote {stem}.md and {stem}.json")
+    console.print(_table([r.row() for r in results], "all cases"))
+    return 0 if all(r.correct is not False for r in results) else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    parser = argparse.ArgumentParser(prog="dask-redist", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("demo", help="rechunk through the collective next to dask's own rechunk")
+    _cluster_args(p)
+    p.add_argument("--size", default="256MiB", help="array size (default 256MiB)")
+    p.add_argument("--chunks", type=int, default=16, help="slabs before and after (default 16)")
+    p.add_argument("--reps", type=int, default=3)
+    p.set_defaults(func=demo)
+
+    p = sub.add_parser("bench", help="time every method on placed inputs; write Markdown and JSON")
+    _cluster_args(p)
+    p.add_argument("--size", nargs="+", default=["1GiB"])
+    p.add_argument("--chunks", nargs="+", type=int, default=[16, 64])
+    p.add_argument("--dtype", nargs="+", default=["float64"])
+    p.add_argument("--cases", nargs="+", default=["slab"], choices=["slab", "pencil"])
+    p.add_argument("--methods", nargs="+", default=["redist-dask", "tasks", "p2p"])
+    p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--out", help="folder for <name>.md and <name>.json")
+    p.add_argument("--name", default="results")
+    p.add_argument("--micro", action="store_true", help="graph rewrite time and the fixed cost of one run")
+    p.add_argument("--rewrite-chunks", type=int, default=10_000)
+    p.set_defaults(func=bench)
+
+    args = parser.parse_args(argv)
+    args.argv = argv[1:]
+    return args.func(args)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,240 @@
+"""Property tests of :mod:`dask_redist.plan`, checked against NumPy."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dask_redist.plan import (
+    BALANCE_TOLERANCE,
+    PlanError,
+    RechunkSpec,
+    axis_segments,
+    chunk_nbytes,
+    is_box_placement,
+    make_plan,
+)
+from planning_helpers import (
+    MAX_RANKS,
+    OutputChunks,
+    box_placements,
+    byte_ids,
+    chunk_boxes,
+    chunking,
+    plans,
+    random_placements,
+    rechunk_specs,
+    simulate_transfers,
+)
+
+FAST = settings(max_examples=150, deadline=None)
+
+
+@FAST
+@given(st.integers(0, 40).flatmap(lambda n: st.tuples(chunking(n), chunking(n))))
+def test_axis_segments_tile_the_axis(chunks):
+    old, new = chunks
+    seg = axis_segments(old, new)
+    old_bounds, new_bounds = np.cumsum((0, *old)), np.cumsum((0, *new))
+    assert np.all(seg.start < seg.stop)
+    # consecutive, from 0 to the axis length
+    np.testing.assert_array_equal(np.concatenate([seg.start, seg.stop[-1:]]), np.union1d(old_bounds, new_bounds))
+    # every segment lies inside its old and its new chunk
+    assert np.all(old_bounds[seg.old] <= seg.start) and np.all(seg.stop <= old_bounds[seg.old + 1])
+    assert np.all(new_bounds[seg.new] <= seg.start) and np.all(seg.stop <= new_bounds[seg.new + 1])
+
+
+@FAST
+@given(plans())
+def test_every_output_element_comes_from_exactly_one_input_element(plan):
+    spec, t = plan.spec, plan.transfers
+    data = byte_ids(spec.shape, spec.itemsize)
+    simulate_transfers(spec, t, data).check(data, plan.needed)
+    np.testing.assert_array_equal(t.src, plan.in_ranks.ravel()[t.old_block])
+    np.testing.assert_array_equal(t.dst, plan.out_ranks.ravel()[t.new_block])
+    assert plan.nbytes == spec.nbytes == int(chunk_nbytes(spec.new, spec.itemsize).sum())
+    assert plan.traffic.sum() == plan.nbytes
+    assert plan.moved_bytes == int(t.nbytes[t.src != t.dst].sum())
+
+
+@FAST
+@given(plans(partial=True))
+def test_only_needed_chunks_are_moved_and_they_are_complete(plan):
+    spec, t = plan.spec, plan.transfers
+    data = byte_ids(spec.shape, spec.itemsize)
+    assert plan.needed.ravel()[t.new_block].all()
+    simulate_transfers(spec, t, data).check(data, plan.needed)
+    sizes = chunk_nbytes(spec.new, spec.itemsize)
+    assert plan.nbytes == int(sizes[plan.needed].sum())
+    np.testing.assert_array_equal(
+        plan.out_bytes, np.bincount(plan.out_ranks[plan.needed], sizes[plan.needed], minlength=plan.nranks)
+    )
+
+
+@FAST
+@given(plans(owners="chosen", partial=True))
+def test_chosen_owners_are_in_range_and_balanced(plan):
+    assert plan.out_ranks.shape == plan.spec.new_grid
+    assert plan.out_ranks.min() >= 0 and plan.out_ranks.max() < plan.nranks
+    assert plan.owner_strategy != "given"
+    # Greedy assignment, largest chunks first, never puts more than the mean plus the
+    # largest chunk on a rank; the planner may pick a candidate up to 10% worse.
+    sizes = chunk_nbytes(plan.spec.new, plan.spec.itemsize)[plan.needed]
+    bound = sizes.sum() / plan.nranks + sizes.max(initial=0)
+    assert plan.out_bytes.max() <= BALANCE_TOLERANCE * bound + 1, plan.summary()
+    assert plan.imbalance >= 1.0 or plan.out_bytes.sum() == 0
+
+
+@FAST
+@given(plans(owners="given"))
+def test_given_owners_are_kept(plan):
+    assert plan.owner_strategy == "given"
+    for rank in range(plan.nranks):
+        owned = plan.owned(rank)
+        assert all(plan.out_ranks[i] == rank for i in owned)
+        assert len(owned) == int((plan.out_ranks == rank).sum())
+
+
+@FAST
+@given(plans(partial=True))
+def test_sends_and_receives_agree_on_order(plan):
+    fields = ("src", "dst", "old_block", "new_block", "lo", "hi")
+    sends = [plan.sends(r) for r in range(plan.nranks)]
+    receives = [plan.receives(r) for r in range(plan.nranks)]
+    assert sum(map(len, sends)) == sum(map(len, receives)) == len(plan.transfers)
+    for s in range(plan.nranks):
+        assert np.all(sends[s].src == s) and np.all(receives[s].dst == s)
+        for d in range(plan.nranks):
+            out = sends[s].take(sends[s].dst == d)
+            into = receives[d].take(receives[d].src == s)
+            for f in fields:
+                np.testing.assert_array_equal(getattr(out, f), getattr(into, f), err_msg=f"{s} -> {d}: {f}")
+
+
+@FAST
+@given(plans(max_elements=1024), st.integers(0, 300))
+def test_split_parts_are_boxes_that_cover_each_transfer(plan, max_bytes):
+    spec, t = plan.spec, plan.transfers
+    parts = t.split(max_bytes)
+    assert np.all(parts.nbytes > 0)
+    assert np.all(parts.nbytes <= max(max_bytes, spec.itemsize))
+    # a piece is the only one with its (old, new) chunk pair: parts tile their piece exactly
+    piece = {(int(o), int(n)): i for i, (o, n) in enumerate(zip(t.old_block, t.new_block))}
+    writes = np.zeros(spec.shape, dtype=np.int64)
+    for k in range(len(parts)):
+        i = piece[int(parts.old_block[k]), int(parts.new_block[k])]
+        assert (parts.src[k], parts.dst[k]) == (t.src[i], t.dst[i])
+        assert np.all(t.lo[i] <= parts.lo[k]) and np.all(parts.lo[k] < parts.hi[k])
+        assert np.all(parts.hi[k] <= t.hi[i])
+        writes[tuple(slice(lo, hi) for lo, hi in zip(parts.lo[k], parts.hi[k]))] += 1
+    expected = np.zeros(spec.shape, dtype=np.int64)
+    for i in range(len(t)):
+        expected[tuple(slice(lo, hi) for lo, hi in zip(t.lo[i], t.hi[i]))] += 1
+    np.testing.assert_array_equal(writes, expected)
+    # and the parts still move the data
+    data = byte_ids(spec.shape, spec.itemsize)
+    simulate_transfers(spec, parts, data).check(data, plan.needed)
+
+
+def _tiles_one_box_per_rank(chunks, ranks, nranks) -> bool:
+    """The definition, on the elements: every rank's elements fill their bounding box."""
+    owner = np.full([sum(c) for c in chunks], -1, dtype=np.int64)
+    for box, rank in zip(chunk_boxes(chunks), ranks.ravel()):
+        owner[box.slices()] = rank
+    for rank in range(nranks):
+        where = np.argwhere(owner == rank)
+        if len(where):
+            lo, hi = where.min(axis=0), where.max(axis=0) + 1
+            if not np.all(owner[tuple(slice(a, b) for a, b in zip(lo, hi))] == rank):
+                return False
+    return True
+
+
+@FAST
+@given(rechunk_specs(), st.integers(1, MAX_RANKS), st.booleans(), st.data())
+def test_is_box_placement(spec, nranks, boxes, data):
+    grid = spec.old_grid
+    ranks = data.draw(box_placements(spec.old, nranks) if boxes else random_placements(grid, nranks))
+    expected = _tiles_one_box_per_rank(spec.old, ranks, nranks)
+    assert is_box_placement(spec.old, ranks, nranks) == expected
+    if boxes:
+        assert expected
+
+
+@FAST
+@given(plans(partial=True))
+def test_summary(plan):
+    s = plan.summary()
+    assert s["ranks"] == plan.nranks
+    assert s["pieces"] == len(plan.transfers)
+    assert s["bytes"] == plan.nbytes
+    assert s["bytes moved between ranks"] == plan.moved_bytes <= plan.nbytes
+    assert s["box-shaped"] == plan.boxes
+    assert s["output imbalance"] == round(plan.imbalance, 3)
+
+
+def test_empty_array():
+    spec = RechunkSpec(((0,), (3, 0, 2)), ((0,), (5,)), 8)
+    plan = make_plan(spec, [[0, 1, 1]], 2)
+    assert len(plan.transfers) == 0 and plan.nbytes == 0 and plan.imbalance == 1.0
+    assert plan.out_ranks.shape == (1, 1)
+    OutputChunks(spec).check(byte_ids(spec.shape, 8), plan.needed)
+
+
+# -- errors -----------------------------------------------------------------------------
+
+
+@FAST
+@given(st.integers(0, 20), st.integers(0, 20), st.data())
+def test_chunks_that_do_not_sum_alike_are_rejected(n, m, data):
+    if n == m:
+        m += 1
+    with pytest.raises(PlanError, match="sum"):
+        RechunkSpec((data.draw(chunking(n)),), (data.draw(chunking(m)),), 8)
+
+
+@pytest.mark.parametrize(
+    "old, new, itemsize, match",
+    [
+        (((4, -1),), ((3,),), 8, "chunk size -1"),
+        (((3,),), ((4, -1),), 8, "chunk size -1"),
+        (((math.nan,),), ((3,),), 8, "NaN"),
+        (((np.float64("nan"), 2),), ((3,),), 8, "NaN"),
+        (((1.5, 1.5),), ((3,),), 8, "expected integers"),
+        (((True, 2),), ((3,),), 8, "expected integers"),
+        (((),), ((),), 8, "no chunks"),
+        (((3,),), ((3,), (1,)), 8, "axes"),
+        (((3,),), ((3,),), 0, "itemsize"),
+        (((3,),), ((3,),), -8, "itemsize"),
+        (((3,),), ((3,),), 8.0, "itemsize"),
+    ],
+)
+def test_bad_chunks_are_rejected(old, new, itemsize, match):
+    with pytest.raises(PlanError, match=match):
+        RechunkSpec(old, new, itemsize)
+
+
+@pytest.mark.parametrize("nranks", [0, -1, 2.0, None])
+def test_bad_rank_count_is_rejected(nranks):
+    with pytest.raises(PlanError, match="nranks"):
+        make_plan(RechunkSpec(((2, 2),), ((4,),), 8), [0, 0], nranks)
+
+
+@FAST
+@given(rechunk_specs(max_elements=64), st.integers(1, MAX_RANKS), st.data())
+def test_ranks_out_of_range_are_rejected(spec, nranks, data):
+    good_in = data.draw(random_placements(spec.old_grid, nranks))
+    good_out = data.draw(random_placements(spec.new_grid, nranks))
+    bad = data.draw(st.one_of(st.integers(-100, -1), st.integers(nranks, nranks + 100)))
+    which = data.draw(st.sampled_from(["in", "out"]))
+    ranks = (good_in if which == "in" else good_out).copy()
+    ranks.flat[data.draw(st.integers(0, ranks.size - 1))] = bad
+    with pytest.raises(PlanError, match=f"{which}put ranks"):
+        if which == "in":
+            make_plan(spec, ranks, nranks, out_ranks=good_out)
+        else:
+            make_plan(spec, good_in, nranks, out_ranks=ranks)
