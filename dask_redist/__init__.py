@@ -106,3 +106,31 @@ def rechunk(x, chunks="auto", *, threshold=None, block_size_limit=None, balance=
         raise NotEligibleError(decision.reason)
     graph, _ = rewrite(graph, [], settings, only=[decision])
     return Array(graph, y.name, y.chunks, meta=y._meta)
+
+
+def bootstrap(client=None) -> dict:
+    """Bootstrap NVSHMEM on every worker now, instead of at the first GPU rechunk.
+
+    Runs a tiny CuPy rechunk through the ``cufftmp`` engine (so the bootstrap goes
+    through the same ordered, time-bounded path as every run) and returns, per
+    worker, the seconds its bootstrap took.
+    """
+    from distributed import default_client, wait
+
+    from dask_redist.bench import Case, check, placed_array
+
+    client = client or default_client()
+    n = len(client.scheduler_info(n_workers=-1)["workers"])
+    case = Case("bootstrap", (8 * n, 8 * n), "float64", ((8,) * n, (8 * n,)), ((8 * n,), (8,) * n))
+    x = placed_array(client, case, seed=0, kind="cupy")
+    y = rechunk(x, case.new, engine="cufftmp").persist()
+    wait(y)
+    if not check(y, case, 0):
+        raise RedistError("the bootstrap rechunk returned wrong values")
+
+    def stats():
+        from dask_redist.engines import get_engine
+
+        return get_engine("cufftmp").stats
+
+    return client.run(stats)

@@ -40,6 +40,7 @@ class RunSpec:
     needed: np.ndarray
     engine: str
     kind: str = "numpy"  # array type of the chunks: "numpy" or "cupy"
+    reason: str = ""  # why this engine
 
     @property
     def token(self) -> str:

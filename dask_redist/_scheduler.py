@@ -36,8 +36,10 @@ from distributed.utils import log_errors, offload
 
 from dask_redist._run import RunSpec
 from dask_redist._worker import RedistWorkerPlugin
+from dask_redist.errors import RedistTimeoutError
 from dask_redist.layer import BARRIER_PREFIX, STAGE_PREFIX, BarrierTask, CollectiveSpec
 from dask_redist.plan import make_plan
+from dask_redist.process_group import Rendezvous
 
 logger = logging.getLogger("dask_redist")
 
@@ -65,6 +67,9 @@ class RedistSchedulerPlugin(SchedulerPlugin):
         self.history: deque = deque(maxlen=200)
         self._seq = itertools.count(1)
         self._ready: asyncio.Event | None = None
+        self.rendezvous = Rendezvous()
+        self.capabilities: dict[str, dict] = {}
+        self.world: tuple[str, ...] | None = None  # workers NVSHMEM was bootstrapped over
 
     async def start(self, scheduler) -> None:
         if self.name in scheduler.plugins:  # registered concurrently by another barrier
@@ -77,6 +82,7 @@ class RedistSchedulerPlugin(SchedulerPlugin):
                 "redist_barrier": self.barrier,
                 "redist_failed": self.failed,
                 "redist_history": self.get_history,
+                "redist_allgather": self.allgather,
             }
         )
         await scheduler.register_worker_plugin(
@@ -105,7 +111,9 @@ class RedistSchedulerPlugin(SchedulerPlugin):
         needed = np.array(
             [(k in tasks and tasks[k].state != "memory") for k in spec.output_keys()], dtype=bool
         )
-        engine = self.choose_engine(spec, kind)
+        engine, reason = await self.choose_engine(spec, kind, ranks)
+        if engine == "cufftmp" and kind != "cupy":
+            return {"status": "error", "fatal": True, "message": f"redist.engine=cufftmp needs CuPy chunks, got {kind}"}
         plan = await offload(make_plan, spec.rechunk, in_ranks, len(ranks), needed=needed)
 
         if lost := [w for w in ranks if w not in self.scheduler.workers]:
@@ -124,6 +132,7 @@ class RedistSchedulerPlugin(SchedulerPlugin):
             needed=needed,
             engine=engine,
             kind=kind,
+            reason=reason,
         )
         pending, restrictions = set(), {}
         owners = plan.out_ranks.ravel()
@@ -142,11 +151,40 @@ class RedistSchedulerPlugin(SchedulerPlugin):
             self._finish(token)
         return {"status": "OK", "run_id": run.run_id}
 
-    def choose_engine(self, spec: CollectiveSpec, kind: str) -> str:
+    async def choose_engine(self, spec: CollectiveSpec, kind: str, ranks: list[str]) -> tuple[str, str]:
+        """The engine for a run and why: ``auto`` takes cufftmp for CuPy chunks where it can."""
         engine = spec.settings.engine
-        if engine == "auto":
-            return "dask"
-        return engine
+        if engine != "auto":
+            return engine, "set by redist.engine"
+        if kind != "cupy":
+            return "dask", "NumPy chunks"
+        caps = await self.worker_capabilities(ranks)
+        bad = [w for w in ranks if not caps.get(w, {}).get("cufftmp", {}).get("ok")]
+        if bad:
+            why = caps.get(bad[0], {}).get("cufftmp", {}).get("reason", "no answer")
+            return "dask", f"cufftmp unusable on {bad[0]}: {why}"
+        if self.world is not None and self.world != tuple(ranks):
+            return "dask", "the worker set changed since NVSHMEM was bootstrapped"
+        self.world = tuple(ranks)
+        return "cufftmp", "CuPy chunks, and every worker can run cuFFTMp over NVSHMEM"
+
+    async def worker_capabilities(self, workers: list[str]) -> dict[str, dict]:
+        missing = [w for w in workers if w not in self.capabilities]
+        if missing:
+            answers = await self.scheduler.broadcast(
+                msg={"op": "redist_capabilities"}, workers=missing, on_error="return"
+            )
+            for w, a in answers.items():
+                if isinstance(a, dict):
+                    self.capabilities[w] = a
+        return self.capabilities
+
+    async def allgather(self, tag: str, rank: int, nranks: int, payload: bytes, timeout: float) -> dict:
+        try:
+            values = await self.rendezvous.gather(tag, rank, nranks, payload, timeout)
+        except RedistTimeoutError as e:
+            return {"status": "error", "message": str(e)}
+        return {"status": "OK", "values": values}
 
     @log_errors
     def failed(self, token: str, run_id: int, address: str, message: str, restart: bool) -> None:
@@ -182,6 +220,7 @@ class RedistSchedulerPlugin(SchedulerPlugin):
                 "token": token,
                 "run": run.spec.run_id,
                 "engine": run.spec.engine,
+                "why": run.spec.reason,
                 "workers": len(run.spec.workers),
                 "bytes": run.nbytes,
                 "bytes moved": run.moved,
@@ -262,6 +301,7 @@ class RedistSchedulerPlugin(SchedulerPlugin):
                 self.restarts.pop(token, None)
 
     def remove_worker(self, scheduler, worker: str, *, stimulus_id: str, **kwargs) -> None:
+        self.capabilities.pop(worker, None)
         for key in [k for k, w in self.stage_home.items() if w == worker]:
             del self.stage_home[key]
         for token, run in list(self.active.items()):

@@ -138,6 +138,13 @@ class CommsTransport:
 
         self.state.call(send_all, run.timeout, f"{run.name()} phase 'send'")
 
+    def exchange_factory(self, rank: int, nranks: int):
+        """The all-gather of a process group over the scheduler, for NVSHMEM's bootstrap."""
+        from dask_redist.process_group import scheduler_exchange
+
+        settings = self.run.spec.collective.settings
+        return scheduler_exchange(self.state, nranks, rank, settings.bootstrap_timeout)
+
 
 # -- per-worker state -----------------------------------------------------------------
 
@@ -162,6 +169,7 @@ class WorkerState:
         self.runs: dict[str, WorkerRun] = {}
         self.early: dict[tuple[str, int], list] = defaultdict(list)
         self.thread = CollectiveThread(self._execute, f"redist-collective-{worker.address}")
+        self.capabilities: dict | None = None
 
     @property
     def address(self) -> str:
@@ -213,7 +221,8 @@ class WorkerState:
 
         response = self.call(ask, settings.barrier_timeout, f"{spec.describe()} barrier")
         if response.get("status") != "OK":
-            raise RedistConsistencyError(f"{spec.describe()} barrier: {response.get('message', response)}")
+            error = RedistError if response.get("fatal") else RedistConsistencyError
+            raise error(f"{spec.describe()} barrier: {response.get('message', response)}")
         return response["run_id"]
 
     def unpack(self, token: str, index: int, run_id: int):
@@ -267,6 +276,14 @@ class WorkerState:
         for src, first, arrays in early:
             wr.receive(src, first, arrays)
         self.thread.submit(wr)
+
+    async def handle_capabilities(self) -> dict:
+        """What this worker can run (cached: probing imports CuPy and nvmath)."""
+        if self.capabilities is None:
+            from dask_redist.engines.cufftmp import capabilities
+
+            self.capabilities = {"cufftmp": await asyncio.to_thread(capabilities)}
+        return self.capabilities
 
     async def handle_receive(self, token: str, run_id: int, src: int, first: int, data: list) -> str:
         with self._lock:
@@ -349,6 +366,7 @@ class RedistWorkerPlugin(WorkerPlugin):
     def setup(self, worker):
         state = get_state(worker)
         worker.handlers["redist_receive"] = state.handle_receive
+        worker.handlers["redist_capabilities"] = state.handle_capabilities
         worker.stream_handlers.update(
             {
                 "redist-start": lambda run: state.handle_start(run),

@@ -95,14 +95,18 @@ def _make_block(dtype, seed, shape, lower, global_shape, kind):
     return expected_block(dtype, seed, shape, lower, global_shape)
 
 
-def placed_array(client, case: Case, seed: int, kind: str = "numpy") -> da.Array:
-    """The case's input, chunk i created on worker i * W // n: contiguous blocks."""
+def placed_array(client, case: Case, seed: int, kind: str = "numpy", placement=None) -> da.Array:
+    """The case's input, chunk i of n created on worker ``placement(i, n, W)``.
+
+    The default places contiguous blocks: chunk i on worker i * W // n.
+    """
     from distributed import wait
 
+    placement = placement or (lambda i, n, w: i * w // n)
     workers = sorted(client.scheduler_info(n_workers=-1)["workers"])
     grid = [len(c) for c in case.old]
     n = math.prod(grid)
-    name = f"bench-input-{seed}-{dask.base.tokenize(case, kind)}"
+    name = f"bench-input-{seed}-{dask.base.tokenize(case, kind, placement)}"
     bounds = [np.concatenate([[0], np.cumsum(c)]) for c in case.old]
     futures = {}
     for i, idx in enumerate(np.ndindex(*grid)):
@@ -110,7 +114,7 @@ def placed_array(client, case: Case, seed: int, kind: str = "numpy") -> da.Array
         lower = tuple(int(b[j]) for b, j in zip(bounds, idx))
         futures[(name, *idx)] = client.submit(
             _make_block, case.dtype, seed, shape, lower, case.shape, kind,
-            key=(name, *idx), workers=[workers[i * len(workers) // n]], allow_other_workers=False, pure=False,
+            key=(name, *idx), workers=[workers[placement(i, n, len(workers))]], allow_other_workers=False, pure=False,
         )  # fmt: skip
     wait(list(futures.values()))
     meta = np.empty((0,) * len(grid), dtype=case.dtype)

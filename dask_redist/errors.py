@@ -7,8 +7,12 @@ class RedistError(RuntimeError):
     """A collective rechunk failed; the message names the run, the rank and the phase."""
 
 
-class RedistTimeoutError(RedistError, TimeoutError):
-    """A wait inside a collective rechunk ran past its ``redist.timeouts.*`` limit."""
+class RedistTimeoutError(RedistError):
+    """A wait inside a collective rechunk ran past its ``redist.timeouts.*`` limit.
+
+    (Not a subclass of the builtin ``TimeoutError``: an OSError layout would keep
+    tblib, and so distributed, from sending it back to the client intact.)
+    """
 
 
 class RedistConsistencyError(RedistError):

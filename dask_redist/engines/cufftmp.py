@@ -1,0 +1,306 @@
+"""The ``cufftmp`` engine: GPU to GPU through NVSHMEM, one cuFFTMp reshape per round.
+
+Per worker process the engine keeps
+
+* the NVSHMEM *world* it bootstrapped (the run's workers, in rank order),
+  through a :class:`~dask_redist.process_group.DaskProcessGroup`;
+* a symmetric *arena*: one collective ``nvshmem_malloc`` holding the input box,
+  the output box and the reshape workspace, reused by every run and grown
+  (collectively, identically on every rank) only when a run needs more;
+* reshape *plans* by geometry: planning costs tens of milliseconds, so a
+  repeated rechunk reuses its plan.
+
+A run is laid out by :func:`dask_redist.layout.choose_layout`: the direct box
+mapping when the placement allows it, else the packed (P, W) matrix; in rounds
+when it does not fit ``redist.memory-budget``. Every rank derives the same
+layout from the same plan, so all of them make the same collective calls in
+the same order, which NVSHMEM requires. Each round: stage the local chunks
+into the arena, sync, reshape, sync, copy the output boxes out.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from dask_redist.assemble import cut
+from dask_redist.errors import RedistError
+from dask_redist.layout import Box, DirectLayout, PackedLayout, choose_layout, fold_boxes
+from dask_redist.plan import chunk_box
+
+logger = logging.getLogger("dask_redist")
+
+ALIGN = 512
+#: Whether cuFFTMp accepts a rank with an empty box (checked on the GPU node; see docs/gpu-testing.md).
+ALLOW_EMPTY_BOXES = False
+
+
+def _align(n: int) -> int:
+    return -(-int(n) // ALIGN) * ALIGN
+
+
+def capabilities() -> dict:
+    """Can this process run the cufftmp engine? ``{"ok": bool, "reason": str, ...}``."""
+    info: dict = {"ok": False}
+    try:
+        import cupy
+
+        info["gpus"] = cupy.cuda.runtime.getDeviceCount()
+        if not info["gpus"]:
+            info["reason"] = "no GPU visible"
+            return info
+        props = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.runtime.getDevice())
+        info["gpu"] = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
+    except Exception as e:
+        info["reason"] = f"CuPy unusable: {type(e).__name__}: {e}"
+        return info
+    try:
+        import nvmath
+
+        info["nvmath"] = nvmath.__version__
+        from nvmath.bindings import cufftMp, nvshmem  # noqa: F401 - loads libcufftMp and libnvshmem
+    except Exception as e:
+        info["reason"] = f"nvmath-python / cuFFTMp / NVSHMEM unusable: {type(e).__name__}: {e}"
+        return info
+    info["ok"] = True
+    info["reason"] = "CuPy, nvmath-python, cuFFTMp and NVSHMEM load"
+    return info
+
+
+def _strides(lower, upper) -> tuple[int, int, int]:
+    e = [max(0, u - l) for l, u in zip(lower, upper)]
+    return (e[1] * e[2], e[2], 1)
+
+
+@dataclass
+class ReshapePlan:
+    handle: int
+    workspace: int
+
+
+class Arena:
+    """One symmetric allocation, grown collectively (every rank asks for the same size)."""
+
+    def __init__(self):
+        self.ptr = 0
+        self.size = 0
+
+    def ensure(self, nbytes: int) -> None:
+        from nvmath.bindings import nvshmem
+
+        if nbytes <= self.size:
+            return
+        nbytes = 1 << max(20, (int(nbytes) - 1).bit_length())  # powers of two: few regrowths
+        self.release()
+        ptr = nvshmem.malloc(nbytes)
+        if not ptr:
+            raise MemoryError(
+                f"nvshmem_malloc of {nbytes} bytes failed: the symmetric heap is too small. Raise "
+                "redist.nvshmem.symmetric-size (NVSHMEM_SYMMETRIC_SIZE) or lower redist.memory-budget; "
+                "an RMM pool holding most of the GPU also leaves NVSHMEM too little"
+            )
+        self.ptr, self.size = ptr, nbytes
+
+    def view(self, offset: int, shape, dtype):
+        import cupy
+
+        mem = cupy.cuda.UnownedMemory(self.ptr, self.size, self)
+        return cupy.ndarray(tuple(shape), dtype=dtype, memptr=cupy.cuda.MemoryPointer(mem, offset))
+
+    def release(self) -> None:
+        from nvmath.bindings import nvshmem
+
+        if self.ptr:
+            nvshmem.free(self.ptr)
+            self.ptr, self.size = 0, 0
+
+
+class CufftMpEngine:
+    name = "cufftmp"
+
+    def __init__(self):
+        self.world: tuple[str, ...] | None = None
+        self.group = None
+        self.arena = Arena()
+        self.plans: dict = {}
+        self.stream = None
+        self.stats = {"bootstrap_s": None, "plans": 0, "plan_s": 0.0}
+
+    # -- world -------------------------------------------------------------------------
+
+    def bootstrap(self, run, exchange_factory) -> None:
+        """Initialize NVSHMEM over the run's workers (collective; once per worker set)."""
+        import cupy
+        import nvmath.distributed
+
+        from dask_redist.process_group import DaskProcessGroup
+
+        workers = run.spec.workers
+        if self.world == workers:
+            return
+        if self.world is not None:
+            raise RedistError(
+                f"{run.name()}: NVSHMEM was bootstrapped over {len(self.world)} other workers; "
+                "re-bootstrapping a changed worker set needs dask_redist.bootstrap(client)"
+            )
+        settings = run.spec.collective.settings
+        if settings.symmetric_size is not None:
+            os.environ["NVSHMEM_SYMMETRIC_SIZE"] = str(settings.symmetric_size)
+        elif "NVSHMEM_SYMMETRIC_SIZE" not in os.environ:
+            os.environ["NVSHMEM_SYMMETRIC_SIZE"] = str(settings.memory_budget + max(2**28, settings.memory_budget // 4))
+        start = time.perf_counter()
+        group = DaskProcessGroup(
+            f"nvshmem/{run.spec.token}/{run.run_id}", run.rank, len(workers), exchange_factory(run.rank, len(workers))
+        )
+        device = cupy.cuda.runtime.getDevice()
+        nvmath.distributed.initialize(device, group, ["nvshmem"])
+        self.group, self.world = group, workers
+        self.stream = cupy.cuda.Stream(non_blocking=True)
+        self.stats["bootstrap_s"] = time.perf_counter() - start
+        logger.info("NVSHMEM bootstrapped over %d workers in %.2fs", len(workers), self.stats["bootstrap_s"])
+
+    def finalize(self) -> None:
+        import nvmath.distributed
+
+        self.arena.release()
+        for plan in self.plans.values():
+            from nvmath.bindings import cufftMp
+
+            cufftMp.destroy_reshape(plan.handle)
+        self.plans.clear()
+        nvmath.distributed.finalize()
+        self.world = None
+
+    # -- plans -------------------------------------------------------------------------
+
+    def plan(self, word: int, boxes_in, boxes_out, rank: int) -> ReshapePlan:
+        """The reshape plan for this geometry (all ranks' boxes: the key is the same everywhere)."""
+        from nvmath.bindings import cufftMp
+
+        key = (word, tuple(map(tuple, boxes_in)), tuple(map(tuple, boxes_out)))
+        if key not in self.plans:
+            start = time.perf_counter()
+            (lo_in, hi_in), (lo_out, hi_out) = boxes_in[rank], boxes_out[rank]
+            handle = cufftMp.create_reshape()
+            cufftMp.make_reshape(
+                handle, word, 3,
+                lo_in, hi_in, _strides(lo_in, hi_in),
+                lo_out, hi_out, _strides(lo_out, hi_out),
+                0, cufftMp.MpCommType.COMM_NONE,
+            )  # fmt: skip
+            workspace = int(cufftMp.get_reshape_size(handle))
+            # symmetric memory is allocated with the same size everywhere: agree on the largest
+            workspace = int(self.group.allreduce_object(workspace, op=max))
+            self.plans[key] = ReshapePlan(handle, workspace)
+            self.stats["plans"] += 1
+            self.stats["plan_s"] += time.perf_counter() - start
+        return self.plans[key]
+
+    def exchange(self, plan: ReshapePlan, src_offset: int, dst_offset: int, ws_offset: int) -> None:
+        from nvmath.bindings import cufftMp, nvshmem
+
+        s = self.stream.ptr
+        base = self.arena.ptr
+        nvshmem.sync_all_on_stream(s)  # every rank has staged
+        cufftMp.exec_reshape_async(plan.handle, base + dst_offset, base + src_offset, base + ws_offset, s)
+        nvshmem.sync_all_on_stream(s)  # nobody reads our input any more: the arena is free again
+
+    # -- a run -------------------------------------------------------------------------
+
+    def execute(self, run, transport) -> None:
+        import cupy
+
+        cupy.cuda.Device().synchronize()  # inputs may come from kernels still in flight
+        self.bootstrap(run, transport.exchange_factory)
+        settings = run.spec.collective.settings
+        run.set_phase("plan")
+        layout, _ = choose_layout(
+            run.plan, settings.memory_budget, size_class_bits=settings.size_class_bits, allow_empty=ALLOW_EMPTY_BOXES
+        )
+        spec = run.spec.collective
+        outputs = {}
+        for j in run.plan.owned(run.rank):
+            flat = int(np.ravel_multi_index(j, spec.rechunk.new_grid))
+            lo, hi = chunk_box(spec.rechunk.new, j)
+            outputs[flat] = cupy.empty(tuple(h - l for l, h in zip(lo, hi)), dtype=spec.dtype)
+        run.set_phase("exchange")
+        with self.stream:
+            if isinstance(layout, DirectLayout):
+                self._direct(run, layout, outputs)
+            else:
+                self._packed(run, layout, outputs)
+        self.stream.synchronize()
+        run.inputs = {}
+        run.finish(outputs)
+
+    def _regions(self, nranks: int, in_bytes: int, out_bytes: int, workspace: int) -> tuple[int, int, int]:
+        out_off = _align(in_bytes)
+        ws_off = out_off + _align(out_bytes)
+        self.arena.ensure(ws_off + _align(max(workspace, 1)))
+        return 0, out_off, ws_off
+
+    def _direct(self, run, layout: DirectLayout, outputs) -> None:
+        spec = run.spec.collective
+        dtype, rank, nranks = spec.dtype, run.rank, len(run.spec.workers)
+        item = spec.rechunk.itemsize
+        in_max = max(max(b.size for b in layout.boxes(k)[0]) for k in range(layout.rounds)) * item
+        out_max = max(max(b.size for b in layout.boxes(k)[1]) for k in range(layout.rounds)) * item
+        chunks_in = {f: Box(*chunk_box(spec.rechunk.old, np.unravel_index(f, spec.rechunk.old_grid))) for f in run.inputs}
+        chunks_out = {f: Box(*chunk_box(spec.rechunk.new, np.unravel_index(f, spec.rechunk.new_grid))) for f in outputs}
+        for k in range(layout.rounds):
+            ins, outs = layout.boxes(k)
+            folded = layout.folded[k]
+            boxes = list(zip(folded.lower.tolist(), folded.upper.tolist()))
+            plan = self.plan(folded.word, boxes[:nranks], boxes[nranks:], rank)
+            src, dst, ws = self._regions(nranks, in_max, out_max, plan.workspace)
+            b_in, b_out = ins[rank], outs[rank]
+            staged = self.arena.view(src, b_in.shape, dtype)
+            for f, box in chunks_in.items():
+                part = box.intersect(b_in)
+                if part.size:
+                    staged[part.slices(b_in.lower)] = run.inputs[f][part.slices(box.lower)]
+            self.exchange(plan, src, dst, ws)
+            received = self.arena.view(dst, b_out.shape, dtype)
+            for f, box in chunks_out.items():
+                part = box.intersect(b_out)
+                if part.size:
+                    outputs[f][part.slices(box.lower)] = received[part.slices(b_out.lower)]
+
+    def _packed(self, run, layout: PackedLayout, outputs) -> None:
+        spec = run.spec.collective
+        dtype, rank, nranks = spec.dtype, run.rank, len(run.spec.workers)
+        word = layout.word
+        old_lowers = {}
+        in_max = max(r.row_words for r in layout.rounds_) * word
+        out_max = max(nranks * int(r.widths.max()) for r in layout.rounds_) * word
+        for rnd in layout.rounds_:
+            cols = rnd.columns
+            lo_in = [[0, s, 0] for s in range(nranks)]
+            hi_in = [[1, s + 1, rnd.row_words] for s in range(nranks)]
+            lo_out = [[0, 0, int(cols[d])] for d in range(nranks)]
+            hi_out = [[1, nranks, int(cols[d + 1])] for d in range(nranks)]
+            plan = self.plan(
+                word, list(zip(lo_in, hi_in)), list(zip(lo_out, hi_out)), rank
+            )
+            src, dst, ws = self._regions(nranks, in_max, out_max, plan.workspace)
+            t = rnd.transfers
+            for i in np.flatnonzero(t.src == rank):
+                f = int(t.old_block[i])
+                if f not in old_lowers:
+                    old_lowers[f] = chunk_box(spec.rechunk.old, np.unravel_index(f, spec.rechunk.old_grid))[0]
+                piece = cut(run.inputs[f], old_lowers[f], t.lo[i], t.hi[i])
+                offset = src + int(cols[int(t.dst[i])]) * word + int(rnd.offset[i])
+                self.arena.view(offset, piece.shape, dtype)[...] = piece
+            self.exchange(plan, src, dst, ws)
+            width = int(rnd.widths[rank]) * word
+            for i in np.flatnonzero(t.dst == rank):
+                f = int(t.new_block[i])
+                lower = chunk_box(spec.rechunk.new, np.unravel_index(f, spec.rechunk.new_grid))[0]
+                shape = tuple(int(h - l) for l, h in zip(t.lo[i], t.hi[i]))
+                offset = dst + int(t.src[i]) * width + int(rnd.offset[i])
+                part = tuple(slice(int(l) - o, int(h) - o) for l, h, o in zip(t.lo[i], t.hi[i], lower))
+                outputs[f][part] = self.arena.view(offset, shape, dtype)

@@ -1,0 +1,124 @@
+"""The cufftmp engine on dask-cuda workers (marker ``gpu``; skipped without GPUs).
+
+Run on the GPU node as docs/gpu-testing.md says. Every case builds CuPy chunks
+with known values on chosen workers, rechunks them with a plain ``x.rechunk``
+under ``dask_redist.enable()``, checks every output chunk on the workers, and
+checks in the scheduler's history that the run went through cufftmp.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import dask.array as da
+import numpy as np
+import pytest
+from conftest import scheduler_history
+from distributed import wait
+
+import dask_redist
+from dask_redist.bench import Case, check, placed_array
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture(scope="module")
+def gpu_client():
+    cupy = pytest.importorskip("cupy")
+    pytest.importorskip("dask_cuda")
+    pytest.importorskip("nvmath")
+    from dask_cuda import LocalCUDACluster
+    from distributed import Client
+
+    n = min(int(os.environ.get("REDIST_TEST_GPUS", "2")), cupy.cuda.runtime.getDeviceCount())
+    if n < 2:
+        pytest.skip("needs 2 GPUs")
+    os.environ.setdefault("NVSHMEM_SYMMETRIC_SIZE", "4G")  # inherited by the workers
+    with LocalCUDACluster(n_workers=n, dashboard_address=None) as cluster, Client(cluster) as client:
+        yield client
+
+
+def run_case(client, case: Case, placement=None, seed=1, **options):
+    x = placed_array(client, case, seed, kind="cupy", placement=placement)
+    before = len(scheduler_history(client))
+    with dask_redist.enable(**options):
+        y = x.rechunk(case.new).persist()
+        wait(y)
+    assert check(y, case, seed), f"{case.name}: values differ"
+    runs = scheduler_history(client)[before:]
+    assert runs and all(r["engine"] == "cufftmp" and r["outcome"] == "done" for r in runs), runs
+    return y
+
+
+def case(shape, old, new, dtype="float64", name=""):
+    normalize = da.core.normalize_chunks
+    return Case(name or f"{shape} {dtype}", shape, dtype, normalize(old, shape), normalize(new, shape))
+
+
+CASES = [
+    case((64, 48, 32), (8, 48, 32), (64, 6, 32), name="slab->slab"),
+    case((60, 50, 40), (7, 50, 40), (60, 11, 40), name="uneven slabs"),
+    case((32, 32, 32), (8, 8, 32), (32, 8, 8), name="pencil->pencil"),
+    case((12, 10, 8, 6), (3, 10, 8, 6), (12, 10, 2, 6), name="4-D"),
+    case((6, 5, 4, 3, 8), (2, 5, 4, 3, 8), (6, 5, 4, 1, 8), name="5-D"),
+    case((64, 48), (8, 48), (64, 6), "float16", name="float16"),
+    case((40, 30, 20), (5, 30, 20), (40, 3, 20), "complex128", name="complex128"),
+    case((50, 50), (3, 50), (50, 7), "int8", name="int8, many chunks per worker"),
+    case((1000,), (7,), (33,), "float32", name="1-D uneven"),
+]
+
+
+@pytest.mark.parametrize("c", CASES, ids=lambda c: c.name)
+def test_cufftmp_equals_numpy(gpu_client, c):
+    run_case(gpu_client, c, engine="cufftmp")
+
+
+def test_auto_picks_cufftmp_for_cupy(gpu_client):
+    run_case(gpu_client, CASES[0], engine="auto")
+    assert "CuPy chunks" in scheduler_history(gpu_client)[-1]["why"]
+
+
+def test_placement_that_is_not_box_shaped(gpu_client):
+    # round robin: every worker holds every other slab -> packed layout
+    run_case(gpu_client, CASES[0], placement=lambda i, n, w: i % w, engine="cufftmp")
+    run_case(gpu_client, CASES[3], placement=lambda i, n, w: (i * 7 + 3) % w, engine="cufftmp")
+
+
+def test_rounds_when_the_run_exceeds_the_budget(gpu_client):
+    c = case((128, 64, 64), (16, 64, 64), (128, 8, 64), name="4 MiB in rounds")
+    run_case(gpu_client, c, engine="cufftmp", memory_budget="1MiB")  # direct, in slabs
+    run_case(gpu_client, c, placement=lambda i, n, w: i % w, engine="cufftmp", memory_budget="1MiB")  # packed
+
+
+def test_several_rechunks_in_a_row_reuse_the_arena(gpu_client):
+    for seed in range(2, 6):
+        run_case(gpu_client, CASES[0], seed=seed, engine="cufftmp")
+
+    def stats():
+        from dask_redist.engines import get_engine
+
+        return get_engine("cufftmp").stats
+
+    for s in gpu_client.run(stats).values():
+        assert s["bootstrap_s"] is not None
+        assert s["plans"] <= 12  # plans are cached by geometry, not made per run
+
+
+def test_rechunk_inside_a_cupy_pipeline(gpu_client):
+    import cupy
+
+    c = case((64, 32, 16), (8, 32, 16), (64, 4, 16), name="pipeline")
+    x = placed_array(gpu_client, c, 3, kind="cupy")
+    with dask_redist.enable(engine="cufftmp"):
+        z = ((x * 2).rechunk(c.new) + 1).sum(axis=1)
+        got = z.compute()
+    a = x.compute()
+    assert isinstance(got, cupy.ndarray)
+    np.testing.assert_allclose(cupy.asnumpy(got), cupy.asnumpy((a * 2 + 1).sum(axis=1)))
+
+
+def test_bootstrap_is_paid_once(gpu_client):
+    info = dask_redist.bootstrap(gpu_client)
+    assert len(info) >= 2 and all(s["bootstrap_s"] is not None for s in info.values())
+    assert math.isfinite(max(s["bootstrap_s"] for s in info.values()))
