@@ -128,7 +128,8 @@ class CufftMpEngine:
         self.arena = Arena()
         self.plans: dict = {}
         self.stream = None
-        self.stats = {"bootstrap_s": None, "plans": 0, "plan_s": 0.0}
+        self.stats = {"bootstrap_s": None, "plans": 0, "plan_s": 0.0, "runs": 0, "last": None}
+        self._marks: list = []
 
     # -- world -------------------------------------------------------------------------
 
@@ -200,14 +201,24 @@ class CufftMpEngine:
             self.stats["plan_s"] += time.perf_counter() - start
         return self.plans[key]
 
+    def _mark(self, what: str) -> None:
+        """A CUDA event on the engine's stream: timings without host synchronization."""
+        import cupy
+
+        event = cupy.cuda.Event()
+        event.record(self.stream)
+        self._marks.append((what, event))
+
     def exchange(self, plan: ReshapePlan, src_offset: int, dst_offset: int, ws_offset: int) -> None:
         from nvmath.bindings import cufftMp, nvshmem
 
         s = self.stream.ptr
         base = self.arena.ptr
+        self._mark("stage")
         nvshmem.sync_all_on_stream(s)  # every rank has staged
         cufftMp.exec_reshape_async(plan.handle, base + dst_offset, base + src_offset, base + ws_offset, s)
         nvshmem.sync_all_on_stream(s)  # nobody reads our input any more: the arena is free again
+        self._mark("reshape")
 
     # -- a run -------------------------------------------------------------------------
 
@@ -228,14 +239,31 @@ class CufftMpEngine:
             lo, hi = chunk_box(spec.rechunk.new, j)
             outputs[flat] = cupy.empty(tuple(h - l for l, h in zip(lo, hi)), dtype=spec.dtype)
         run.set_phase("exchange")
+        self._marks = []
         with self.stream:
+            self._mark("start")
             if isinstance(layout, DirectLayout):
                 self._direct(run, layout, outputs)
             else:
                 self._packed(run, layout, outputs)
         self.stream.synchronize()
+        self._record(layout)
         run.inputs = {}
         run.finish(outputs)
+
+    def _record(self, layout) -> None:
+        """Milliseconds spent staging, reshaping (syncs included) and unstaging, over all rounds."""
+        import cupy
+
+        spent = {"stage": 0.0, "reshape": 0.0, "unstage": 0.0}
+        for (_, a), (what, b) in zip(self._marks[:-1], self._marks[1:]):
+            spent[what] += cupy.cuda.get_elapsed_time(a, b)
+        self.stats["runs"] += 1
+        self.stats["last"] = {
+            "layout": layout.kind,
+            "rounds": layout.rounds,
+            **{f"{k} ms": round(v, 3) for k, v in spent.items()},
+        }
 
     def _regions(self, nranks: int, in_bytes: int, out_bytes: int, workspace: int) -> tuple[int, int, int]:
         out_off = _align(in_bytes)
@@ -269,6 +297,7 @@ class CufftMpEngine:
                 part = box.intersect(b_out)
                 if part.size:
                     outputs[f][part.slices(box.lower)] = received[part.slices(b_out.lower)]
+            self._mark("unstage")
 
     def _packed(self, run, layout: PackedLayout, outputs) -> None:
         spec = run.spec.collective
@@ -304,3 +333,4 @@ class CufftMpEngine:
                 offset = dst + int(t.src[i]) * width + int(rnd.offset[i])
                 part = tuple(slice(int(l) - o, int(h) - o) for l, h, o in zip(t.lo[i], t.hi[i], lower))
                 outputs[f][part] = self.arena.view(offset, shape, dtype)
+            self._mark("unstage")
