@@ -156,6 +156,16 @@ class Result:
     correct: bool | None = None
     error: str | None = None
     peak_gpu_bytes: dict | None = None
+    engine_stats: dict | None = None  # cufftmp: the last run's stage/reshape/unstage ms per worker
+
+    def _engine_note(self) -> str:
+        if not self.engine_stats:
+            return ""
+        last = [s["last"] for s in self.engine_stats.values() if s.get("last")]
+        if not last:
+            return ""
+        worst = {k: max(x[k] for x in last) for k in ("stage ms", "reshape ms", "unstage ms")}
+        return f"{last[0]['layout']}, {last[0]['rounds']} round(s); " + ", ".join(f"{k} {v:.2f}" for k, v in worst.items())
 
     @property
     def median(self) -> float | None:
@@ -171,7 +181,7 @@ class Result:
             "runs": len(t),
             "GB/s": f"{self.nbytes / self.median / 1e9:.2f}" if self.times else "",
             "checked": {True: "equal", False: "WRONG", None: "-"}[self.correct],
-            "note": (self.error or "")[:120],
+            "note": (self.error or self._engine_note())[:160],
         }
 
 
@@ -220,7 +230,15 @@ def run_case(client, case: Case, methods=METHODS, reps: int = 3, kind: str = "nu
             del y
             if progress:
                 progress(method, rep, elapsed)
+        if method == "redist-cufftmp" and r.times:
+            r.engine_stats = client.run(_cufftmp_stats)
     return results
+
+
+def _cufftmp_stats():
+    from dask_redist.engines import get_engine
+
+    return dict(get_engine("cufftmp").stats)
 
 
 def environment(client) -> dict:
