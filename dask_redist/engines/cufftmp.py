@@ -182,7 +182,7 @@ class CufftMpEngine:
         """The reshape plan for this geometry (all ranks' boxes: the key is the same everywhere)."""
         from nvmath.bindings import cufftMp
 
-        key = (word, tuple(map(tuple, boxes_in)), tuple(map(tuple, boxes_out)))
+        key = (word, *(tuple((tuple(lo), tuple(hi)) for lo, hi in b) for b in (boxes_in, boxes_out)))
         if key not in self.plans:
             start = time.perf_counter()
             (lo_in, hi_in), (lo_out, hi_out) = boxes_in[rank], boxes_out[rank]
