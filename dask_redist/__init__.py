@@ -38,8 +38,17 @@ __all__ = [
 _enabled: list = []
 
 
+def _flatten(options: dict, prefix: str = "redist") -> dict:
+    out = {}
+    for k, v in options.items():
+        key = f"{prefix}.{k.replace('_', '-')}"
+        out.update(_flatten(v, key) if isinstance(v, dict) else {key: v})
+    return out
+
+
 def _overrides(options: dict) -> dict:
-    cfg = {f"redist.{k.replace('_', '-')}": v for k, v in options.items()}
+    """``redist.*`` config keys from keyword options (nested dicts allowed), checked now."""
+    cfg = _flatten(options)
     with dask.config.set(cfg):
         Settings.from_config()  # fail here, naming the key, not later on the scheduler
     return cfg
@@ -108,18 +117,26 @@ def rechunk(x, chunks="auto", *, threshold=None, block_size_limit=None, balance=
     return Array(graph, y.name, y.chunks, meta=y._meta)
 
 
+def _forget_world(dask_scheduler) -> None:
+    if (plugin := dask_scheduler.plugins.get("redist")) is not None:
+        plugin.forget_world()
+
+
 def bootstrap(client=None) -> dict:
     """Bootstrap NVSHMEM on every worker now, instead of at the first GPU rechunk.
 
     Runs a tiny CuPy rechunk through the ``cufftmp`` engine (so the bootstrap goes
-    through the same ordered, time-bounded path as every run) and returns, per
-    worker, the seconds its bootstrap took.
+    through the same ordered, time-bounded path as every run) and returns each
+    worker's engine statistics (``bootstrap_s``: seconds its bootstrap took).
+    After workers left or joined, call it again: the workers leave the old
+    NVSHMEM world and form one over the current worker set.
     """
     from distributed import default_client, wait
 
     from dask_redist.bench import Case, check, placed_array
 
     client = client or default_client()
+    client.run_on_scheduler(_forget_world)
     n = len(client.scheduler_info(n_workers=-1)["workers"])
     case = Case("bootstrap", (8 * n, 8 * n), "float64", ((8,) * n, (8 * n,)), ((8 * n,), (8,) * n))
     x = placed_array(client, case, seed=0, kind="cupy")

@@ -38,7 +38,7 @@ from dask_redist._run import RunSpec
 from dask_redist._worker import RedistWorkerPlugin
 from dask_redist.errors import RedistTimeoutError
 from dask_redist.layer import BARRIER_PREFIX, STAGE_PREFIX, BarrierTask, CollectiveSpec
-from dask_redist.plan import make_plan
+from dask_redist.plan import chunk_nbytes, make_plan
 from dask_redist.process_group import Rendezvous
 
 logger = logging.getLogger("dask_redist")
@@ -70,6 +70,8 @@ class RedistSchedulerPlugin(SchedulerPlugin):
         self.rendezvous = Rendezvous()
         self.capabilities: dict[str, dict] = {}
         self.world: tuple[str, ...] | None = None  # workers NVSHMEM was bootstrapped over
+        self.world_broken: str | None = None  # why the NVSHMEM world cannot be used any more
+        self.timeline: dict[str, float] = {}  # wall-clock marks of the latest run, for diagnostics
 
     async def start(self, scheduler) -> None:
         if self.name in scheduler.plugins:  # registered concurrently by another barrier
@@ -94,6 +96,7 @@ class RedistSchedulerPlugin(SchedulerPlugin):
 
     @log_errors
     async def barrier(self, token: str, workers: list[str], holders: list[int], kind: str) -> dict:
+        self.timeline = {"barrier called": time.time()}
         await self._ready.wait()
         key = BARRIER_PREFIX + token
         ts = self.scheduler.tasks.get(key)
@@ -104,6 +107,10 @@ class RedistSchedulerPlugin(SchedulerPlugin):
             self._restart(token, f"workers {lost} holding staged inputs left before the run started")
             return {"status": "error", "message": f"workers {lost} left"}
 
+        # the plugin may have been registered by this very barrier, after the stage
+        # tasks finished: learn where their chunks are from the markers
+        for idx, h in zip(np.ndindex(*spec.rechunk.old_grid), holders):
+            self.stage_home.setdefault((spec.stage_name, *idx), workers[h])
         ranks = sorted(set(self.scheduler.workers) | set(workers))
         position = {w: i for i, w in enumerate(ranks)}
         in_ranks = np.array([position[workers[h]] for h in holders], dtype=np.int64)
@@ -114,7 +121,11 @@ class RedistSchedulerPlugin(SchedulerPlugin):
         engine, reason = await self.choose_engine(spec, kind, ranks)
         if engine == "cufftmp" and kind != "cupy":
             return {"status": "error", "fatal": True, "message": f"redist.engine=cufftmp needs CuPy chunks, got {kind}"}
+        if engine == "cufftmp":
+            self.world = tuple(ranks)  # the workers bootstrap over this set if they have not yet
         plan = await offload(make_plan, spec.rechunk, in_ranks, len(ranks), needed=needed)
+        if kind == "numpy" and (too_big := self._over_memory(plan, ranks)):
+            return {"status": "error", "fatal": True, "message": too_big}
 
         if lost := [w for w in ranks if w not in self.scheduler.workers]:
             self._restart(token, f"workers {lost} left while the run was planned")
@@ -146,10 +157,36 @@ class RedistSchedulerPlugin(SchedulerPlugin):
         message = {"op": "redist-start", "run": ToPickle(run)}
         for w in ranks:  # no await since the sequence number: starts leave in seq order
             self.scheduler.stream_comms[w].send(message)
+        self.timeline["start sent"] = time.time()
         logger.debug("started %s on %d workers (engine %s)", run.name(), len(ranks), engine)
         if not pending:
             self._finish(token)
         return {"status": "OK", "run_id": run.run_id}
+
+    def _over_memory(self, plan, ranks) -> str | None:
+        """Why the run cannot fit a worker's memory limit (NumPy), or None.
+
+        A collective holds a worker's inputs and outputs at once and cannot spill
+        them; rather than have the nanny kill the worker, fail with the numbers.
+        """
+        import dask
+        from dask.utils import format_bytes
+
+        fraction = dask.config.get("distributed.worker.memory.pause") or 0.8
+        in_bytes = np.bincount(
+            plan.in_ranks.ravel(), weights=chunk_nbytes(plan.spec.old, plan.spec.itemsize).ravel(), minlength=len(ranks)
+        )
+        for r, w in enumerate(ranks):
+            limit = getattr(self.scheduler.workers.get(w), "memory_limit", 0) or 0
+            need = int(in_bytes[r] + plan.out_bytes[r])
+            if limit and need > fraction * limit:
+                return (
+                    f"the rechunk needs {format_bytes(need)} at once on worker {w}, over {fraction:.0%} of its "
+                    f"memory limit ({format_bytes(limit)}); the collective cannot spill to disk. Use more workers "
+                    "or more memory per worker, or keep dask's rechunk for this array (redist.min-bytes, "
+                    "dask_redist.disable())"
+                )
+        return None
 
     async def choose_engine(self, spec: CollectiveSpec, kind: str, ranks: list[str]) -> tuple[str, str]:
         """The engine for a run and why: ``auto`` takes cufftmp for CuPy chunks where it can."""
@@ -163,9 +200,10 @@ class RedistSchedulerPlugin(SchedulerPlugin):
         if bad:
             why = caps.get(bad[0], {}).get("cufftmp", {}).get("reason", "no answer")
             return "dask", f"cufftmp unusable on {bad[0]}: {why}"
+        if self.world_broken:
+            return "dask", f"NVSHMEM needs a new bootstrap ({self.world_broken}); see dask_redist.bootstrap"
         if self.world is not None and self.world != tuple(ranks):
-            return "dask", "the worker set changed since NVSHMEM was bootstrapped"
-        self.world = tuple(ranks)
+            return "dask", "the worker set changed since NVSHMEM was bootstrapped; see dask_redist.bootstrap"
         return "cufftmp", "CuPy chunks, and every worker can run cuFFTMp over NVSHMEM"
 
     async def worker_capabilities(self, workers: list[str]) -> dict[str, dict]:
@@ -192,10 +230,17 @@ class RedistSchedulerPlugin(SchedulerPlugin):
         if run is None or run.spec.run_id != run_id:
             return
         logger.warning("%s failed on %s: %s", run.spec.name(), address, message)
+        if run.spec.engine == "cufftmp":
+            self.world_broken = f"{run.spec.name()} failed on {address}"
         if restart:
             self._restart(token, message)
         else:
             self._abort(token, message, restart=False)
+
+    def forget_world(self) -> None:
+        """The next cufftmp run bootstraps NVSHMEM over the workers of that moment."""
+        self.world = None
+        self.world_broken = None
 
     def get_history(self) -> list[dict]:
         return list(self.history)
@@ -231,6 +276,7 @@ class RedistSchedulerPlugin(SchedulerPlugin):
         return run
 
     def _finish(self, token: str) -> None:
+        self.timeline["outputs in memory"] = time.time()
         run = self._deactivate(token, "done")
         if run is not None:
             self._send(run.spec.workers, {"op": "redist-cleanup", "token": token, "run_id": run.spec.run_id})
@@ -304,6 +350,8 @@ class RedistSchedulerPlugin(SchedulerPlugin):
         self.capabilities.pop(worker, None)
         for key in [k for k, w in self.stage_home.items() if w == worker]:
             del self.stage_home[key]
+        if self.world is not None and worker in self.world:
+            self.world_broken = f"worker {worker} left the NVSHMEM world"
         for token, run in list(self.active.items()):
             if worker in run.spec.workers:
                 self._restart(token, f"worker {worker} left during {run.spec.name()}")

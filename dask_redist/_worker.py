@@ -17,6 +17,7 @@ import heapq
 import itertools
 import logging
 import threading
+import time
 import weakref
 from collections import defaultdict
 from typing import Any, Callable, NamedTuple
@@ -170,6 +171,13 @@ class WorkerState:
         self.early: dict[tuple[str, int], list] = defaultdict(list)
         self.thread = CollectiveThread(self._execute, f"redist-collective-{worker.address}")
         self.capabilities: dict | None = None
+        self.timeline: dict[str, float] = {}  # wall-clock marks of the latest run, for diagnostics
+
+    def mark(self, event: str, first: bool = False) -> None:
+        if first:
+            self.timeline.setdefault(event, time.time())
+        else:
+            self.timeline[event] = time.time()
 
     @property
     def address(self) -> str:
@@ -202,9 +210,11 @@ class WorkerState:
             )
         with self._lock:
             self.staged[(token, tuple(index))] = chunk
+        self.mark("first stage", first=True)
         return Staged(self.address, int(chunk.nbytes), kind)
 
     def barrier(self, spec, markers) -> int:
+        self.mark("barrier task")
         settings = spec.settings
         self._ensure_plugins(settings.barrier_timeout)
         kinds = {m.kind for m in markers}
@@ -220,12 +230,14 @@ class WorkerState:
             )
 
         response = self.call(ask, settings.barrier_timeout, f"{spec.describe()} barrier")
+        self.mark("barrier reply")
         if response.get("status") != "OK":
             error = RedistError if response.get("fatal") else RedistConsistencyError
             raise error(f"{spec.describe()} barrier: {response.get('message', response)}")
         return response["run_id"]
 
     def unpack(self, token: str, index: int, run_id: int):
+        self.mark("first unpack", first=True)
         with self._lock:
             run = self.runs.get(token)
         if run is None or run.run_id != run_id:
@@ -255,6 +267,8 @@ class WorkerState:
     # -- messages from the scheduler and peers (event loop) --------------------------------
 
     def handle_start(self, run: RunSpec) -> None:
+        self.timeline = {k: v for k, v in self.timeline.items() if k in ("first stage", "barrier task", "barrier reply")}
+        self.mark("start message")
         rank = run.workers.index(self.address)
         mine = np.flatnonzero(run.in_ranks.ravel() == rank)
         grid = run.collective.rechunk.old_grid
@@ -318,8 +332,10 @@ class WorkerState:
     def _execute(self, run: WorkerRun) -> None:
         if not run.start():
             return
+        self.mark("execute")
         try:
             get_engine(run.spec.engine).execute(run, CommsTransport(self, run))
+            self.mark("executed")
         except BaseException as e:  # noqa: B036 - every failure must reach the other ranks
             if run.state == "failed":  # aborted from outside; the scheduler knows
                 return

@@ -157,6 +157,7 @@ class Result:
     error: str | None = None
     peak_gpu_bytes: dict | None = None
     engine_stats: dict | None = None  # cufftmp: the last run's stage/reshape/unstage ms per worker
+    timeline: list | None = None  # collective: (ms since submit, event) of the last timed run
 
     def _engine_note(self) -> str:
         if not self.engine_stats:
@@ -218,6 +219,8 @@ def run_case(client, case: Case, methods=METHODS, reps: int = 3, kind: str = "nu
                     y = x.rechunk(case.new, method=dask_method).persist()
                     wait(y)
                     elapsed = time.perf_counter() - start
+                if method.startswith("redist-"):
+                    r.timeline = timeline(client, start)
                 ok = check(y, case, seed)
             except Exception as e:
                 r.error = f"{type(e).__name__}: {e}".splitlines()[0]
@@ -233,6 +236,26 @@ def run_case(client, case: Case, methods=METHODS, reps: int = 3, kind: str = "nu
         if method == "redist-cufftmp" and r.times:
             r.engine_stats = client.run(_cufftmp_stats)
     return results
+
+
+def _worker_timeline(dask_worker):
+    from dask_redist._worker import get_state
+
+    return dict(get_state(dask_worker).timeline)
+
+
+def _scheduler_timeline(dask_scheduler):
+    plugin = dask_scheduler.plugins.get("redist")
+    return dict(plugin.timeline) if plugin else {}
+
+
+def timeline(client, start: float) -> list[tuple[float, str]]:
+    """Marks of the latest collective run, in ms since ``start`` (a perf_counter reading)."""
+    offset = time.time() - time.perf_counter()  # perf_counter -> wall clock, same process
+    events = [(t, f"scheduler: {e}") for e, t in client.run_on_scheduler(_scheduler_timeline).items()]
+    for i, (w, marks) in enumerate(sorted(client.run(_worker_timeline).items())):
+        events += [(t, f"worker {i}: {e}") for e, t in marks.items()]
+    return sorted((round((t - start - offset) * 1e3, 2), e) for t, e in events)
 
 
 def _cufftmp_stats():

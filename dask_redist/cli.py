@@ -99,6 +99,12 @@ def bench(args) -> int:
             console.print(f"[bold]{case.name}[/] ...")
             results += b.run_case(client, case, args.methods, reps=args.reps, kind=kind)
             console.print(_table([r.row() for r in results[-len(args.methods) :]]))
+    for r in results:
+        if r.timeline:
+            console.print(f"timeline of the last {r.method} run of {r.case} (ms after submit):")
+            for t, e in r.timeline:
+                if t > -1000:
+                    console.print(f"  {t:9.2f}  {e}")
     text = b.markdown(results, env, command)
     if args.out:
         os.makedirs(args.out, exist_ok=True)

@@ -125,3 +125,47 @@ def test_bootstrap_is_paid_once(gpu_client):
     info = dask_redist.bootstrap(gpu_client)
     assert len(info) >= 2 and all(s["bootstrap_s"] is not None for s in info.values())
     assert math.isfinite(max(s["bootstrap_s"] for s in info.values()))
+
+
+def test_mixed_numpy_and_cupy_chunks_fail_clearly(gpu_client):
+    import cupy
+
+    def some_on_gpu(block, block_id=None):
+        return cupy.asarray(block) if block_id[0] % 2 else block
+
+    x = da.ones((16, 16), chunks=(4, 16)).map_blocks(some_on_gpu, dtype=float)
+    with dask_redist.enable(engine="auto"), pytest.raises(TypeError, match="mixed types"):
+        x.rechunk((16, 4)).compute()
+
+
+# Order matters below: these change the worker set of the module's cluster.
+
+
+def _pid():
+    return os.getpid()
+
+
+def test_worker_set_change_falls_back_to_dask_then_bootstrap_restores_cufftmp(gpu_client):
+    import signal
+    import time
+
+    run_case(gpu_client, CASES[0], seed=11, engine="auto")  # NVSHMEM world = the current workers
+    pids = gpu_client.run(_pid)
+    os.kill(pids[sorted(pids)[-1]], signal.SIGKILL)  # the nanny starts a new worker on that GPU
+    deadline = time.monotonic() + 120
+    while sorted(gpu_client.run(_pid).values()) == sorted(pids.values()) or len(gpu_client.run(_pid)) < 2:
+        assert time.monotonic() < deadline, "the nanny did not bring the worker back"
+        time.sleep(0.5)
+
+    x = placed_array(gpu_client, CASES[0], 12, kind="cupy")
+    with dask_redist.enable(engine="auto"):
+        y = x.rechunk(CASES[0].new).persist()
+        wait(y)
+    assert check(y, CASES[0], 12)
+    last = scheduler_history(gpu_client)[-1]
+    assert last["engine"] == "dask" and "NVSHMEM" in last["why"], last
+
+    with dask_redist.enable(timeouts={"bootstrap": "30s"}):
+        info = dask_redist.bootstrap(gpu_client)
+    assert all(s["bootstrap_s"] is not None for s in info.values())
+    run_case(gpu_client, CASES[0], seed=13, engine="auto")  # cufftmp again, asserted inside

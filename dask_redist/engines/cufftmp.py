@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from dask_redist.assemble import cut
-from dask_redist.errors import RedistError
+from dask_redist.errors import RedistError, RedistTimeoutError
 from dask_redist.layout import Box, DirectLayout, PackedLayout, choose_layout, fold_boxes
 from dask_redist.plan import chunk_box
 
@@ -129,6 +129,7 @@ class CufftMpEngine:
         self.plans: dict = {}
         self.stream = None
         self.stats = {"bootstrap_s": None, "plans": 0, "plan_s": 0.0, "runs": 0, "last": None}
+        self.broken: str | None = None  # why NVSHMEM in this process cannot be trusted any more
         self._marks: list = []
 
     # -- world -------------------------------------------------------------------------
@@ -143,12 +144,9 @@ class CufftMpEngine:
         workers = run.spec.workers
         if self.world == workers:
             return
-        if self.world is not None:
-            raise RedistError(
-                f"{run.name()}: NVSHMEM was bootstrapped over {len(self.world)} other workers; "
-                "re-bootstrapping a changed worker set needs dask_redist.bootstrap(client)"
-            )
         settings = run.spec.collective.settings
+        if self.world is not None:  # a new worker set: leave the old world first
+            self._finalize_within(settings.bootstrap_timeout)
         if settings.symmetric_size is not None:
             os.environ["NVSHMEM_SYMMETRIC_SIZE"] = str(settings.symmetric_size)
         elif "NVSHMEM_SYMMETRIC_SIZE" not in os.environ:
@@ -163,6 +161,21 @@ class CufftMpEngine:
         self.stream = cupy.cuda.Stream(non_blocking=True)
         self.stats["bootstrap_s"] = time.perf_counter() - start
         logger.info("NVSHMEM bootstrapped over %d workers in %.2fs", len(workers), self.stats["bootstrap_s"])
+
+    def _finalize_within(self, timeout: float) -> None:
+        """Finalize NVSHMEM on a helper thread: with a PE of the old world gone it may never return."""
+        import threading
+
+        done = threading.Event()
+
+        def target():
+            self.finalize()
+            done.set()
+
+        threading.Thread(target=target, name="redist-nvshmem-finalize", daemon=True).start()
+        if not done.wait(timeout):
+            self.broken = "NVSHMEM finalize of the previous worker set did not return; restart this worker"
+            raise RedistError(self.broken)
 
     def finalize(self) -> None:
         import nvmath.distributed
@@ -225,6 +238,8 @@ class CufftMpEngine:
     def execute(self, run, transport) -> None:
         import cupy
 
+        if self.broken:
+            raise RedistError(f"{run.name()}: NVSHMEM is unusable in this worker: {self.broken}")
         cupy.cuda.Device().synchronize()  # inputs may come from kernels still in flight
         self.bootstrap(run, transport.exchange_factory)
         settings = run.spec.collective.settings
@@ -246,10 +261,33 @@ class CufftMpEngine:
                 self._direct(run, layout, outputs)
             else:
                 self._packed(run, layout, outputs)
-        self.stream.synchronize()
+        self._wait(run)
         self._record(layout)
         run.inputs = {}
         run.finish(outputs)
+
+    def _wait(self, run) -> None:
+        """Wait for the stream without blocking in CUDA: a dead peer must not hang this thread.
+
+        If the run is aborted or times out while the GPU still waits inside an NVSHMEM
+        collective, that collective can never finish: the engine marks itself broken so
+        that later runs fail fast (the scheduler moves them to the dask engine).
+        """
+        import cupy
+
+        done = cupy.cuda.Event(disable_timing=True)
+        done.record(self.stream)
+        deadline = time.monotonic() + run.timeout
+        while not done.done:
+            if run.state == "failed" or time.monotonic() > deadline:
+                self.broken = f"{run.name()} was left unfinished on the GPU"
+                if run.state == "failed":
+                    raise run.error
+                raise RedistTimeoutError(
+                    f"{run.name()} timed out after {run.timeout:g}s in phase 'exchange' on the GPU "
+                    "(a peer never joined the reshape); raise redist.timeouts.collective if it is just slow"
+                )
+            time.sleep(0.0001)
 
     def _record(self, layout) -> None:
         """Milliseconds spent staging, reshaping (syncs included) and unstaging, over all rounds."""

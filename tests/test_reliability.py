@@ -1,0 +1,214 @@
+"""Nothing lost, nothing hangs: killed workers, stalls, failures, memory, concurrency.
+
+Workers are real processes under nannies and are killed for real (SIGKILL).
+Faults are injected with the test engines in tests/engines.py.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import dask
+import dask.array as da
+import numpy as np
+import pytest
+from conftest import scheduler_history, worker_leftovers
+from distributed import Client, LocalCluster, wait
+
+import dask_redist
+from dask_redist.errors import RedistError, RedistTimeoutError
+
+
+@pytest.fixture
+def own_cluster():
+    """A cluster these tests may break (workers are killed and come back)."""
+    with LocalCluster(
+        n_workers=3, threads_per_worker=2, processes=True, dashboard_address=None, worker_dashboard_address=None
+    ) as cluster, Client(cluster) as client:
+        client.wait_for_workers(3)
+        yield cluster, client
+
+
+def data(shape, seed=0):
+    return np.random.default_rng(seed).standard_normal(shape)
+
+
+def _pid():
+    return os.getpid()
+
+
+def kill_one_worker(client, when):
+    """SIGKILL a worker process once ``when()`` is true (polled on a thread)."""
+    pids = client.run(_pid)
+    victim = sorted(pids)[-1]
+
+    def killer():
+        deadline = time.monotonic() + 60
+        while not when() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        os.kill(pids[victim], signal.SIGKILL)
+
+    t = threading.Thread(target=killer, daemon=True)
+    t.start()
+    return victim, t
+
+
+def _in_phase(client, phase):
+    def phases(dask_worker):
+        from dask_redist._worker import get_state
+
+        return [r.phase for r in get_state(dask_worker).runs.values()]
+
+    def check():
+        try:
+            return any(phase in p for p in client.run(phases).values())
+        except Exception:
+            return False
+
+    return check
+
+
+def test_worker_killed_mid_exchange(own_cluster):
+    cluster, client = own_cluster
+    a = data((60, 40, 8))
+    x = da.from_array(a, chunks=(5, 40, 8))
+    with dask_redist.enable(engine="engines:SlowEngine"):
+        y = x.rechunk((60, 4, 8))
+        future = client.compute(y)
+        victim, killer = kill_one_worker(client, _in_phase(client, "exchange"))
+        got = future.result(timeout=120)
+    killer.join(5)
+    np.testing.assert_array_equal(got, a)
+    outcomes = [h["outcome"] for h in scheduler_history(client)]
+    assert "restarted" in outcomes and outcomes[-1] == "done", outcomes
+
+
+def test_worker_killed_mid_stage(own_cluster):
+    cluster, client = own_cluster
+    a = data((48, 48))
+
+    def slow_identity(b):
+        time.sleep(0.2)
+        return b
+
+    x = da.from_array(a, chunks=(4, 48)).map_blocks(slow_identity)
+    with dask_redist.enable(engine="dask"):
+        future = client.compute(x.rechunk((48, 4)))
+        victim, killer = kill_one_worker(client, lambda: time.sleep(0.5) or True)
+        got = future.result(timeout=120)
+    killer.join(5)
+    np.testing.assert_array_equal(got, a)
+
+
+def test_a_stalled_rank_times_out_with_run_rank_and_phase(own_cluster):
+    cluster, client = own_cluster
+    x = da.from_array(data((30, 30)), chunks=(3, 30))
+    with dask_redist.enable(engine="engines:StallingEngine", timeouts={"collective": "2s"}):
+        start = time.monotonic()
+        with pytest.raises(RedistTimeoutError) as info:
+            x.rechunk((30, 3)).compute()
+    message = str(info.value)
+    assert "run 1" in message and "rank" in message and "'exchange'" in message, message
+    assert time.monotonic() - start < 60
+    assert worker_leftovers(client, timeout=15) == {}
+
+
+def test_a_failing_rank_releases_the_others_at_once(own_cluster):
+    cluster, client = own_cluster
+    x = da.from_array(data((30, 30)), chunks=(3, 30))
+    with dask_redist.enable(engine="engines:FailingEngine", timeouts={"collective": "120s"}):
+        start = time.monotonic()
+        with pytest.raises(RedistError, match="injected failure on rank 0"):
+            x.rechunk((30, 3)).compute()
+    assert time.monotonic() - start < 60  # far below the 120 s timeout: nobody waited for it
+
+
+def test_new_workers_take_part_in_the_next_run(own_cluster):
+    cluster, client = own_cluster
+    a = data((40, 40))
+    with dask_redist.enable(engine="dask"):
+        np.testing.assert_array_equal(da.from_array(a, chunks=(4, 40)).rechunk((40, 4)).compute(), a)
+        cluster.scale(4)
+        client.wait_for_workers(4)
+        np.testing.assert_array_equal(da.from_array(a + 1, chunks=(4, 40)).rechunk((40, 4)).compute(), a + 1)
+    assert scheduler_history(client)[-1]["workers"] == 4
+
+
+def test_many_rechunks_from_threads_and_two_clients(own_cluster):
+    cluster, client = own_cluster
+    other = Client(cluster)
+    errors = []
+    results = {}
+
+    def work(i, c):
+        try:
+            a = data((36, 24), seed=i)
+            x = da.from_array(a, chunks=(3 + i % 4, 24))
+            y = x.rechunk((36, 2 + i % 5)).rechunk((5 + i % 3, 24))
+            results[i] = (c.compute(y).result(timeout=120), a)
+        except Exception as e:  # pragma: no cover - reported below
+            errors.append(e)
+
+    with dask_redist.enable(engine="dask"):
+        threads = [threading.Thread(target=work, args=(i, client if i % 2 else other)) for i in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(180)
+    other.close()
+    assert not errors, errors
+    assert len(results) == 8
+    for got, expected in results.values():
+        np.testing.assert_array_equal(got, expected)
+
+
+def test_collective_next_to_a_p2p_rechunk_in_one_graph(own_cluster):
+    cluster, client = own_cluster
+    big, small = data((64, 64)), data((8, 8), seed=1)
+    with dask_redist.enable(engine="dask", min_bytes=10_000):
+        y = da.from_array(big, chunks=(8, 64)).rechunk((64, 8), method="p2p")  # becomes a collective
+        z = da.from_array(small, chunks=(1, 8)).rechunk((8, 1), method="p2p")  # stays dask's p2p
+        before = len(scheduler_history(client))
+        gy, gz = dask.compute(y, z)
+    np.testing.assert_array_equal(gy, big)
+    np.testing.assert_array_equal(gz, small)
+    assert len(scheduler_history(client)) == before + 1
+
+
+def test_larger_than_worker_memory_fails_clearly():
+    with LocalCluster(
+        n_workers=2, threads_per_worker=1, memory_limit="200MiB", dashboard_address=None, worker_dashboard_address=None
+    ) as cluster, Client(cluster) as client:
+        x = da.zeros((1024, 1024, 64), chunks=(64, 1024, 64))  # 512 MiB, made lazily on the workers
+        with dask_redist.enable(engine="dask"):
+            with pytest.raises(RedistError, match="memory limit"):
+                x.rechunk((1024, 64, 64)).sum().compute()
+
+
+def test_fortran_ordered_and_sliced_chunks(client):
+    a = data((30, 20, 10))
+    x = da.from_array(a, chunks=(6, 20, 10)).map_blocks(np.asfortranarray)
+    y = da.from_array(np.concatenate([a, a], axis=2), chunks=(6, 20, 20))[:, :, ::2]  # strided views
+    with dask_redist.enable(engine="dask"):
+        np.testing.assert_array_equal(x.rechunk((30, 4, 10)).compute(), a)
+        np.testing.assert_array_equal(y.rechunk((30, 4, 5)).compute(), np.concatenate([a, a], axis=2)[:, :, ::2])
+
+
+def test_config_of_the_wrong_type_is_named():
+    from dask_redist.config import ConfigError
+
+    for key, value in [("retries", "many"), ("chunk-types", ["numpy", "sparse"]), ("timeouts.barrier", -1)]:
+        with dask.config.set({f"redist.{key}": value}):
+            with pytest.raises(ConfigError, match=f"redist.{key}"):
+                dask_redist.enable()
+
+
+def test_zero_d_and_negative_chunks_get_dask_behaviour(client):
+    x0 = da.from_array(np.float64(3.0))
+    with dask_redist.enable(engine="dask"):
+        assert x0.rechunk(()).compute() == 3.0
+        with pytest.raises(ValueError):
+            da.ones(10, chunks=5).rechunk(((-5, 15),))
