@@ -27,6 +27,14 @@ from dask_redist.layer import CollectiveSpec
 from dask_redist.plan import Plan, chunk_box, make_plan
 
 
+@dataclass(frozen=True)
+class Packed:
+    """``count`` consecutive pieces in one contiguous buffer (see dask_redist.engines.dask)."""
+
+    count: int
+    buffer: Any
+
+
 @dataclass(frozen=True, eq=False)
 class RunSpec:
     """What the scheduler tells every rank when it starts a run."""
@@ -91,8 +99,8 @@ class WorkerRun:
 
     # -- event loop side --------------------------------------------------------------
 
-    def receive(self, src: int, first: int, arrays: list) -> None:
-        """Pieces ``first .. first + len(arrays)`` of what ``src`` sends this rank.
+    def receive(self, src: int, first: int, arrays: list | Packed) -> None:
+        """Pieces ``first ..`` of what ``src`` sends this rank: a list, or :class:`Packed`.
 
         Only queued here (cheap, on the event loop); :meth:`wait_received` sorts them.
         """
@@ -142,6 +150,8 @@ class WorkerRun:
             while True:
                 self._raise_if_failed()
                 for src, first, arrays in self._inbox:
+                    if isinstance(arrays, Packed):  # a buffer from a peer
+                        arrays = self._unpacked(recv, src, first, arrays)
                     slot = slots.get(src)
                     if slot is None or first + len(arrays) > len(slot):
                         raise RedistError(f"{self.name()}: unexpected pieces {first}..{first + len(arrays)} from rank {src}")
@@ -161,6 +171,15 @@ class WorkerRun:
                     )
                 self._cond.wait(left)
 
+    def _unpacked(self, recv, src: int, first: int, packed: Packed) -> list:
+        from dask_redist.engines.dask import unpack_views
+
+        mine = np.flatnonzero(recv.src == src)[first : first + packed.count]
+        if len(mine) != packed.count:
+            raise RedistError(f"{self.name()}: unexpected pieces {first}..{first + packed.count} from rank {src}")
+        shapes = [tuple(int(h - l) for l, h in zip(recv.lo[i], recv.hi[i])) for i in mine]
+        return unpack_views(packed.buffer, shapes, self.spec.collective.dtype)
+
     def finish(self, outputs: dict[int, Any]) -> None:
         with self._cond:
             if self.state == "failed":
@@ -174,14 +193,19 @@ class WorkerRun:
     # -- task side ------------------------------------------------------------------
 
     def take_output(self, index: int):
-        """The output chunk with flat index ``index``; waits for the run to finish."""
-        deadline = time.monotonic() + self.timeout
+        """The output chunk with flat index ``index``; waits for the run to finish.
+
+        Every phase of a run has its own timeout and a failing rank aborts the run
+        everywhere, so this wait is only a backstop: twice as long, so that the
+        error users see names the phase that actually stalled.
+        """
+        deadline = time.monotonic() + 2 * self.timeout + 5
         with self._cond:
             while self.state in ("queued", "running"):
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise RedistTimeoutError(
-                        f"{self.name()} timed out after {self.timeout:g}s waiting for output chunk {index} "
+                        f"{self.name()} timed out after {2 * self.timeout + 5:g}s waiting for output chunk {index} "
                         f"(run is in phase '{self.phase}'); raise redist.timeouts.collective if it is just slow"
                     )
                 self._cond.wait(left)
@@ -212,7 +236,9 @@ class WorkerRun:
             s = int(recv.src[i])
             a = received[s][position[s]]
             position[s] += 1
-            out[int(recv.new_block[i])].parts.append((recv.lo[i], recv.hi[i], a))
+            assembly = out[int(recv.new_block[i])]
+            assembly.parts.append((recv.lo[i], recv.hi[i], a))
+            assembly.shared |= s != self.rank
         return out
 
     def _like(self, received):

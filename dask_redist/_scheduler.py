@@ -342,9 +342,10 @@ class RedistSchedulerPlugin(SchedulerPlugin):
             token = key[len(BARRIER_PREFIX) :]
             if token in self.active:
                 self._abort(token, f"barrier {finish}", restart=finish == "released")
-            if finish == "forgotten":
+            if finish == "forgotten":  # nobody can ask for this rechunk again: workers forget it too
                 self.attempts.pop(token, None)
                 self.restarts.pop(token, None)
+                self._send(list(self.scheduler.workers), {"op": "redist-cleanup", "token": token, "run_id": 2**62})
 
     def remove_worker(self, scheduler, worker: str, *, stimulus_id: str, **kwargs) -> None:
         self.capabilities.pop(worker, None)

@@ -27,7 +27,7 @@ from distributed import get_worker
 from distributed.diagnostics.plugin import WorkerPlugin
 from distributed.protocol import to_serialize
 
-from dask_redist._run import RunSpec, WorkerRun
+from dask_redist._run import Packed, RunSpec, WorkerRun
 from dask_redist.assemble import array_kind
 from dask_redist.engines import get_engine
 from dask_redist.errors import RedistConsistencyError, RedistError, RedistTimeoutError
@@ -122,17 +122,18 @@ class CommsTransport:
     def __init__(self, state: WorkerState, run: WorkerRun):
         self.state, self.run = state, run
 
-    def send(self, batches: list[tuple[int, int, list]]) -> None:
+    def send(self, batches: list) -> None:
         run, worker = self.run, self.state.worker
         by_dst: dict[int, list] = defaultdict(list)
-        for dst, first, arrays in batches:
-            by_dst[dst].append((first, arrays))
+        for dst, first, packed in batches:
+            by_dst[dst].append((first, packed))
 
         async def to_peer(dst, items):
-            for first, arrays in items:
+            for first, packed in items:
                 await worker.rpc(run.spec.workers[dst]).redist_receive(
-                    token=run.spec.token, run_id=run.run_id, src=run.rank, first=first, data=to_serialize(arrays)
-                )
+                    token=run.spec.token, run_id=run.run_id, src=run.rank, first=first,
+                    count=packed.count, data=to_serialize(packed.buffer),
+                )  # fmt: skip
 
         async def send_all():
             await asyncio.gather(*(to_peer(d, items) for d, items in by_dst.items()))
@@ -299,7 +300,8 @@ class WorkerState:
             self.capabilities = {"cufftmp": await asyncio.to_thread(capabilities)}
         return self.capabilities
 
-    async def handle_receive(self, token: str, run_id: int, src: int, first: int, data: list) -> str:
+    async def handle_receive(self, token: str, run_id: int, src: int, first: int, count: int, data) -> str:
+        data = Packed(count, data)
         with self._lock:
             run = self.runs.get(token)
             if run is None or run.run_id < run_id:

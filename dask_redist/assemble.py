@@ -37,13 +37,18 @@ def empty(like, shape: Sequence[int], dtype):
 
 @dataclass
 class Assembly:
-    """An output chunk still in pieces: ``parts`` are (lower, upper, array), global bounds."""
+    """An output chunk still in pieces: ``parts`` are (lower, upper, array), global bounds.
+
+    ``shared`` marks parts that are views into a larger received buffer: those are
+    always copied, so that an output chunk never pins a whole message in memory.
+    """
 
     lower: tuple[int, ...]
     upper: tuple[int, ...]
     dtype: Any
     like: Any  # an array of the right namespace, for allocation
     parts: list[tuple[Sequence[int], Sequence[int], Any]]
+    shared: bool = False
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -51,7 +56,7 @@ class Assembly:
 
     def build(self):
         """The chunk; a single piece covering it is returned without a copy."""
-        if len(self.parts) == 1:
+        if len(self.parts) == 1 and not self.shared:
             lo, hi, a = self.parts[0]
             if tuple(lo) == self.lower and tuple(hi) == self.upper:
                 return a

@@ -25,8 +25,8 @@ _instances: dict[str, Engine] = {}
 class Transport(Protocol):
     """How an engine reaches the other ranks of a run (injected, so tests can fake it)."""
 
-    def send(self, batches: list[tuple[int, int, list]]) -> None:
-        """Deliver ``(dst_rank, first, arrays)`` batches; raise on failure or timeout."""
+    def send(self, batches: list) -> None:
+        """Deliver ``(dst_rank, first, Packed)`` batches; raise on failure or timeout."""
 
 
 class Engine(Protocol):
