@@ -17,6 +17,7 @@ from dask_redist.errors import (
     RedistError,
     RedistTimeoutError,
 )
+from dask_redist.doctor import doctor
 from dask_redist.explain import explain
 from dask_redist.optimize import CollectiveOptimizer, decide, find_rechunks, rewrite
 
@@ -29,7 +30,9 @@ __all__ = [
     "RedistError",
     "RedistTimeoutError",
     "Settings",
+    "bootstrap",
     "disable",
+    "doctor",
     "enable",
     "explain",
     "rechunk",

@@ -66,7 +66,7 @@ def demo(args) -> int:
 
         x = placed_array(client, case, seed=0, kind=kind)
         with dask_redist.enable():
-            console.print(dask_redist.explain(x.rechunk(case.new)))
+            console.print(str(dask_redist.explain(x.rechunk(case.new))), markup=False, highlight=False)
         engine = "redist-cufftmp" if args.gpu else "redist-dask"
         results = run_case(client, case, (engine, "tasks", "p2p"), reps=args.reps, kind=kind)
     console.print(_table([r.row() for r in results], "y = x.rechunk(new).persist(); wait(y)"))
@@ -118,6 +118,15 @@ def bench(args) -> int:
     return 0 if all(r.correct is not False for r in results) else 1
 
 
+def doctor(args) -> int:
+    from dask_redist.doctor import doctor as diagnose
+
+    with _client(args) as client:
+        diagnosis = diagnose(client)
+    console.print(str(diagnosis), markup=False, highlight=False)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     parser = argparse.ArgumentParser(prog="dask-redist", description=__doc__)
@@ -143,6 +152,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--micro", action="store_true", help="graph rewrite time and the fixed cost of one run")
     p.add_argument("--rewrite-chunks", type=int, default=10_000)
     p.set_defaults(func=bench)
+
+    p = sub.add_parser("doctor", help="check every worker: GPU, CuPy, nvmath, cuFFTMp, NVSHMEM, engine")
+    _cluster_args(p)
+    p.set_defaults(func=doctor)
 
     args = parser.parse_args(argv)
     args.argv = argv[1:]

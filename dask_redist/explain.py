@@ -129,6 +129,26 @@ def _placement(decision: Decision, x, client, nworkers: int) -> tuple[np.ndarray
     return ranks, f"assumed: contiguous blocks over {nworkers} workers"
 
 
+def _cached_capabilities(dask_scheduler):
+    plugin = dask_scheduler.plugins.get("redist")
+    return dict(plugin.capabilities) if plugin else {}
+
+
+def _engine(settings: Settings, spec, client) -> tuple[str, str]:
+    """The engine a run would use, and why (as the scheduler decides it; see choose_engine)."""
+    if settings.engine != "auto":
+        return settings.engine, "redist.engine"
+    if spec.kind != "cupy":
+        return "dask", "NumPy chunks"
+    caps = client.run_on_scheduler(_cached_capabilities) if client is not None else {}
+    if not caps:
+        return "cufftmp", "if every worker can run it: not checked yet, see dask_redist.doctor(client)"
+    bad = [w for w, c in caps.items() if not c.get("cufftmp", {}).get("ok")]
+    if bad:
+        return "dask", f"cufftmp unusable on {bad[0]}"
+    return "cufftmp", "CuPy chunks, every worker can run cuFFTMp"
+
+
 def explain(x, *, nworkers: int | None = None, settings: Settings | None = None) -> Explanation:
     """For every rechunk in ``x``'s graph: engine, mapping, bytes moved, padding, rounds, or why not."""
     import dask
@@ -155,11 +175,15 @@ def explain(x, *, nworkers: int | None = None, settings: Settings | None = None)
         spec = d.spec
         in_ranks, where = _placement(d, x, client, nworkers)
         plan = make_plan(spec.rechunk, in_ranks, nworkers)
-        engine = settings.engine
-        if engine == "auto":
-            engine = "dask"
-        layout, why = choose_layout(plan, settings.memory_budget, size_class_bits=settings.size_class_bits)
-        mapping = f"{layout.kind} ({why})" if engine == "cufftmp" else f"pieces over dask comms ({why})"
+        engine, engine_why = _engine(settings, spec, client)
+        if engine == "cufftmp":
+            layout, why = choose_layout(plan, settings.memory_budget, size_class_bits=settings.size_class_bits)
+            mapping, padding, rounds = f"{layout.kind} ({why})", layout.padding, layout.rounds
+        else:
+            t = plan.traffic
+            largest = int((t - np.diag(np.diag(t))).max(initial=0))
+            mapping, padding = "pieces over dask comms, packed per peer", 0
+            rounds = max(1, math.ceil(largest / settings.memory_budget))
         entries.append(
             Entry(
                 chain.output,
@@ -167,12 +191,12 @@ def explain(x, *, nworkers: int | None = None, settings: Settings | None = None)
                 "collective" if client is not None else "dask",
                 reason,
                 chunks=f"{_grid(spec.rechunk.old)} -> {_grid(spec.rechunk.new)} chunks, {spec.dtype}",
-                engine=engine,
+                engine=f"{engine} ({engine_why})",
                 mapping=mapping,
                 nbytes=plan.nbytes,
                 moved=plan.moved_bytes,
-                padding=layout.padding if engine == "cufftmp" else 0,
-                rounds=layout.rounds,
+                padding=padding,
+                rounds=rounds,
                 imbalance=plan.imbalance,
                 placement=where,
             )

@@ -44,6 +44,7 @@ class CollectiveSpec:
     rechunk: RechunkSpec
     dtype: np.dtype
     settings: Settings
+    kind: str = "numpy"  # chunk type from the array's metadata: "numpy" or "cupy"
 
     @property
     def stage_name(self) -> str:

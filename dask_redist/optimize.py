@@ -123,7 +123,7 @@ def decide(hlg: HighLevelGraph, chain: RechunkChain, settings: Settings) -> Deci
     first = (chain.source,) + (0,) * len(old)
     if first not in source.get_output_keys():
         return keep(f"input keys of layer {chain.source} are not ({chain.source}, i, j, ...)")
-    spec = CollectiveSpec(tokenize(chain.output), chain.source, chain.output, rechunk, dtype, settings)
+    spec = CollectiveSpec(tokenize(chain.output), chain.source, chain.output, rechunk, dtype, settings, kind)
     return Decision(chain, spec, "eligible", method)
 
 

@@ -206,3 +206,29 @@ def test_no_state_left_behind(client, enabled):
     a = data_for((16, 16), "float64")
     da.from_array(a, chunks=(2, 16)).rechunk((16, 2)).compute()
     assert worker_leftovers(client) == {}
+
+
+def test_doctor_reports_every_worker_and_the_engine(client):
+    diagnosis = dask_redist.doctor(client)
+    assert set(diagnosis.workers) == set(client.scheduler_info()["workers"])
+    try:
+        import cupy  # noqa: F401
+
+        has_gpu = cupy.cuda.runtime.getDeviceCount() > 0
+    except Exception:
+        has_gpu = False
+    if not has_gpu:
+        assert diagnosis.engine == "dask" and "unusable" in diagnosis.reason
+        assert diagnosis.fixes and "dask-redist[gpu]" in " ".join(diagnosis.fixes)
+    text, page = str(diagnosis), diagnosis._repr_html_()
+    assert "auto" in text and "<table>" in page
+
+
+def test_explain_renders_text_and_html(client, enabled):
+    x = da.from_array(data_for((64, 64), "float64"), chunks=(8, 64))
+    e = dask_redist.explain(x.rechunk((64, 8)))
+    assert len(e) == 1 and e[0].runs == "collective" and e[0].engine.startswith("dask")
+    assert "moved between workers" in str(e) and "rounds" in str(e)
+    assert "<table>" in e._repr_html_()
+    objects = da.from_array(np.array([object()] * 8, dtype=object), chunks=4).rechunk(2)
+    assert "Python objects" in str(dask_redist.explain(objects))

@@ -1,0 +1,133 @@
+"""``dask-redist doctor``: can this cluster run the collective, and with which engine?"""
+
+from __future__ import annotations
+
+import html
+import os
+from dataclasses import dataclass
+
+FIXES = {
+    "cupy": "pip install 'dask-redist[gpu]' (CuPy for CUDA 13) on every worker",
+    "nvmath": "pip install 'dask-redist[gpu]' (nvmath-python, nvidia-cufftmp-cu13, nvidia-nvshmem-cu13)",
+    "gpu": "start GPU workers: LocalCUDACluster() or `dask cuda worker <scheduler>`",
+}
+
+
+def worker_report() -> dict:
+    """What one worker has (run on the worker: imports CuPy and nvmath there)."""
+    from dask_redist.engines.cufftmp import capabilities
+
+    report = {"pid": os.getpid(), "CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES", "")}
+    report["NVSHMEM_SYMMETRIC_SIZE"] = os.environ.get("NVSHMEM_SYMMETRIC_SIZE", "unset (NVSHMEM default 1 GiB)")
+    try:
+        import cupy
+
+        report["cupy"] = cupy.__version__
+        props = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.runtime.getDevice())
+        report["gpu uuid"] = bytes(props.get("uuid", b"")).hex() if isinstance(props.get("uuid"), bytes) else ""
+        free, total = cupy.cuda.runtime.memGetInfo()
+        report["gpu memory free"] = f"{free / 2**30:.1f} of {total / 2**30:.1f} GiB"
+    except Exception as e:
+        report["cupy"] = f"missing ({type(e).__name__})"
+    for name, module in (("nvmath", "nvmath"), ("cuFFTMp", "nvmath.bindings.cufftMp"), ("NVSHMEM", "nvmath.bindings.nvshmem")):
+        try:
+            m = __import__(module, fromlist=["_"])
+            report[name] = getattr(m, "__version__", "loads")
+        except Exception as e:
+            report[name] = f"missing ({type(e).__name__}: {str(e)[:80]})"
+    try:
+        from nvmath.bindings import nvshmem
+
+        report["NVSHMEM state"] = "initialized" if nvshmem.init_status() >= nvshmem.STATUS_IS_INITIALIZED else "not started"
+    except Exception:
+        pass
+    report["cufftmp engine"] = capabilities()
+    return report
+
+
+def _peer_access() -> str:
+    """Peer access between the GPUs this process sees (all of them on a LocalCUDACluster host)."""
+    try:
+        import cupy
+
+        n = cupy.cuda.runtime.getDeviceCount()
+    except Exception:
+        return "not checked (no CuPy or no GPU here)"
+    if n < 2:
+        return f"not checked ({n} GPU visible here)"
+    missing = [
+        f"{i}->{j}" for i in range(n) for j in range(n) if i != j and not cupy.cuda.runtime.deviceCanAccessPeer(i, j)
+    ]
+    return "every pair" if not missing else f"missing for {', '.join(missing)}"
+
+
+@dataclass(frozen=True)
+class Diagnosis:
+    workers: dict
+    engine: str
+    reason: str
+    peer_access: str
+    fixes: tuple[str, ...]
+
+    def rows(self) -> list[dict]:
+        out = []
+        for address, r in sorted(self.workers.items()):
+            cap = r.get("cufftmp engine", {})
+            out.append(
+                {
+                    "worker": address,
+                    "GPU": cap.get("gpu", "-"),
+                    "CuPy": r.get("cupy", "-"),
+                    "nvmath": r.get("nvmath", "-"),
+                    "cuFFTMp": r.get("cuFFTMp", "-"),
+                    "NVSHMEM": r.get("NVSHMEM", "-"),
+                    "symmetric heap": r.get("NVSHMEM_SYMMETRIC_SIZE", "-"),
+                    "GPU memory": r.get("gpu memory free", "-"),
+                    "cufftmp": "ok" if cap.get("ok") else cap.get("reason", "-"),
+                }
+            )
+        return out
+
+    def __str__(self) -> str:
+        lines = []
+        for row in self.rows():
+            lines.append(row.pop("worker") + ":")
+            lines += [f"  {k:<15} {v}" for k, v in row.items()]
+        lines.append(f"peer access between GPUs: {self.peer_access}")
+        lines.append(f"engine `auto` picks for CuPy chunks: {self.engine} ({self.reason})")
+        lines += [f"fix: {f}" for f in self.fixes]
+        return "\n".join(lines)
+
+    __repr__ = __str__
+
+    def _repr_html_(self) -> str:
+        rows = self.rows()
+        head = "".join(f"<th>{html.escape(k)}</th>" for k in rows[0]) if rows else ""
+        body = "".join("<tr>" + "".join(f"<td>{html.escape(str(v))}</td>" for v in r.values()) + "</tr>" for r in rows)
+        fixes = "".join(f"<li>{html.escape(f)}</li>" for f in self.fixes)
+        return (
+            f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+            f"<p>peer access: {html.escape(self.peer_access)}; <b>auto</b> picks <b>{self.engine}</b>"
+            f" ({html.escape(self.reason)})</p><ul>{fixes}</ul>"
+        )
+
+
+def doctor(client) -> Diagnosis:
+    """Check every worker of ``client``'s cluster (blocks each worker for a moment)."""
+    reports = client.run(worker_report)
+    fixes = []
+    bad = {w: r for w, r in reports.items() if not r.get("cufftmp engine", {}).get("ok")}
+    for r in bad.values():
+        reason = r.get("cufftmp engine", {}).get("reason", "")
+        key = "cupy" if "CuPy" in reason else "gpu" if "no GPU" in reason else "nvmath"
+        if FIXES[key] not in fixes:
+            fixes.append(FIXES[key])
+    if bad:
+        w = sorted(bad)[0]
+        engine, reason = "dask", f"cufftmp unusable on {w}: {bad[w]['cufftmp engine'].get('reason')}"
+    else:
+        engine, reason = "cufftmp", "every worker can run cuFFTMp over NVSHMEM"
+    peers = _peer_access()
+    if peers.startswith("missing"):
+        fixes.append("GPUs without peer access: NVSHMEM needs NVLink or PCIe P2P between the GPUs of a node")
+    return Diagnosis(reports, engine, reason, peers, tuple(fixes))
