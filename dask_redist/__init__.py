@@ -83,7 +83,17 @@ def enable(**options) -> Enabled:
     cfg = {"array_optimize": CollectiveOptimizer(chain=current), **_overrides(options)}
     handle = Enabled(dask.config.set(cfg))
     _enabled.append(handle)
+    _expression_mode(True)
     return handle
+
+
+def _expression_mode(on: bool) -> None:
+    """Expression mode has no optimize hook: swap its rechunk expression instead."""
+    try:
+        from dask_redist import expr
+    except ImportError:  # pragma: no cover - a dask without array expressions
+        return
+    expr.install() if on else expr.uninstall()
 
 
 def disable(handle: Enabled | None = None) -> None:
@@ -92,7 +102,9 @@ def disable(handle: Enabled | None = None) -> None:
         h = _enabled.pop()
         h._handle.__exit__(None, None, None)
         if handle is None or h is handle:
-            return
+            break
+    if not _enabled:
+        _expression_mode(False)
 
 
 def rechunk(x, chunks="auto", *, threshold=None, block_size_limit=None, balance=False, **options):

@@ -10,7 +10,7 @@ import numpy as np
 
 from dask_redist.config import Settings
 from dask_redist.layout import choose_layout
-from dask_redist.optimize import Decision, decide, find_rechunks
+from dask_redist.optimize import decide, find_rechunks
 from dask_redist.plan import make_plan
 
 
@@ -110,16 +110,13 @@ def _client():
         return None
 
 
-def _placement(decision: Decision, x, client, nworkers: int) -> tuple[np.ndarray, str]:
+def _placement(spec, x, client, nworkers: int) -> tuple[np.ndarray, str]:
     """Rank of each input chunk: where it is if persisted, else contiguous blocks over the workers."""
-    spec = decision.spec
     grid = spec.rechunk.old_grid
     n = math.prod(grid)
     if client is not None:
         keys = [(spec.input_name, *i) for i in np.ndindex(*grid)]
-        graph = x.__dask_graph__()
-        layer = graph.layers.get(spec.input_name)
-        if layer is not None and all(type(v).__name__ == "Future" for v in list(layer.values())[:1]):
+        if all(k in client.futures for k in keys[:1]):  # persisted: the client holds futures
             who = client.who_has(keys)
             workers = sorted(client.scheduler_info(n_workers=-1)["workers"])
             if all(who.get(k) for k in keys):
@@ -149,6 +146,32 @@ def _engine(settings: Settings, spec, client) -> tuple[str, str]:
     return "cufftmp", "CuPy chunks, every worker can run cuFFTMp"
 
 
+def _decisions(x, settings: Settings) -> list[tuple[str, str, object, str]]:
+    """(output name, what dask planned, CollectiveSpec or None, reason) for every rechunk of ``x``."""
+    expr = getattr(x, "expr", None)
+    if expr is not None:  # expression mode: the rechunks are expressions in the tree
+        from dask.array._array_expr._rechunk import Rechunk
+        from dask.utils import typename
+
+        from dask_redist.optimize import collective_spec
+
+        out = []
+        for node in expr.walk():
+            if isinstance(node, Rechunk) and node.chunks != node.array.chunks:
+                a = node.array
+                spec, why = collective_spec(
+                    a._name, node._name, a.chunks, node.chunks, a.dtype, typename(type(a._meta)), settings
+                )
+                out.append((node._name, node.method or "auto", spec, why))
+        return out
+    graph = x.__dask_graph__()
+    out = []
+    for chain in find_rechunks(graph, {x.name}):
+        d = decide(graph, chain, settings)
+        out.append((chain.output, d.method, d.spec, d.reason))
+    return out
+
+
 def explain(x, *, nworkers: int | None = None, settings: Settings | None = None) -> Explanation:
     """For every rechunk in ``x``'s graph: engine, mapping, bytes moved, padding, rounds, or why not."""
     import dask
@@ -161,19 +184,14 @@ def explain(x, *, nworkers: int | None = None, settings: Settings | None = None)
     if nworkers is None:
         nworkers = len(client.scheduler_info(n_workers=-1)["workers"]) if client is not None else 2
     nworkers = max(1, nworkers)
-    graph = x.__dask_graph__()
     entries = []
-    for chain in find_rechunks(graph, {x.name}):
-        d = decide(graph, chain, settings)
-        if not d.collective:
-            entries.append(Entry(chain.output, d.method, "dask", d.reason))
+    for output, method, spec, reason in _decisions(x, settings):
+        if spec is None:
+            entries.append(Entry(output, method, "dask", reason))
             continue
         if client is None:
             reason = "eligible, but no distributed Client: dask's rechunk runs on local schedulers"
-        else:
-            reason = "eligible"
-        spec = d.spec
-        in_ranks, where = _placement(d, x, client, nworkers)
+        in_ranks, where = _placement(spec, x, client, nworkers)
         plan = make_plan(spec.rechunk, in_ranks, nworkers)
         engine, engine_why = _engine(settings, spec, client)
         if engine == "cufftmp":
@@ -186,8 +204,8 @@ def explain(x, *, nworkers: int | None = None, settings: Settings | None = None)
             rounds = max(1, math.ceil(largest / settings.memory_budget))
         entries.append(
             Entry(
-                chain.output,
-                d.method,
+                output,
+                method,
                 "collective" if client is not None else "dask",
                 reason,
                 chunks=f"{_grid(spec.rechunk.old)} -> {_grid(spec.rechunk.new)} chunks, {spec.dtype}",

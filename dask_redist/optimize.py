@@ -90,41 +90,48 @@ def _method(chain: RechunkChain) -> str:
     return f"tasks ({len(chain.layers)} step{'s' * (len(chain.layers) > 1)})"
 
 
-def decide(hlg: HighLevelGraph, chain: RechunkChain, settings: Settings) -> Decision:
-    """Turn a chain into a :class:`CollectiveSpec`, or say why it keeps dask's rechunk."""
-    method = _method(chain)
+def collective_spec(
+    input_name: str, output_name: str, old, new, dtype, chunk_type: str, settings: Settings
+) -> tuple[CollectiveSpec | None, str]:
+    """The collective for rechunking ``input_name`` into ``output_name``, or None and why not.
 
-    def keep(reason):
-        return Decision(chain, None, reason, method)
-
-    source = hlg.layers.get(chain.source)
-    src_ann = getattr(source, "collection_annotations", None) or {}
-    out_ann = hlg.layers[chain.output].collection_annotations or {}
-    old, new = src_ann.get("chunks"), out_ann.get("chunks")
-    dtype, chunk_type = out_ann.get("dtype"), str(out_ann.get("chunk_type", ""))
-    if source is None or old is None or new is None or dtype is None:
-        return keep("the rechunk's input layer carries no array metadata")
-    if any(isinstance(c, float) and math.isnan(c) for axis in old + new for c in axis):
-        return keep("chunk sizes are unknown (NaN); call compute_chunk_sizes() first")
+    Shared by the graph rewrite and by expression mode (:mod:`dask_redist.expr`).
+    """
+    if old is None or new is None or dtype is None:
+        return None, "the rechunk's input carries no array metadata"
+    if any(isinstance(c, float) and math.isnan(c) for axis in tuple(old) + tuple(new) for c in axis):
+        return None, "chunk sizes are unknown (NaN); call compute_chunk_sizes() first"
     dtype = np.dtype(dtype)
     if dtype.hasobject:
-        return keep(f"dtype {dtype} holds Python objects")
+        return None, f"dtype {dtype} holds Python objects"
     kind = "cupy" if chunk_type.startswith("cupy") else "numpy" if chunk_type == "numpy.ndarray" else chunk_type
     if kind not in settings.chunk_types:
-        return keep(f"chunk type {chunk_type or 'unknown'} is not in redist.chunk-types {list(settings.chunk_types)}")
+        return None, f"chunk type {chunk_type or 'unknown'} is not in redist.chunk-types {list(settings.chunk_types)}"
     if len(old) == 0:
-        return keep("0-d arrays have nothing to rechunk")
+        return None, "0-d arrays have nothing to rechunk"
     try:
         rechunk = RechunkSpec(old, new, dtype.itemsize)
     except PlanError as e:
-        return keep(f"inconsistent chunks: {e}")
+        return None, f"inconsistent chunks: {e}"
     if rechunk.nbytes < settings.min_bytes:
-        return keep(f"{rechunk.nbytes} bytes is below redist.min-bytes ({settings.min_bytes})")
-    first = (chain.source,) + (0,) * len(old)
-    if first not in source.get_output_keys():
-        return keep(f"input keys of layer {chain.source} are not ({chain.source}, i, j, ...)")
-    spec = CollectiveSpec(tokenize(chain.output), chain.source, chain.output, rechunk, dtype, settings, kind)
-    return Decision(chain, spec, "eligible", method)
+        return None, f"{rechunk.nbytes} bytes is below redist.min-bytes ({settings.min_bytes})"
+    spec = CollectiveSpec(tokenize(output_name), input_name, output_name, rechunk, dtype, settings, kind)
+    return spec, "eligible"
+
+
+def decide(hlg: HighLevelGraph, chain: RechunkChain, settings: Settings) -> Decision:
+    """Turn a chain into a :class:`CollectiveSpec`, or say why it keeps dask's rechunk."""
+    method = _method(chain)
+    source = hlg.layers.get(chain.source)
+    src_ann = getattr(source, "collection_annotations", None) or {}
+    out_ann = hlg.layers[chain.output].collection_annotations or {}
+    spec, reason = collective_spec(
+        chain.source, chain.output, src_ann.get("chunks"), out_ann.get("chunks"),
+        out_ann.get("dtype"), str(out_ann.get("chunk_type", "")), settings,
+    )  # fmt: skip
+    if spec is not None and (chain.source,) + (0,) * spec.rechunk.ndim not in source.get_output_keys():
+        spec, reason = None, f"input keys of layer {chain.source} are not ({chain.source}, i, j, ...)"
+    return Decision(chain, spec, reason, method)
 
 
 def rewrite(
