@@ -150,10 +150,14 @@ def test_worker_set_change_falls_back_to_dask_then_bootstrap_restores_cufftmp(gp
     import time
 
     run_case(gpu_client, CASES[0], seed=11, engine="auto")  # NVSHMEM world = the current workers
+    before = set(gpu_client.scheduler_info()["workers"])
     pids = gpu_client.run(_pid)
     os.kill(pids[sorted(pids)[-1]], signal.SIGKILL)  # the nanny starts a new worker on that GPU
     deadline = time.monotonic() + 120
-    while sorted(gpu_client.run(_pid).values()) == sorted(pids.values()) or len(gpu_client.run(_pid)) < 2:
+    while True:  # wait for the replacement: a new address, and two workers again
+        workers = set(gpu_client.scheduler_info()["workers"])
+        if len(workers) >= 2 and workers != before:
+            break
         assert time.monotonic() < deadline, "the nanny did not bring the worker back"
         time.sleep(0.5)
 
