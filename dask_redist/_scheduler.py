@@ -95,7 +95,7 @@ class RedistSchedulerPlugin(SchedulerPlugin):
     # -- handlers -------------------------------------------------------------------
 
     @log_errors
-    async def barrier(self, token: str, workers: list[str], holders: list[int], kind: str) -> dict:
+    async def barrier(self, token: str, workers: list[str], holders: list[int], homes: list, kind: str) -> dict:
         self.timeline = {"barrier called": time.time()}
         await self._ready.wait()
         key = BARRIER_PREFIX + token
@@ -109,8 +109,8 @@ class RedistSchedulerPlugin(SchedulerPlugin):
 
         # the plugin may have been registered by this very barrier, after the stage
         # tasks finished: learn where their chunks are from the markers
-        for idx, h in zip(np.ndindex(*spec.rechunk.old_grid), holders):
-            self.stage_home.setdefault((spec.stage_name, *idx), workers[h])
+        for tail, h in homes:
+            self.stage_home.setdefault((spec.stage_name, *tail), workers[h])
         ranks = sorted(set(self.scheduler.workers) | set(workers))
         position = {w: i for i, w in enumerate(ranks)}
         in_ranks = np.array([position[workers[h]] for h in holders], dtype=np.int64)

@@ -36,11 +36,13 @@ logger = logging.getLogger("dask_redist")
 
 
 class Staged(NamedTuple):
-    """What a stage task returns: where its chunk is kept, and what it is."""
+    """What a stage task returns per chunk: where the chunk is kept, and what it is."""
 
     address: str
     nbytes: int
     kind: str
+    index: tuple  # the chunk's index in the input grid
+    stage: tuple  # the stage key's tail: (stage name, *stage)
 
 
 def _worker():
@@ -56,8 +58,8 @@ def _worker():
 # -- tasks (called by the functions in dask_redist.layer) -----------------------------
 
 
-def stage(token: str, index: tuple[int, ...], shape: tuple[int, ...], chunk: Any) -> Staged:
-    return get_state(_worker()).stage(token, index, shape, chunk)
+def stage(token: str, tail: tuple, indices: list, shapes: list, chunks) -> list[Staged]:
+    return get_state(_worker()).stage(token, tail, indices, shapes, chunks)
 
 
 def barrier(spec, markers) -> int:
@@ -168,6 +170,7 @@ class WorkerState:
         self.worker = worker
         self._lock = threading.Lock()
         self.staged: dict[tuple[str, tuple[int, ...]], Any] = {}  # (token, chunk index) -> chunk
+        self.stage_keys: dict[tuple[str, tuple], list] = {}  # (token, stage key tail) -> chunk indices
         self.runs: dict[str, WorkerRun] = {}
         self.early: dict[tuple[str, int], list] = defaultdict(list)
         self.thread = CollectiveThread(self._execute, f"redist-collective-{worker.address}")
@@ -198,37 +201,48 @@ class WorkerState:
 
     # -- tasks --------------------------------------------------------------------
 
-    def stage(self, token: str, index: tuple[int, ...], shape: tuple[int, ...], chunk: Any) -> Staged:
-        kind = array_kind(chunk)
-        if kind not in ("numpy", "cupy"):
-            raise TypeError(
-                f"dask-redist can only rechunk NumPy or CuPy chunks, got a {kind} for input chunk {index}; "
-                "narrow redist.chunk-types or rechunk this array with dask_redist.disable()"
-            )
-        if tuple(chunk.shape) != tuple(shape):
-            raise ValueError(
-                f"input chunk {index} has shape {tuple(chunk.shape)} but the array's chunks say {tuple(shape)}"
-            )
+    def stage(self, token: str, tail: tuple, indices: list, shapes: list, chunks) -> list[Staged]:
+        markers = []
+        for index, shape, chunk in zip(indices, shapes, chunks):
+            kind = array_kind(chunk)
+            if kind not in ("numpy", "cupy"):
+                raise TypeError(
+                    f"dask-redist can only rechunk NumPy or CuPy chunks, got a {kind} for input chunk {tuple(index)}; "
+                    "narrow redist.chunk-types or rechunk this array with dask_redist.disable()"
+                )
+            if tuple(chunk.shape) != tuple(shape):
+                raise ValueError(
+                    f"input chunk {tuple(index)} has shape {tuple(chunk.shape)} but the array's chunks say {tuple(shape)}"
+                )
+            markers.append(Staged(self.address, int(chunk.nbytes), kind, tuple(index), tuple(tail)))
         with self._lock:
-            self.staged[(token, tuple(index))] = chunk
+            for index, chunk in zip(indices, chunks):
+                self.staged[(token, tuple(index))] = chunk
+            self.stage_keys[(token, tuple(tail))] = [tuple(i) for i in indices]
         self.mark("first stage", first=True)
-        return Staged(self.address, int(chunk.nbytes), kind)
+        return markers
 
-    def barrier(self, spec, markers) -> int:
+    def barrier(self, spec, groups) -> int:
         self.mark("barrier task")
         settings = spec.settings
         self._ensure_plugins(settings.barrier_timeout)
+        markers = [m for group in groups for m in group]
         kinds = {m.kind for m in markers}
         if len(kinds) > 1:
             raise TypeError(f"{spec.describe()}: input chunks of mixed types {sorted(kinds)}; convert them to one type first")
         workers = sorted({m.address for m in markers})
-        index = {w: i for i, w in enumerate(workers)}
-        holders = [index[m.address] for m in markers]
+        position = {w: i for i, w in enumerate(workers)}
+        holders = np.zeros(len(markers), dtype=np.int64)
+        grid = spec.rechunk.old_grid
+        for m in markers:
+            holders[np.ravel_multi_index(m.index, grid)] = position[m.address]
+        homes = [[list(g[0].stage), position[g[0].address]] for g in groups if g]
 
         async def ask():
             return await self.worker.scheduler.redist_barrier(
-                token=spec.token, workers=workers, holders=holders, kind=kinds.pop() if kinds else "numpy"
-            )
+                token=spec.token, workers=workers, holders=holders.tolist(), homes=homes,
+                kind=kinds.pop() if kinds else "numpy",
+            )  # fmt: skip
 
         response = self.call(ask, settings.barrier_timeout, f"{spec.describe()} barrier")
         self.mark("barrier reply")
@@ -326,8 +340,10 @@ class WorkerState:
                 del self.runs[token]
 
     def handle_drop(self, token: str, index: list[int]) -> None:
+        """The scheduler released a stage key: forget the chunks it staged."""
         with self._lock:
-            self.staged.pop((token, tuple(index)), None)
+            for chunk in self.stage_keys.pop((token, tuple(index)), ()):
+                self.staged.pop((token, chunk), None)
 
     # -- the collective thread ---------------------------------------------------------
 
@@ -370,6 +386,7 @@ class WorkerState:
             runs = list(self.runs.values())
             self.runs.clear()
             self.staged.clear()
+            self.stage_keys.clear()
             self.early.clear()
         for run in runs:
             run.fail(RedistError(f"{run.name()}: worker {self.address} closed"))

@@ -126,9 +126,11 @@ def _placement(spec, x, client, nworkers: int) -> tuple[np.ndarray, str]:
     return ranks, f"assumed: contiguous blocks over {nworkers} workers"
 
 
-def _cached_capabilities(dask_scheduler):
+def _engine_state(dask_scheduler):
     plugin = dask_scheduler.plugins.get("redist")
-    return dict(plugin.capabilities) if plugin else {}
+    if plugin is None:
+        return {}, None, None
+    return dict(plugin.capabilities), plugin.world, plugin.world_broken
 
 
 def _engine(settings: Settings, spec, client) -> tuple[str, str]:
@@ -137,7 +139,11 @@ def _engine(settings: Settings, spec, client) -> tuple[str, str]:
         return settings.engine, "redist.engine"
     if spec.kind != "cupy":
         return "dask", "NumPy chunks"
-    caps = client.run_on_scheduler(_cached_capabilities) if client is not None else {}
+    caps, world, broken = client.run_on_scheduler(_engine_state) if client is not None else ({}, None, None)
+    if broken:
+        return "dask", f"NVSHMEM needs a new bootstrap ({broken}); see dask_redist.bootstrap"
+    if world is not None and tuple(world) != tuple(sorted(client.scheduler_info(n_workers=-1)["workers"])):
+        return "dask", "the worker set changed since NVSHMEM was bootstrapped; see dask_redist.bootstrap"
     if not caps:
         return "cufftmp", "if every worker can run it: not checked yet, see dask_redist.doctor(client)"
     bad = [w for w, c in caps.items() if not c.get("cufftmp", {}).get("ok")]

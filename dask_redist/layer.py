@@ -6,8 +6,9 @@ For a rechunk with token ``T`` of the array ``in`` into output keys ``out``::
     (in, j)  ->  ("redist-stage-T", j)  --+->  "redist-barrier-T"  ->  (out, k) for every k
     ...                                   |
 
-* a **stage** task per input chunk runs where the chunk lives, keeps the chunk in
-  the worker's collective state and returns a tiny marker (where it is, how big);
+* a **stage** task per input chunk (or per worker, for a persisted input whose
+  placement is known) runs where the chunks live, keeps them in the worker's
+  collective state and returns tiny markers (where, how big, which chunk);
 * one **barrier** task gathers the markers and asks the scheduler to start a
   run: the scheduler picks output owners, pins the unpack tasks to them and
   tells every worker, which executes runs one at a time in a global order;
@@ -85,10 +86,10 @@ class BarrierTask(CollectiveTask):
         super().__init__(key, func, *args, **kwargs)
 
 
-def stage(token: str, index: tuple[int, ...], shape: tuple[int, ...], chunk: Any):
+def stage(token: str, tail: tuple, indices: list, shapes: list, *chunks):
     from dask_redist._worker import stage as _stage
 
-    return _stage(token, index, shape, chunk)
+    return _stage(token, tail, indices, shapes, chunks)
 
 
 def barrier(spec: CollectiveSpec, *markers):
@@ -103,15 +104,27 @@ def unpack(token: str, index: int, run_id: int):
     return _unpack(token, index, run_id)
 
 
-def collective_tasks(spec: CollectiveSpec) -> dict:
-    """The stage, barrier and unpack tasks of one collective rechunk."""
+def collective_tasks(spec: CollectiveSpec, groups: list[list[tuple[int, ...]]] | None = None) -> dict:
+    """The stage, barrier and unpack tasks of one collective rechunk.
+
+    Without ``groups`` there is one stage task per input chunk, keyed like the
+    chunk. With ``groups`` (input chunk indices already known to sit together on
+    one worker each) there is one stage task per group: far fewer tasks, so less
+    scheduling overhead, when the input is persisted.
+    """
     old = spec.rechunk.old
+    if groups is None:
+        groups = [[idx] for idx in np.ndindex(*spec.rechunk.old_grid)]
+        tails = [tuple(g[0]) for g in groups]
+    else:
+        tails = [(i,) for i in range(len(groups))]
     dsk: dict = {}
     stage_refs = []
-    for idx in np.ndindex(*spec.rechunk.old_grid):
-        key = (spec.stage_name, *idx)
-        shape = tuple(c[i] for c, i in zip(old, idx))
-        dsk[key] = CollectiveTask(key, stage, spec.token, idx, shape, TaskRef((spec.input_name, *idx)))
+    for tail, group in zip(tails, groups):
+        key = (spec.stage_name, *tail)
+        shapes = [tuple(c[i] for c, i in zip(old, idx)) for idx in group]
+        inputs = [TaskRef((spec.input_name, *idx)) for idx in group]
+        dsk[key] = CollectiveTask(key, stage, spec.token, tail, [tuple(i) for i in group], shapes, *inputs)
         stage_refs.append(TaskRef(key))
     dsk[spec.barrier_key] = BarrierTask(spec.barrier_key, barrier, DataNode(None, spec), *stage_refs, spec=spec)
     barrier_ref = TaskRef(spec.barrier_key)

@@ -155,10 +155,44 @@ def rewrite(
             del deps[name]
         out = d.chain.output
         layers[out] = MaterializedLayer(
-            collective_tasks(d.spec), collection_annotations=hlg.layers[out].collection_annotations
+            collective_tasks(d.spec, persisted_groups(d.spec)),
+            collection_annotations=hlg.layers[out].collection_annotations,
         )
         deps[out] = {d.chain.source}
     return HighLevelGraph(layers, deps), decisions
+
+
+def _scheduler_in_process():
+    try:
+        from distributed import Scheduler
+    except ImportError:  # pragma: no cover - distributed is a dependency
+        return None
+    running = [s for s in list(Scheduler._instances) if s.status.name == "running"]
+    return running[0] if len(running) == 1 else None
+
+
+def persisted_groups(spec: CollectiveSpec) -> list[list[tuple[int, ...]]] | None:
+    """Input chunk indices grouped by the worker holding them, if all are in memory already.
+
+    Then one stage task per worker does: far fewer tasks than one per chunk. Read
+    from the scheduler's state (this runs on the scheduler while the graph is
+    materialized); anything unclear, and the plan stays one stage task per chunk.
+    """
+    scheduler = _scheduler_in_process()
+    if scheduler is None:
+        return None
+    groups: dict[str, list] = {}
+    try:
+        for idx in np.ndindex(*spec.rechunk.old_grid):
+            ts = scheduler.tasks.get((spec.input_name, *idx))
+            if ts is None or ts.state != "memory" or not ts.who_has:
+                return None
+            groups.setdefault(min(ws.address for ws in ts.who_has), []).append(idx)
+    except RuntimeError:  # state changed under us (another thread): no grouping
+        return None
+    if len(groups) >= math.prod(spec.rechunk.old_grid):
+        return None
+    return [groups[w] for w in sorted(groups)]
 
 
 def running_on_scheduler() -> bool:

@@ -65,7 +65,7 @@ def worker_leftovers(client, timeout: float = 10) -> dict:
         from dask_redist._worker import get_state
 
         s = get_state(dask_worker)
-        return len(s.staged) + len(s.runs) + len(s.early)
+        return len(s.staged) + len(s.stage_keys) + len(s.runs) + len(s.early)
 
     deadline = time.monotonic() + timeout
     while True:

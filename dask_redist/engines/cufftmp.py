@@ -29,7 +29,7 @@ import numpy as np
 
 from dask_redist.assemble import cut
 from dask_redist.errors import RedistError, RedistTimeoutError
-from dask_redist.layout import Box, DirectLayout, PackedLayout, choose_layout, fold_boxes
+from dask_redist.layout import Box, DirectLayout, PackedLayout, choose_layout, size_class
 from dask_redist.plan import chunk_box
 
 logger = logging.getLogger("dask_redist")
@@ -94,7 +94,7 @@ class Arena:
 
         if nbytes <= self.size:
             return
-        nbytes = 1 << max(20, (int(nbytes) - 1).bit_length())  # powers of two: few regrowths
+        nbytes = max(2**20, size_class(int(nbytes), 3))  # 8 size classes per octave: few regrowths, <13% slack
         self.release()
         ptr = nvshmem.malloc(nbytes)
         if not ptr:
@@ -149,8 +149,8 @@ class CufftMpEngine:
             self._finalize_within(settings.bootstrap_timeout)
         if settings.symmetric_size is not None:
             os.environ["NVSHMEM_SYMMETRIC_SIZE"] = str(settings.symmetric_size)
-        elif "NVSHMEM_SYMMETRIC_SIZE" not in os.environ:
-            os.environ["NVSHMEM_SYMMETRIC_SIZE"] = str(settings.memory_budget + max(2**28, settings.memory_budget // 4))
+        elif "NVSHMEM_SYMMETRIC_SIZE" not in os.environ:  # the arena (budget + 13% + workspace) must fit
+            os.environ["NVSHMEM_SYMMETRIC_SIZE"] = str(settings.memory_budget * 5 // 4 + 2**28)
         start = time.perf_counter()
         group = DaskProcessGroup(
             f"nvshmem/{run.spec.token}/{run.run_id}", run.rank, len(workers), exchange_factory(run.rank, len(workers))
