@@ -110,18 +110,28 @@ def _client():
         return None
 
 
+def _holders(keys, dask_scheduler=None):
+    """The worker holding each key, if every key is in memory (else None)."""
+    out = []
+    for k in keys:
+        ts = dask_scheduler.tasks.get(tuple(k) if isinstance(k, list) else k)
+        if ts is None or ts.state != "memory" or not ts.who_has:
+            return None
+        out.append(min(ws.address for ws in ts.who_has))
+    return out
+
+
 def _placement(spec, x, client, nworkers: int) -> tuple[np.ndarray, str]:
     """Rank of each input chunk: where it is if persisted, else contiguous blocks over the workers."""
     grid = spec.rechunk.old_grid
     n = math.prod(grid)
     if client is not None:
         keys = [(spec.input_name, *i) for i in np.ndindex(*grid)]
-        if all(k in client.futures for k in keys[:1]):  # persisted: the client holds futures
-            who = client.who_has(keys)
+        where = client.run_on_scheduler(_holders, keys)
+        if where is not None:
             workers = sorted(client.scheduler_info(n_workers=-1)["workers"])
-            if all(who.get(k) for k in keys):
-                pos = {w: i for i, w in enumerate(workers)}
-                return np.array([pos[who[k][0]] for k in keys]), "where the persisted input is"
+            pos = {w: i for i, w in enumerate(workers)}
+            return np.array([pos[w] for w in where]), "where the persisted input is"
     ranks = (np.arange(n) * nworkers) // max(n, 1)
     return ranks, f"assumed: contiguous blocks over {nworkers} workers"
 
