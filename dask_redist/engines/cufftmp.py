@@ -95,6 +95,9 @@ class Arena:
         if nbytes <= self.size:
             return
         nbytes = max(2**20, size_class(int(nbytes), 3))  # 8 size classes per octave: few regrowths, <13% slack
+        import cupy
+
+        cupy.cuda.Device().synchronize()  # nvshmem_free is not stream-ordered
         self.release()
         ptr = nvshmem.malloc(nbytes)
         if not ptr:
@@ -303,10 +306,15 @@ class CufftMpEngine:
             **{f"{k} ms": round(v, 3) for k, v in spent.items()},
         }
 
-    def _regions(self, nranks: int, in_bytes: int, out_bytes: int, workspace: int) -> tuple[int, int, int]:
+    def _regions(self, in_bytes: int, out_bytes: int, plans: list[ReshapePlan]) -> tuple[int, int, int]:
+        """Arena offsets of the input box, output box and workspace, sized for every round.
+
+        Sized once per run, before any round starts: growing the arena between rounds
+        would free symmetric memory that the previous round's reshape still uses.
+        """
         out_off = _align(in_bytes)
         ws_off = out_off + _align(out_bytes)
-        self.arena.ensure(ws_off + _align(max(workspace, 1)))
+        self.arena.ensure(ws_off + _align(max([p.workspace for p in plans] + [1])))
         return 0, out_off, ws_off
 
     def _direct(self, run, layout: DirectLayout, outputs) -> None:
@@ -317,12 +325,13 @@ class CufftMpEngine:
         out_max = max(max(b.size for b in layout.boxes(k)[1]) for k in range(layout.rounds)) * item
         chunks_in = {f: Box(*chunk_box(spec.rechunk.old, np.unravel_index(f, spec.rechunk.old_grid))) for f in run.inputs}
         chunks_out = {f: Box(*chunk_box(spec.rechunk.new, np.unravel_index(f, spec.rechunk.new_grid))) for f in outputs}
-        for k in range(layout.rounds):
+        plans = []
+        for k in range(layout.rounds):  # plan every round first (collective, same order everywhere)
+            boxes = list(zip(layout.folded[k].lower.tolist(), layout.folded[k].upper.tolist()))
+            plans.append(self.plan(layout.folded[k].word, boxes[:nranks], boxes[nranks:], rank))
+        src, dst, ws = self._regions(in_max, out_max, plans)
+        for k, plan in enumerate(plans):
             ins, outs = layout.boxes(k)
-            folded = layout.folded[k]
-            boxes = list(zip(folded.lower.tolist(), folded.upper.tolist()))
-            plan = self.plan(folded.word, boxes[:nranks], boxes[nranks:], rank)
-            src, dst, ws = self._regions(nranks, in_max, out_max, plan.workspace)
             b_in, b_out = ins[rank], outs[rank]
             staged = self.arena.view(src, b_in.shape, dtype)
             for f, box in chunks_in.items():
@@ -344,16 +353,15 @@ class CufftMpEngine:
         old_lowers = {}
         in_max = max(r.row_words for r in layout.rounds_) * word
         out_max = max(nranks * int(r.widths.max()) for r in layout.rounds_) * word
-        for rnd in layout.rounds_:
+        plans = []
+        for rnd in layout.rounds_:  # plan every round first (collective, same order everywhere)
             cols = rnd.columns
-            lo_in = [[0, s, 0] for s in range(nranks)]
-            hi_in = [[1, s + 1, rnd.row_words] for s in range(nranks)]
-            lo_out = [[0, 0, int(cols[d])] for d in range(nranks)]
-            hi_out = [[1, nranks, int(cols[d + 1])] for d in range(nranks)]
-            plan = self.plan(
-                word, list(zip(lo_in, hi_in)), list(zip(lo_out, hi_out)), rank
-            )
-            src, dst, ws = self._regions(nranks, in_max, out_max, plan.workspace)
+            boxes_in = [([0, s, 0], [1, s + 1, rnd.row_words]) for s in range(nranks)]
+            boxes_out = [([0, 0, int(cols[d])], [1, nranks, int(cols[d + 1])]) for d in range(nranks)]
+            plans.append(self.plan(word, boxes_in, boxes_out, rank))
+        src, dst, ws = self._regions(in_max, out_max, plans)
+        for rnd, plan in zip(layout.rounds_, plans):
+            cols = rnd.columns
             t = rnd.transfers
             for i in np.flatnonzero(t.src == rank):
                 f = int(t.old_block[i])
