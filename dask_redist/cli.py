@@ -79,9 +79,18 @@ def bench(args) -> int:
     command = "dask-redist bench " + " ".join(shlex.quote(a) for a in args.argv)
     if args.micro:
         with _client(args) as client:
-            rows = [b.rewrite_time(args.rewrite_chunks)] + [b.fixed_cost(client)]
+            env = b.environment(client)
+            rows = [b.rewrite_time(args.rewrite_chunks), b.fixed_cost(client)]
+        rows = [{k: (f"{v * 1e3:.1f} ms" if isinstance(v, float) else v) for k, v in r.items()} for r in rows]
         for r in rows:
-            console.print(_table([{k: (f"{v * 1e3:.1f} ms" if isinstance(v, float) else v) for k, v in r.items()}]))
+            console.print(_table([r]))
+        if args.out:
+            os.makedirs(args.out, exist_ok=True)
+            lines = [f"Command: `{command}`  ", f"Date: {env['date']}; machine: {env['machine']}; {env['workers']} workers", ""]
+            for r in rows:
+                lines += ["| " + " | ".join(r) + " |", "|" + "---|" * len(r), "| " + " | ".join(map(str, r.values())) + " |", ""]
+            with open(os.path.join(args.out, args.name + ".md"), "w") as f:
+                f.write("\n".join(lines))
         return 0
     kind = "cupy" if args.gpu else "numpy"
     cases = []
