@@ -58,7 +58,7 @@ def _overrides(options: dict) -> dict:
 
 
 class Enabled:
-    """Returned by :func:`enable`; leaving its ``with`` block disables again."""
+    """Returned by `enable`; leaving its ``with`` block disables again."""
 
     def __init__(self, handle):
         self._handle = handle
@@ -97,7 +97,7 @@ def _expression_mode(on: bool) -> None:
 
 
 def disable(handle: Enabled | None = None) -> None:
-    """Undo :func:`enable` (the latest one, or ``handle`` and everything enabled after it)."""
+    """Undo `enable` (the latest one, or ``handle`` and everything enabled after it)."""
     while _enabled:
         h = _enabled.pop()
         h._handle.__exit__(None, None, None)
@@ -108,10 +108,10 @@ def disable(handle: Enabled | None = None) -> None:
 
 
 def rechunk(x, chunks="auto", *, threshold=None, block_size_limit=None, balance=False, **options):
-    """``x.rechunk(chunks)`` as one collective step, whether or not :func:`enable` was called.
+    """``x.rechunk(chunks)`` as one collective step, whether or not `enable` was called.
 
     Takes dask's arguments; ``options`` override ``redist.*`` keys for this call.
-    Raises :class:`NotEligibleError` (with the reason) where the collective
+    Raises `NotEligibleError` (with the reason) where the collective
     cannot run, e.g. for object dtypes or unknown chunk sizes.
     """
     from dask.array import Array

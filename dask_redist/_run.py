@@ -1,6 +1,6 @@
 """One rank's part of one run of a collective rechunk, agnostic of the cluster.
 
-A :class:`WorkerRun` holds the inputs staged on this rank, collects the pieces
+A `WorkerRun` holds the inputs staged on this rank, collects the pieces
 other ranks send, and hands out the output chunks. It knows nothing of dask
 workers or comms: the engine that executes it is given a transport, so tests
 drive several runs in one process with a fake one.
@@ -100,9 +100,9 @@ class WorkerRun:
     # -- event loop side --------------------------------------------------------------
 
     def receive(self, src: int, first: int, arrays: list | Packed) -> None:
-        """Pieces ``first ..`` of what ``src`` sends this rank: a list, or :class:`Packed`.
+        """Pieces ``first ..`` of what ``src`` sends this rank: a list, or `Packed`.
 
-        Only queued here (cheap, on the event loop); :meth:`wait_received` sorts them.
+        Only queued here (cheap, on the event loop); `wait_received` sorts them.
         """
         with self._cond:
             if self.state not in ("done", "failed"):

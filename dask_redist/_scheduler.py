@@ -1,6 +1,6 @@
 """Scheduler side of the collective: runs, their global order, owners, restarts.
 
-The barrier task of a collective rechunk calls :meth:`RedistSchedulerPlugin.barrier`
+The barrier task of a collective rechunk calls `RedistSchedulerPlugin.barrier`
 with where every input chunk is staged. The plugin then
 
 1. chooses the engine and the owner of every output chunk (the pure planner),

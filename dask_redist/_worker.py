@@ -1,8 +1,8 @@
 """Worker side of the collective: staged inputs, runs, and the collective thread.
 
-Every worker process has one :class:`WorkerState`. Stage tasks put chunks into
+Every worker process has one `WorkerState`. Stage tasks put chunks into
 it; the scheduler's ``redist-start`` message turns staged chunks into a
-:class:`~dask_redist._run.WorkerRun`; ONE collective thread per worker executes
+`dask_redist._run.WorkerRun`; ONE collective thread per worker executes
 runs strictly by their global sequence number, so two rechunks running at the
 same time can never wait on each other crosswise; unpack tasks take the
 outputs. A staged chunk lives exactly as long as its stage key is in memory
@@ -393,7 +393,7 @@ class WorkerState:
 
 
 class RedistWorkerPlugin(WorkerPlugin):
-    """Hooks the worker's :class:`WorkerState` into its comms; registered by the scheduler plugin."""
+    """Hooks the worker's `WorkerState` into its comms; registered by the scheduler plugin."""
 
     name = "redist"
     idempotent = True

@@ -4,7 +4,7 @@ In expression mode a rechunk is a ``Rechunk`` expression that lowers to dask's
 ``TasksRechunk`` (its ``p2p`` path is not implemented there) and dask's
 ``array_optimize`` hook is never consulted. So while dask-redist is enabled,
 ``ArrayExpr.rechunk`` (what ``x.rechunk`` and ``da.rechunk`` call) builds a
-:class:`CollectiveRechunk` instead: the same expression plus the ``redist``
+`CollectiveRechunk` instead: the same expression plus the ``redist``
 settings of the moment. When it is lowered on a distributed scheduler and the
 array is eligible, its layer is the collective's stage, barrier and unpack
 tasks under the same output name; otherwise it lowers to dask's own rechunk. (Expression mode lowers on the

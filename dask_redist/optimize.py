@@ -7,7 +7,7 @@ such layers between an input layer and the last rechunk layer becomes one
 collective layer whose unpack tasks carry the last layer's keys, so every
 downstream task still finds its inputs.
 
-Installed as dask's ``array_optimize`` by :func:`dask_redist.enable`; under
+Installed as dask's ``array_optimize`` by `dask_redist.enable`; under
 distributed that hook runs on the scheduler while the graph is materialized.
 """
 
@@ -95,7 +95,7 @@ def collective_spec(
 ) -> tuple[CollectiveSpec | None, str]:
     """The collective for rechunking ``input_name`` into ``output_name``, or None and why not.
 
-    Shared by the graph rewrite and by expression mode (:mod:`dask_redist.expr`).
+    Shared by the graph rewrite and by expression mode (`dask_redist.expr`).
     """
     if old is None or new is None or dtype is None:
         return None, "the rechunk's input carries no array metadata"
@@ -120,7 +120,7 @@ def collective_spec(
 
 
 def decide(hlg: HighLevelGraph, chain: RechunkChain, settings: Settings) -> Decision:
-    """Turn a chain into a :class:`CollectiveSpec`, or say why it keeps dask's rechunk."""
+    """Turn a chain into a `CollectiveSpec`, or say why it keeps dask's rechunk."""
     method = _method(chain)
     source = hlg.layers.get(chain.source)
     src_ann = getattr(source, "collection_annotations", None) or {}

@@ -82,7 +82,7 @@ class DaskProcessGroup(_ProcessGroup):
 
 
 class Rendezvous:
-    """The scheduler's side of :meth:`DaskProcessGroup.allgather`: one slot per tag."""
+    """The scheduler's side of `DaskProcessGroup.allgather`: one slot per tag."""
 
     def __init__(self):
         self._slots: dict[str, dict] = {}
@@ -112,7 +112,7 @@ class Rendezvous:
 
 
 def scheduler_exchange(state, nranks: int, rank: int, timeout: float) -> Exchange:
-    """An :data:`Exchange` for a worker: an RPC to the scheduler's ``redist_allgather``."""
+    """An `Exchange` for a worker: an RPC to the scheduler's ``redist_allgather``."""
 
     def exchange(tag: str, payload: bytes) -> list:
         start = time.monotonic()

@@ -1,6 +1,6 @@
 """Engines: the same plan, different transports.
 
-An engine executes one rank's part of a run (:class:`~dask_redist._run.WorkerRun`)
+An engine executes one rank's part of a run (`dask_redist._run.WorkerRun`)
 on the worker's collective thread. ``dask`` moves pieces over Dask's own comms
 (TCP or UCX, NumPy or CuPy); ``cufftmp`` moves them GPU to GPU through NVSHMEM
 with one cuFFTMp reshape per round. ``redist.engine`` also accepts

@@ -3,14 +3,14 @@
 Per worker process the engine keeps
 
 * the NVSHMEM *world* it bootstrapped (the run's workers, in rank order),
-  through a :class:`~dask_redist.process_group.DaskProcessGroup`;
+  through a `dask_redist.process_group.DaskProcessGroup`;
 * a symmetric *arena*: one collective ``nvshmem_malloc`` holding the input box,
   the output box and the reshape workspace, reused by every run and grown
   (collectively, identically on every rank) only when a run needs more;
 * reshape *plans* by geometry: planning costs tens of milliseconds, so a
   repeated rechunk reuses its plan.
 
-A run is laid out by :func:`dask_redist.layout.choose_layout`: the direct box
+A run is laid out by `dask_redist.layout.choose_layout`: the direct box
 mapping when the placement allows it, else the packed (P, W) matrix; in rounds
 when it does not fit ``redist.memory-budget``. Every rank derives the same
 layout from the same plan, so all of them make the same collective calls in
