@@ -374,7 +374,8 @@ def packed_layout(plan: Plan, budget: int, *, size_class_bits: int = 4) -> Packe
         worst = max(p.arena_bytes(r) for p in packed for r in range(nranks))
         if worst <= budget:
             return PackedLayout(packed, word)
-        if quantum <= word and rounds > int(t.nbytes.sum()) // word + 1:
+        if rounds * t.itemsize >= int(traffic.max()):
+            # every round already holds at most one part (one item, or up to a word) per stream
             raise PlanError(f"cannot fit the rechunk into a memory budget of {budget} bytes per rank")
         rounds = max(rounds + 1, math.ceil(rounds * worst / budget))
 

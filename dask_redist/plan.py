@@ -321,11 +321,16 @@ class OwnerCandidate:
 
 
 def owner_candidates(
-    spec: RechunkSpec, local: np.ndarray, nranks: int
+    spec: RechunkSpec, local: np.ndarray, nranks: int, sizes: np.ndarray | None = None
 ) -> Iterator[OwnerCandidate]:
-    """Candidate owner maps; ``local[j, r]`` = bytes of new chunk j held by rank r."""
+    """Candidate owner maps; ``local[j, r]`` = bytes of new chunk j held by rank r.
+
+    ``sizes[j]`` are the bytes of new chunk j to balance (all of them by default;
+    zero for a chunk nobody needs).
+    """
     grid = spec.new_grid
-    sizes = chunk_nbytes(spec.new, spec.itemsize).ravel()
+    if sizes is None:
+        sizes = chunk_nbytes(spec.new, spec.itemsize).ravel()
     tried = set()
     for first in range(spec.ndim):
         if grid[first] <= 1 and first != 0:
@@ -507,7 +512,7 @@ def _choose_owners(spec, src, new_flat, nbytes, needed, nranks):
     sizes = chunk_nbytes(spec.new, spec.itemsize).ravel() * needed.ravel()
     total = int(sizes.sum())
     scored = []
-    for cand in owner_candidates(spec, local, nranks):
+    for cand in owner_candidates(spec, local, nranks, sizes):
         flat = cand.owners.ravel()
         load = np.bincount(flat, weights=sizes, minlength=nranks)
         kept = int(local[np.arange(n_new), flat].sum())

@@ -11,8 +11,10 @@ needed chunks, never for the others.
 from __future__ import annotations
 
 import math
+from itertools import pairwise
 
 import numpy as np
+from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
@@ -21,17 +23,23 @@ from dask_redist.plan import Chunks, Plan, RechunkSpec, Transfers, chunk_box, ch
 
 ITEMSIZES = (1, 2, 4, 8, 16)
 MAX_RANKS = 6
+MAX_CHUNKS = 300  # about the most chunks of a grid, so that examples stay fast
+
+FAST = settings(max_examples=150, deadline=None)
+QUICK = settings(max_examples=50, deadline=None)  # for the simpler properties
 
 
 # -- strategies ------------------------------------------------------------------------
 
 
 @st.composite
-def chunking(draw, n: int) -> tuple[int, ...]:
-    """Chunks of an axis of length ``n``: uneven, possibly one chunk, possibly with zeros."""
-    cuts = sorted(draw(st.lists(st.integers(0, n), max_size=6)))
-    bounds = [0, *cuts, n]
-    return tuple(b - a for a, b in zip(bounds[:-1], bounds[1:]))
+def chunking(draw, n: int, max_chunks: int = 7) -> tuple[int, ...]:
+    """Chunks of an axis of length ``n``: regular as dask makes them, or uneven, possibly with zeros."""
+    if n and draw(st.booleans()):
+        size = draw(st.integers(-(-n // max_chunks), n))
+        return (size,) * (n // size) + ((n % size,) if n % size else ())
+    cuts = sorted(draw(st.lists(st.integers(0, n), max_size=max_chunks - 1)))
+    return tuple(b - a for a, b in pairwise([0, *cuts, n]))
 
 
 @st.composite
@@ -45,14 +53,17 @@ def shapes(draw, max_elements: int = 4096, max_ndim: int = 5) -> tuple[int, ...]
 @st.composite
 def rechunk_specs(draw, max_elements: int = 4096) -> RechunkSpec:
     shape = draw(shapes(max_elements))
-    old = tuple(draw(chunking(n)) for n in shape)
-    new = tuple(draw(chunking(n)) for n in shape)
+    max_chunks = min(10, max(2, int(MAX_CHUNKS ** (1 / len(shape)))))  # per axis, per grid
+    old = tuple(draw(chunking(n, max_chunks)) for n in shape)
+    new = tuple(draw(chunking(n, max_chunks)) for n in shape)
     return RechunkSpec(old, new, draw(st.sampled_from(ITEMSIZES)))
 
 
 def random_placements(grid: tuple[int, ...], nranks: int):
-    """Any rank for every chunk of ``grid``."""
-    return arrays(np.int64, grid, elements=st.integers(0, nranks - 1))
+    """Any rank for every chunk of ``grid``, often from only a few of the ranks."""
+    return st.integers(1, nranks).flatmap(
+        lambda used: arrays(np.int64, grid, elements=st.integers(0, used - 1))
+    )
 
 
 @st.composite
@@ -85,27 +96,49 @@ def box_placements(draw, chunks: Chunks, nranks: int) -> np.ndarray:
 
 
 @st.composite
+def needed_masks(draw, grid: tuple[int, ...]) -> np.ndarray:
+    """Which new chunks are needed: any few or many of them, or a slice of them along one axis."""
+    mask = np.zeros(grid, dtype=bool)
+    if draw(st.booleans()):
+        count = draw(st.integers(0, mask.size))
+        mask.flat[list(draw(st.permutations(range(mask.size)))[:count])] = True
+    else:
+        axis = draw(st.integers(0, len(grid) - 1))
+        lo = draw(st.integers(0, grid[axis] - 1))
+        hi = draw(st.integers(lo + 1, grid[axis]))
+        mask[(slice(None),) * axis + (slice(lo, hi),)] = True
+    return mask
+
+
+@st.composite
 def plans(
     draw,
     *,
     max_elements: int = 4096,
     owners: str | None = None,
     partial: bool = False,
-    boxes: bool = False,
+    boxes: bool | None = False,
 ) -> Plan:
     """Plans of rechunks on 1 to ``MAX_RANKS`` ranks.
 
     ``owners`` is "given" (drawn here), "chosen" (by the planner) or None for either;
-    ``partial`` draws which new chunks are needed; ``boxes`` draws box placements.
+    ``partial`` draws which new chunks are needed; ``boxes`` draws box placements
+    (None: sometimes).
     """
     spec = draw(rechunk_specs(max_elements))
     nranks = draw(st.integers(1, MAX_RANKS))
-    place = (lambda c: box_placements(c, nranks)) if boxes else (lambda c: random_placements(tuple(map(len, c)), nranks))
+    if boxes is None:
+        boxes = draw(st.booleans())
+    place = (
+        (lambda c: box_placements(c, nranks))
+        if boxes
+        else (lambda c: random_placements(tuple(map(len, c)), nranks))
+    )
     in_ranks = draw(place(spec.old))
     if owners is None:
         owners = draw(st.sampled_from(["given", "chosen"]))
     out_ranks = draw(place(spec.new)) if owners == "given" else None
-    needed = draw(arrays(bool, spec.new_grid)) if partial else None
+    needed = draw(needed_masks(spec.new_grid)) if partial else None
     return make_plan(spec, in_ranks, nranks, out_ranks=out_ranks, needed=needed)
 
 
@@ -122,18 +155,19 @@ def chunk_boxes(chunks: Chunks) -> list[Box]:
     return [Box(*chunk_box(chunks, index)) for index in np.ndindex(*map(len, chunks))]
 
 
-def input_chunks(spec: RechunkSpec, data: np.ndarray) -> list[np.ndarray]:
+class InputChunks:
     """The old chunks of ``data``, in flat chunk index order."""
-    return [data[box.slices()].copy() for box in chunk_boxes(spec.old)]
 
+    def __init__(self, spec: RechunkSpec, data: np.ndarray):
+        self.boxes = chunk_boxes(spec.old)
+        self.chunks = [data[box.slices()].copy() for box in self.boxes]
 
-def cut_piece(spec: RechunkSpec, inputs: list[np.ndarray], t: Transfers, i: int) -> np.ndarray:
-    """Transfer ``i`` cut from its old chunk; it must be a non-empty box inside that chunk."""
-    box = Box(tuple(t.lo[i].tolist()), tuple(t.hi[i].tolist()))
-    chunk = chunk_boxes(spec.old)[int(t.old_block[i])]
-    assert box.size > 0 and box.shape == tuple((t.hi[i] - t.lo[i]).tolist()), box
-    assert box.intersect(chunk) == box, f"{box} is not inside its old chunk {chunk}"
-    return inputs[int(t.old_block[i])][box.slices(chunk.lower)]
+    def piece(self, t: Transfers, i: int) -> np.ndarray:
+        """Transfer ``i`` cut from its old chunk; it must be a non-empty box inside that chunk."""
+        box, chunk = Box(tuple(t.lo[i].tolist()), tuple(t.hi[i].tolist())), self.boxes[int(t.old_block[i])]
+        assert box.size > 0 and box.shape == tuple((t.hi[i] - t.lo[i]).tolist()), box
+        assert box.intersect(chunk) == box, f"{box} is not inside its old chunk {chunk}"
+        return self.chunks[int(t.old_block[i])][box.slices(chunk.lower)]
 
 
 class OutputChunks:
@@ -165,57 +199,56 @@ class OutputChunks:
 
 def simulate_transfers(spec: RechunkSpec, transfers: Transfers, data: np.ndarray) -> OutputChunks:
     """Move every transfer straight from its old chunk into its new chunk."""
-    inputs = input_chunks(spec, data)
-    out = OutputChunks(spec)
+    inputs, out = InputChunks(spec, data), OutputChunks(spec)
     for i in range(len(transfers)):
-        piece = cut_piece(spec, inputs, transfers, i)
-        out.write(transfers.new_block[i], transfers.lo[i], transfers.hi[i], piece)
+        out.write(transfers.new_block[i], transfers.lo[i], transfers.hi[i], inputs.piece(transfers, i))
     return out
 
 
-def _fill(buffer: np.ndarray, writes: np.ndarray, origin, box: Box, values: np.ndarray) -> None:
-    buffer[box.slices(origin)] = values
-    writes[box.slices(origin)] += 1
+def assert_tiles(outer: Box, parts: list[Box], what: str) -> None:
+    """Every element of ``outer`` lies in exactly one of ``parts``, and nothing outside it."""
+    writes = np.zeros(outer.shape, dtype=np.int64)
+    for part in parts:
+        if part.size:
+            assert part.intersect(outer) == part, f"{what}: {part} is not inside {outer}"
+            writes[part.slices(outer.lower)] += 1
+    assert np.all(writes == 1), f"{what} do not tile {outer}"
 
 
 def simulate_direct(plan: Plan, layout: DirectLayout, data: np.ndarray) -> OutputChunks:
-    """Run a direct layout: stage input boxes, reshape, cut output boxes into chunks, per round."""
+    """Run a direct layout: per round, stage input boxes, reshape, cut the output boxes into chunks."""
     spec = plan.spec
-    inputs = input_chunks(spec, data)
-    old_boxes, out = chunk_boxes(spec.old), OutputChunks(spec)
+    inputs, out = InputChunks(spec, data), OutputChunks(spec)
     for k in range(layout.rounds):
         ins, outs = layout.boxes(k)
-        # the reshape: the input boxes of all ranks, put together, hold the round's slab
-        glob = np.full(data.shape, -1, dtype=np.int64)
-        glob_writes = np.zeros(spec.shape, dtype=np.int64)
-        for rank, in_box in enumerate(ins):
-            staged = np.full((*in_box.shape, spec.itemsize), -1, dtype=np.int64)
-            staged_writes = np.zeros(in_box.shape, dtype=np.int64)
-            for block in np.flatnonzero(plan.in_ranks.ravel() == rank):
-                part = old_boxes[block].intersect(in_box)
+        assert_tiles(layout.slabs[k], ins, f"round {k}: input boxes")
+        assert_tiles(layout.slabs[k], outs, f"round {k}: output boxes")
+        reshaped = np.full(data.shape, -1, dtype=np.int64)
+        for rank, box in enumerate(ins):
+            # stage the rank's old chunks, cut to its input box, in one C-ordered buffer
+            held = [
+                (b, inputs.boxes[b].intersect(box)) for b in np.flatnonzero(plan.in_ranks.ravel() == rank)
+            ]
+            assert_tiles(box, [part for _, part in held], f"round {k}: rank {rank}'s old chunks")
+            staged = np.full((*box.shape, spec.itemsize), -1, dtype=np.int64)
+            for b, part in held:
                 if part.size:
-                    values = inputs[block][part.slices(old_boxes[block].lower)]
-                    _fill(staged, staged_writes, in_box.lower, part, values)
-            assert np.all(staged_writes == 1), f"round {k}: rank {rank}'s chunks do not tile its input box"
-            _fill(glob, glob_writes, None, in_box, staged)
-        slab = layout.slabs[k]
-        assert np.all(glob_writes[slab.slices()] == 1) and glob_writes.sum() == slab.size, (
-            f"round {k}: input boxes do not tile the slab {slab}"
-        )
-        for rank, out_box in enumerate(outs):
-            received = glob[out_box.slices()]
-            for block in np.flatnonzero(plan.out_ranks.ravel() == rank):
-                part = out.boxes[block].intersect(out_box)
+                    staged[part.slices(box.lower)] = inputs.chunks[b][part.slices(inputs.boxes[b].lower)]
+            reshaped[box.slices()] = staged
+        for rank, box in enumerate(outs):
+            received = reshaped[box.slices()]
+            owned = [(b, out.boxes[b].intersect(box)) for b in np.flatnonzero(plan.out_ranks.ravel() == rank)]
+            assert_tiles(box, [part for _, part in owned], f"round {k}: rank {rank}'s new chunks")
+            for b, part in owned:
                 if part.size:
-                    out.write(block, part.lower, part.upper, received[part.slices(out_box.lower)])
+                    out.write(b, part.lower, part.upper, received[part.slices(box.lower)])
     return out
 
 
 def simulate_packed(plan: Plan, layout: PackedLayout, data: np.ndarray) -> OutputChunks:
     """Run a packed layout: fill a (P, W) byte matrix per round, hand out column blocks, unpack."""
     spec, nranks = plan.spec, plan.nranks
-    inputs = input_chunks(spec, data)
-    out = OutputChunks(spec)
+    inputs, out = InputChunks(spec, data), OutputChunks(spec)
     for r in layout.rounds_:
         t, word = r.transfers, r.word
         rows = np.full((nranks, r.row_words * word), -1, dtype=np.int64)
@@ -224,7 +257,7 @@ def simulate_packed(plan: Plan, layout: PackedLayout, data: np.ndarray) -> Outpu
             src, dst, offset, nbytes = int(t.src[i]), int(t.dst[i]), int(r.offset[i]), int(t.nbytes[i])
             assert 0 <= offset and offset + nbytes <= r.widths[dst] * word, "transfer leaves its column block"
             start = int(r.columns[dst]) * word + offset
-            rows[src, start : start + nbytes] = cut_piece(spec, inputs, t, i).ravel()
+            rows[src, start : start + nbytes] = inputs.piece(t, i).ravel()
             row_writes[src, start : start + nbytes] += 1
         assert row_writes.max(initial=0) <= 1, "transfers overlap in the packed matrix"
         for dst in range(nranks):
@@ -232,5 +265,7 @@ def simulate_packed(plan: Plan, layout: PackedLayout, data: np.ndarray) -> Outpu
             for i in np.flatnonzero(t.dst == dst):
                 offset, nbytes = int(r.offset[i]), int(t.nbytes[i])
                 values = block[t.src[i], offset : offset + nbytes]
-                out.write(t.new_block[i], t.lo[i], t.hi[i], values.reshape(*(t.hi[i] - t.lo[i]), spec.itemsize))
+                out.write(
+                    t.new_block[i], t.lo[i], t.hi[i], values.reshape(*(t.hi[i] - t.lo[i]), spec.itemsize)
+                )
     return out

@@ -6,20 +6,12 @@ import math
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import given, settings, target
 from hypothesis import strategies as st
-
-from dask_redist.plan import (
-    BALANCE_TOLERANCE,
-    PlanError,
-    RechunkSpec,
-    axis_segments,
-    chunk_nbytes,
-    is_box_placement,
-    make_plan,
-)
 from planning_helpers import (
+    FAST,
     MAX_RANKS,
+    QUICK,
     OutputChunks,
     box_placements,
     byte_ids,
@@ -31,7 +23,15 @@ from planning_helpers import (
     simulate_transfers,
 )
 
-FAST = settings(max_examples=150, deadline=None)
+from dask_redist.plan import (
+    BALANCE_TOLERANCE,
+    PlanError,
+    RechunkSpec,
+    axis_segments,
+    chunk_nbytes,
+    is_box_placement,
+    make_plan,
+)
 
 
 @FAST
@@ -77,21 +77,35 @@ def test_only_needed_chunks_are_moved_and_they_are_complete(plan):
     )
 
 
-@FAST
-@given(plans(owners="chosen", partial=True))
+def balance_bound(plan) -> float:
+    """The most bytes chosen owners may put on one rank.
+
+    Greedy assignment, largest chunks first, never puts more than the mean plus the
+    largest chunk on a rank; the planner may pick a candidate up to 10% worse. Only
+    the needed chunks count: the others are not computed on.
+    """
+    sizes = chunk_nbytes(plan.spec.new, plan.spec.itemsize)[plan.needed]
+    return BALANCE_TOLERANCE * (sizes.sum() / plan.nranks + sizes.max(initial=0)) + 1
+
+
+@settings(max_examples=300, deadline=None)
+@given(plans(owners="chosen", partial=True, boxes=None))
 def test_chosen_owners_are_in_range_and_balanced(plan):
     assert plan.out_ranks.shape == plan.spec.new_grid
     assert plan.out_ranks.min() >= 0 and plan.out_ranks.max() < plan.nranks
     assert plan.owner_strategy != "given"
-    # Greedy assignment, largest chunks first, never puts more than the mean plus the
-    # largest chunk on a rank; the planner may pick a candidate up to 10% worse.
-    sizes = chunk_nbytes(plan.spec.new, plan.spec.itemsize)[plan.needed]
-    bound = sizes.sum() / plan.nranks + sizes.max(initial=0)
-    assert plan.out_bytes.max() <= BALANCE_TOLERANCE * bound + 1, plan.summary()
-    assert plan.imbalance >= 1.0 or plan.out_bytes.sum() == 0
+    target(plan.out_bytes.max() / balance_bound(plan))
+    assert plan.out_bytes.max() <= balance_bound(plan), plan.summary()
 
 
-@FAST
+def test_owners_balance_the_needed_chunks():
+    # the needed half of the output lies all on rank 0: it must not all stay there
+    spec = RechunkSpec(((1,) * 8,), ((1,) * 8,), 8)
+    plan = make_plan(spec, [0, 0, 0, 0, 1, 1, 1, 1], 2, needed=[True] * 4 + [False] * 4)
+    assert plan.out_bytes.max() <= balance_bound(plan) < plan.nbytes
+
+
+@QUICK
 @given(plans(owners="given"))
 def test_given_owners_are_kept(plan):
     assert plan.owner_strategy == "given"
@@ -117,8 +131,8 @@ def test_sends_and_receives_agree_on_order(plan):
                 np.testing.assert_array_equal(getattr(out, f), getattr(into, f), err_msg=f"{s} -> {d}: {f}")
 
 
-@FAST
-@given(plans(max_elements=1024), st.integers(0, 300))
+@settings(max_examples=100, deadline=None)
+@given(plans(max_elements=256), st.integers(0, 300))
 def test_split_parts_are_boxes_that_cover_each_transfer(plan, max_bytes):
     spec, t = plan.spec, plan.transfers
     parts = t.split(max_bytes)
@@ -167,7 +181,7 @@ def test_is_box_placement(spec, nranks, boxes, data):
         assert expected
 
 
-@FAST
+@QUICK
 @given(plans(partial=True))
 def test_summary(plan):
     s = plan.summary()
@@ -190,7 +204,7 @@ def test_empty_array():
 # -- errors -----------------------------------------------------------------------------
 
 
-@FAST
+@QUICK
 @given(st.integers(0, 20), st.integers(0, 20), st.data())
 def test_chunks_that_do_not_sum_alike_are_rejected(n, m, data):
     if n == m:
@@ -226,7 +240,7 @@ def test_bad_rank_count_is_rejected(nranks):
         make_plan(RechunkSpec(((2, 2),), ((4,),), 8), [0, 0], nranks)
 
 
-@FAST
+@QUICK
 @given(rechunk_specs(max_elements=64), st.integers(1, MAX_RANKS), st.data())
 def test_ranks_out_of_range_are_rejected(spec, nranks, data):
     good_in = data.draw(random_placements(spec.old_grid, nranks))
