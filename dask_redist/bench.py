@@ -253,7 +253,7 @@ def timeline(client, start: float) -> list[tuple[float, str]]:
     """Marks of the latest collective run, in ms since ``start`` (a perf_counter reading)."""
     offset = time.time() - time.perf_counter()  # perf_counter -> wall clock, same process
     events = [(t, f"scheduler: {e}") for e, t in client.run_on_scheduler(_scheduler_timeline).items()]
-    for i, (w, marks) in enumerate(sorted(client.run(_worker_timeline).items())):
+    for i, (_, marks) in enumerate(sorted(client.run(_worker_timeline).items())):
         events += [(t, f"worker {i}: {e}") for e, t in marks.items()]
     return sorted((round((t - start - offset) * 1e3, 2), e) for t, e in events)
 

@@ -16,7 +16,7 @@ import dask.array as da
 import numpy as np
 import pytest
 from conftest import scheduler_history, worker_leftovers
-from distributed import Client, LocalCluster, wait
+from distributed import Client, LocalCluster
 
 import dask_redist
 from dask_redist.errors import RedistError, RedistTimeoutError
@@ -181,7 +181,7 @@ def test_collective_next_to_a_p2p_rechunk_in_one_graph(own_cluster):
 def test_larger_than_worker_memory_fails_clearly():
     with LocalCluster(
         n_workers=2, threads_per_worker=1, memory_limit="200MiB", dashboard_address=None, worker_dashboard_address=None
-    ) as cluster, Client(cluster) as client:
+    ) as cluster, Client(cluster):
         x = da.zeros((1024, 1024, 64), chunks=(64, 1024, 64))  # 512 MiB, made lazily on the workers
         with dask_redist.enable(engine="dask"):
             with pytest.raises(RedistError, match="memory limit"):
