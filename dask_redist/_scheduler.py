@@ -87,8 +87,13 @@ class RedistSchedulerPlugin(SchedulerPlugin):
                 "redist_allgather": self.allgather,
             }
         )
-        await scheduler.register_worker_plugin(
-            None, dumps(RedistWorkerPlugin()), name=RedistWorkerPlugin.name, idempotent=True
+        # what Scheduler.register_worker_plugin does, except that a worker dying right
+        # now must not fail the registration: workers that join later get the plugin
+        # from scheduler.worker_plugins anyway
+        plugin = dumps(RedistWorkerPlugin())
+        scheduler.worker_plugins[RedistWorkerPlugin.name] = plugin
+        await scheduler.broadcast(
+            msg={"op": "plugin-add", "plugin": plugin, "name": RedistWorkerPlugin.name}, on_error="return"
         )
         self._ready.set()
 

@@ -276,7 +276,14 @@ class WorkerState:
                 plugin=dumps(RedistSchedulerPlugin()), name=RedistSchedulerPlugin.name, idempotent=True
             )
 
-        self.call(register, timeout, "registering the dask-redist scheduler plugin")
+        for attempt in range(3):  # a comm can break while workers come and go
+            try:
+                self.call(register, timeout, "registering the dask-redist scheduler plugin")
+                break
+            except OSError:
+                if attempt == 2:
+                    raise
+                time.sleep(0.5)
         _registered.add(address)
 
     # -- messages from the scheduler and peers (event loop) --------------------------------

@@ -138,6 +138,16 @@ def test_packed_layout_moves_every_element(plan, bits, data):
     simulate_packed(plan, layout, ids).check(ids, plan.needed)
 
 
+@settings(max_examples=100, deadline=None)
+@given(plans(max_elements=256), st.data())
+def test_packed_layout_fits_budgets_near_the_floor(plan, data):
+    floor = 2 * plan.nranks * packed_word(plan.spec.itemsize) * 2
+    budget = data.draw(st.integers(floor, 3 * floor), label="budget")
+    layout = packed_layout(plan, budget)
+    target(float(layout.rounds), label="rounds")
+    assert all(layout.arena_bytes(r) <= budget for r in range(plan.nranks))
+
+
 def test_packed_layout_fits_every_budget_from_the_floor():
     # a hundred 1-byte pieces, each padded to a word: it takes far more rounds than bytes // word
     spec = RechunkSpec(((1,) * 100,), ((100,),), 1)
