@@ -230,7 +230,7 @@ class RedistSchedulerPlugin(SchedulerPlugin):
         return {"status": "OK", "values": values}
 
     @log_errors
-    def failed(self, token: str, run_id: int, address: str, message: str, restart: bool) -> None:
+    def failed(self, token: str, run_id: int, address: str, message: str, restart: bool, timeout: bool = False) -> None:
         run = self.active.get(token)
         if run is None or run.spec.run_id != run_id:
             return
@@ -240,7 +240,7 @@ class RedistSchedulerPlugin(SchedulerPlugin):
         if restart:
             self._restart(token, message)
         else:
-            self._abort(token, message, restart=False)
+            self._abort(token, message, restart=False, timeout=timeout)
 
     def forget_world(self) -> None:
         """The next cufftmp run bootstraps NVSHMEM over the workers of that moment."""
@@ -287,13 +287,17 @@ class RedistSchedulerPlugin(SchedulerPlugin):
             self._send(run.spec.workers, {"op": "redist-cleanup", "token": token, "run_id": run.spec.run_id})
             self.restarts.pop(token, None)
 
-    def _abort(self, token: str, reason: str, *, restart: bool) -> None:
+    def _abort(self, token: str, reason: str, *, restart: bool, timeout: bool = False) -> None:
+        """Fail the run on every rank with ``reason`` (as a timeout, a retry, or an error)."""
         run = self._deactivate(token, "restarted" if restart else "failed")
         if run is None:
             return
         self._send(
             run.spec.workers,
-            {"op": "redist-abort", "token": token, "run_id": run.spec.run_id, "reason": reason, "restart": restart},
+            {
+                "op": "redist-abort", "token": token, "run_id": run.spec.run_id,
+                "reason": reason, "restart": restart, "timeout": timeout,
+            },  # fmt: skip
         )
 
     def _restart(self, token: str, reason: str) -> None:

@@ -332,13 +332,14 @@ class WorkerState:
             run.receive(src, first, data)
         return "OK"
 
-    def handle_abort(self, token: str, run_id: int, reason: str, restart: bool) -> None:
+    def handle_abort(self, token: str, run_id: int, reason: str, restart: bool, timeout: bool = False) -> None:
         with self._lock:
             run = self.runs.get(token)
             for key in [k for k in self.early if k[0] == token and k[1] <= run_id]:
                 del self.early[key]
         if run is not None and run.run_id == run_id:
-            run.fail((RedistConsistencyError if restart else RedistError)(reason))
+            error = RedistConsistencyError if restart else RedistTimeoutError if timeout else RedistError
+            run.fail(error(reason))
 
     def handle_cleanup(self, token: str, run_id: int) -> None:
         with self._lock:
@@ -381,6 +382,7 @@ class WorkerState:
                     address=self.address,
                     message=str(error),
                     restart=isinstance(error, RedistConsistencyError),
+                    timeout=isinstance(error, RedistTimeoutError),
                 )
             except Exception:  # the scheduler may be gone; the other ranks time out on their own
                 logger.exception("could not report the failure of %s", run.name())

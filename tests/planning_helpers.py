@@ -83,8 +83,8 @@ def box_placements(draw, chunks: Chunks, nranks: int) -> np.ndarray:
         axis = draw(st.sampled_from([a for a, (lo, hi) in enumerate(box) if hi - lo > 1]))
         lo, hi = box[axis]
         cut = draw(st.integers(lo + 1, hi - 1))
-        boxes.append(tuple(box[:axis] + [(lo, cut)] + box[axis + 1 :]))
-        boxes.append(tuple(box[:axis] + [(cut, hi)] + box[axis + 1 :]))
+        boxes.append((*box[:axis], (lo, cut), *box[axis + 1 :]))
+        boxes.append((*box[:axis], (cut, hi), *box[axis + 1 :]))
     ranks = draw(st.permutations(range(nranks)))
     out = np.empty(grid, dtype=np.int64)
     for box, rank in zip(boxes, ranks):
@@ -146,7 +146,7 @@ def plans(
 
 
 def byte_ids(shape: tuple[int, ...], itemsize: int) -> np.ndarray:
-    """Every byte of a C-ordered array of ``shape`` and ``itemsize``, numbered, shaped ``shape + (itemsize,)``."""
+    """The bytes of a C-ordered array of ``shape`` and ``itemsize``, numbered: ``shape + (itemsize,)``."""
     return np.arange(math.prod(shape) * itemsize, dtype=np.int64).reshape(*shape, itemsize)
 
 

@@ -115,16 +115,19 @@ def test_fold_boxes_selects_the_same_bytes(shape_boxes, itemsize):
 # -- packed ------------------------------------------------------------------------------
 
 
+def budget_floor(plan) -> int:
+    """The smallest budget ``packed_layout`` documents it can meet: a word per segment, twice."""
+    return 2 * plan.nranks * packed_word(plan.spec.itemsize) * 2
+
+
 @settings(max_examples=100, deadline=None)
 @given(plans(max_elements=512, partial=True), st.integers(0, 5), st.data())
 def test_packed_layout_moves_every_element(plan, bits, data):
-    spec, word = plan.spec, packed_word(plan.spec.itemsize)
-    floor = 2 * plan.nranks * word * 2
+    spec, word, floor = plan.spec, packed_word(plan.spec.itemsize), budget_floor(plan)
     budget = data.draw(
         st.integers(floor, 3 * floor) | st.integers(floor, floor + 4 * plan.nbytes), label="budget"
     )
     layout = packed_layout(plan, budget, size_class_bits=bits)
-    target(float(layout.rounds), label="rounds")
     event(f"{min(layout.rounds, 3)}{'+' if layout.rounds > 2 else ''} rounds")
     assert isinstance(layout, PackedLayout) and layout.word == word
     assert all(layout.arena_bytes(r) <= budget for r in range(plan.nranks))
@@ -141,7 +144,7 @@ def test_packed_layout_moves_every_element(plan, bits, data):
 @settings(max_examples=100, deadline=None)
 @given(plans(max_elements=256), st.data())
 def test_packed_layout_fits_budgets_near_the_floor(plan, data):
-    floor = 2 * plan.nranks * packed_word(plan.spec.itemsize) * 2
+    floor = budget_floor(plan)
     budget = data.draw(st.integers(floor, 3 * floor), label="budget")
     layout = packed_layout(plan, budget)
     target(float(layout.rounds), label="rounds")
@@ -171,7 +174,7 @@ def test_packed_layout_rejects_a_budget_that_no_rounds_can_meet():
 @QUICK
 @given(plans(max_elements=512, partial=True), st.data())
 def test_packed_layout_rejects_a_budget_below_the_floor(plan, data):
-    floor = 2 * plan.nranks * packed_word(plan.spec.itemsize) * 2
+    floor = budget_floor(plan)
     budget = data.draw(st.integers(0, floor - 1), label="budget")
     if len(plan.transfers) == 0:
         assert packed_layout(plan, budget).rounds == 1  # nothing to move: nothing to fit
