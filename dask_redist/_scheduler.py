@@ -36,6 +36,7 @@ from distributed.utils import log_errors, offload
 
 from dask_redist._run import RunSpec
 from dask_redist._worker import RedistWorkerPlugin
+from dask_redist.engines import choose_engine
 from dask_redist.errors import RedistTimeoutError
 from dask_redist.layer import BARRIER_PREFIX, STAGE_PREFIX, BarrierTask, CollectiveSpec
 from dask_redist.plan import chunk_nbytes, make_plan
@@ -194,22 +195,10 @@ class RedistSchedulerPlugin(SchedulerPlugin):
         return None
 
     async def choose_engine(self, spec: CollectiveSpec, kind: str, ranks: list[str]) -> tuple[str, str]:
-        """The engine for a run and why: ``auto`` takes cufftmp for CuPy chunks where it can."""
-        engine = spec.settings.engine
-        if engine != "auto":
-            return engine, "set by redist.engine"
-        if kind != "cupy":
-            return "dask", "NumPy chunks"
-        caps = await self.worker_capabilities(ranks)
-        bad = [w for w in ranks if not caps.get(w, {}).get("cufftmp", {}).get("ok")]
-        if bad:
-            why = caps.get(bad[0], {}).get("cufftmp", {}).get("reason", "no answer")
-            return "dask", f"cufftmp unusable on {bad[0]}: {why}"
-        if self.world_broken:
-            return "dask", f"NVSHMEM needs a new bootstrap ({self.world_broken}); see dask_redist.bootstrap"
-        if self.world is not None and self.world != tuple(ranks):
-            return "dask", "the worker set changed since NVSHMEM was bootstrapped; see dask_redist.bootstrap"
-        return "cufftmp", "CuPy chunks, and every worker can run cuFFTMp over NVSHMEM"
+        """The engine for a run and why (`dask_redist.engines.choose_engine`)."""
+        setting = spec.settings.engine
+        caps = await self.worker_capabilities(ranks) if setting == "auto" and kind == "cupy" else {}
+        return choose_engine(setting, kind, caps, ranks, self.world, self.world_broken)
 
     async def worker_capabilities(self, workers: list[str]) -> dict[str, dict]:
         missing = [w for w in workers if w not in self.capabilities]

@@ -144,22 +144,18 @@ def _engine_state(dask_scheduler):
 
 
 def _engine(settings: Settings, spec, client) -> tuple[str, str]:
-    """The engine a run would use, and why (as the scheduler decides it; see choose_engine)."""
-    if settings.engine != "auto":
-        return settings.engine, "redist.engine"
-    if spec.kind != "cupy":
-        return "dask", "NumPy chunks"
-    caps, world, broken = client.run_on_scheduler(_engine_state) if client is not None else ({}, None, None)
-    if broken:
-        return "dask", f"NVSHMEM needs a new bootstrap ({broken}); see dask_redist.bootstrap"
-    if world is not None and tuple(world) != tuple(sorted(client.scheduler_info(n_workers=-1)["workers"])):
-        return "dask", "the worker set changed since NVSHMEM was bootstrapped; see dask_redist.bootstrap"
-    if not caps:
-        return "cufftmp", "if every worker can run it: not checked yet, see dask_redist.doctor(client)"
-    bad = [w for w, c in caps.items() if not c.get("cufftmp", {}).get("ok")]
-    if bad:
-        return "dask", f"cufftmp unusable on {bad[0]}"
-    return "cufftmp", "CuPy chunks, every worker can run cuFFTMp"
+    """The engine a run would use and why, decided as the scheduler decides it."""
+    from dask_redist.engines import choose_engine
+
+    if settings.engine == "auto" and spec.kind == "cupy":
+        if client is None:
+            return "cufftmp", "if every worker can run it; no Client to ask"
+        caps, world, broken = client.run_on_scheduler(_engine_state)
+        workers = sorted(client.scheduler_info(n_workers=-1)["workers"])
+        if not all(w in caps for w in workers):  # explain does not probe the workers itself
+            return "cufftmp", "if every worker can run it: not checked yet, see dask_redist.doctor(client)"
+        return choose_engine(settings.engine, spec.kind, caps, workers, world, broken)
+    return choose_engine(settings.engine, spec.kind, {}, [])
 
 
 def _decisions(x, settings: Settings) -> list[tuple[str, str, object, str]]:

@@ -129,6 +129,16 @@ def chunk_box(chunks: Chunks, index: Sequence[int]) -> tuple[tuple[int, ...], tu
     return tuple(lower), tuple(upper)
 
 
+def chunk_lowers(chunks: Chunks) -> list[np.ndarray]:
+    """Per axis, the global start of every chunk: ``chunk_lowers(c)[a][i]`` = sum(c[a][:i])."""
+    return [np.concatenate([[0], np.cumsum(c)[:-1]]).astype(np.int64) for c in chunks]
+
+
+def block_lower(lowers: list[np.ndarray], grid: tuple[int, ...], flat: int) -> tuple[int, ...]:
+    """Global lower corner of the chunk with C-order flat index ``flat`` (from `chunk_lowers`)."""
+    return tuple(int(lw[i]) for lw, i in zip(lowers, np.unravel_index(int(flat), grid)))
+
+
 def chunk_nbytes(chunks: Chunks, itemsize: int) -> np.ndarray:
     """Bytes of every chunk, as an array shaped like the chunk grid."""
     out = np.ones([len(c) for c in chunks], dtype=np.int64) * itemsize

@@ -36,6 +36,29 @@ class Engine(Protocol):
         """Move this rank's pieces and finish ``run`` with its output chunks."""
 
 
+def choose_engine(
+    setting: str, kind: str, capabilities: dict, workers, world=None, world_broken: str | None = None
+) -> tuple[str, str]:
+    """The engine for a run over ``workers`` and why: ``auto`` takes cufftmp for CuPy chunks where it can.
+
+    ``capabilities`` maps each worker to what it reported (``{"cufftmp": {"ok": ..., "reason": ...}}``);
+    ``world`` is the worker set NVSHMEM was bootstrapped over, ``world_broken`` why it can no longer be used.
+    """
+    if setting != "auto":
+        return setting, "set by redist.engine"
+    if kind != "cupy":
+        return "dask", "NumPy chunks"
+    bad = [w for w in workers if not capabilities.get(w, {}).get("cufftmp", {}).get("ok")]
+    if bad:
+        why = capabilities.get(bad[0], {}).get("cufftmp", {}).get("reason", "no answer")
+        return "dask", f"cufftmp unusable on {bad[0]}: {why}"
+    if world_broken:
+        return "dask", f"NVSHMEM needs a new bootstrap ({world_broken}); see dask_redist.bootstrap"
+    if world is not None and tuple(world) != tuple(workers):
+        return "dask", "the worker set changed since NVSHMEM was bootstrapped; see dask_redist.bootstrap"
+    return "cufftmp", "CuPy chunks, and every worker can run cuFFTMp over NVSHMEM"
+
+
 def get_engine(name: str) -> Engine:
     """The engine called ``name`` (one instance per process: engines keep caches)."""
     if name not in _instances:

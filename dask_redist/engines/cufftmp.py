@@ -30,7 +30,7 @@ import numpy as np
 from dask_redist.assemble import cut
 from dask_redist.errors import RedistError, RedistTimeoutError
 from dask_redist.layout import Box, DirectLayout, PackedLayout, choose_layout, size_class
-from dask_redist.plan import chunk_box
+from dask_redist.plan import block_lower, chunk_box, chunk_lowers
 
 logger = logging.getLogger("dask_redist")
 
@@ -350,7 +350,8 @@ class CufftMpEngine:
         spec = run.spec.collective
         dtype, rank, nranks = spec.dtype, run.rank, len(run.spec.workers)
         word = layout.word
-        old_lowers = {}
+        old_lowers, new_lowers = chunk_lowers(spec.rechunk.old), chunk_lowers(spec.rechunk.new)
+        old_grid, new_grid = spec.rechunk.old_grid, spec.rechunk.new_grid
         in_max = max(r.row_words for r in layout.rounds_) * word
         out_max = max(nranks * int(r.widths.max()) for r in layout.rounds_) * word
         plans = []
@@ -365,16 +366,14 @@ class CufftMpEngine:
             t = rnd.transfers
             for i in np.flatnonzero(t.src == rank):
                 f = int(t.old_block[i])
-                if f not in old_lowers:
-                    old_lowers[f] = chunk_box(spec.rechunk.old, np.unravel_index(f, spec.rechunk.old_grid))[0]
-                piece = cut(run.inputs[f], old_lowers[f], t.lo[i], t.hi[i])
+                piece = cut(run.inputs[f], block_lower(old_lowers, old_grid, f), t.lo[i], t.hi[i])
                 offset = src + int(cols[int(t.dst[i])]) * word + int(rnd.offset[i])
                 self.arena.view(offset, piece.shape, dtype)[...] = piece
             self.exchange(plan, src, dst, ws)
             width = int(rnd.widths[rank]) * word
             for i in np.flatnonzero(t.dst == rank):
                 f = int(t.new_block[i])
-                lower = chunk_box(spec.rechunk.new, np.unravel_index(f, spec.rechunk.new_grid))[0]
+                lower = block_lower(new_lowers, new_grid, f)
                 shape = tuple(int(h - l) for l, h in zip(t.lo[i], t.hi[i]))
                 offset = dst + int(t.src[i]) * width + int(rnd.offset[i])
                 part = tuple(slice(int(l) - o, int(h) - o) for l, h, o in zip(t.lo[i], t.hi[i], lower))

@@ -17,11 +17,7 @@ import numpy as np
 
 from dask_redist._run import Packed
 from dask_redist.assemble import cut
-from dask_redist.plan import Transfers
-
-
-def chunk_lowers(chunks) -> list[np.ndarray]:
-    return [np.concatenate([[0], np.cumsum(c)[:-1]]).astype(np.int64) for c in chunks]
+from dask_redist.plan import Transfers, block_lower, chunk_lowers
 
 
 def cut_pieces(run, t: Transfers) -> list:
@@ -30,9 +26,8 @@ def cut_pieces(run, t: Transfers) -> list:
     lowers = chunk_lowers(spec.old)
     out = []
     for k in range(len(t)):
-        idx = np.unravel_index(int(t.old_block[k]), spec.old_grid)
-        origin = [int(lw[i]) for lw, i in zip(lowers, idx)]
-        out.append(cut(run.inputs[int(t.old_block[k])], origin, t.lo[k], t.hi[k]))
+        f = int(t.old_block[k])
+        out.append(cut(run.inputs[f], block_lower(lowers, spec.old_grid, f), t.lo[k], t.hi[k]))
     return out
 
 
