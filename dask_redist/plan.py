@@ -130,7 +130,7 @@ def chunk_box(chunks: Chunks, index: Sequence[int]) -> tuple[tuple[int, ...], tu
 
 
 def chunk_lowers(chunks: Chunks) -> list[np.ndarray]:
-    """Per axis, the global start of every chunk: ``chunk_lowers(c)[a][i]`` = sum(c[a][:i])."""
+    """Per axis, the global start of every chunk (the sum of the chunk sizes before it)."""
     return [np.concatenate([[0], np.cumsum(c)[:-1]]).astype(np.int64) for c in chunks]
 
 
