@@ -192,8 +192,12 @@ class WorkerRun:
 
     # -- task side ------------------------------------------------------------------
 
-    def take_output(self, index: int):
-        """The output chunk with flat index ``index``; waits for the run to finish.
+    @property
+    def finished(self) -> bool:
+        return self.state in ("done", "failed")
+
+    def wait_done(self) -> None:
+        """Block until the run is done or failed.
 
         Every phase of a run has its own timeout and a failing rank aborts the run
         everywhere, so this wait is only a backstop: twice as long, so that the
@@ -201,22 +205,31 @@ class WorkerRun:
         """
         deadline = time.monotonic() + 2 * self.timeout + 5
         with self._cond:
-            while self.state in ("queued", "running"):
+            while not self.finished:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise RedistTimeoutError(
-                        f"{self.name()} timed out after {2 * self.timeout + 5:g}s waiting for output chunk {index} "
+                        f"{self.name()} timed out after {2 * self.timeout + 5:g}s waiting for its outputs "
                         f"(run is in phase '{self.phase}'); raise redist.timeouts.collective if it is just slow"
                     )
                 self._cond.wait(left)
+
+    def pop_output(self, index: int):
+        """Output chunk ``index`` of a finished run (an `Assembly` or an array), handed out once."""
+        with self._cond:
             self._raise_if_failed()
             try:
-                out = self.outputs.pop(index)
+                return self.outputs.pop(index)
             except KeyError:
                 raise RedistConsistencyError(
                     f"{self.name()}: output chunk {index} is not here (owned by rank "
                     f"{int(self.plan.out_ranks.ravel()[index])}, or already taken)"
                 ) from None
+
+    def take_output(self, index: int):
+        """The output chunk with flat index ``index``; waits for the run to finish."""
+        self.wait_done()
+        out = self.pop_output(index)
         return out.build() if isinstance(out, Assembly) else out
 
     # -- helpers for engines ----------------------------------------------------------

@@ -34,6 +34,7 @@ from distributed.protocol.pickle import dumps
 from distributed.protocol.serialize import ToPickle
 from distributed.utils import log_errors, offload
 
+from dask_redist import ordering
 from dask_redist._run import RunSpec
 from dask_redist._worker import RedistWorkerPlugin
 from dask_redist.engines import choose_engine
@@ -79,6 +80,7 @@ class RedistSchedulerPlugin(SchedulerPlugin):
             return
         self.scheduler = scheduler
         self._ready = asyncio.Event()
+        ordering.install()  # graphs lowered on the client (expression mode) are ordered here too
         scheduler.add_plugin(self, name=self.name)
         scheduler.handlers.update(
             {

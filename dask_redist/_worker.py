@@ -28,7 +28,7 @@ from distributed.diagnostics.plugin import WorkerPlugin
 from distributed.protocol import to_serialize
 
 from dask_redist._run import Packed, RunSpec, WorkerRun
-from dask_redist.assemble import array_kind
+from dask_redist.assemble import Assembly, array_kind
 from dask_redist.engines import get_engine
 from dask_redist.errors import RedistConsistencyError, RedistError, RedistTimeoutError
 
@@ -66,8 +66,8 @@ def barrier(spec, markers) -> int:
     return get_state(_worker()).barrier(spec, markers)
 
 
-def unpack(token: str, index: int, run_id: int):
-    return get_state(_worker()).unpack(token, index, run_id)
+async def unpack(token: str, index: int, run_id: int):
+    return await get_state(_worker()).unpack(token, index, run_id)
 
 
 # -- the collective thread ------------------------------------------------------------
@@ -251,7 +251,12 @@ class WorkerState:
             raise error(f"{spec.describe()} barrier: {response.get('message', response)}")
         return response["run_id"]
 
-    def unpack(self, token: str, index: int, run_id: int):
+    async def unpack(self, token: str, index: int, run_id: int):
+        """Runs on the event loop (a coroutine task): no thread hand-off per output chunk.
+
+        Only the first unpack of a run still in flight waits, in a helper thread;
+        outputs that need a copy to assemble are built off the event loop too.
+        """
         self.mark("first unpack", first=True)
         with self._lock:
             run = self.runs.get(token)
@@ -260,7 +265,12 @@ class WorkerState:
             raise RedistConsistencyError(
                 f"rechunk {token[:8]}: unpack of output chunk {index} expected run {run_id} on {self.address}, found {have}"
             )
-        return run.take_output(index)
+        if not run.finished:
+            await asyncio.to_thread(run.wait_done)
+        out = run.pop_output(index)
+        if isinstance(out, Assembly):
+            return await asyncio.to_thread(out.build) if out.copies else out.build()
+        return out
 
     def _ensure_plugins(self, timeout: float) -> None:
         """Register the scheduler plugin (which registers the worker plugin) once per scheduler."""

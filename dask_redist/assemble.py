@@ -54,12 +54,18 @@ class Assembly:
     def shape(self) -> tuple[int, ...]:
         return tuple(u - l for l, u in zip(self.lower, self.upper))
 
+    @property
+    def copies(self) -> bool:
+        """Whether `build` copies (False: one piece covering the chunk, returned as is)."""
+        if len(self.parts) != 1 or self.shared:
+            return True
+        lo, hi, _ = self.parts[0]
+        return not (tuple(lo) == self.lower and tuple(hi) == self.upper)
+
     def build(self):
         """The chunk; a single piece covering it is returned without a copy."""
-        if len(self.parts) == 1 and not self.shared:
-            lo, hi, a = self.parts[0]
-            if tuple(lo) == self.lower and tuple(hi) == self.upper:
-                return a
+        if not self.copies:
+            return self.parts[0][2]
         out = empty(self.like, self.shape, self.dtype)
         covered = 0
         for lo, hi, a in self.parts:

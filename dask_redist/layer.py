@@ -97,10 +97,11 @@ def barrier(spec: CollectiveSpec, *markers):
     return _barrier(spec, markers)
 
 
-def unpack(token: str, index: int, run_id: int):
+async def unpack(token: str, index: int, run_id: int):
+    """A coroutine, so that distributed runs it on the worker's event loop."""
     from dask_redist._worker import unpack as _unpack
 
-    return _unpack(token, index, run_id)
+    return await _unpack(token, index, run_id)
 
 
 def collective_tasks(spec: CollectiveSpec, groups: list[list[tuple[int, ...]]] | None = None) -> dict:

@@ -22,6 +22,7 @@ from dask.base import tokenize
 from dask.core import flatten
 from dask.highlevelgraph import HighLevelGraph, MaterializedLayer
 
+from dask_redist import ordering
 from dask_redist.config import Settings
 from dask_redist.layer import CollectiveSpec, collective_tasks
 from dask_redist.plan import PlanError, RechunkSpec
@@ -227,7 +228,9 @@ class CollectiveOptimizer:
 
     def __call__(self, dsk, keys, **kwargs):
         if isinstance(dsk, HighLevelGraph) and running_on_scheduler():
-            dsk, _ = rewrite(dsk, keys, self.settings or Settings.from_config())
+            dsk, decisions = rewrite(dsk, keys, self.settings or Settings.from_config())
+            if any(d.collective for d in decisions):
+                ordering.install()  # before the scheduler orders this very graph
         if self.chain is not None:
             return self.chain(dsk, keys, **kwargs)
         from dask.array.optimization import optimize

@@ -1,0 +1,58 @@
+"""The linear-time ordering of graphs that hold a collective barrier."""
+
+import dask.order
+from dask._task_spec import Task, TaskRef
+
+from dask_redist import ordering
+from dask_redist.layer import BarrierTask
+
+
+def _f(*args):
+    return None
+
+
+def collective_graph(n: int) -> dict:
+    """n input chunks on 2 workers -> 2 stage tasks -> barrier -> n unpacks -> n downstream tasks."""
+    dsk = {("stage", w): Task(("stage", w), _f, *[TaskRef(("in", i)) for i in range(w, n, 2)]) for w in range(2)}
+    dsk["barrier"] = BarrierTask("barrier", _f, TaskRef(("stage", 0)), TaskRef(("stage", 1)), spec=None)
+    for j in range(n):
+        dsk[("out", j)] = Task(("out", j), _f, TaskRef("barrier"))
+        dsk[("fft", j)] = Task(("fft", j), _f, TaskRef(("out", j)))
+    return dsk
+
+
+def test_cut_order_covers_the_same_keys_and_keeps_downstream_depth_first():
+    dsk = collective_graph(64)
+    got = ordering.wrap(dask.order.order)(dsk)
+    assert set(got) == set(dask.order.order(dsk))
+    # each output chunk's consumer runs right after it, as dask orders it without the barrier
+    assert all(got[("fft", j)] == got[("out", j)] + 1 for j in range(64))
+    assert dsk["barrier"].dependencies == {("stage", 0), ("stage", 1)}  # the real graph is untouched
+
+
+def test_walks_once_per_root_not_once_per_root_and_leaf(monkeypatch):
+    """dask.order visits each (root, reachable leaf) pair; with the barrier cut, no root reaches an output."""
+    dsk = collective_graph(200)
+    seen = {}
+
+    def spy(graph, dependencies=None, **kwargs):
+        seen["barrier deps"] = graph["barrier"].dependencies
+        return {k: i for i, k in enumerate(graph)}
+
+    ordering.wrap(spy)(dsk)
+    assert seen["barrier deps"] == set()
+
+
+def test_graphs_without_a_barrier_go_to_dask_unchanged():
+    dsk = {"a": Task("a", _f), "b": Task("b", _f, TaskRef("a"))}
+    calls = []
+    ordering.wrap(lambda g, d=None, **k: calls.append(g) or {})(dsk)
+    assert calls == [dsk]
+
+
+def test_install_is_idempotent(monkeypatch):
+    monkeypatch.setattr(dask.order, "order", dask.order.order)
+    ordering.install()
+    first = dask.order.order
+    ordering.install()
+    assert dask.order.order is first and hasattr(first, "redist_wrapped")
