@@ -137,20 +137,38 @@ def _forget_world(dask_scheduler) -> None:
         plugin.forget_world()
 
 
-def bootstrap(client=None) -> dict:
+def _engine_broken():
+    from dask_redist.engines import get_engine
+
+    return get_engine("cufftmp").broken
+
+
+def bootstrap(client=None, *, restart_broken: bool = False) -> dict:
     """Bootstrap NVSHMEM on every worker now, instead of at the first GPU rechunk.
 
     Runs a tiny CuPy rechunk through the ``cufftmp`` engine (so the bootstrap goes
     through the same ordered, time-bounded path as every run) and returns each
     worker's engine statistics (``bootstrap_s``: seconds its bootstrap took).
     After workers left or joined, call it again: the workers leave the old
-    NVSHMEM world and form one over the current worker set.
+    NVSHMEM world and form one over the current worker set, in the same processes.
+
+    A worker whose GPU was left inside an NVSHMEM collective (a peer died mid-run)
+    cannot join a new world; it is named in the error, or restarted first with
+    ``restart_broken=True`` (``Client.restart_workers``: its data is lost).
     """
     from distributed import default_client, wait
 
     from dask_redist.bench import Case, check, placed_array
 
     client = client or default_client()
+    broken = {w: why for w, why in client.run(_engine_broken).items() if why}
+    if broken and not restart_broken:
+        raise RedistError(
+            f"NVSHMEM is unusable on {sorted(broken)} ({next(iter(broken.values()))}); restart those workers, "
+            "or call dask_redist.bootstrap(client, restart_broken=True) to do it (their data is lost)"
+        )
+    if broken:
+        client.restart_workers(sorted(broken))
     client.run_on_scheduler(_forget_world)
     n = len(client.scheduler_info(n_workers=-1)["workers"])
     case = Case("bootstrap", (8 * n, 8 * n), "float64", ((8,) * n, (8 * n,)), ((8 * n,), (8,) * n))

@@ -19,6 +19,7 @@ import platform
 import statistics
 import time
 from contextlib import nullcontext
+import dataclasses
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 
@@ -28,7 +29,7 @@ import numpy as np
 from dask.highlevelgraph import HighLevelGraph
 from dask.utils import format_bytes, parse_bytes
 
-METHODS = ("redist-cufftmp", "redist-dask", "tasks", "p2p")
+METHODS = ("redist-cufftmp", "redist-dask", "tasks", "p2p")  # also: tasks-ucx, p2p-ucx, nvmath, ceiling
 
 
 @dataclass(frozen=True)
@@ -62,6 +63,51 @@ def pencil_case(nbytes: int | str, per_axis: int, dtype: str = "float64") -> Cas
     old = da.core.normalize_chunks((c, c, n), shape)
     new = da.core.normalize_chunks((n, c, c), shape)
     return Case(f"pencil {format_bytes(nbytes)} {per_axis}x{per_axis} {dtype}", shape, dtype, old, new)
+
+
+def uneven_case(nbytes: int | str, dtype: str = "float64", seed: int = 0) -> Case:
+    """A cube in 13 uneven slabs along axis 0 to 11 uneven slabs along axis 1, axis 2 cut in two."""
+    nbytes = parse_bytes(nbytes) if isinstance(nbytes, str) else nbytes
+    n = round((nbytes / np.dtype(dtype).itemsize) ** (1 / 3))
+    rng = np.random.default_rng(seed)
+
+    def split(length, parts):
+        cuts = np.sort(rng.choice(np.arange(1, length), parts - 1, replace=False))
+        return tuple(int(c) for c in np.diff(np.concatenate([[0], cuts, [length]])))
+
+    old = (split(n, 13), (n,), (n,))
+    new = ((n,), split(n, 11), (n - n // 3, n // 3))
+    return Case(f"uneven {format_bytes(nbytes)} 13->22 {dtype}", (n, n, n), dtype, old, new)
+
+
+def four_d_case(nbytes: int | str, nchunks: int, dtype: str = "float32") -> Case:
+    """A 4-D array (n, n, n, 8n) in ``nchunks`` slabs along axis 0, rechunked to slabs along axis 3."""
+    nbytes = parse_bytes(nbytes) if isinstance(nbytes, str) else nbytes
+    n = round((nbytes / np.dtype(dtype).itemsize / 8) ** (1 / 4))
+    shape = (n, n, n, 8 * n)
+    old = da.core.normalize_chunks((math.ceil(n / nchunks), n, n, 8 * n), shape)
+    new = da.core.normalize_chunks((n, n, n, math.ceil(8 * n / nchunks)), shape)
+    return Case(f"4-D {format_bytes(nbytes)} {nchunks}->{nchunks} {dtype}", shape, dtype, old, new)
+
+
+HEADLINE = ("redist-cufftmp", "redist-dask", "tasks", "tasks-ucx", "p2p", "nvmath", "ceiling")
+FAST = ("redist-cufftmp", "tasks-ucx", "nvmath", "ceiling")
+
+
+def gpu_suite() -> list[tuple[Case, tuple[str, ...]]]:
+    """The GPU table: each case with the methods run on it (slow ones only where they tell something)."""
+    suite = [(slab_case("8GiB", n), HEADLINE) for n in (2, 16, 64, 256)]
+    suite += [
+        (slab_case("1GiB", 16), ("redist-cufftmp", "redist-dask", "tasks", "tasks-ucx", "nvmath", "ceiling")),
+        # larger than a 16 GiB staging budget: runs in rounds (raw Redistribute would need 32 GiB more heap)
+        (slab_case("32GiB", 16), ("redist-cufftmp", "tasks-ucx", "ceiling")),
+        (slab_case("8GiB", 16, "float32"), FAST),
+        (slab_case("8GiB", 16, "complex128"), FAST),
+        (pencil_case("8GiB", 4), FAST),
+        (uneven_case("8GiB"), FAST),
+        (four_d_case("8GiB", 16), FAST),
+    ]
+    return suite
 
 
 # -- data with a known value at every index ---------------------------------------------
@@ -155,9 +201,11 @@ class Result:
     times: list[float] = field(default_factory=list)
     correct: bool | None = None
     error: str | None = None
-    peak_gpu_bytes: dict | None = None
+    peak_gpu_bytes: dict | None = None  # per worker: most GPU memory a timed run added
+    ceiling_s: float | None = None  # the case's bytes crossing GPUs at the peer-copy rate
     engine_stats: dict | None = None  # cufftmp: the last run's stage/reshape/unstage ms per worker
     timeline: list | None = None  # collective: (ms since submit, event) of the last timed run
+    note: str | None = None
 
     def _engine_note(self) -> str:
         if not self.engine_stats:
@@ -166,7 +214,11 @@ class Result:
         if not last:
             return ""
         worst = {k: max(x[k] for x in last) for k in ("stage ms", "reshape ms", "unstage ms")}
-        return f"{last[0]['layout']}, {last[0]['rounds']} round(s); " + ", ".join(f"{k} {v:.2f}" for k, v in worst.items())
+        arena = f", arena {format_bytes(last[0]['arena bytes'])}" if last[0].get("arena bytes") else ""
+        return (
+            f"{last[0]['layout']}, {last[0]['rounds']} round(s){arena}; "
+            + ", ".join(f"{k} {v:.2f}" for k, v in worst.items())
+        )
 
     @property
     def median(self) -> float | None:
@@ -182,7 +234,9 @@ class Result:
             "runs": len(t),
             "GB/s": f"{self.nbytes / self.median / 1e9:.2f}" if self.times else "",
             "checked": {True: "equal", False: "WRONG", None: "-"}[self.correct],
-            "note": (self.error or self._engine_note())[:160],
+            "of ceiling": f"{self.ceiling_s / self.median:.0%}" if self.times and self.ceiling_s else "",
+            "GPU mem +": format_bytes(max(self.peak_gpu_bytes.values())) if self.peak_gpu_bytes else "",
+            "note": (self.error or self.note or self._engine_note())[:160],
         }
 
 
@@ -191,34 +245,89 @@ def _seconds(t: float) -> str:
 
 
 def _method_context(method: str):
+    """(context manager, dask's rechunk method) for a method name; ``-ucx`` only names the cluster."""
     import dask_redist
 
+    method = method.removesuffix("-ucx")
     if method.startswith("redist-"):
         return dask_redist.enable(engine=method.split("-", 1)[1]), None
     return nullcontext(), method
 
 
-def run_case(client, case: Case, methods=METHODS, reps: int = 3, kind: str = "numpy", progress=None) -> list[Result]:
-    """Time every method on the case: one warm-up, then ``reps`` timed runs on fresh inputs."""
+def crossing_bytes(case: Case, nworkers: int, placement=None) -> int:
+    """Bytes that the collective's plan moves from one worker to another, in the busiest direction."""
+    from dask_redist.plan import RechunkSpec, make_plan
+
+    placement = placement or (lambda i, n, w: i * w // n)
+    n = math.prod(map(len, case.old))
+    in_ranks = [placement(i, n, nworkers) for i in range(n)]
+    traffic = make_plan(RechunkSpec(case.old, case.new, np.dtype(case.dtype).itemsize), in_ranks, nworkers).traffic
+    np.fill_diagonal(traffic, 0)
+    return int(traffic.max(initial=0))
+
+
+def _gpu_used(reset: bool = False) -> int:
+    """Bytes in use on this worker's GPU; ``reset`` first hands CuPy's cached free blocks back."""
+    import cupy
+
+    if reset:
+        cupy.cuda.Device().synchronize()
+        cupy.get_default_memory_pool().free_all_blocks()
+    free, total = cupy.cuda.runtime.memGetInfo()
+    return int(total - free)
+
+
+def run_case(
+    client, case: Case, methods=METHODS, reps: int = 3, kind: str = "numpy", progress=None, ceiling: dict | None = None
+) -> list[Result]:
+    """Time every method on the case: one warm-up, then ``reps`` timed runs on fresh inputs.
+
+    ``ceiling`` is `dask_redist.baselines.link_ceiling`'s measurement; with it every
+    row gets the fraction of the physical ceiling it reached.
+    """
     from distributed import wait
 
+    nworkers = len(client.scheduler_info(n_workers=-1)["workers"])
+    ceiling_s = None
+    if ceiling:
+        ceiling_s = crossing_bytes(case, nworkers) / (ceiling["peer GB/s per direction"] * 1e9)
     results = []
     for method in methods:
         r = Result(case.name, method, case.nbytes, math.prod(map(len, case.old)), math.prod(map(len, case.new)))
+        r.ceiling_s = ceiling_s
         results.append(r)
-        if method == "redist-cufftmp" and kind != "cupy":
-            r.error = "cufftmp moves CuPy chunks only"
+        if method == "ceiling":
+            if ceiling_s is None:
+                r.error = "no ceiling measured (needs two GPUs in the benchmark process)"
+            else:
+                r.times = [ceiling_s]
+                r.error = None
+                r.note = (
+                    f"{format_bytes(crossing_bytes(case, nworkers))} cross per direction at "
+                    f"{ceiling['peer GB/s per direction']:.0f} GB/s (peer copy, both directions busy)"
+                )
+            continue
+        if method in ("redist-cufftmp", "nvmath") and kind != "cupy":
+            r.error = f"{method} moves CuPy chunks only"
+            continue
+        if method == "nvmath":
+            _raw(client, case, r, reps)
             continue
         for rep in range(reps + 1):
             seed = rep + 1
             x = placed_array(client, case, seed, kind)
             ctx, dask_method = _method_context(method)
             try:
+                before = client.run(_gpu_used, True) if kind == "cupy" else None
                 with ctx:
                     start = time.perf_counter()
                     y = x.rechunk(case.new, method=dask_method).persist()
                     wait(y)
                     elapsed = time.perf_counter() - start
+                if before is not None and rep:
+                    after = client.run(_gpu_used)
+                    peak = r.peak_gpu_bytes or {}
+                    r.peak_gpu_bytes = {w: max(peak.get(w, 0), after[w] - before[w]) for w in after}
                 if method.startswith("redist-"):
                     r.timeline = timeline(client, start)
                 ok = check(y, case, seed)
@@ -236,6 +345,19 @@ def run_case(client, case: Case, methods=METHODS, reps: int = 3, kind: str = "nu
         if method == "redist-cufftmp" and r.times:
             r.engine_stats = client.run(_cufftmp_stats)
     return results
+
+
+def _raw(client, case: Case, r: Result, reps: int) -> None:
+    """nvmath's own Redistribute of the case's data (slab cases: one box per GPU)."""
+    from dask_redist.baselines import raw_redistribute
+
+    if not case.name.startswith("slab"):
+        r.error = "raw Redistribute is timed on slab cases only (one box per GPU)"
+        return
+    try:
+        r.times, r.correct = raw_redistribute(client, case.shape, case.dtype, seed=7, reps=reps)
+    except Exception as e:
+        r.error = f"{type(e).__name__}: {e}".splitlines()[0]
 
 
 def _worker_timeline(dask_worker):
@@ -293,6 +415,14 @@ def _cpus():
     return os.cpu_count()
 
 
+def load_json(path: str) -> list[Result]:
+    """Results written by `to_json`."""
+    with open(path) as f:
+        data = json.load(f)
+    names = {f.name for f in dataclasses.fields(Result)}
+    return [Result(**{k: v for k, v in r.items() if k in names}) for r in data["results"]]
+
+
 def markdown(results: list[Result], env: dict, command: str) -> str:
     rows = [r.row() for r in results]
     head = list(rows[0])
@@ -300,10 +430,18 @@ def markdown(results: list[Result], env: dict, command: str) -> str:
         f"Command: `{command}`  ",
         f"Date: {env['date']}; machine: {env['machine']}; {env['workers']} workers; "
         + ", ".join(f"{k} {env[k]}" for k in ("dask", "distributed", "numpy", "cupy", "dask_cuda", "nvmath") if k in env),
-        "",
-        "| " + " | ".join(head) + " |",
-        "|" + "---|" * len(head),
     ]
+    if "ceiling" in env:
+        c = env["ceiling"]
+        lines[-1] += "  "
+        lines.append(
+            f"Physical ceiling, measured in the benchmark process: peer copy {c['peer GB/s per direction']:.0f} GB/s "
+            f"per direction with both directions busy, local copy {c['local copy GB/s (read + write)']:.0f} GB/s "
+            "(read + write). \"of ceiling\": the bytes the collective's plan moves in the busiest direction at the "
+            "peer rate, over the median. \"GPU mem +\": the most GPU memory one worker had in use more after a run "
+            "than before it (CuPy's pool keeps freed blocks, so temporaries count; the NVSHMEM heap does not)."
+        )
+    lines += ["", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     lines += ["| " + " | ".join(str(r[h]) for h in head) + " |" for r in rows]
     return "\n".join(lines) + "\n"
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import shlex
 import sys
@@ -93,38 +94,95 @@ def bench(args) -> int:
                 f.write("\n".join(lines))
         return 0
     kind = "cupy" if args.gpu else "numpy"
-    cases = []
-    for size in args.size:
-        for dtype in args.dtype:
-            for n in args.chunks:
-                if "slab" in args.cases:
-                    cases.append(b.slab_case(size, n, dtype))
-                if "pencil" in args.cases:
-                    cases.append(b.pencil_case(size, max(1, round(n**0.5)), dtype))
-    results = []
-    with _client(args) as client:
-        env = b.environment(client)
-        for case in cases:
-            console.print(f"[bold]{case.name}[/] ...")
-            results += b.run_case(client, case, args.methods, reps=args.reps, kind=kind)
-            console.print(_table([r.row() for r in results[-len(args.methods) :]]))
-    for r in results:
+    if args.suite:
+        plan = [(case, tuple(m for m in methods if not args.methods or m in args.methods)) for case, methods in b.gpu_suite()]
+    else:
+        methods = tuple(args.methods or ("redist-dask", "tasks", "p2p"))
+        plan = []
+        for size in args.size:
+            for dtype in args.dtype:
+                for n in args.chunks:
+                    if "slab" in args.cases:
+                        plan.append((b.slab_case(size, n, dtype), methods))
+                    if "pencil" in args.cases:
+                        plan.append((b.pencil_case(size, max(1, round(n**0.5)), dtype), methods))
+    ceiling = None
+    if args.gpu:
+        from dask_redist.baselines import link_ceiling
+
+        try:
+            ceiling = link_ceiling()
+            console.print(f"physical ceiling: {ceiling}")
+        except Exception as e:
+            console.print(f"[yellow]no ceiling measured: {type(e).__name__}: {e}[/]")
+    stem = os.path.join(args.out, args.name) if args.out else None
+    results, env = {}, None
+    if args.append and stem and os.path.exists(stem + ".json"):
+        results = {(r.case, r.method): r for r in b.load_json(stem + ".json")}
+        with open(stem + ".json") as f:
+            command = json.load(f)["command"] + " && " + command
+    # methods named "-ucx" run on a second local cluster that talks UCX
+    groups = [("tcp" if not args.scheduler else None, lambda m: args.scheduler or not m.endswith("-ucx"))]
+    if not args.scheduler:
+        groups.append(("ucx", lambda m: m.endswith("-ucx")))
+    for protocol, wanted in groups:
+        todo = [(case, [m for m in methods if wanted(m)]) for case, methods in plan]
+        todo = [(case, methods) for case, methods in todo if methods]
+        if not todo:
+            continue
+        try:
+            cluster = _client(argparse.Namespace(**{**vars(args), "protocol": protocol or args.protocol}))
+            client = cluster.__enter__()
+        except Exception as e:  # e.g. no UCX stack installed: say so in every row it would have filled
+            error = f"{protocol} cluster did not start: {type(e).__name__}: {e}".splitlines()[0]
+            console.print(f"[red]{error}[/]")
+            for case, methods in todo:
+                for m in methods:
+                    results[(case.name, m)] = b.Result(case.name, m, case.nbytes, 0, 0, error=error)
+            continue
+        with contextlib.ExitStack() as stack:
+            stack.push(cluster.__exit__)
+            env = env or b.environment(client) | ({"ceiling": ceiling} if ceiling else {})
+            for case, methods in todo:
+                console.print(f"[bold]{case.name}[/] ({protocol or 'given cluster'}): {', '.join(methods)} ...")
+                done = b.run_case(client, case, methods, reps=args.reps, kind=kind, ceiling=ceiling)
+                console.print(_table([r.row() for r in done]))
+                results.update({(r.case, r.method): r for r in done})
+                if stem:  # after every case: a run cut short keeps what it measured
+                    _write(stem, _ordered(results, plan), env, command)
+    ordered = _ordered(results, plan)
+    for r in ordered:
         if r.timeline:
             console.print(f"timeline of the last {r.method} run of {r.case} (ms after submit):")
             for t, e in r.timeline:
                 if t > -1000:
                     console.print(f"  {t:9.2f}  {e}")
-    text = b.markdown(results, env, command)
-    if args.out:
-        os.makedirs(args.out, exist_ok=True)
-        stem = os.path.join(args.out, args.name)
-        with open(stem + ".md", "w") as f:
-            f.write(text)
-        with open(stem + ".json", "w") as f:
-            f.write(b.to_json(results, env, command))
+    if stem and env:
+        _write(stem, ordered, env, command)
         console.print(f"wrote {stem}.md and {stem}.json")
-    console.print(_table([r.row() for r in results], "all cases"))
-    return 0 if all(r.correct is not False for r in results) else 1
+    console.print(_table([r.row() for r in ordered], "all cases"))
+    return 0 if all(r.correct is not False for r in ordered) else 1
+
+
+def _ordered(results: dict, plan) -> list:
+    """Results grouped by case (cases in the order first seen), methods in the order they ran.
+
+    With --append, re-run results keep the place of the ones they replace.
+    """
+    cases: dict = {}
+    for name in [r.case for r in results.values()] + [case.name for case, _ in plan]:
+        cases.setdefault(name, len(cases))
+    return sorted(results.values(), key=lambda r: cases[r.case])
+
+
+def _write(stem: str, results: list, env: dict, command: str) -> None:
+    from dask_redist import bench as b
+
+    os.makedirs(os.path.dirname(stem) or ".", exist_ok=True)
+    with open(stem + ".md", "w") as f:
+        f.write(b.markdown(results, env, command))
+    with open(stem + ".json", "w") as f:
+        f.write(b.to_json(results, env, command))
 
 
 def doctor(args) -> int:
@@ -154,7 +212,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--chunks", nargs="+", type=int, default=[16, 64])
     p.add_argument("--dtype", nargs="+", default=["float64"])
     p.add_argument("--cases", nargs="+", default=["slab"], choices=["slab", "pencil"])
-    p.add_argument("--methods", nargs="+", default=["redist-dask", "tasks", "p2p"])
+    p.add_argument(
+        "--methods", nargs="+",
+        help="redist-cufftmp redist-dask tasks p2p, tasks-ucx p2p-ucx (on a UCX cluster), nvmath (raw Redistribute), "
+        "ceiling (peer-copy bound); default: redist-dask tasks p2p, or the suite's",
+    )  # fmt: skip
+    p.add_argument("--suite", choices=["gpu"], help="the whole GPU table (cases and methods of bench.gpu_suite)")
+    p.add_argument("--append", action="store_true", help="keep the results already in --out/--name, replace re-run ones")
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--out", help="folder for <name>.md and <name>.json")
     p.add_argument("--name", default="results")

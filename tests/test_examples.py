@@ -93,3 +93,14 @@ def test_notebook(tmp_path):
     assert not [o for o in outputs if o.output_type == "error"]
     tables = [o.data["text/html"] for o in outputs if "text/html" in o.get("data", {})]
     assert any("<th>runs as</th>" in t and "<td>collective</td>" in t for t in tables), "no explain() table"
+
+
+@pytest.mark.gpu
+def test_doctor_cli_gpu():
+    """`dask-redist doctor --gpu` on a LocalCUDACluster: every piece found, auto picks cufftmp."""
+    _two_gpus()
+    out = subprocess.run(
+        [sys.executable, "-m", "dask_redist.cli", "doctor", "--gpu", "--workers", "2"],
+        capture_output=True, text=True, timeout=300, check=True,
+    ).stdout  # fmt: skip
+    assert "engine `auto` picks for CuPy chunks: cufftmp" in out, out

@@ -214,3 +214,21 @@ def test_zero_d_and_negative_chunks_get_dask_behaviour(client):
         assert x0.rechunk(()).compute() == 3.0
         with pytest.raises(type(plain.value)):
             da.ones(10, chunks=5).rechunk(((-5, 15),)).compute()
+
+
+def _break_engine(reason):
+    from dask_redist.engines import get_engine
+
+    get_engine("cufftmp").broken = reason
+
+
+def test_bootstrap_names_workers_whose_nvshmem_is_unusable(client):
+    """A worker whose GPU was left inside a collective cannot join a new world: say which, and how to fix it."""
+    address = sorted(client.scheduler_info()["workers"])[0]
+    client.run(_break_engine, "run X was left unfinished on the GPU", workers=[address])
+    try:
+        with pytest.raises(dask_redist.RedistError, match="restart_broken") as info:
+            dask_redist.bootstrap(client)
+        assert address in str(info.value) and "left unfinished" in str(info.value)
+    finally:
+        client.run(_break_engine, None)

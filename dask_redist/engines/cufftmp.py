@@ -181,13 +181,17 @@ class CufftMpEngine:
             raise RedistError(self.broken)
 
     def finalize(self) -> None:
+        """Leave the NVSHMEM world.
+
+        Only ``nvshmem_finalize`` (through nvmath) is called: it drops the whole
+        symmetric heap. Freeing the arena first (``nvshmem_free`` is a collective,
+        with a barrier) would wait forever for a PE that died, and so would any
+        reshape plan teardown that synchronizes with peers; their handles are
+        simply dropped.
+        """
         import nvmath.distributed
 
-        self.arena.release()
-        for plan in self.plans.values():
-            from nvmath.bindings import cufftMp
-
-            cufftMp.destroy_reshape(plan.handle)
+        self.arena.ptr, self.arena.size = 0, 0
         self.plans.clear()
         nvmath.distributed.finalize()
         self.world = None
@@ -303,6 +307,7 @@ class CufftMpEngine:
         self.stats["last"] = {
             "layout": layout.kind,
             "rounds": layout.rounds,
+            "arena bytes": self.arena.size,
             **{f"{k} ms": round(v, 3) for k, v in spent.items()},
         }
 

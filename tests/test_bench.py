@@ -1,0 +1,84 @@
+"""The benchmark harness on CPU: its cases, its bookkeeping and one real run through the CLI."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from dask_redist import bench as b
+from dask_redist.cli import main
+
+
+@pytest.mark.parametrize(
+    "case",
+    [b.slab_case("8MiB", 5), b.pencil_case("8MiB", 3), b.uneven_case("8MiB"), b.four_d_case("8MiB", 4, "float32")]
+    + [case for case, _ in b.gpu_suite()],
+    ids=lambda c: c.name,
+)
+def test_cases_are_valid_rechunks(case):
+    for chunks in (case.old, case.new):
+        assert tuple(map(sum, chunks)) == case.shape
+        assert all(c > 0 for axis in chunks for c in axis)
+    assert case.old != case.new
+    assert case.nbytes == math.prod(case.shape) * np.dtype(case.dtype).itemsize
+
+
+def test_uneven_case_is_uneven_and_reproducible():
+    case = b.uneven_case("8MiB")
+    assert len(set(case.old[0])) > 1 and len(set(case.new[1])) > 1
+    assert case == b.uneven_case("8MiB")
+
+
+def test_gpu_suite_covers_the_cases_the_table_promises():
+    names = [case.name for case, _ in b.gpu_suite()]
+    assert [n for n in names if n.startswith("slab 8.00 GiB") and "float64" in n] == [
+        f"slab 8.00 GiB {n}->{n} float64" for n in (2, 16, 64, 256)
+    ]
+    for part in ("1.00 GiB", "32.00 GiB", "float32", "complex128", "pencil", "uneven", "4-D"):
+        assert any(part in n for n in names), part
+    for _, methods in b.gpu_suite():
+        assert {"redist-cufftmp", "tasks-ucx", "ceiling"} <= set(methods)
+
+
+def test_crossing_bytes_of_a_slab_rechunk_over_two_workers():
+    case = b.slab_case(2**24, 4)  # 128^3 float64 = 16 MiB; each worker keeps half of its half
+    assert b.crossing_bytes(case, 2) == case.nbytes // 4
+    assert b.crossing_bytes(case, 1) == 0
+
+
+def test_ceiling_row_and_fraction_of_ceiling():
+    case = b.slab_case(2**24, 4)
+    ceiling = {"peer GB/s per direction": 100.0, "local copy GB/s (read + write)": 1000.0}
+    (row,) = _ceiling_only(case, ceiling)
+    assert row.times == [pytest.approx(case.nbytes / 4 / 100e9)]
+    assert row.row()["of ceiling"] == "100%"
+
+
+def _ceiling_only(case, ceiling):
+    class FakeClient:  # the ceiling row needs only the worker count
+        def scheduler_info(self, n_workers=-1):
+            return {"workers": {"a": {}, "b": {}}}
+
+    return b.run_case(FakeClient(), case, ("ceiling",), ceiling=ceiling)
+
+
+def test_cli_runs_checks_writes_and_appends(tmp_path):
+    out = str(tmp_path)
+    args = ["bench", "--workers", "2", "--size", "4MiB", "--chunks", "4", "--reps", "1", "--out", out, "--name", "t"]
+    assert main(args + ["--methods", "redist-dask", "tasks", "tasks-ucx", "nvmath"]) == 0
+    first = json.loads((tmp_path / "t.json").read_text())
+    rows = {r["method"]: r for r in first["results"]}
+    assert rows["redist-dask"]["correct"] is True and len(rows["redist-dask"]["times"]) == 1
+    assert rows["tasks"]["correct"] is True
+    assert rows["nvmath"]["error"] == "nvmath moves CuPy chunks only"
+    assert rows["tasks-ucx"]["error"]  # no UCX stack here: the row says why instead of failing the run
+    assert main(args + ["--methods", "p2p", "--append"]) == 0
+    second = json.loads((tmp_path / "t.json").read_text())
+    assert [r["method"] for r in second["results"]] == ["redist-dask", "tasks", "nvmath", "tasks-ucx", "p2p"]
+    assert second["command"].count("dask-redist bench") == 2
+    assert [r.method for r in b.load_json(str(tmp_path / "t.json"))] == [r["method"] for r in second["results"]]
+    md = (tmp_path / "t.md").read_text()
+    assert "4->4 float64 | p2p |" in md and "equal" in md
