@@ -143,18 +143,25 @@ def _engine_broken():
     return get_engine("cufftmp").broken
 
 
+def _stranded(dask_scheduler) -> list[str]:
+    plugin = dask_scheduler.plugins.get("redist")
+    return [w for w in plugin.stranded if w in dask_scheduler.workers] if plugin else []
+
+
 def bootstrap(client=None, *, restart_broken: bool = False) -> dict:
     """Bootstrap NVSHMEM on every worker now, instead of at the first GPU rechunk.
 
     Runs a tiny CuPy rechunk through the ``cufftmp`` engine (so the bootstrap goes
     through the same ordered, time-bounded path as every run) and returns each
     worker's engine statistics (``bootstrap_s``: seconds its bootstrap took).
-    After workers left or joined, call it again: the workers leave the old
-    NVSHMEM world and form one over the current worker set, in the same processes.
+    After workers joined, call it again: the workers leave the old NVSHMEM world
+    and form one over the current worker set, in the same processes.
 
-    A worker whose GPU was left inside an NVSHMEM collective (a peer died mid-run)
-    cannot join a new world; it is named in the error, or restarted first with
-    ``restart_broken=True`` (``Client.restart_workers``: its data is lost).
+    After a worker of the world died, its surviving members cannot leave the old
+    world (NVSHMEM's finalize waits for the dead PE), and neither can a worker
+    whose GPU was left inside a collective: those are named in the error, or
+    restarted first with ``restart_broken=True`` (``Client.restart_workers``:
+    their data is lost). Until then GPU rechunks run on the ``dask`` engine.
     """
     from distributed import default_client, wait
 
@@ -162,6 +169,8 @@ def bootstrap(client=None, *, restart_broken: bool = False) -> dict:
 
     client = client or default_client()
     broken = {w: why for w, why in client.run(_engine_broken).items() if why}
+    for w in client.run_on_scheduler(_stranded):
+        broken.setdefault(w, "a worker of its NVSHMEM world died")
     if broken and not restart_broken:
         raise RedistError(
             f"NVSHMEM is unusable on {sorted(broken)} ({next(iter(broken.values()))}); restart those workers, "

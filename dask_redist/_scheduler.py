@@ -73,6 +73,9 @@ class RedistSchedulerPlugin(SchedulerPlugin):
         self.capabilities: dict[str, dict] = {}
         self.world: tuple[str, ...] | None = None  # workers NVSHMEM was bootstrapped over
         self.world_broken: str | None = None  # why the NVSHMEM world cannot be used any more
+        # members of a world that lost a PE: NVSHMEM's finalize waits for the dead PE forever
+        # (measured on the node), so these processes cannot join a new world until restarted
+        self.stranded: list[str] = []
         self.timeline: dict[str, float] = {}  # wall-clock marks of the latest run, for diagnostics
 
     async def start(self, scheduler) -> None:
@@ -237,6 +240,7 @@ class RedistSchedulerPlugin(SchedulerPlugin):
         """The next cufftmp run bootstraps NVSHMEM over the workers of that moment."""
         self.world = None
         self.world_broken = None
+        self.stranded = []
 
     def get_history(self) -> list[dict]:
         return list(self.history)
@@ -353,6 +357,7 @@ class RedistSchedulerPlugin(SchedulerPlugin):
             del self.stage_home[key]
         if self.world is not None and worker in self.world:
             self.world_broken = f"worker {worker} left the NVSHMEM world"
+            self.stranded = sorted(set(self.world) - {worker})
         for token, run in list(self.active.items()):
             if worker in run.spec.workers:
                 self._restart(token, f"worker {worker} left during {run.spec.name()}")

@@ -1,10 +1,9 @@
 """Reference points for the benchmark: raw nvmath ``Redistribute`` and the physical ceiling.
 
 * `raw_redistribute` moves the same slab -> slab data with nvmath-python's own
-  ``Redistribute`` inside the workers, over the NVSHMEM world the ``cufftmp``
-  engine bootstrapped: what the engine's exchange costs with no Dask around it.
-  Its ``execute`` allocates the result in symmetric memory on every call, as a
-  user of that API pays.
+  ``Redistribute``, in processes of its own (one per GPU), with no Dask around
+  it. Its ``execute`` allocates the result in symmetric memory on every call,
+  as a user of that API pays.
 * `link_ceiling` measures, in the calling process (which sees every GPU), a
   peer copy in both directions at once and a local device copy. A rechunk
   cannot finish faster than its bytes crossing GPUs per direction take at the
@@ -13,7 +12,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import time
 
 import numpy as np
@@ -27,54 +25,93 @@ def _slab_boxes(shape, rank: int, nranks: int):
     return ((lo0, 0, 0), (hi0, *shape[1:])), ((0, lo1, 0), (n0, hi1, shape[2]))
 
 
-def _redistribute(shape, dtype: str, seed: int, reps: int, address: str) -> dict:
-    import cupy
-    import nvmath.distributed as nd
-    from nvmath.bindings import nvshmem
-    from nvmath.distributed.distribution import Box, Redistribute
+def _redistribute_rank(rank: int, nranks: int, port: int, shape, dtype: str, seed: int, reps: int, queue) -> None:
+    """One process of the raw measurement: GPU ``rank``, NVSHMEM bootstrapped through torch's gloo group."""
+    import os
+    import pickle
 
-    from dask_redist.bench import expected_block
-    from dask_redist.engines import get_engine
+    try:
+        import cupy
+        import nvmath.distributed as nd
+        import torch.distributed as dist
+        from nvmath.bindings import nvshmem
+        from nvmath.distributed.distribution import Box, Redistribute
 
-    engine = get_engine("cufftmp")
-    if engine.world is None:
-        raise RuntimeError("NVSHMEM is not up in this worker: run a redist-cufftmp rechunk first")
-    rank, nranks = engine.world.index(address), len(engine.world)
-    (lo_in, hi_in), (lo_out, hi_out) = _slab_boxes(shape, rank, nranks)
-    a = nd.allocate_symmetric_memory(tuple(h - l for l, h in zip(lo_in, hi_in)), cupy, dtype=dtype)
-    a[...] = expected_block(dtype, seed, a.shape, lo_in, shape, xp=cupy)
-    r = Redistribute(a, Box(lo_in, hi_in), Box(lo_out, hi_out))
-    r.plan()
-    stream = cupy.cuda.get_current_stream()
-    times, correct = [], True
-    for i in range(reps + 1):  # the first is a warm-up
-        nvshmem.sync_all_on_stream(stream.ptr)
-        stream.synchronize()
-        start = time.perf_counter()
-        b = r.execute()
-        stream.synchronize()
-        if i:
-            times.append(time.perf_counter() - start)
-        else:
-            want = expected_block(dtype, seed, b.shape, lo_out, shape, xp=cupy)
-            correct = bool((b == want).all())
-        nd.free_symmetric_memory(b)
-    r.free()
-    nd.free_symmetric_memory(a)
-    return {"times": times, "correct": correct}
+        from dask_redist.bench import expected_block
+
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        cupy.cuda.Device(rank).use()
+        dist.init_process_group("gloo", rank=rank, world_size=nranks)
+        group = nd.TorchProcessGroup(device_id="cpu")
+        reduce = group.allreduce_object
+        # nvmath's Box reducer mutates its first argument: hand it a copy
+        group.allreduce_object = lambda obj, *, op: reduce(pickle.loads(pickle.dumps(obj)), op=op)
+        nd.initialize(rank, group, ["nvshmem"])
+        (lo_in, hi_in), (lo_out, hi_out) = _slab_boxes(shape, rank, nranks)
+        a = nd.allocate_symmetric_memory(tuple(h - l for l, h in zip(lo_in, hi_in)), cupy, dtype=dtype)
+        a[...] = expected_block(dtype, seed, a.shape, lo_in, shape, xp=cupy)
+        r = Redistribute(a, Box(lo_in, hi_in), Box(lo_out, hi_out))
+        r.plan()
+        stream = cupy.cuda.get_current_stream()
+        times, correct = [], True
+        for i in range(reps + 1):  # the first is a warm-up, and checked
+            nvshmem.sync_all_on_stream(stream.ptr)
+            stream.synchronize()
+            start = time.perf_counter()
+            b = r.execute()
+            stream.synchronize()
+            if i:
+                times.append(time.perf_counter() - start)
+            else:
+                correct = bool((b == expected_block(dtype, seed, b.shape, lo_out, shape, xp=cupy)).all())
+            nd.free_symmetric_memory(b)
+        r.free()
+        nd.free_symmetric_memory(a)
+        nd.finalize()
+        dist.destroy_process_group()
+        queue.put((rank, {"times": times, "correct": correct}))
+    except BaseException as e:  # the parent must not wait for a result that never comes
+        queue.put((rank, {"error": f"{type(e).__name__}: {e}"}))
 
 
-async def _redistribute_off_loop(shape, dtype, seed, reps, dask_worker=None):
-    # nvmath plans through the engine's process group, which talks to the scheduler
-    # through this worker's event loop: run the blocking part on a thread
-    return await asyncio.to_thread(_redistribute, shape, dtype, seed, reps, dask_worker.address)
+def raw_redistribute(shape, dtype: str, seed: int, reps: int, nranks: int = 2, timeout: float = 300) -> tuple[list[float], bool]:
+    """nvmath's ``Redistribute`` of a slab -> slab array over ``nranks`` GPUs, without Dask.
 
+    Run in fresh processes (one per GPU, NVSHMEM bootstrapped through torch's gloo
+    group as nvmath documents), so nothing of the cluster is shared with it.
+    Returns seconds per repetition (slowest rank) and whether every result was right.
+    """
+    import multiprocessing
+    import queue as queues
+    import socket
 
-def raw_redistribute(client, shape, dtype: str, seed: int, reps: int) -> tuple[list[float], bool]:
-    """Seconds per repetition (slowest worker) and whether every worker's result was right."""
-    out = client.run(_redistribute_off_loop, tuple(shape), dtype, seed, reps)
-    times = np.max([o["times"] for o in out.values()], axis=0).tolist()
-    return times, all(o["correct"] for o in out.values())
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = multiprocessing.get_context("spawn")
+    q = ctx.Queue()
+    procs = [
+        ctx.Process(target=_redistribute_rank, args=(r, nranks, port, tuple(shape), dtype, seed, reps, q), daemon=True)
+        for r in range(nranks)
+    ]
+    for p in procs:
+        p.start()
+    out = {}
+    try:
+        for _ in procs:
+            rank, result = q.get(timeout=timeout)
+            out[rank] = result
+    except queues.Empty:
+        raise TimeoutError(f"raw Redistribute gave no result within {timeout:g}s") from None
+    finally:
+        for p in procs:
+            p.join(10)
+            if p.is_alive():
+                p.kill()
+    if errors := [r["error"] for r in out.values() if "error" in r]:
+        raise RuntimeError(errors[0])
+    times = np.max([r["times"] for r in out.values()], axis=0).tolist()
+    return times, all(r["correct"] for r in out.values())
 
 
 def link_ceiling(nbytes: int = 2**31, reps: int = 5) -> dict:
