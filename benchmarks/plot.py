@@ -1,6 +1,7 @@
 """Plot benchmark JSON files (from `dask-redist bench --out`): time vs chunk count, per method, log scale.
 
     python benchmarks/plot.py docs/benchmarks/gpu-8gib.json docs/benchmarks/gpu-8gib-v2.json -o docs/benchmarks/gpu-8gib.png
+    python benchmarks/plot.py docs/benchmarks/gpu-suite.json --match "slab 8.00 GiB" float64 -o docs/benchmarks/gpu-suite.png
 
 Each input file becomes its own line style; unsupported methods (no timings) are listed in the legend.
 Needs matplotlib (not a dependency of dask-redist).
@@ -23,9 +24,10 @@ def main() -> None:
     parser.add_argument("files", nargs="+")
     parser.add_argument("-o", "--output", required=True)
     parser.add_argument("--title", default="")
+    parser.add_argument("--match", nargs="+", default=[], help="plot only cases whose name contains all of these")
     args = parser.parse_args()
 
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    fig, ax = plt.subplots(figsize=(9, 4.5))
     styles = ["-o", "--s", ":^", "-.d"]
     notes = []
     for n, path in enumerate(args.files):
@@ -33,6 +35,8 @@ def main() -> None:
         label = os.path.splitext(os.path.basename(path))[0]
         series: dict[str, list] = {}
         for r in doc["results"]:
+            if not all(m in r["case"] for m in args.match):
+                continue
             if r["times"]:
                 series.setdefault(r["method"], []).append((r["nchunks_in"], r["median"]))
             elif r.get("error"):
@@ -48,7 +52,7 @@ def main() -> None:
     title = args.title or f"{env.get('date', '')}, {env.get('workers')} workers"
     ax.set_title(title, fontsize=9)
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=7, title="\n".join(sorted(set(notes))) or None, title_fontsize=7, loc="center right")
+    ax.legend(fontsize=7, title="\n".join(sorted(set(notes))) or None, title_fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
     fig.tight_layout()
     fig.savefig(args.output, dpi=120)
     print(f"wrote {args.output}")

@@ -335,6 +335,7 @@ def run_case(
                 ok = check(y, case, seed)
             except Exception as e:
                 r.error = f"{type(e).__name__}: {e}".splitlines()[0]
+                r.peak_gpu_bytes = None  # of a run that failed: not comparable
                 break
             finally:
                 del x

@@ -210,8 +210,15 @@ def test_worker_killed_during_a_cufftmp_run(gpu_client):
     import threading
     import time
 
+    import cupy
+
     c = case((256, 256, 512), (32, 256, 512), (256, 32, 512), name="256 MiB in many rounds")
-    x = placed_array(gpu_client, c, 21, kind="cupy")
+    # not placed_array: its chunks are pinned to their workers, so the killed worker's could
+    # never be recomputed; these can, anywhere
+    x = da.arange(math.prod(c.shape), chunks=256 * 512 * 32, dtype="float64").reshape(c.shape)
+    x = x.rechunk(c.old).map_blocks(cupy.asarray).persist()
+    wait(x)
+    expected = np.arange(math.prod(c.shape), dtype="float64").reshape(c.shape)
     before = len(scheduler_history(gpu_client))
 
     def active(dask_scheduler):
@@ -233,7 +240,7 @@ def test_worker_killed_during_a_cufftmp_run(gpu_client):
         wait(y)
         thread.join()
     assert killed
-    assert check(y, c, 21)
+    np.testing.assert_array_equal(cupy.asnumpy(y.compute()), expected)
     runs = scheduler_history(gpu_client)[before:]
     assert runs[0]["engine"] == "cufftmp" and runs[0]["outcome"] != "done", runs
     assert runs[-1]["outcome"] == "done" and runs[-1]["engine"] == "dask", runs
