@@ -237,3 +237,22 @@ def test_explain_renders_text_and_html(client, enabled):
     assert "<table>" in e._repr_html_()
     objects = da.from_array(np.array([object()] * 8, dtype=object), chunks=4).rechunk(2)
     assert "Python objects" in str(dask_redist.explain(objects))
+
+
+def test_distributed_progress_follows_the_collective(client, enabled, capsys):
+    """`distributed.progress` (a bar in terminals, a widget in Jupyter) sees the collective's tasks."""
+    from distributed import progress
+
+    x = da.from_array(data_for((96, 64), "float64"), chunks=(8, 64)).persist()
+    y = x.rechunk((96, 8)).persist()
+    progress(y, notebook=False)
+    assert "100% Completed" in capsys.readouterr().out
+    np.testing.assert_array_equal(y.compute(), x.compute())
+    prefixes = set(client.run_on_scheduler(_task_prefixes))
+    assert {"redist-stage", "redist-barrier"} <= prefixes  # readable names in the dashboard
+
+
+def _task_prefixes(dask_scheduler):
+    from dask.utils import key_split
+
+    return sorted({key_split(k) for k in dask_scheduler.tasks})

@@ -232,3 +232,29 @@ def test_bootstrap_names_workers_whose_nvshmem_is_unusable(client):
         assert address in str(info.value) and "left unfinished" in str(info.value)
     finally:
         client.run(_break_engine, None)
+
+
+def _pretend_nvshmem_world(dask_scheduler):
+    plugin = dask_scheduler.plugins["redist"]
+    plugin.world = tuple(sorted(dask_scheduler.workers))
+    return plugin.world
+
+
+def test_survivors_of_a_world_that_lost_a_worker_are_named_by_bootstrap(own_cluster):
+    """NVSHMEM cannot finalize in a process whose peer died: bootstrap must not try, and must say so."""
+    _, client = own_cluster
+    x = da.from_array(data((32, 32)), chunks=(8, 32))
+    with dask_redist.enable(engine="dask"):
+        x.rechunk((32, 8)).compute()  # registers the scheduler plugin
+    world = client.run_on_scheduler(_pretend_nvshmem_world)
+    victim, killer = kill_one_worker(client, lambda: True)
+    killer.join()
+    deadline = time.monotonic() + 60
+    while victim in client.scheduler_info()["workers"]:
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    with pytest.raises(RedistError, match="restart_broken") as info:
+        dask_redist.bootstrap(client)
+    survivors = [w for w in world if w != victim]
+    assert all(w in str(info.value) for w in survivors) and victim not in str(info.value)
+    assert "its NVSHMEM world died" in str(info.value)
