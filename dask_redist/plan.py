@@ -197,7 +197,7 @@ class Transfers:
 
     @cached_property
     def nbytes(self) -> np.ndarray:
-        return np.prod(self.hi - self.lo, axis=1, dtype=np.int64) * self.itemsize
+        return box_volumes(self.lo, self.hi) * self.itemsize
 
     def take(self, index) -> Transfers:
         return Transfers(
@@ -207,9 +207,8 @@ class Transfers:
 
     def traffic(self, nranks: int) -> np.ndarray:
         """Bytes sent from rank s to rank d, as an (nranks, nranks) matrix."""
-        t = np.zeros((nranks, nranks), dtype=np.int64)
-        np.add.at(t, (self.src, self.dst), self.nbytes)
-        return t
+        flat = np.bincount(self.src * nranks + self.dst, weights=self.nbytes, minlength=nranks * nranks)
+        return flat.astype(np.int64).reshape(nranks, nranks)
 
     def canonical_order(self) -> np.ndarray:
         """Order by (src, dst, new chunk, position): the order both ends agree on."""
@@ -250,6 +249,14 @@ class Transfers:
             np.array([r[1] for r in rows]), np.array([r[2] for r in rows]), self.itemsize,
         )  # fmt: skip
         return concat_transfers([self.take(keep), parts])
+
+
+def box_volumes(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """Elements in each box [lo, hi) (rows); a column loop: numpy's product over a short axis is slow."""
+    out = np.ones(len(lo), dtype=np.int64)
+    for column in (hi - lo).T:
+        out *= column
+    return out
 
 
 def concat_transfers(parts: Sequence[Transfers]) -> Transfers:
@@ -498,10 +505,11 @@ def make_plan(
         else np.asarray(needed, dtype=bool).reshape(spec.new_grid)
     )
     old_flat, new_flat, lo, hi = pieces(spec)
-    keep = needed.ravel()[new_flat]
-    old_flat, new_flat, lo, hi = old_flat[keep], new_flat[keep], lo[keep], hi[keep]
+    if not needed.all():
+        keep = needed.ravel()[new_flat]
+        old_flat, new_flat, lo, hi = old_flat[keep], new_flat[keep], lo[keep], hi[keep]
     src = in_ranks.ravel()[old_flat]
-    nbytes = np.prod(hi - lo, axis=1, dtype=np.int64) * spec.itemsize
+    nbytes = box_volumes(lo, hi) * spec.itemsize
 
     strategy = "given"
     if out_ranks is None:
@@ -517,8 +525,8 @@ def make_plan(
 
 def _choose_owners(spec, src, new_flat, nbytes, needed, nranks):
     n_new = math.prod(spec.new_grid)
-    local = np.zeros((n_new, nranks), dtype=np.int64)
-    np.add.at(local, (new_flat, src), nbytes)
+    local = np.bincount(new_flat * nranks + src, weights=nbytes, minlength=n_new * nranks)
+    local = local.astype(np.int64).reshape(n_new, nranks)
     sizes = chunk_nbytes(spec.new, spec.itemsize).ravel() * needed.ravel()
     total = int(sizes.sum())
     scored = []
