@@ -267,6 +267,17 @@ def crossing_bytes(case: Case, nworkers: int, placement=None) -> int:
     return int(traffic.max(initial=0))
 
 
+def _settle(client, keys: int, timeout: float = 10) -> None:
+    """Wait until the scheduler holds only ``keys`` tasks: earlier results are released everywhere."""
+    deadline = time.monotonic() + timeout
+    while client.run_on_scheduler(_task_count) > keys and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def _task_count(dask_scheduler) -> int:
+    return len(dask_scheduler.tasks)
+
+
 def _gpu_used(reset: bool = False) -> int:
     """Bytes in use on this worker's GPU; ``reset`` first hands CuPy's cached free blocks back."""
     import cupy
@@ -321,7 +332,10 @@ def run_case(
             try:
                 # GPU memory is measured on the warm-up run: freeing CuPy's cached blocks
                 # first would make the timed runs pay for fresh allocations
-                before = client.run(_gpu_used, True) if kind == "cupy" and rep == 0 else None
+                before = None
+                if kind == "cupy" and rep == 0:
+                    _settle(client, math.prod(map(len, case.old)))  # only this input left: a clean reading
+                    before = client.run(_gpu_used, True)
                 with ctx:
                     start = time.perf_counter()
                     y = x.rechunk(case.new, method=dask_method).persist()
