@@ -127,11 +127,10 @@ def link_ceiling(nbytes: int = 2**31, reps: int = 5) -> dict:
     bufs, streams = {}, {}
     for d in (0, 1):
         with cupy.cuda.Device(d):
-            for p in (1 - d,):
-                try:
-                    cupy.cuda.runtime.deviceEnablePeerAccess(p)
-                except cupy.cuda.runtime.CUDARuntimeError:
-                    pass  # already enabled
+            try:
+                cupy.cuda.runtime.deviceEnablePeerAccess(1 - d)
+            except cupy.cuda.runtime.CUDARuntimeError:
+                pass  # already enabled
             bufs[d] = (cupy.ones(n), cupy.empty(n))
             streams[d] = cupy.cuda.Stream(non_blocking=True)
     peer = []

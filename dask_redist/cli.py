@@ -94,57 +94,26 @@ def bench(args) -> int:
                 f.write("\n".join(lines))
         return 0
     kind = "cupy" if args.gpu else "numpy"
-    if args.suite:
-        plan = [(case, tuple(m for m in methods if not args.methods or m in args.methods)) for case, methods in b.gpu_suite()]
-    else:
-        methods = tuple(args.methods or ("redist-dask", "tasks", "p2p"))
-        plan = []
-        for size in args.size:
-            for dtype in args.dtype:
-                for n in args.chunks:
-                    if "slab" in args.cases:
-                        plan.append((b.slab_case(size, n, dtype), methods))
-                    if "pencil" in args.cases:
-                        plan.append((b.pencil_case(size, max(1, round(n**0.5)), dtype), methods))
-    ceiling = None
-    if args.gpu:
-        from dask_redist.baselines import link_ceiling
-
-        try:
-            ceiling = link_ceiling()
-            console.print(f"physical ceiling: {ceiling}")
-        except Exception as e:
-            console.print(f"[yellow]no ceiling measured: {type(e).__name__}: {e}[/]")
+    plan = _bench_plan(args)
+    ceiling = _ceiling() if args.gpu else None
     stem = os.path.join(args.out, args.name) if args.out else None
     results, env = {}, None
     if args.append and stem and os.path.exists(stem + ".json"):
         results = {(r.case, r.method): r for r in b.load_json(stem + ".json")}
         with open(stem + ".json") as f:
             command = json.load(f)["command"] + " && " + command
-    # methods named "-ucx" run on a second local cluster that talks UCX
-    groups = [("tcp" if not args.scheduler else None, lambda m: args.scheduler or not m.endswith("-ucx"))]
-    if not args.scheduler:
-        groups.append(("ucx", lambda m: m.endswith("-ucx")))
-    for protocol, wanted in groups:
-        todo = [(case, [m for m in methods if wanted(m)]) for case, methods in plan]
-        todo = [(case, methods) for case, methods in todo if methods]
-        if not todo:
-            continue
-        try:
-            cluster = _client(argparse.Namespace(**{**vars(args), "protocol": protocol or args.protocol}))
-            client = cluster.__enter__()
-        except Exception as e:  # e.g. no UCX stack installed: say so in every row it would have filled
-            error = f"{protocol} cluster did not start: {type(e).__name__}: {e}".splitlines()[0]
-            console.print(f"[red]{error}[/]")
-            for case, methods in todo:
-                for m in methods:
-                    results[(case.name, m)] = b.Result(case.name, m, case.nbytes, 0, 0, error=error)
-            continue
+    for protocol, todo in _by_cluster(args, plan):
         with contextlib.ExitStack() as stack:
-            stack.push(cluster.__exit__)
+            try:
+                client = stack.enter_context(_client(argparse.Namespace(**{**vars(args), "protocol": protocol})))
+            except Exception as e:  # e.g. no UCX stack installed: say so in every row it would have filled
+                error = f"{protocol} cluster did not start: {type(e).__name__}: {e}".splitlines()[0]
+                console.print(f"[red]{error}[/]")
+                results.update({(c.name, m): b.Result(c.name, m, c.nbytes, 0, 0, error=error) for c, ms in todo for m in ms})
+                continue
             env = env or b.environment(client) | ({"ceiling": ceiling} if ceiling else {})
             for case, methods in todo:
-                console.print(f"[bold]{case.name}[/] ({protocol or 'given cluster'}): {', '.join(methods)} ...")
+                console.print(f"[bold]{case.name}[/] ({protocol}): {', '.join(methods)} ...")
                 done = b.run_case(client, case, methods, reps=args.reps, kind=kind, ceiling=ceiling)
                 console.print(_table([r.row() for r in done]))
                 results.update({(r.case, r.method): r for r in done})
@@ -162,6 +131,51 @@ def bench(args) -> int:
         console.print(f"wrote {stem}.md and {stem}.json")
     console.print(_table([r.row() for r in ordered], "all cases"))
     return 0 if all(r.correct is not False for r in ordered) else 1
+
+
+def _bench_plan(args) -> list:
+    """(case, methods) pairs: the suite's (narrowed by --methods), or the cases the options build."""
+    from dask_redist import bench as b
+
+    if args.suite:
+        return [(case, tuple(m for m in ms if not args.methods or m in args.methods)) for case, ms in b.gpu_suite()]
+    methods = tuple(args.methods or ("redist-dask", "tasks", "p2p"))
+    plan = []
+    for size in args.size:
+        for dtype in args.dtype:
+            for n in args.chunks:
+                if "slab" in args.cases:
+                    plan.append((b.slab_case(size, n, dtype), methods))
+                if "pencil" in args.cases:
+                    plan.append((b.pencil_case(size, max(1, round(n**0.5)), dtype), methods))
+    return plan
+
+
+def _ceiling() -> dict | None:
+    from dask_redist.baselines import link_ceiling
+
+    try:
+        ceiling = link_ceiling()
+    except Exception as e:
+        console.print(f"[yellow]no ceiling measured: {type(e).__name__}: {e}[/]")
+        return None
+    console.print(f"physical ceiling: {ceiling}")
+    return ceiling
+
+
+def _by_cluster(args, plan) -> list:
+    """(protocol, [(case, methods)]) per cluster to start: methods named ``-ucx`` get a UCX one.
+
+    With --scheduler every method runs on that cluster, over its own protocol.
+    """
+    if args.scheduler:
+        return [(args.protocol, plan)]
+    groups = []
+    for protocol, wanted in (("tcp", lambda m: not m.endswith("-ucx")), ("ucx", lambda m: m.endswith("-ucx"))):
+        todo = [(case, [m for m in methods if wanted(m)]) for case, methods in plan]
+        if todo := [(case, methods) for case, methods in todo if methods]:
+            groups.append((protocol, todo))
+    return groups
 
 
 def _ordered(results: dict, plan) -> list:
