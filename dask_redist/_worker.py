@@ -34,6 +34,10 @@ from dask_redist.errors import RedistConsistencyError, RedistError, RedistTimeou
 
 logger = logging.getLogger("dask_redist")
 
+#: Output chunks assembled from pieces up to this size are built on the event loop (a copy of
+#: this size takes well under a millisecond; a hand-off to a thread costs about as much).
+INLINE_BUILD_BYTES = 2**20
+
 
 class Staged(NamedTuple):
     """What a stage task returns per chunk: where the chunk is kept, and what it is."""
@@ -255,7 +259,7 @@ class WorkerState:
         """Runs on the event loop (a coroutine task): no thread hand-off per output chunk.
 
         Only the first unpack of a run still in flight waits, in a helper thread;
-        outputs that need a copy to assemble are built off the event loop too.
+        outputs that need a large copy to assemble are built off the event loop too.
         """
         self.mark("first unpack", first=True)
         with self._lock:
@@ -268,9 +272,9 @@ class WorkerState:
         if not run.finished:
             await asyncio.to_thread(run.wait_done)
         out = run.pop_output(index)
-        if isinstance(out, Assembly):
-            return await asyncio.to_thread(out.build) if out.copies else out.build()
-        return out
+        if isinstance(out, Assembly) and out.copies and out.nbytes > INLINE_BUILD_BYTES:
+            return await asyncio.to_thread(out.build)  # a large copy: off the event loop
+        return out.build() if isinstance(out, Assembly) else out
 
     def _ensure_plugins(self, timeout: float) -> None:
         """Register the scheduler plugin (which registers the worker plugin) once per scheduler."""

@@ -6,6 +6,7 @@ namespace allocates, so CuPy chunks stay on their GPU.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -53,6 +54,10 @@ class Assembly:
     @property
     def shape(self) -> tuple[int, ...]:
         return tuple(u - l for l, u in zip(self.lower, self.upper))
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * np.dtype(self.dtype).itemsize
 
     @property
     def copies(self) -> bool:
