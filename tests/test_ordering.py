@@ -2,6 +2,8 @@
 
 import dask.order
 from dask._task_spec import Task, TaskRef
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from dask_redist import ordering
 from dask_redist.layer import BarrierTask
@@ -56,3 +58,33 @@ def test_install_is_idempotent(monkeypatch):
     first = dask.order.order
     ordering.install()
     assert dask.order.order is first and hasattr(first, "redist_wrapped")
+
+
+@given(
+    n_in=st.integers(1, 40),
+    n_workers=st.integers(1, 4),
+    n_out=st.integers(1, 40),
+    downstream=st.lists(st.integers(0, 39), max_size=20),
+    collectives=st.integers(1, 3),
+)
+@settings(max_examples=60, deadline=None)
+def test_any_graph_with_barriers_gets_a_priority_for_every_task(n_in, n_workers, n_out, downstream, collectives):
+    """Chains of collectives (each one's outputs feed the next one's stages), with extra consumers."""
+    dsk: dict = {}
+    previous = [("in", i) for i in range(n_in)]  # external keys, as for a persisted input
+    for c in range(collectives):
+        stages = []
+        for w in range(n_workers):
+            refs = [TaskRef(k) for k in previous[w::n_workers]]
+            if refs:
+                dsk[(f"stage{c}", w)] = Task((f"stage{c}", w), _f, *refs)
+                stages.append(TaskRef((f"stage{c}", w)))
+        dsk[f"barrier{c}"] = BarrierTask(f"barrier{c}", _f, *stages, spec=None)
+        previous = [(f"out{c}", j) for j in range(n_out)]
+        for key in previous:
+            dsk[key] = Task(key, _f, TaskRef(f"barrier{c}"))
+    for i, j in enumerate(downstream):
+        dsk[("sum", i)] = Task(("sum", i), _f, TaskRef(previous[j % n_out]), TaskRef(previous[0]))
+    got = ordering.wrap(dask.order.order)(dsk)
+    assert set(got) == set(dsk)
+    assert sorted(got.values()) == list(range(len(dsk)))
