@@ -156,14 +156,15 @@ class RedistSchedulerPlugin(SchedulerPlugin):
             kind=kind,
             reason=reason,
         )
-        pending, restrictions = set(), {}
+        pending, restrictions, pins = set(), {}, {}
         owners = plan.out_ranks.ravel()
         for flat in np.flatnonzero(needed):
             out_key = spec.output_key(int(flat))
             restrictions[out_key] = tasks[out_key].worker_restrictions
-            self.scheduler.set_restrictions({out_key: {ranks[owners[flat]]}})
+            pins[out_key] = {ranks[owners[flat]]}
             self.by_output[out_key] = token
             pending.add(out_key)
+        self.scheduler.set_restrictions(pins)
         self.active[token] = ActiveRun(run, pending, restrictions, plan.nbytes, plan.moved_bytes)
         message = {"op": "redist-start", "run": ToPickle(run)}
         for w in ranks:  # no await since the sequence number: starts leave in seq order
