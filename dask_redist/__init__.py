@@ -165,7 +165,7 @@ def bootstrap(client=None, *, restart_broken: bool = False) -> dict:
     """
     from distributed import default_client, wait
 
-    from dask_redist.bench import Case, check, placed_array
+    from dask_redist.bench import Case, check, cufftmp_stats, placed_array
 
     client = client or default_client()
     broken = {w: why for w, why in client.run(_engine_broken).items() if why}
@@ -186,10 +186,4 @@ def bootstrap(client=None, *, restart_broken: bool = False) -> dict:
     wait(y)
     if not check(y, case, 0):
         raise RedistError("the bootstrap rechunk returned wrong values")
-
-    def stats():
-        from dask_redist.engines import get_engine
-
-        return get_engine("cufftmp").stats
-
-    return client.run(stats)
+    return client.run(cufftmp_stats)

@@ -272,9 +272,11 @@ class WorkerState:
         if not run.finished:
             await asyncio.to_thread(run.wait_done)
         out = run.pop_output(index)
-        if isinstance(out, Assembly) and out.copies and out.nbytes > INLINE_BUILD_BYTES:
+        if not isinstance(out, Assembly):
+            return out
+        if out.copies and out.nbytes > INLINE_BUILD_BYTES:
             return await asyncio.to_thread(out.build)  # a large copy: off the event loop
-        return out.build() if isinstance(out, Assembly) else out
+        return out.build()
 
     def _ensure_plugins(self, timeout: float) -> None:
         """Register the scheduler plugin (which registers the worker plugin) once per scheduler."""

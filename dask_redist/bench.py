@@ -13,13 +13,13 @@ the workers against the formula that generated the input.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import platform
 import statistics
 import time
 from contextlib import nullcontext
-import dataclasses
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 
@@ -45,10 +45,15 @@ class Case:
         return math.prod(self.shape) * np.dtype(self.dtype).itemsize
 
 
+def _cube(nbytes: int | str, dtype: str) -> tuple[int, int]:
+    """(bytes, side) of a cube of about ``nbytes`` of ``dtype``."""
+    nbytes = parse_bytes(nbytes) if isinstance(nbytes, str) else nbytes
+    return nbytes, round((nbytes / np.dtype(dtype).itemsize) ** (1 / 3))
+
+
 def slab_case(nbytes: int | str, nchunks: int, dtype: str = "float64") -> Case:
     """A cube split into ``nchunks`` slabs along axis 0, rechunked to slabs along axis 1."""
-    nbytes = parse_bytes(nbytes) if isinstance(nbytes, str) else nbytes
-    n = round((nbytes / np.dtype(dtype).itemsize) ** (1 / 3))
+    nbytes, n = _cube(nbytes, dtype)
     shape = (n, n, n)
     old = (da.core.normalize_chunks((math.ceil(n / nchunks), n, n), shape))
     new = (da.core.normalize_chunks((n, math.ceil(n / nchunks), n), shape))
@@ -57,8 +62,7 @@ def slab_case(nbytes: int | str, nchunks: int, dtype: str = "float64") -> Case:
 
 def pencil_case(nbytes: int | str, per_axis: int, dtype: str = "float64") -> Case:
     """Pencils along axis 2 (chunks on axes 0, 1) to pencils along axis 0 (chunks on 1, 2)."""
-    nbytes = parse_bytes(nbytes) if isinstance(nbytes, str) else nbytes
-    n = round((nbytes / np.dtype(dtype).itemsize) ** (1 / 3))
+    nbytes, n = _cube(nbytes, dtype)
     shape, c = (n, n, n), math.ceil(n / per_axis)
     old = da.core.normalize_chunks((c, c, n), shape)
     new = da.core.normalize_chunks((n, c, c), shape)
@@ -67,8 +71,7 @@ def pencil_case(nbytes: int | str, per_axis: int, dtype: str = "float64") -> Cas
 
 def uneven_case(nbytes: int | str, dtype: str = "float64", seed: int = 0) -> Case:
     """A cube in 13 uneven slabs along axis 0 to 11 uneven slabs along axis 1, axis 2 cut in two."""
-    nbytes = parse_bytes(nbytes) if isinstance(nbytes, str) else nbytes
-    n = round((nbytes / np.dtype(dtype).itemsize) ** (1 / 3))
+    nbytes, n = _cube(nbytes, dtype)
     rng = np.random.default_rng(seed)
 
     def split(length, parts):
@@ -142,14 +145,15 @@ def _make_block(dtype, seed, shape, lower, global_shape, kind):
     return expected_block(dtype, seed, shape, lower, global_shape)
 
 
-def placed_array(client, case: Case, seed: int, kind: str = "numpy", placement=None) -> da.Array:
-    """The case's input, chunk i of n created on worker ``placement(i, n, W)``.
+def contiguous(i: int, n: int, nworkers: int) -> int:
+    """The default placement: contiguous blocks, chunk i of n on worker i * W // n."""
+    return i * nworkers // n
 
-    The default places contiguous blocks: chunk i on worker i * W // n.
-    """
+
+def placed_array(client, case: Case, seed: int, kind: str = "numpy", placement=contiguous) -> da.Array:
+    """The case's input, chunk i of n created on worker ``placement(i, n, W)``."""
     from distributed import wait
 
-    placement = placement or (lambda i, n, w: i * w // n)
     workers = sorted(client.scheduler_info(n_workers=-1)["workers"])
     grid = [len(c) for c in case.old]
     n = math.prod(grid)
@@ -255,11 +259,10 @@ def _method_context(method: str):
     return nullcontext(), method
 
 
-def crossing_bytes(case: Case, nworkers: int, placement=None) -> int:
+def crossing_bytes(case: Case, nworkers: int, placement=contiguous) -> int:
     """Bytes that the collective's plan moves from one worker to another, in the busiest direction."""
     from dask_redist.plan import RechunkSpec, make_plan
 
-    placement = placement or (lambda i, n, w: i * w // n)
     n = math.prod(map(len, case.old))
     in_ranks = [placement(i, n, nworkers) for i in range(n)]
     traffic = make_plan(RechunkSpec(case.old, case.new, np.dtype(case.dtype).itemsize), in_ranks, nworkers).traffic
@@ -290,7 +293,7 @@ def _gpu_used(reset: bool = False) -> int:
 
 
 def run_case(
-    client, case: Case, methods=METHODS, reps: int = 3, kind: str = "numpy", progress=None, ceiling: dict | None = None
+    client, case: Case, methods=METHODS, reps: int = 3, kind: str = "numpy", ceiling: dict | None = None
 ) -> list[Result]:
     """Time every method on the case: one warm-up, then ``reps`` timed runs on fresh inputs.
 
@@ -300,9 +303,10 @@ def run_case(
     from distributed import wait
 
     nworkers = len(client.scheduler_info(n_workers=-1)["workers"])
-    ceiling_s = None
+    ceiling_s = crossing = None
     if ceiling:
-        ceiling_s = crossing_bytes(case, nworkers) / (ceiling["peer GB/s per direction"] * 1e9)
+        crossing = crossing_bytes(case, nworkers)
+        ceiling_s = crossing / (ceiling["peer GB/s per direction"] * 1e9)
     results = []
     for method in methods:
         r = Result(case.name, method, case.nbytes, math.prod(map(len, case.old)), math.prod(map(len, case.new)))
@@ -313,9 +317,8 @@ def run_case(
                 r.error = "no ceiling measured (needs two GPUs in the benchmark process)"
             else:
                 r.times = [ceiling_s]
-                r.error = None
                 r.note = (
-                    f"{format_bytes(crossing_bytes(case, nworkers))} cross per direction at "
+                    f"{format_bytes(crossing)} cross per direction at "
                     f"{ceiling['peer GB/s per direction']:.0f} GB/s (peer copy, both directions busy)"
                 )
             continue
@@ -323,7 +326,7 @@ def run_case(
             r.error = f"{method} moves CuPy chunks only"
             continue
         if method == "nvmath":
-            _raw(client, case, r, reps)
+            _raw(case, r, reps, nworkers)
             continue
         for rep in range(reps + 1):
             seed = rep + 1
@@ -357,14 +360,12 @@ def run_case(
             if rep:  # rep 0 is the warm-up
                 r.times.append(elapsed)
             del y
-            if progress:
-                progress(method, rep, elapsed)
         if method == "redist-cufftmp" and r.times:
-            r.engine_stats = client.run(_cufftmp_stats)
+            r.engine_stats = client.run(cufftmp_stats)
     return results
 
 
-def _raw(client, case: Case, r: Result, reps: int) -> None:
+def _raw(case: Case, r: Result, reps: int, nworkers: int) -> None:
     """nvmath's own Redistribute of the case's data (slab cases: one box per GPU)."""
     from dask_redist.baselines import raw_redistribute
 
@@ -372,7 +373,7 @@ def _raw(client, case: Case, r: Result, reps: int) -> None:
         r.error = "raw Redistribute is timed on slab cases only (one box per GPU)"
         return
     try:
-        r.times, r.correct = raw_redistribute(case.shape, case.dtype, seed=7, reps=reps, nranks=len(client.scheduler_info()["workers"]))
+        r.times, r.correct = raw_redistribute(case.shape, case.dtype, seed=7, reps=reps, nranks=nworkers)
     except Exception as e:
         r.error = f"{type(e).__name__}: {e}".splitlines()[0]
 
@@ -397,7 +398,8 @@ def timeline(client, start: float) -> list[tuple[float, str]]:
     return sorted((round((t - start - offset) * 1e3, 2), e) for t, e in events)
 
 
-def _cufftmp_stats():
+def cufftmp_stats() -> dict:
+    """This worker's cufftmp engine statistics (run it with ``client.run``)."""
     from dask_redist.engines import get_engine
 
     return dict(get_engine("cufftmp").stats)
@@ -432,12 +434,12 @@ def _cpus():
     return os.cpu_count()
 
 
-def load_json(path: str) -> list[Result]:
-    """Results written by `to_json`."""
+def load_json(path: str) -> tuple[list[Result], str]:
+    """The results and the command of a file written by `to_json`."""
     with open(path) as f:
         data = json.load(f)
     names = {f.name for f in dataclasses.fields(Result)}
-    return [Result(**{k: v for k, v in r.items() if k in names}) for r in data["results"]]
+    return [Result(**{k: v for k, v in r.items() if k in names}) for r in data["results"]], data["command"]
 
 
 def markdown(results: list[Result], env: dict, command: str) -> str:

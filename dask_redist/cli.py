@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import shlex
 import sys
@@ -99,9 +98,9 @@ def bench(args) -> int:
     stem = os.path.join(args.out, args.name) if args.out else None
     results, env = {}, None
     if args.append and stem and os.path.exists(stem + ".json"):
-        results = {(r.case, r.method): r for r in b.load_json(stem + ".json")}
-        with open(stem + ".json") as f:
-            command = json.load(f)["command"] + " && " + command
+        earlier, earlier_command = b.load_json(stem + ".json")
+        results = {(r.case, r.method): r for r in earlier}
+        command = earlier_command + " && " + command
     for protocol, todo in _by_cluster(args, plan):
         with contextlib.ExitStack() as stack:
             try:

@@ -79,6 +79,8 @@ def test_cli_runs_checks_writes_and_appends(tmp_path):
     second = json.loads((tmp_path / "t.json").read_text())
     assert [r["method"] for r in second["results"]] == ["redist-dask", "tasks", "nvmath", "tasks-ucx", "p2p"]
     assert second["command"].count("dask-redist bench") == 2
-    assert [r.method for r in b.load_json(str(tmp_path / "t.json"))] == [r["method"] for r in second["results"]]
+    results, command = b.load_json(str(tmp_path / "t.json"))
+    assert [r.method for r in results] == [r["method"] for r in second["results"]]
+    assert command == second["command"]
     md = (tmp_path / "t.md").read_text()
     assert "4->4 float64 | p2p |" in md and "equal" in md

@@ -18,7 +18,7 @@ from conftest import scheduler_history
 from distributed import wait
 
 import dask_redist
-from dask_redist.bench import Case, check, placed_array
+from dask_redist.bench import Case, check, contiguous, cufftmp_stats, placed_array
 
 pytestmark = pytest.mark.gpu
 
@@ -39,7 +39,7 @@ def gpu_client():
         yield client
 
 
-def run_case(client, case: Case, placement=None, seed=1, **options):
+def run_case(client, case: Case, placement=contiguous, seed=1, **options):
     x = placed_array(client, case, seed, kind="cupy", placement=placement)
     before = len(scheduler_history(client))
     with dask_redist.enable(**options):
@@ -91,18 +91,12 @@ def test_rounds_when_the_run_exceeds_the_budget(gpu_client):
     run_case(gpu_client, c, placement=lambda i, n, w: i % w, engine="cufftmp", memory_budget="1MiB")  # packed
 
 
-def _stats():
-    from dask_redist.engines import get_engine
-
-    return dict(get_engine("cufftmp").stats)
-
-
 def test_several_rechunks_in_a_row_reuse_the_arena_and_plans(gpu_client):
     run_case(gpu_client, CASES[0], seed=2, engine="cufftmp")
-    before = gpu_client.run(_stats)
+    before = gpu_client.run(cufftmp_stats)
     for seed in range(3, 7):
         run_case(gpu_client, CASES[0], seed=seed, engine="cufftmp")
-    after = gpu_client.run(_stats)
+    after = gpu_client.run(cufftmp_stats)
     for w in before:
         assert after[w]["runs"] == before[w]["runs"] + 4
         assert after[w]["plans"] == before[w]["plans"]  # plans are cached by geometry
@@ -138,18 +132,12 @@ def test_mixed_numpy_and_cupy_chunks_fail_clearly(gpu_client):
         x.rechunk((16, 4)).compute()
 
 
-# Order matters below: these change the worker set of the module's cluster.
-
-
-def _pid():
-    return os.getpid()
-
-
 def test_raw_redistribute_and_the_link_ceiling(gpu_client):
     """The benchmark's reference points work: nvmath's own Redistribute, and the peer-copy ceiling."""
     from dask_redist.baselines import link_ceiling, raw_redistribute
 
-    run_case(gpu_client, CASES[0], seed=9, engine="cufftmp")  # NVSHMEM is up
+    # next to a cluster whose workers hold an NVSHMEM world, as in the benchmark
+    run_case(gpu_client, CASES[0], seed=9, engine="cufftmp")
     times, correct = raw_redistribute((64, 48, 32), "float64", seed=3, reps=2)
     assert correct and len(times) == 2 and all(t > 0 for t in times)
     ceiling = link_ceiling(nbytes=2**26, reps=2)

@@ -119,7 +119,11 @@ class Arena:
 
         if self.ptr:
             nvshmem.free(self.ptr)
-            self.ptr, self.size = 0, 0
+        self.drop()
+
+    def drop(self) -> None:
+        """Forget the allocation without freeing it: NVSHMEM's finalize drops the whole heap."""
+        self.ptr, self.size = 0, 0
 
 
 class CufftMpEngine:
@@ -191,7 +195,7 @@ class CufftMpEngine:
         """
         import nvmath.distributed
 
-        self.arena.ptr, self.arena.size = 0, 0
+        self.arena.drop()
         self.plans.clear()
         nvmath.distributed.finalize()
         self.world = None
