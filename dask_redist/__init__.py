@@ -12,6 +12,7 @@ import dask
 
 from dask_redist.config import ConfigError, Settings
 from dask_redist.errors import (
+    EngineUnavailableError,
     NotEligibleError,
     RedistConsistencyError,
     RedistError,
@@ -25,6 +26,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "ConfigError",
+    "EngineUnavailableError",
     "NotEligibleError",
     "RedistConsistencyError",
     "RedistError",

@@ -225,14 +225,22 @@ class RedistSchedulerPlugin(SchedulerPlugin):
         return {"status": "OK", "values": values}
 
     @log_errors
-    def failed(self, token: str, run_id: int, address: str, message: str, restart: bool, timeout: bool = False) -> None:
+    def failed(
+        self, token: str, run_id: int, address: str, message: str, restart: bool, timeout: bool = False,
+        unavailable: bool = False,
+    ) -> None:  # fmt: skip
+        """A rank's run failed: restart it (also on the dask engine if its own could not start), or abort."""
         run = self.active.get(token)
         if run is None or run.spec.run_id != run_id:
             return
         logger.warning("%s failed on %s: %s", run.spec.name(), address, message)
-        if run.spec.engine == "cufftmp":
+        if unavailable:  # checked before NVSHMEM started: bootstrap may try again once fixed
+            self.world_broken = message
+        elif run.spec.engine == "cufftmp":
             self.world_broken = f"{run.spec.name()} failed on {address}"
-        if restart:
+        if unavailable and run.spec.collective.settings.engine == "auto":
+            self._restart(token, message)  # choose_engine now answers "dask", with the message as the reason
+        elif restart:
             self._restart(token, message)
         else:
             self._abort(token, message, restart=False, timeout=timeout)

@@ -30,7 +30,7 @@ from distributed.protocol import to_serialize
 from dask_redist._run import Packed, RunSpec, WorkerRun
 from dask_redist.assemble import Assembly, array_kind
 from dask_redist.engines import get_engine
-from dask_redist.errors import RedistConsistencyError, RedistError, RedistTimeoutError
+from dask_redist.errors import EngineUnavailableError, RedistConsistencyError, RedistError, RedistTimeoutError
 
 logger = logging.getLogger("dask_redist")
 
@@ -399,6 +399,7 @@ class WorkerState:
                     message=str(error),
                     restart=isinstance(error, RedistConsistencyError),
                     timeout=isinstance(error, RedistTimeoutError),
+                    unavailable=isinstance(error, EngineUnavailableError),
                 )
             except Exception:  # the scheduler may be gone; the other ranks time out on their own
                 logger.exception("could not report the failure of %s", run.name())

@@ -23,5 +23,14 @@ class RedistConsistencyError(RedistError):
     """
 
 
+class EngineUnavailableError(RedistError):
+    """The run's engine cannot start on these workers as configured; no data moved yet.
+
+    Every rank raises it together (the check is agreed on before NVSHMEM starts),
+    so nobody is left waiting; under ``redist.engine: auto`` the scheduler reruns
+    the rechunk on the ``dask`` engine, otherwise the user sees the message.
+    """
+
+
 class NotEligibleError(ValueError):
     """An array cannot be rechunked by the collective; the message says why."""

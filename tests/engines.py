@@ -40,3 +40,12 @@ class FailingEngine(DaskEngine):
         if run.rank == 0:
             raise ValueError("injected failure on rank 0")
         super().execute(run, transport)
+
+
+class UnavailableEngine(DaskEngine):
+    """Every rank refuses to start, as cufftmp does when NVSHMEM's heap cannot fit the GPU."""
+
+    def execute(self, run, transport):
+        from dask_redist.errors import EngineUnavailableError
+
+        raise EngineUnavailableError(f"{run.name()}: cannot start here: set redist.injected-key lower")

@@ -258,3 +258,60 @@ def test_survivors_of_a_world_that_lost_a_worker_are_named_by_bootstrap(own_clus
     survivors = [w for w in world if w != victim]
     assert all(w in str(info.value) for w in survivors) and victim not in str(info.value)
     assert "its NVSHMEM world died" in str(info.value)
+
+
+def test_an_engine_that_cannot_start_fails_clearly_when_chosen(own_cluster):
+    """redist.engine set explicitly: the user sees why the engine could not start, at once."""
+    _, client = own_cluster
+    x = da.from_array(data((30, 30)), chunks=(3, 30))
+    with dask_redist.enable(engine="engines:UnavailableEngine", timeouts={"collective": "120s"}):
+        start = time.monotonic()
+        with pytest.raises(dask_redist.EngineUnavailableError, match="redist.injected-key"):
+            x.rechunk((30, 3)).compute()
+    assert time.monotonic() - start < 60
+    assert worker_leftovers(client, timeout=15) == {}
+
+
+def test_under_auto_an_engine_that_cannot_start_falls_back_to_dask(own_cluster, monkeypatch):
+    """What auto does when cufftmp cannot start (an RMM pool holds the GPU): the same rechunk is
+    rerun on the dask engine, and the reason names the setting to change. The scheduler runs in this
+    process, so its engine choice is pointed at the test engine in place of cufftmp."""
+    from dask_redist import _scheduler
+
+    real = _scheduler.choose_engine
+
+    def choose(setting, kind, caps, ranks, world, world_broken):  # as for CuPy chunks on able workers
+        if setting == "auto" and not world_broken:
+            return "engines:UnavailableEngine", "standing in for cufftmp"
+        return real(setting, "cupy", {w: {"cufftmp": {"ok": True}} for w in ranks}, ranks, world, world_broken)
+
+    monkeypatch.setattr(_scheduler, "choose_engine", choose)
+    _, client = own_cluster
+    a = data((30, 30), seed=4)
+    with dask_redist.enable(engine="auto"):
+        got = da.from_array(a, chunks=(3, 30)).rechunk((30, 3)).compute()
+    np.testing.assert_array_equal(got, a)
+    runs = scheduler_history(client)
+    assert [r["engine"] for r in runs] == ["engines:UnavailableEngine", "dask"], runs
+    assert runs[-1]["outcome"] == "done" and "redist.injected-key" in runs[-1]["why"], runs
+    assert worker_leftovers(client, timeout=15) == {}
+
+
+@pytest.mark.parametrize(
+    "text, nbytes", [("4G", 4 * 2**30), ("512M", 512 * 2**20), ("1073741824", 2**30), ("1.5g", 3 * 2**29), ("2GB", 2**31)]
+)
+def test_symmetric_size_is_read_as_nvshmem_reads_it(text, nbytes):
+    from dask_redist.engines.cufftmp import parse_symmetric_size
+
+    assert parse_symmetric_size(text) == nbytes
+
+
+def test_a_heap_that_cannot_fit_names_the_settings_and_the_pool():
+    from dask_redist.engines.cufftmp import heap_problem
+
+    GiB = 2**30
+    assert heap_problem(4 * GiB, free=10 * GiB, total=140 * GiB) is None
+    message = heap_problem(16 * GiB, free=10 * GiB, total=140 * GiB, pool="an RMM PoolMemoryResource")
+    assert "16.00 GiB" in message and "10.00 GiB" in message and "140.00 GiB" in message
+    assert "redist.nvshmem.symmetric-size" in message and "rmm_pool_size" in message
+    assert "PoolMemoryResource" in message

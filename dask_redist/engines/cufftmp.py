@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from dask_redist.assemble import cut
-from dask_redist.errors import RedistError, RedistTimeoutError
+from dask_redist.errors import EngineUnavailableError, RedistError, RedistTimeoutError
 from dask_redist.layout import Box, DirectLayout, PackedLayout, choose_layout, size_class
 from dask_redist.plan import block_lower, chunk_box, chunk_lowers
 
@@ -69,6 +69,55 @@ def capabilities() -> dict:
     info["ok"] = True
     info["reason"] = "CuPy, nvmath-python, cuFFTMp and NVSHMEM load"
     return info
+
+
+_UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+
+
+def parse_symmetric_size(text: str) -> int:
+    """``NVSHMEM_SYMMETRIC_SIZE`` as NVSHMEM reads it: bytes, or K/M/G/T in powers of 1024."""
+    value = str(text).strip().upper().removesuffix("B")
+    unit = value[-1] if value and value[-1] in _UNITS else ""
+    return int(float(value[: len(value) - len(unit)]) * _UNITS[unit])
+
+
+def heap_problem(symmetric_size: int, free: int, total: int, pool: str | None = None) -> str | None:
+    """Why NVSHMEM's symmetric heap cannot fit this GPU's free memory, or None.
+
+    NVSHMEM asks the driver for the heap when it starts; memory held by an RMM
+    pool (dask-cuda's ``rmm_pool_size``) or by CuPy's cache is not free to it, and
+    a failed start leaves the process unable to start NVSHMEM again.
+    """
+    if symmetric_size <= free:
+        return None
+    from dask.utils import format_bytes
+
+    held = f"; {pool} holds most of the rest" if pool else ""
+    return (
+        f"NVSHMEM's symmetric heap needs {format_bytes(symmetric_size)} of GPU memory, but only {format_bytes(free)} "
+        f"of {format_bytes(total)} is free{held}. Lower redist.nvshmem.symmetric-size (NVSHMEM_SYMMETRIC_SIZE; "
+        "by default 1.25 x redist.memory-budget + 256 MiB) or make the RMM pool smaller (dask-cuda rmm_pool_size)"
+    )
+
+
+def _gpu_memory() -> tuple[int, int, str | None]:
+    """Free and total bytes of this process's GPU, and the RMM pool holding it if any."""
+    import sys
+
+    import cupy
+
+    cupy.get_default_memory_pool().free_all_blocks()  # CuPy's cache would count as taken
+    free, total = cupy.cuda.runtime.memGetInfo()
+    pool = None
+    if "rmm" in sys.modules:  # only where the user set RMM up: never import it for this
+        try:
+            resource = sys.modules["rmm"].mr.get_current_device_resource()
+            upstream = [resource, getattr(resource, "upstream_mr", None)]
+            names = [type(r).__name__ for r in upstream if r is not None]
+            pool = next((f"an RMM {n}" for n in names if "Pool" in n or "Arena" in n), None)
+        except Exception:  # noqa: S110 - the pool name only decorates the message
+            pass
+    return int(free), int(total), pool
 
 
 def _strides(lower, upper) -> tuple[int, int, int]:
@@ -162,6 +211,12 @@ class CufftMpEngine:
         group = DaskProcessGroup(
             f"nvshmem/{run.spec.token}/{run.run_id}", run.rank, len(workers), exchange_factory(run.rank, len(workers))
         )
+        # agreed on by every rank before NVSHMEM starts: one rank refusing alone would leave
+        # the others inside NVSHMEM's bootstrap until it times out
+        problem = heap_problem(parse_symmetric_size(os.environ["NVSHMEM_SYMMETRIC_SIZE"]), *_gpu_memory())
+        problems = [(workers[r], p) for r, p in enumerate(group.allgather(problem)) if p]
+        if problems:
+            raise EngineUnavailableError(f"{run.name()}: cufftmp cannot start on {problems[0][0]}: {problems[0][1]}")
         device = cupy.cuda.runtime.getDevice()
         nvmath.distributed.initialize(device, group, ["nvshmem"])
         self.group, self.world = group, workers

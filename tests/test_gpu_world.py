@@ -1,0 +1,84 @@
+"""The NVSHMEM world as the cluster changes (marker ``gpu``; skipped without 2 GPUs).
+
+Each test starts a LocalCUDACluster of its own (after tests/test_gpu.py let go of
+the GPUs): one that grows from one worker to two, one whose GPUs an RMM pool holds.
+"""
+
+from __future__ import annotations
+
+import os
+
+import dask
+import pytest
+from conftest import scheduler_history
+from distributed import wait
+
+import dask_redist
+from dask_redist.bench import check, placed_array
+from test_gpu import CASES, run_case
+
+pytestmark = pytest.mark.gpu
+
+
+def _cluster(**kwargs):
+    cupy = pytest.importorskip("cupy")
+    pytest.importorskip("dask_cuda")
+    pytest.importorskip("nvmath")
+    from dask_cuda import LocalCUDACluster
+
+    if cupy.cuda.runtime.getDeviceCount() < 2:
+        pytest.skip("needs 2 GPUs")
+    os.environ.setdefault("NVSHMEM_SYMMETRIC_SIZE", "4G")
+    return LocalCUDACluster(dashboard_address=None, CUDA_VISIBLE_DEVICES="0,1", **kwargs)
+
+
+def _rechunk(client, seed, **options):
+    """CASES[0] rechunked under ``options``; values checked; the scheduler's record of the run."""
+    x = placed_array(client, CASES[0], seed, kind="cupy")
+    with dask_redist.enable(**options):
+        y = x.rechunk(CASES[0].new).persist()
+        wait(y)
+    assert check(y, CASES[0], seed)
+    return scheduler_history(client)[-1]
+
+
+def test_a_worker_joins_then_bootstrap_reforms_the_world():
+    """Finalize and initialize in the same processes when no PE died: after a worker joined,
+    GPU rechunks run on the dask engine (never a hang) until bootstrap forms the new world."""
+    from distributed import Client
+
+    with _cluster(n_workers=1) as cluster, Client(cluster) as client:
+        first = _rechunk(client, 31, engine="cufftmp")  # an NVSHMEM world of one PE
+        assert first["engine"] == "cufftmp" and first["outcome"] == "done", first
+        pids = client.run(os.getpid)
+
+        cluster.scale(2)
+        client.wait_for_workers(2)
+        joined = _rechunk(client, 32, engine="auto")
+        assert joined["engine"] == "dask" and "worker set changed" in joined["why"], joined
+
+        info = dask_redist.bootstrap(client)  # the first worker leaves its world of one
+        assert len(info) == 2 and all(s["bootstrap_s"] is not None for s in info.values()), info
+        assert pids.items() <= client.run(os.getpid).items()  # in the same process, not restarted
+        run_case(client, CASES[1], seed=33, engine="auto")  # asserts every run went through cufftmp
+
+
+def test_an_rmm_pool_that_leaves_no_room_for_nvshmem():
+    """The pool holds the GPU: auto falls back to the dask engine saying which key to change;
+    bootstrap raises the same; with a heap that fits, cufftmp runs next to the pool."""
+    cupy = pytest.importorskip("cupy")
+    pytest.importorskip("rmm")
+    from distributed import Client
+
+    free, total = cupy.cuda.runtime.memGetInfo()
+    pool = (total - 12 * 2**30) // 2**20 * 2**20  # leaves about 12 GiB, less the CUDA contexts
+    with _cluster(n_workers=2, rmm_pool_size=pool) as cluster, Client(cluster) as client:
+        with dask.config.set({"redist.nvshmem.symmetric-size": "32GiB"}):
+            fell_back = _rechunk(client, 41, engine="auto")
+            assert fell_back["engine"] == "dask" and "redist.nvshmem.symmetric-size" in fell_back["why"], fell_back
+            assert "RMM" in fell_back["why"], fell_back
+            with pytest.raises(dask_redist.RedistError, match="rmm_pool_size"):
+                dask_redist.bootstrap(client)
+        with dask.config.set({"redist.nvshmem.symmetric-size": "4GiB"}):
+            dask_redist.bootstrap(client)
+            run_case(client, CASES[1], seed=42, engine="auto")
