@@ -8,6 +8,8 @@
 
 from __future__ import annotations
 
+import random
+
 import dask
 
 from dask_redist.config import ConfigError, Settings
@@ -179,13 +181,22 @@ def bootstrap(client=None, *, restart_broken: bool = False) -> dict:
             "or call dask_redist.bootstrap(client, restart_broken=True) to do it (their data is lost)"
         )
     if broken:
-        client.restart_workers(sorted(broken))
+        timeout = Settings.from_config().bootstrap_timeout
+        try:
+            client.restart_workers(sorted(broken), timeout=timeout)
+        except Exception as e:
+            raise RedistError(
+                f"restarting {sorted(broken)} did not finish within {timeout:g}s (redist.timeouts.bootstrap): "
+                f"{type(e).__name__}: {e}. A process whose GPU was left inside an NVSHMEM collective may not "
+                "exit until the driver frees its GPU; see docs/reliability.md"
+            ) from e
     client.run_on_scheduler(_forget_world)
     n = len(client.scheduler_info(n_workers=-1)["workers"])
     case = Case("bootstrap", (8 * n, 8 * n), "float64", ((8,) * n, (8 * n,)), ((8 * n,), (8,) * n))
-    x = placed_array(client, case, seed=0, kind="cupy")
+    seed = random.randrange(2**31)  # fresh keys: an earlier failed bootstrap's results may still be held
+    x = placed_array(client, case, seed=seed, kind="cupy")
     y = rechunk(x, case.new, engine="cufftmp").persist()
     wait(y)
-    if not check(y, case, 0):
+    if not check(y, case, seed):
         raise RedistError("the bootstrap rechunk returned wrong values")
     return client.run(cufftmp_stats)

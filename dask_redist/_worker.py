@@ -78,37 +78,56 @@ async def unpack(token: str, index: int, run_id: int):
 
 
 class CollectiveThread:
-    """Executes runs one at a time, lowest sequence number first."""
+    """Executes runs one at a time, lowest sequence number first.
 
-    def __init__(self, execute: Callable[[WorkerRun], None], name: str):
+    A run aborted while its thread is inside a call that cannot be interrupted
+    (NVSHMEM's bootstrap retrying a dead peer, a GPU wait) would hold up every
+    later run on this worker, the restarted one included. So a run submitted
+    while the current one is already aborted gets a fresh thread; the old one
+    exits whenever its call returns (``on_abandon`` is told, once).
+    """
+
+    def __init__(self, execute: Callable[[WorkerRun], None], name: str, on_abandon=None):
         self._execute = execute
         self._name = name
+        self._on_abandon = on_abandon
         self._heap: list[tuple[int, int, WorkerRun]] = []
         self._tie = itertools.count()
         self._cond = threading.Condition()
         self._closed = False
         self._thread: threading.Thread | None = None
+        self._current: WorkerRun | None = None  # the run the current thread is executing
 
     def submit(self, run: WorkerRun) -> None:
+        abandoned = None
         with self._cond:
             if self._closed:
                 run.fail(RedistError(f"{run.name()}: worker is closing"))
                 return
             heapq.heappush(self._heap, (run.spec.seq, next(self._tie), run))
+            if self._current is not None and self._current.state == "failed":
+                abandoned, self._current, self._thread = self._current, None, None
             if self._thread is None:
                 self._thread = threading.Thread(target=self._loop, name=self._name, daemon=True)
                 self._thread.start()
-            self._cond.notify()
+            self._cond.notify_all()
+        if abandoned is not None and self._on_abandon is not None:
+            self._on_abandon(abandoned)
 
     def _loop(self) -> None:
+        me = threading.current_thread()
         while True:
             with self._cond:
-                while not self._heap and not self._closed:
+                while not self._heap and not self._closed and self._thread is me:
                     self._cond.wait()
-                if self._closed:
+                if self._closed or self._thread is not me:
                     return
                 _, _, run = heapq.heappop(self._heap)
+                self._current = run
             self._execute(run)
+            with self._cond:
+                if self._thread is me:
+                    self._current = None
 
     def close(self, timeout: float = 10) -> None:
         with self._cond:
@@ -177,7 +196,7 @@ class WorkerState:
         self.stage_keys: dict[tuple[str, tuple], list] = {}  # (token, stage key tail) -> chunk indices
         self.runs: dict[str, WorkerRun] = {}
         self.early: dict[tuple[str, int], list] = defaultdict(list)
-        self.thread = CollectiveThread(self._execute, f"redist-collective-{worker.address}")
+        self.thread = CollectiveThread(self._execute, f"redist-collective-{worker.address}", self._abandoned)
         self.capabilities: dict | None = None
         self.timeline: dict[str, float] = {}  # wall-clock marks of the latest run, for diagnostics
 
@@ -386,6 +405,15 @@ class WorkerState:
             logger.warning("%s", e)
             run.fail(e)
             self._report(run, e)
+
+    def _abandoned(self, run: WorkerRun) -> None:
+        logger.warning(
+            "%s was aborted but its engine has not returned (phase %r); later runs use a new thread",
+            run.name(), run.phase,
+        )  # fmt: skip
+        hook = getattr(get_engine(run.spec.engine), "abandoned", None)
+        if hook is not None:
+            hook(run)
 
     def _report(self, run: WorkerRun, error: BaseException) -> None:
         """Tell the scheduler, which aborts the run on every rank (fire and forget)."""

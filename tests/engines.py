@@ -49,3 +49,21 @@ class UnavailableEngine(DaskEngine):
         from dask_redist.errors import EngineUnavailableError
 
         raise EngineUnavailableError(f"{run.name()}: cannot start here: set redist.injected-key lower")
+
+
+class StuckEngine(DaskEngine):
+    """Run 1: rank 0's process dies while the last rank sits in a call that ignores the
+    abort (as NVSHMEM's bootstrap does, retrying the dead peer); later runs work."""
+
+    stuck_for = 30.0
+
+    def execute(self, run, transport):
+        import os
+
+        if run.run_id == 1 and run.rank == 0:
+            time.sleep(0.5)  # the last rank is stuck by now
+            os._exit(1)
+        if run.run_id == 1 and run.rank == len(run.spec.workers) - 1:
+            run.set_phase("stuck")
+            time.sleep(self.stuck_for)  # never looks at the run's state
+        super().execute(run, transport)

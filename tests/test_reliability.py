@@ -315,3 +315,51 @@ def test_a_heap_that_cannot_fit_names_the_settings_and_the_pool():
     assert "16.00 GiB" in message and "10.00 GiB" in message and "140.00 GiB" in message
     assert "redist.nvshmem.symmetric-size" in message and "rmm_pool_size" in message
     assert "PoolMemoryResource" in message
+
+
+def test_a_rank_stuck_in_an_aborted_run_does_not_hold_up_the_retry(own_cluster):
+    """A peer died and the survivor's engine sits in a call that ignores the abort: the retry runs
+    on a fresh collective thread of that worker, long before the call returns (without it, the
+    retry would queue behind the call and time out)."""
+    _, client = own_cluster
+    a = data((30, 30), seed=5)
+    with dask_redist.enable(engine="engines:StuckEngine", timeouts={"collective": "10s"}):
+        start = time.monotonic()
+        got = da.from_array(a, chunks=(3, 30)).rechunk((30, 3)).compute()
+    assert time.monotonic() - start < 25  # the stuck call lasts 30 s
+    np.testing.assert_array_equal(got, a)
+    assert [h["outcome"] for h in scheduler_history(client)] == ["restarted", "done"]
+
+
+def test_a_thread_stuck_in_an_aborted_run_is_replaced():
+    """The unit behind the test above: a run submitted while the current one is aborted
+    but has not returned gets a new thread, and the engine is told once."""
+    from dask_redist._worker import CollectiveThread
+
+    release, ran, abandoned = threading.Event(), [], []
+
+    class Run:
+        def __init__(self, seq):
+            self.spec = type("Spec", (), {"seq": seq})()
+            self.state = "queued"
+
+    def execute(run):
+        ran.append(run.spec.seq)
+        if run.spec.seq == 1:
+            release.wait(30)  # ignores the abort
+
+    thread = CollectiveThread(execute, "test", on_abandon=abandoned.append)
+    first, second, third = Run(1), Run(2), Run(3)
+    thread.submit(first)
+    while ran != [1]:
+        time.sleep(0.01)
+    first.state = "failed"  # aborted from outside; execute does not return
+    thread.submit(second)
+    thread.submit(third)  # queued behind the second on the new thread: not a second abandon
+    deadline = time.monotonic() + 10
+    while ran != [1, 2, 3]:
+        assert time.monotonic() < deadline, ran
+        time.sleep(0.01)
+    assert abandoned == [first]
+    release.set()
+    thread.close()

@@ -35,6 +35,9 @@ class Engine(Protocol):
     def execute(self, run: WorkerRun, transport: Transport) -> None:
         """Move this rank's pieces and finish ``run`` with its output chunks."""
 
+    # optional: ``abandoned(run)``, told when ``run`` was aborted but ``execute`` has not
+    # returned and later runs go on without it (a GPU engine cannot be trusted any more)
+
 
 def choose_engine(
     setting: str, kind: str, capabilities: dict, workers, world=None, world_broken: str | None = None

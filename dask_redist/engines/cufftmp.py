@@ -120,6 +120,26 @@ def _gpu_memory() -> tuple[int, int, str | None]:
     return int(free), int(total), pool
 
 
+def _forget_bootstrap() -> bool:
+    """Let this process bootstrap NVSHMEM anew after a finalize; False if it cannot.
+
+    NVSHMEM's finalize keeps its bootstrap (the old world's size and peers), and
+    nvmath's next initialize would reuse it: a world of another size then fails.
+    Clearing the flag NVSHMEM keeps for it, as RAPIDS WholeMemory does, makes the
+    next initialize bootstrap from a new unique id.
+    """
+    import ctypes
+
+    with open("/proc/self/maps") as maps:
+        paths = sorted({line.split()[-1] for line in maps if "libnvshmem_host" in line})
+    try:
+        flag = ctypes.c_bool.in_dll(ctypes.CDLL(paths[0]), "nvshmemi_is_nvshmem_bootstrapped")
+    except (IndexError, OSError, ValueError):  # not loaded, or the symbol is not exported
+        return False
+    flag.value = False
+    return True
+
+
 def _strides(lower, upper) -> tuple[int, int, int]:
     e = [max(0, u - l) for l, u in zip(lower, upper)]
     return (e[1] * e[2], e[2], 1)
@@ -213,16 +233,35 @@ class CufftMpEngine:
         )
         # agreed on by every rank before NVSHMEM starts: one rank refusing alone would leave
         # the others inside NVSHMEM's bootstrap until it times out
-        problem = heap_problem(parse_symmetric_size(os.environ["NVSHMEM_SYMMETRIC_SIZE"]), *_gpu_memory())
+        problem = self._rejoin_problem() or heap_problem(
+            parse_symmetric_size(os.environ["NVSHMEM_SYMMETRIC_SIZE"]), *_gpu_memory()
+        )
         problems = [(workers[r], p) for r, p in enumerate(group.allgather(problem)) if p]
         if problems:
             raise EngineUnavailableError(f"{run.name()}: cufftmp cannot start on {problems[0][0]}: {problems[0][1]}")
         device = cupy.cuda.runtime.getDevice()
-        nvmath.distributed.initialize(device, group, ["nvshmem"])
+        try:
+            nvmath.distributed.initialize(device, group, ["nvshmem"])
+        except BaseException as e:  # noqa: B036 - NVSHMEM may be half started: never again here
+            self.broken = f"NVSHMEM's bootstrap failed in this process ({type(e).__name__}: {e})"
+            raise
         self.group, self.world = group, workers
         self.stream = cupy.cuda.Stream(non_blocking=True)
         self.stats["bootstrap_s"] = time.perf_counter() - start
         logger.info("NVSHMEM bootstrapped over %d workers in %.2fs", len(workers), self.stats["bootstrap_s"])
+
+    def _rejoin_problem(self) -> str | None:
+        """Why this process cannot join a new world (it left one, and NVSHMEM kept that bootstrap)."""
+        from nvmath.bindings import nvshmem
+
+        if nvshmem.init_status() != nvshmem.STATUS_IS_BOOTSTRAPPED:
+            return None
+        self.broken = "NVSHMEM kept the bootstrap of this worker's previous world; restart the worker to join a new one"
+        return self.broken
+
+    def abandoned(self, run) -> None:
+        """``run`` was aborted while inside NVSHMEM (its bootstrap, or a GPU wait) and never returned."""
+        self.broken = f"{run.name()} was aborted inside NVSHMEM (phase {run.phase!r}) and never returned"
 
     def _finalize_within(self, timeout: float) -> None:
         """Finalize NVSHMEM on a helper thread: with a PE of the old world gone it may never return."""
@@ -254,6 +293,8 @@ class CufftMpEngine:
         self.plans.clear()
         nvmath.distributed.finalize()
         self.world = None
+        if not _forget_bootstrap():
+            logger.warning("NVSHMEM keeps its bootstrap after finalize here: this worker cannot join a new world")
 
     # -- plans -------------------------------------------------------------------------
 
@@ -307,6 +348,7 @@ class CufftMpEngine:
         if self.broken:
             raise RedistError(f"{run.name()}: NVSHMEM is unusable in this worker: {self.broken}")
         cupy.cuda.Device().synchronize()  # inputs may come from kernels still in flight
+        run.set_phase("bootstrap")
         self.bootstrap(run, transport.exchange_factory)
         settings = run.spec.collective.settings
         run.set_phase("plan")

@@ -1,0 +1,92 @@
+"""Probe: can a process that left an NVSHMEM world join a new world of another size?
+
+Process 0 forms a world of one PE and finalizes it; then processes 0 and 1 form a
+world of two. ``--reset`` clears NVSHMEM's ``nvshmemi_is_nvshmem_bootstrapped``
+flag after the finalize (``dask_redist.engines.cufftmp._forget_bootstrap``, as
+RAPIDS WholeMemory does); without it NVSHMEM keeps the first bootstrap. Needs 2 GPUs,
+CuPy and nvmath-python.
+
+    python benchmarks/nvshmem_rebootstrap.py [--reset]
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import sys
+
+
+def _init(nvshmem, rank, nranks, uid):
+    attr = nvshmem.InitAttr()
+    nvshmem.set_attr_uniqueid_args(rank, nranks, uid.ptr, attr.ptr)
+    nvshmem.hostlib_init_attr(nvshmem.Flags.INIT_WITH_UNIQUEID, attr.ptr)
+
+
+def _pe(rank, reset, queue, barrier, report):
+    import cupy
+    import numpy as np
+    from nvmath.bindings import nvshmem
+
+    cupy.cuda.Device(rank).use()
+    cupy.zeros(1)  # a CUDA context
+    say = lambda *a: report.put((rank, " ".join(map(str, a))))  # noqa: E731
+    try:
+        if rank == 0:
+            uid = nvshmem.UniqueId()
+            nvshmem.get_uniqueid(uid.ptr)
+            _init(nvshmem, 0, 1, uid)
+            ptr = nvshmem.malloc(2**20)
+            nvshmem.free(ptr)
+            say("world of 1: n_pes", nvshmem.n_pes(), "status", nvshmem.init_status())
+            nvshmem.hostlib_finalize()
+            say("after finalize: status", nvshmem.init_status(), "(bootstrapped =", nvshmem.STATUS_IS_BOOTSTRAPPED, ")")
+            if reset:
+                from dask_redist.engines.cufftmp import _forget_bootstrap
+
+                say("flag reset:", _forget_bootstrap(), "; status", nvshmem.init_status())
+        barrier.wait(60)
+        uid = nvshmem.UniqueId()
+        if rank == 0:
+            nvshmem.get_uniqueid(uid.ptr)
+            queue.put(bytes(uid._data.view(np.int8)))
+        else:
+            uid._data.view(np.int8)[...] = np.frombuffer(queue.get(timeout=60), dtype=np.int8)
+        _init(nvshmem, rank, 2, uid)
+        say("world of 2: n_pes", nvshmem.n_pes(), "my_pe", nvshmem.my_pe())
+        ptr = nvshmem.malloc(2**20)
+        stream = cupy.cuda.Stream(non_blocking=True)
+        nvshmem.sync_all_on_stream(stream.ptr)
+        stream.synchronize()
+        nvshmem.free(ptr)
+        nvshmem.hostlib_finalize()
+        say("world of 2 synced and finalized: OK")
+    except BaseException as e:  # noqa: B036 - reported to the parent
+        say("FAILED", type(e).__name__, e)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--reset", action="store_true", help="clear the bootstrapped flag after finalize")
+    args = parser.parse_args(argv)
+    ctx = mp.get_context("spawn")
+    queue, report, barrier = ctx.Queue(), ctx.Queue(), ctx.Barrier(2)
+    procs = [ctx.Process(target=_pe, args=(r, args.reset, queue, barrier, report)) for r in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(90)
+    hung = [r for r, p in enumerate(procs) if p.is_alive()]
+    for p in procs:
+        p.kill()
+    lines = []
+    while not report.empty():
+        lines.append(report.get())
+    for rank, line in sorted(lines):
+        print(f"rank {rank}: {line}")
+    ok = sum("OK" in line for _, line in lines) == 2 and not hung
+    print(f"reset={args.reset}: {'re-bootstrap works' if ok else 'FAILED'}" + (f" (ranks {hung} hung)" if hung else ""))
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
