@@ -1,12 +1,11 @@
 """Probe: can a process that left an NVSHMEM world join a new world of another size?
 
-Process 0 forms a world of one PE and finalizes it; then processes 0 and 1 form a
-world of two. ``--reset`` clears NVSHMEM's ``nvshmemi_is_nvshmem_bootstrapped``
-flag after the finalize (``dask_redist.engines.cufftmp._forget_bootstrap``, as
-RAPIDS WholeMemory does); without it NVSHMEM keeps the first bootstrap. Needs 2 GPUs,
-CuPy and nvmath-python.
+Process 0 forms a world of one PE (optionally making a cuFFTMp reshape plan in it,
+kept or destroyed) and finalizes it; then processes 0 and 1 form a world of two.
+Needs 2 GPUs, CuPy and nvmath-python. Measured on the GPU node (2026-11-30): works
+with no plan or a destroyed one (NVSHMEM's status is 0 again after the finalize).
 
-    python benchmarks/nvshmem_rebootstrap.py [--reset]
+    python benchmarks/nvshmem_rebootstrap.py [--plan none|kept|destroyed]
 """
 
 from __future__ import annotations
@@ -22,10 +21,18 @@ def _init(nvshmem, rank, nranks, uid):
     nvshmem.hostlib_init_attr(nvshmem.Flags.INIT_WITH_UNIQUEID, attr.ptr)
 
 
-def _pe(rank, reset, queue, barrier, report):
+def _reshape_plan(cufftMp):
+    """A 1-PE cuFFTMp reshape of a 4 x 4 x 4 box, as the cufftmp engine makes them."""
+    handle = cufftMp.create_reshape()
+    lo, hi, strides = (0, 0, 0), (4, 4, 4), (16, 4, 1)
+    cufftMp.make_reshape(handle, 8, 3, lo, hi, strides, lo, hi, strides, 0, cufftMp.MpCommType.COMM_NONE)
+    return handle
+
+
+def _pe(rank, plan, queue, barrier, report):
     import cupy
     import numpy as np
-    from nvmath.bindings import nvshmem
+    from nvmath.bindings import cufftMp, nvshmem
 
     cupy.cuda.Device(rank).use()
     cupy.zeros(1)  # a CUDA context
@@ -37,13 +44,12 @@ def _pe(rank, reset, queue, barrier, report):
             _init(nvshmem, 0, 1, uid)
             ptr = nvshmem.malloc(2**20)
             nvshmem.free(ptr)
-            say("world of 1: n_pes", nvshmem.n_pes(), "status", nvshmem.init_status())
+            handle = _reshape_plan(cufftMp) if plan != "none" else None
+            say("world of 1: n_pes", nvshmem.n_pes(), "status", nvshmem.init_status(), "plan", plan)
+            if plan == "destroyed":
+                cufftMp.destroy_reshape(handle)
             nvshmem.hostlib_finalize()
-            say("after finalize: status", nvshmem.init_status(), "(bootstrapped =", nvshmem.STATUS_IS_BOOTSTRAPPED, ")")
-            if reset:
-                from dask_redist.engines.cufftmp import _forget_bootstrap
-
-                say("flag reset:", _forget_bootstrap(), "; status", nvshmem.init_status())
+            say("after finalize: status", nvshmem.init_status(), "(not initialized =", nvshmem.STATUS_NOT_INITIALIZED, ")")
         barrier.wait(60)
         uid = nvshmem.UniqueId()
         if rank == 0:
@@ -66,11 +72,14 @@ def _pe(rank, reset, queue, barrier, report):
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--reset", action="store_true", help="clear the bootstrapped flag after finalize")
+    parser.add_argument(
+        "--plan", choices=["none", "kept", "destroyed"], default="none",
+        help="make a cuFFTMp reshape plan in the first world, and keep it or destroy it before the finalize",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     ctx = mp.get_context("spawn")
     queue, report, barrier = ctx.Queue(), ctx.Queue(), ctx.Barrier(2)
-    procs = [ctx.Process(target=_pe, args=(r, args.reset, queue, barrier, report)) for r in range(2)]
+    procs = [ctx.Process(target=_pe, args=(r, args.plan, queue, barrier, report)) for r in range(2)]
     for p in procs:
         p.start()
     for p in procs:
@@ -84,7 +93,7 @@ def main(argv=None) -> int:
     for rank, line in sorted(lines):
         print(f"rank {rank}: {line}")
     ok = sum("OK" in line for _, line in lines) == 2 and not hung
-    print(f"reset={args.reset}: {'re-bootstrap works' if ok else 'FAILED'}" + (f" (ranks {hung} hung)" if hung else ""))
+    print(f"plan={args.plan}: {'re-bootstrap works' if ok else 'FAILED'}" + (f" (ranks {hung} hung)" if hung else ""))
     return 0 if ok else 1
 
 

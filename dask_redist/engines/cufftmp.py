@@ -120,26 +120,6 @@ def _gpu_memory() -> tuple[int, int, str | None]:
     return int(free), int(total), pool
 
 
-def _forget_bootstrap() -> bool:
-    """Let this process bootstrap NVSHMEM anew after a finalize; False if it cannot.
-
-    NVSHMEM's finalize keeps its bootstrap (the old world's size and peers), and
-    nvmath's next initialize would reuse it: a world of another size then fails.
-    Clearing the flag NVSHMEM keeps for it, as RAPIDS WholeMemory does, makes the
-    next initialize bootstrap from a new unique id.
-    """
-    import ctypes
-
-    with open("/proc/self/maps") as maps:
-        paths = sorted({line.split()[-1] for line in maps if "libnvshmem_host" in line})
-    try:
-        flag = ctypes.c_bool.in_dll(ctypes.CDLL(paths[0]), "nvshmemi_is_nvshmem_bootstrapped")
-    except (IndexError, OSError, ValueError):  # not loaded, or the symbol is not exported
-        return False
-    flag.value = False
-    return True
-
-
 def _strides(lower, upper) -> tuple[int, int, int]:
     e = [max(0, u - l) for l, u in zip(lower, upper)]
     return (e[1] * e[2], e[2], 1)
@@ -221,8 +201,12 @@ class CufftMpEngine:
         if self.world == workers:
             return
         settings = run.spec.collective.settings
+        problem = None
         if self.world is not None:  # a new worker set: leave the old world first
-            self._finalize_within(settings.bootstrap_timeout)
+            try:
+                self._finalize_within(settings.bootstrap_timeout)
+            except RedistError as e:
+                problem = str(e)
         if settings.symmetric_size is not None:
             os.environ["NVSHMEM_SYMMETRIC_SIZE"] = str(settings.symmetric_size)
         elif "NVSHMEM_SYMMETRIC_SIZE" not in os.environ:  # the arena (budget + 13% + workspace) must fit
@@ -233,7 +217,7 @@ class CufftMpEngine:
         )
         # agreed on by every rank before NVSHMEM starts: one rank refusing alone would leave
         # the others inside NVSHMEM's bootstrap until it times out
-        problem = self._rejoin_problem() or heap_problem(
+        problem = problem or self._rejoin_problem() or heap_problem(
             parse_symmetric_size(os.environ["NVSHMEM_SYMMETRIC_SIZE"]), *_gpu_memory()
         )
         problems = [(workers[r], p) for r, p in enumerate(group.allgather(problem)) if p]
@@ -251,12 +235,12 @@ class CufftMpEngine:
         logger.info("NVSHMEM bootstrapped over %d workers in %.2fs", len(workers), self.stats["bootstrap_s"])
 
     def _rejoin_problem(self) -> str | None:
-        """Why this process cannot join a new world (it left one, and NVSHMEM kept that bootstrap)."""
+        """Why this process cannot start NVSHMEM for a new world: it is still up from the last one."""
         from nvmath.bindings import nvshmem
 
-        if nvshmem.init_status() != nvshmem.STATUS_IS_BOOTSTRAPPED:
+        if nvshmem.init_status() == nvshmem.STATUS_NOT_INITIALIZED:
             return None
-        self.broken = "NVSHMEM kept the bootstrap of this worker's previous world; restart the worker to join a new one"
+        self.broken = "NVSHMEM is still initialized after leaving this worker's previous world; restart the worker"
         return self.broken
 
     def abandoned(self, run) -> None:
@@ -267,34 +251,43 @@ class CufftMpEngine:
         """Finalize NVSHMEM on a helper thread: with a PE of the old world gone it may never return."""
         import threading
 
-        done = threading.Event()
+        done, failed = threading.Event(), []
 
         def target():
-            self.finalize()
-            done.set()
+            try:
+                self.finalize()
+            except BaseException as e:  # noqa: B036 - reported below
+                failed.append(e)
+            finally:
+                done.set()
 
         threading.Thread(target=target, name="redist-nvshmem-finalize", daemon=True).start()
-        if not done.wait(timeout):
-            self.broken = "NVSHMEM finalize of the previous worker set did not return; restart this worker"
+        if not done.wait(timeout) or failed:
+            why = f"failed ({type(failed[0]).__name__}: {failed[0]})" if failed else "did not return"
+            self.broken = f"NVSHMEM finalize of the previous worker set {why}; restart this worker"
             raise RedistError(self.broken)
 
     def finalize(self) -> None:
-        """Leave the NVSHMEM world.
+        """Leave the NVSHMEM world, in the same process (every member of the old world does it
+        in the same run, so the collective frees below match up).
 
-        Only ``nvshmem_finalize`` (through nvmath) is called: it drops the whole
-        symmetric heap. Freeing the arena first (``nvshmem_free`` is a collective,
-        with a barrier) would wait forever for a PE that died, and so would any
-        reshape plan teardown that synchronizes with peers; their handles are
-        simply dropped.
+        The reshape plans are destroyed and the arena freed first: NVSHMEM counts its
+        initializations, and with a plan alive the finalize left NVSHMEM initialized
+        for the old world (the next world, of another size, then failed to start).
+        Only for a healthy world: where a PE died, the collectives here would wait
+        for it forever, and the scheduler has the survivors restarted instead.
         """
+        import cupy
         import nvmath.distributed
+        from nvmath.bindings import cufftMp
 
-        self.arena.drop()
+        cupy.cuda.Device().synchronize()
+        for plan in self.plans.values():
+            cufftMp.destroy_reshape(plan.handle)
         self.plans.clear()
+        self.arena.release()
         nvmath.distributed.finalize()
         self.world = None
-        if not _forget_bootstrap():
-            logger.warning("NVSHMEM keeps its bootstrap after finalize here: this worker cannot join a new world")
 
     # -- plans -------------------------------------------------------------------------
 
