@@ -114,8 +114,14 @@ class RedistSchedulerPlugin(SchedulerPlugin):
         if ts is None or ts.state != "processing" or not isinstance(ts.run_spec, BarrierTask):
             return {"status": "error", "message": f"barrier task {key} is not processing"}
         spec: CollectiveSpec = ts.run_spec.spec
+        # stage markers of a worker that left may live on (a copy fetched by the barrier's
+        # worker) while the staged chunks died with it: released too, or the barrier loops
+        def stale(lost):
+            return [(spec.stage_name, *tail) for tail, h in homes if workers[h] in lost]
+
         if lost := [w for w in workers if w not in self.scheduler.workers]:
-            self._restart(token, f"workers {lost} holding staged inputs left before the run started")
+            reason = f"workers {lost} holding staged inputs left before the run started"
+            self._restart(token, reason, stale(lost), spec.settings)
             return {"status": "error", "message": f"workers {lost} left"}
 
         # the plugin may have been registered by this very barrier, after the stage
@@ -139,7 +145,7 @@ class RedistSchedulerPlugin(SchedulerPlugin):
             return {"status": "error", "fatal": True, "message": too_big}
 
         if lost := [w for w in ranks if w not in self.scheduler.workers]:
-            self._restart(token, f"workers {lost} left while the run was planned")
+            self._restart(token, f"workers {lost} left while the run was planned", stale(lost), spec.settings)
             return {"status": "error", "message": f"workers {lost} left"}
         if token in self.active:
             self._abort(token, "superseded by a new run", restart=True)
@@ -304,10 +310,12 @@ class RedistSchedulerPlugin(SchedulerPlugin):
             },  # fmt: skip
         )
 
-    def _restart(self, token: str, reason: str) -> None:
-        """Abort the run and release the barrier and unfinished unpack tasks: dask reruns them."""
+    def _restart(self, token: str, reason: str, stale: list = (), settings=None) -> None:
+        """Abort the run and release the barrier and unfinished unpack tasks: dask reruns them
+        (and the ``stale`` stage tasks, whose staged chunks are gone). ``settings``: for a
+        restart before the run started."""
         spec_run = self.active.get(token)
-        settings = spec_run.spec.collective.settings if spec_run else None
+        settings = spec_run.spec.collective.settings if spec_run else settings
         self.restarts[token] += 1
         if settings is not None and self.restarts[token] > settings.retries:
             self._abort(
@@ -322,6 +330,8 @@ class RedistSchedulerPlugin(SchedulerPlugin):
         recs = {dt.key: "released" for dt in barrier.dependents if dt.state in ("processing", "waiting", "no-worker")}
         if barrier.state in ("memory", "processing"):
             recs[barrier.key] = "released"
+        tasks = self.scheduler.tasks
+        recs.update({k: "released" for k in stale if k in tasks and tasks[k].state == "memory"})
         stimulus = f"redist-restart-{token}-{time.time()}"
         self.scheduler.transitions(recs, stimulus_id=stimulus)
         self.scheduler.stimulus_queue_slots_maybe_opened(stimulus_id=stimulus)

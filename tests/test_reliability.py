@@ -363,3 +363,53 @@ def test_a_thread_stuck_in_an_aborted_run_is_replaced():
     assert abandoned == [first]
     release.set()
     thread.close()
+
+
+def _slow_first_block(block, block_info=None):
+    if block_info[0]["chunk-location"][0] == 0:
+        time.sleep(4)
+    return block
+
+
+def _stage_state(dask_scheduler):
+    """Stage keys in memory -> the workers holding their markers; and who runs the slow block."""
+    staged = {
+        ts.key: sorted(ws.address for ws in ts.who_has)
+        for ts in dask_scheduler.tasks.values()
+        if type(ts.key) is tuple and str(ts.key[0]).startswith("redist-stage-") and ts.state == "memory"
+    }
+    slow = [
+        ts.processing_on.address
+        for ts in dask_scheduler.tasks.values()
+        if type(ts.key) is tuple and str(ts.key[0]).startswith("_slow_first_block") and ts.key[1] == 0
+        and ts.processing_on is not None
+    ]  # fmt: skip
+    return staged, slow
+
+
+async def _copy_everywhere(keys, dask_scheduler):
+    await dask_scheduler.replicate(keys=keys, n=len(dask_scheduler.workers))
+
+
+def test_a_worker_dying_after_staging_has_its_stage_tasks_rerun(own_cluster):
+    """The staged chunks die with the worker, but copies of its stage markers can live on
+    elsewhere (the barrier's worker fetches them): those stage tasks must be rerun, not the
+    barrier retried on the stale markers forever."""
+    _, client = own_cluster
+    a = data((48, 48), seed=6)
+    x = da.from_array(a, chunks=(4, 48)).map_blocks(_slow_first_block, dtype=a.dtype)
+    with dask_redist.enable(engine="dask", retries=2):
+        future = client.compute(x.rechunk((48, 4)))
+        deadline = time.monotonic() + 30
+        while len((state := client.run_on_scheduler(_stage_state))[0]) < 11:  # all but the slow chunk
+            assert time.monotonic() < deadline, state
+            time.sleep(0.05)
+        staged, slow = state
+        homes = {w for holders in staged.values() for w in holders}
+        victim = sorted(homes - set(slow))[0]
+        client.run_on_scheduler(_copy_everywhere, list(staged))  # copies of the markers on every worker
+        pids = client.run(_pid)
+        os.kill(pids[victim], signal.SIGKILL)
+        got = future.result(timeout=120)
+    np.testing.assert_array_equal(got, a)
+    assert scheduler_history(client)[-1]["outcome"] == "done"
