@@ -67,3 +67,15 @@ class StuckEngine(DaskEngine):
             run.set_phase("stuck")
             time.sleep(self.stuck_for)  # never looks at the run's state
         super().execute(run, transport)
+
+
+class RestartingEngine(DaskEngine):
+    """Run 1: rank 0 finds its state stale and asks for a restart; later runs work."""
+
+    def execute(self, run, transport):
+        from dask_redist.errors import RedistConsistencyError
+
+        if run.run_id == 1 and run.rank == 0:
+            time.sleep(0.5)  # this rank's unpack tasks are waiting for the run by now
+            raise RedistConsistencyError(f"{run.name()}: injected stale state")
+        super().execute(run, transport)

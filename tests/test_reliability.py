@@ -413,3 +413,14 @@ def test_a_worker_dying_after_staging_has_its_stage_tasks_rerun(own_cluster):
         got = future.result(timeout=120)
     np.testing.assert_array_equal(got, a)
     assert scheduler_history(client)[-1]["outcome"] == "done"
+
+
+def test_a_rank_asking_for_a_restart_does_not_fail_the_computation(own_cluster):
+    """The rank reports and waits for the scheduler's restart: its unpack tasks must not
+    fail the computation first (they did, when the rank aborted its own run)."""
+    _, client = own_cluster
+    a = data((30, 30), seed=7)
+    with dask_redist.enable(engine="engines:RestartingEngine"):
+        got = da.from_array(a, chunks=(3, 30)).rechunk((30, 3)).compute()
+    np.testing.assert_array_equal(got, a)
+    assert [h["outcome"] for h in scheduler_history(client)] == ["restarted", "done"]
