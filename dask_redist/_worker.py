@@ -340,9 +340,7 @@ class WorkerState:
             old.fail(RedistConsistencyError(f"{old.name()} superseded by run {run.run_id}"))
         missing = [i for i, a in inputs.items() if a is None]
         if missing:
-            error = RedistConsistencyError(f"{wr.name()}: staged input chunks {missing[:5]} are not on this worker")
-            wr.fail(error)
-            self._report(wr, error)
+            self._fail(wr, RedistConsistencyError(f"{wr.name()}: staged input chunks {missing[:5]} are not on this worker"))
             return
         for src, first, arrays in early:
             wr.receive(src, first, arrays)
@@ -403,8 +401,19 @@ class WorkerState:
             if not isinstance(e, RedistError):
                 e = RedistError(f"{run.name()} failed in phase '{run.phase}': {type(e).__name__}: {e}")
             logger.warning("%s", e)
-            run.fail(e)
-            self._report(run, e)
+            self._fail(run, e)
+
+    def _fail(self, run: WorkerRun, error: RedistError) -> None:
+        """Have the scheduler abort ``run`` on every rank, this one included.
+
+        An error that asks for a restart is not applied here first: this rank's
+        unpack tasks would then fail the user's computation before the scheduler's
+        restart releases them. The scheduler's abort follows the report; if the
+        scheduler cannot be reached, the run's own timeouts end it.
+        """
+        if not isinstance(error, RedistConsistencyError):
+            run.fail(error)
+        self._report(run, error)
 
     def _abandoned(self, run: WorkerRun) -> None:
         logger.warning(
