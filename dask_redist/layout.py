@@ -67,55 +67,6 @@ class Box:
         return tuple(slice(l - o, u - o) for l, u, o in zip(self.lower, self.upper, origin))
 
 
-@dataclass(frozen=True)
-class Pitched:
-    """A box copy between two C-ordered arrays as equally spaced contiguous rows (bytes)."""
-
-    src_offset: int
-    dst_offset: int
-    width: int
-    height: int
-    src_pitch: int
-    dst_pitch: int
-
-
-def pitched(
-    region: Sequence[int], src_shape: Sequence[int], src_at: Sequence[int],
-    dst_shape: Sequence[int], dst_at: Sequence[int], itemsize: int,
-) -> Pitched | None:  # fmt: skip
-    """Copying ``region`` from ``src`` (at index ``src_at``) to ``dst`` (at ``dst_at``) as
-    one 2-D copy, or None where the rows are not equally spaced.
-
-    Rows are the longest contiguous runs: the axes after the first partial one
-    are full in both arrays. They are equally spaced when at most one axis
-    before that has more than one index in the region. One pitched copy costs
-    one call, where a strided copy of an N-D view costs a kernel and its Python
-    set-up: that matters with hundreds of chunks per run.
-    """
-    n = len(region)
-    j = n - 1
-    while j > 0 and region[j] == src_shape[j] == dst_shape[j]:
-        j -= 1
-    width = math.prod(region[j:]) * itemsize
-    rows = [d for d in range(j) if region[d] > 1]
-    if len(rows) > 1:
-        return None
-
-    def strides(shape):
-        out, step = [0] * n, itemsize
-        for d in reversed(range(n)):
-            out[d], step = step, step * shape[d]
-        return out
-
-    s_strides, d_strides = strides(src_shape), strides(dst_shape)
-    src_offset = sum(i * s for i, s in zip(src_at, s_strides))
-    dst_offset = sum(i * s for i, s in zip(dst_at, d_strides))
-    if not rows:
-        return Pitched(src_offset, dst_offset, width, 1, width, width)
-    (r,) = rows
-    return Pitched(src_offset, dst_offset, width, region[r], s_strides[r], d_strides[r])
-
-
 def rank_boxes(chunks: Chunks, ranks: np.ndarray, nranks: int) -> list[Box | None]:
     """The box each rank's non-empty chunks cover (None for a rank holding no data).
 

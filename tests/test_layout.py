@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import pytest
 from hypothesis import event, given, settings, target
@@ -212,49 +210,3 @@ def test_size_class(n, m, bits):
         assert c <= 2**bits or c // (c & -c) < 2**bits
     lo, hi = sorted((n, m))
     assert size_class(lo, bits) <= size_class(hi, bits)
-
-
-@st.composite
-def box_copies(draw):
-    """Two arrays and a region that fits inside both, at some position in each."""
-    n = draw(st.integers(1, 4))
-    region = [draw(st.integers(1, 4)) for _ in range(n)]
-    src_shape = [r + draw(st.integers(0, 2)) for r in region]
-    dst_shape = [r + draw(st.integers(0, 2)) for r in region]
-    src_at = [draw(st.integers(0, s - r)) for s, r in zip(src_shape, region)]
-    dst_at = [draw(st.integers(0, s - r)) for s, r in zip(dst_shape, region)]
-    itemsize = draw(st.sampled_from([1, 2, 8]))
-    return region, src_shape, src_at, dst_shape, dst_at, itemsize
-
-
-@given(box_copies())
-@settings(max_examples=300, deadline=None)
-def test_a_pitched_copy_moves_exactly_the_region(case):
-    """Carried out on raw bytes, the 2-D copy gives what NumPy's sliced assignment gives."""
-    from dask_redist.layout import pitched
-
-    region, src_shape, src_at, dst_shape, dst_at, itemsize = case
-    dtype = {1: np.uint8, 2: np.uint16, 8: np.uint64}[itemsize]
-    src = np.arange(1, math.prod(src_shape) + 1, dtype=dtype).reshape(src_shape)
-    dst = np.zeros(dst_shape, dtype=dtype)
-    expected = dst.copy()
-    expected[tuple(slice(a, a + r) for a, r in zip(dst_at, region))] = src[
-        tuple(slice(a, a + r) for a, r in zip(src_at, region))
-    ]
-    p = pitched(region, src_shape, src_at, dst_shape, dst_at, itemsize)
-    if p is None:  # not 2-D: at least two row axes span more than one index
-        return
-    assert p.width <= p.src_pitch and p.width <= p.dst_pitch
-    s, d = src.view(np.uint8).ravel(), dst.view(np.uint8).ravel()
-    for row in range(p.height):
-        d[p.dst_offset + row * p.dst_pitch :][: p.width] = s[p.src_offset + row * p.src_pitch :][: p.width]
-    np.testing.assert_array_equal(dst, expected)
-
-
-def test_slab_outputs_are_pitched_copies():
-    """The case that matters: a slab of a slab-shaped output box, one row per leading index."""
-    from dask_redist.layout import pitched
-
-    p = pitched((1024, 4, 1024), (1024, 512, 1024), (0, 8, 0), (1024, 4, 1024), (0, 0, 0), 8)
-    assert p == type(p)(8 * 1024 * 8, 0, 4 * 1024 * 8, 1024, 512 * 1024 * 8, 4 * 1024 * 8)
-    assert pitched((2, 2, 3), (4, 4, 4), (0, 0, 0), (2, 2, 3), (0, 0, 0), 8) is None

@@ -29,7 +29,7 @@ import numpy as np
 
 from dask_redist.assemble import cut
 from dask_redist.errors import EngineUnavailableError, RedistError, RedistTimeoutError
-from dask_redist.layout import Box, DirectLayout, PackedLayout, choose_layout, pitched, size_class
+from dask_redist.layout import Box, DirectLayout, PackedLayout, choose_layout, size_class
 from dask_redist.plan import block_lower, chunk_box, chunk_lowers
 
 logger = logging.getLogger("dask_redist")
@@ -118,27 +118,6 @@ def _gpu_memory() -> tuple[int, int, str | None]:
         except Exception:  # noqa: S110 - the pool name only decorates the message
             pass
     return int(free), int(total), pool
-
-
-def _copy_box(part: Box, src, src_lower, dst, dst_lower) -> None:
-    """Copy the global box ``part`` between two arrays whose first elements sit at the given
-    global indices: one pitched copy on the current stream where it is one, else CuPy's."""
-    import cupy
-
-    at_src = [l - o for l, o in zip(part.lower, src_lower)]
-    at_dst = [l - o for l, o in zip(part.lower, dst_lower)]
-    p = None
-    same = isinstance(src, cupy.ndarray) and isinstance(dst, cupy.ndarray) and src.dtype == dst.dtype
-    if same and src.flags.c_contiguous and dst.flags.c_contiguous:
-        p = pitched(part.shape, src.shape, at_src, dst.shape, at_dst, src.itemsize)
-    if p is None:
-        dst[part.slices(dst_lower)] = src[part.slices(src_lower)]
-        return
-    runtime = cupy.cuda.runtime
-    runtime.memcpy2DAsync(
-        dst.data.ptr + p.dst_offset, p.dst_pitch, src.data.ptr + p.src_offset, p.src_pitch,
-        p.width, p.height, runtime.memcpyDeviceToDevice, cupy.cuda.get_current_stream().ptr,
-    )  # fmt: skip
 
 
 def _strides(lower, upper) -> tuple[int, int, int]:
@@ -457,13 +436,13 @@ class CufftMpEngine:
             for f, box in chunks_in.items():
                 part = box.intersect(b_in)
                 if part.size:
-                    _copy_box(part, run.inputs[f], box.lower, staged, b_in.lower)
+                    staged[part.slices(b_in.lower)] = run.inputs[f][part.slices(box.lower)]
             self.exchange(plan, src, dst, ws)
             received = self.arena.view(dst, b_out.shape, dtype)
             for f, box in chunks_out.items():
                 part = box.intersect(b_out)
                 if part.size:
-                    _copy_box(part, received, b_out.lower, outputs[f], box.lower)
+                    outputs[f][part.slices(box.lower)] = received[part.slices(b_out.lower)]
             self._mark("unstage")
 
     def _packed(self, run, layout: PackedLayout, outputs) -> None:
