@@ -200,10 +200,10 @@ def test_worker_killed_during_a_cufftmp_run(gpu_client):
 
     import cupy
 
-    c = case((256, 256, 512), (32, 256, 512), (256, 32, 512), name="256 MiB in many rounds")
+    c = case((512, 512, 512), (64, 512, 512), (512, 64, 512), name="1 GiB in many rounds")
     # not placed_array: its chunks are pinned to their workers, so the killed worker's could
     # never be recomputed; these can, anywhere
-    x = da.arange(math.prod(c.shape), chunks=256 * 512 * 32, dtype="float64").reshape(c.shape)
+    x = da.arange(math.prod(c.shape), chunks=512 * 512 * 64, dtype="float64").reshape(c.shape)
     x = x.rechunk(c.old).map_blocks(cupy.asarray).persist()
     wait(x)
     expected = np.arange(math.prod(c.shape), dtype="float64").reshape(c.shape)
@@ -217,7 +217,7 @@ def test_worker_killed_during_a_cufftmp_run(gpu_client):
         deadline = time.monotonic() + 60
         while "cufftmp" not in gpu_client.run_on_scheduler(active) and time.monotonic() < deadline:
             time.sleep(0.01)
-        time.sleep(0.3)
+        # at once: a run of 256 MiB once finished within the 0.3 s this test used to wait
         killed.append(_kill_one_worker(gpu_client, pick=0))
 
     killed: list = []
