@@ -372,6 +372,7 @@ class RedistSchedulerPlugin(SchedulerPlugin):
 
     def remove_worker(self, scheduler, worker: str, *, stimulus_id: str, **kwargs) -> None:
         self.capabilities.pop(worker, None)
+        self.stranded = [w for w in self.stranded if w != worker]  # gone, or restarted as a new worker
         for key in [k for k, w in self.stage_home.items() if w == worker]:
             del self.stage_home[key]
         if self.world is not None and worker in self.world:

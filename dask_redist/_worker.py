@@ -16,6 +16,7 @@ import asyncio
 import heapq
 import itertools
 import logging
+import os
 import threading
 import time
 import weakref
@@ -402,6 +403,25 @@ class WorkerState:
                 e = RedistError(f"{run.name()} failed in phase '{run.phase}': {type(e).__name__}: {e}")
             logger.warning("%s", e)
             self._fail(run, e)
+        finally:
+            if getattr(get_engine(run.spec.engine), "stuck", False) and run.spec.collective.settings.exit_when_stuck:
+                self._exit_stuck(run)
+
+    def _exit_stuck(self, run: WorkerRun) -> None:
+        """End this process: its GPU waits inside an NVSHMEM collective that can never finish.
+
+        Every later GPU call would wait behind that kernel, and so would a normal
+        shutdown (nvmath finalizes NVSHMEM at exit, waiting for the peer). The
+        nanny starts a fresh process; the scheduler sees a worker leave, restarts
+        the rechunk, and Dask recomputes what this worker held.
+        """
+        logger.error(
+            "%s left this worker's GPU inside an NVSHMEM collective that cannot finish; exiting so that the "
+            "nanny starts a fresh process (redist.nvshmem.exit-when-stuck)", run.name(),
+        )  # fmt: skip
+        for handler in logging.getLogger().handlers + logger.handlers:
+            handler.flush()
+        os._exit(70)
 
     def _fail(self, run: WorkerRun, error: RedistError) -> None:
         """Have the scheduler abort ``run`` on every rank, this one included.

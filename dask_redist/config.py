@@ -36,6 +36,12 @@ def _get(key: str, config: dict | None):
     return node
 
 
+def _bool(key, value) -> bool:
+    if not isinstance(value, bool):
+        raise ConfigError(f"redist.{key} must be true or false, got {value!r}")
+    return value
+
+
 def _bytes(key, value) -> int:
     try:
         n = parse_bytes(value) if isinstance(value, str) else value
@@ -76,6 +82,7 @@ class Settings:
     collective_timeout: float = 300.0
     bootstrap_timeout: float = 120.0
     symmetric_size: int | None = None
+    exit_when_stuck: bool = True
 
     @classmethod
     def from_config(cls, config: dict | None = None) -> Settings:
@@ -105,6 +112,7 @@ class Settings:
             collective_timeout=_seconds("timeouts.collective", _get("timeouts.collective", config)),
             bootstrap_timeout=_seconds("timeouts.bootstrap", _get("timeouts.bootstrap", config)),
             symmetric_size=None if sym is None else _bytes("nvshmem.symmetric-size", sym),
+            exit_when_stuck=_bool("nvshmem.exit-when-stuck", _get("nvshmem.exit-when-stuck", config)),
         )
 
     def describe(self) -> dict:

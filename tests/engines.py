@@ -79,3 +79,24 @@ class RestartingEngine(DaskEngine):
             time.sleep(0.5)  # this rank's unpack tasks are waiting for the run by now
             raise RedistConsistencyError(f"{run.name()}: injected stale state")
         super().execute(run, transport)
+
+
+class StuckGpuEngine(DaskEngine):
+    """Run 1: the last rank's process dies mid-run; rank 0 finds its (pretend) GPU work stuck
+    waiting for it, as cufftmp does when a peer dies inside a reshape. Later runs work."""
+
+    stuck = False
+
+    def execute(self, run, transport):
+        import os
+
+        if run.run_id == 1 and run.rank == len(run.spec.workers) - 1:
+            time.sleep(0.5)
+            os._exit(1)
+        if run.run_id == 1 and run.rank == 0:
+            deadline = time.monotonic() + 60
+            while run.state != "failed" and time.monotonic() < deadline:
+                time.sleep(0.05)
+            self.stuck = True
+            run.set_phase("exchange")  # raises the abort's error
+        super().execute(run, transport)

@@ -193,8 +193,8 @@ def test_worker_loss_then_rebootstrap(gpu_client):
 
 
 def test_worker_killed_during_a_cufftmp_run(gpu_client):
-    """Killed mid-run: the rechunk still completes, correctly, on the dask engine; the survivor's
-    GPU was left inside an NVSHMEM collective, so bootstrap restarts it when asked to."""
+    """Killed mid-run: the rechunk still completes, correctly, on the dask engine; then a new
+    world forms and cufftmp runs again."""
     import threading
     import time
 
@@ -233,7 +233,7 @@ def test_worker_killed_during_a_cufftmp_run(gpu_client):
     assert runs[0]["engine"] == "cufftmp" and runs[0]["outcome"] != "done", runs
     assert runs[-1]["outcome"] == "done" and runs[-1]["engine"] == "dask", runs
 
-    with pytest.raises(dask_redist.RedistError, match="restart_broken"):
-        dask_redist.bootstrap(gpu_client)
+    # the survivor either exited (its GPU was stuck in the reshape: redist.nvshmem.exit-when-stuck)
+    # or is stranded in the old world: restart_broken covers both
     dask_redist.bootstrap(gpu_client, restart_broken=True)
     run_case(gpu_client, CASES[0], seed=22, engine="auto")

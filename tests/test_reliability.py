@@ -424,3 +424,27 @@ def test_a_rank_asking_for_a_restart_does_not_fail_the_computation(own_cluster):
         got = da.from_array(a, chunks=(3, 30)).rechunk((30, 3)).compute()
     np.testing.assert_array_equal(got, a)
     assert [h["outcome"] for h in scheduler_history(client)] == ["restarted", "done"]
+
+
+def test_a_worker_whose_gpu_is_stuck_exits_and_the_rechunk_completes(own_cluster):
+    """A peer dies mid-run and rank 0's GPU work can never finish: rank 0's process exits
+    (redist.nvshmem.exit-when-stuck), its nanny starts a new one, and the rechunk completes."""
+    _, client = own_cluster
+    before = client.run(_pid)
+    a = data((30, 30), seed=8)
+    with dask_redist.enable(engine="engines:StuckGpuEngine"):
+        got = da.from_array(a, chunks=(3, 30)).rechunk((30, 3)).compute()
+    np.testing.assert_array_equal(got, a)
+    assert scheduler_history(client)[-1]["outcome"] == "done"
+    client.wait_for_workers(3)
+    assert len(set(before.values()) - set(client.run(_pid).values())) == 2  # both processes replaced
+
+
+def test_exit_when_stuck_can_be_turned_off():
+    from dask_redist.config import Settings
+
+    with dask.config.set({"redist.nvshmem.exit-when-stuck": False}):
+        assert Settings.from_config().exit_when_stuck is False
+    with dask.config.set({"redist.nvshmem.exit-when-stuck": "yes"}):
+        with pytest.raises(dask_redist.ConfigError, match="redist.nvshmem.exit-when-stuck"):
+            Settings.from_config()

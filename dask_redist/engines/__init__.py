@@ -36,7 +36,9 @@ class Engine(Protocol):
         """Move this rank's pieces and finish ``run`` with its output chunks."""
 
     # optional: ``abandoned(run)``, told when ``run`` was aborted but ``execute`` has not
-    # returned and later runs go on without it (a GPU engine cannot be trusted any more)
+    # returned and later runs go on without it (a GPU engine cannot be trusted any more);
+    # ``stuck``, true once work of an aborted run can never finish in this process
+    # (the worker then exits, see redist.nvshmem.exit-when-stuck)
 
 
 def choose_engine(

@@ -186,6 +186,7 @@ class CufftMpEngine:
         self.stream = None
         self.stats = {"bootstrap_s": None, "plans": 0, "plan_s": 0.0, "runs": 0, "last": None}
         self.broken: str | None = None  # why NVSHMEM in this process cannot be trusted any more
+        self.stuck = False  # GPU work of an aborted run waits inside NVSHMEM, forever
         self._marks: list = []
 
     # -- world -------------------------------------------------------------------------
@@ -382,6 +383,7 @@ class CufftMpEngine:
         while not done.done:
             if run.state == "failed" or time.monotonic() > deadline:
                 self.broken = f"{run.name()} was left unfinished on the GPU"
+                self.stuck = True  # that kernel never ends: see redist.nvshmem.exit-when-stuck
                 if run.state == "failed":
                     raise run.error
                 raise RedistTimeoutError(
