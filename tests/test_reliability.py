@@ -306,6 +306,13 @@ def test_symmetric_size_is_read_as_nvshmem_reads_it(text, nbytes):
     assert parse_symmetric_size(text) == nbytes
 
 
+def test_a_symmetric_size_nvshmem_cannot_read_is_named():
+    from dask_redist.engines.cufftmp import parse_symmetric_size
+
+    with pytest.raises(ValueError, match="NVSHMEM_SYMMETRIC_SIZE='4GiB'.*redist.nvshmem.symmetric-size"):
+        parse_symmetric_size("4GiB")
+
+
 def test_a_heap_that_cannot_fit_names_the_settings_and_the_pool():
     from dask_redist.engines.cufftmp import heap_problem
 

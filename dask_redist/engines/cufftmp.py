@@ -78,7 +78,13 @@ def parse_symmetric_size(text: str) -> int:
     """``NVSHMEM_SYMMETRIC_SIZE`` as NVSHMEM reads it: bytes, or K/M/G/T in powers of 1024."""
     value = str(text).strip().upper().removesuffix("B")
     unit = value[-1] if value and value[-1] in _UNITS else ""
-    return int(float(value[: len(value) - len(unit)]) * _UNITS[unit])
+    try:
+        return int(float(value[: len(value) - len(unit)]) * _UNITS[unit])
+    except ValueError:
+        raise ValueError(
+            f"NVSHMEM_SYMMETRIC_SIZE={text!r} is not a size NVSHMEM reads (bytes, or a number with K, M, G or T); "
+            "set redist.nvshmem.symmetric-size instead"
+        ) from None
 
 
 def heap_problem(symmetric_size: int, free: int, total: int, pool: str | None = None) -> str | None:
@@ -218,9 +224,7 @@ class CufftMpEngine:
         )
         # agreed on by every rank before NVSHMEM starts: one rank refusing alone would leave
         # the others inside NVSHMEM's bootstrap until it times out
-        problem = problem or self._rejoin_problem() or heap_problem(
-            parse_symmetric_size(os.environ["NVSHMEM_SYMMETRIC_SIZE"]), *_gpu_memory()
-        )
+        problem = problem or self._rejoin_problem() or self._heap_problem()
         problems = [(workers[r], p) for r, p in enumerate(group.allgather(problem)) if p]
         if problems:
             raise EngineUnavailableError(f"{run.name()}: cufftmp cannot start on {problems[0][0]}: {problems[0][1]}")
@@ -234,6 +238,14 @@ class CufftMpEngine:
         self.stream = cupy.cuda.Stream(non_blocking=True)
         self.stats["bootstrap_s"] = time.perf_counter() - start
         logger.info("NVSHMEM bootstrapped over %d workers in %.2fs", len(workers), self.stats["bootstrap_s"])
+
+    @staticmethod
+    def _heap_problem() -> str | None:
+        try:
+            size = parse_symmetric_size(os.environ["NVSHMEM_SYMMETRIC_SIZE"])
+        except ValueError as e:
+            return str(e)
+        return heap_problem(size, *_gpu_memory())
 
     def _rejoin_problem(self) -> str | None:
         """Why this process cannot start NVSHMEM for a new world: it is still up from the last one."""
