@@ -249,7 +249,7 @@ class RedistSchedulerPlugin(SchedulerPlugin):
         elif restart:
             self._restart(token, message)
         else:
-            self._abort(token, message, restart=False, timeout=timeout)
+            self._abort(token, message, restart=False, timeout=timeout, unavailable=unavailable)
 
     def forget_world(self) -> None:
         """The next cufftmp run bootstraps NVSHMEM over the workers of that moment."""
@@ -297,8 +297,9 @@ class RedistSchedulerPlugin(SchedulerPlugin):
             self._send(run.spec.workers, {"op": "redist-cleanup", "token": token, "run_id": run.spec.run_id})
             self.restarts.pop(token, None)
 
-    def _abort(self, token: str, reason: str, *, restart: bool, timeout: bool = False) -> None:
-        """Fail the run on every rank with ``reason`` (as a timeout, a retry, or an error)."""
+    def _abort(self, token: str, reason: str, *, restart: bool, timeout: bool = False, unavailable: bool = False) -> None:
+        """Fail the run on every rank with ``reason`` (as a retry, a timeout, an engine that could not
+        start, or an error)."""
         run = self._deactivate(token, "restarted" if restart else "failed")
         if run is None:
             return
@@ -306,7 +307,7 @@ class RedistSchedulerPlugin(SchedulerPlugin):
             run.spec.workers,
             {
                 "op": "redist-abort", "token": token, "run_id": run.spec.run_id,
-                "reason": reason, "restart": restart, "timeout": timeout,
+                "reason": reason, "restart": restart, "timeout": timeout, "unavailable": unavailable,
             },  # fmt: skip
         )
 

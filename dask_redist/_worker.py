@@ -366,13 +366,18 @@ class WorkerState:
             run.receive(src, first, data)
         return "OK"
 
-    def handle_abort(self, token: str, run_id: int, reason: str, restart: bool, timeout: bool = False) -> None:
+    def handle_abort(
+        self, token: str, run_id: int, reason: str, restart: bool, timeout: bool = False, unavailable: bool = False
+    ) -> None:
         with self._lock:
             run = self.runs.get(token)
             for key in [k for k in self.early if k[0] == token and k[1] <= run_id]:
                 del self.early[key]
         if run is not None and run.run_id == run_id:
-            error = RedistConsistencyError if restart else RedistTimeoutError if timeout else RedistError
+            if restart:
+                error = RedistConsistencyError
+            else:
+                error = RedistTimeoutError if timeout else EngineUnavailableError if unavailable else RedistError
             run.fail(error(reason))
 
     def handle_cleanup(self, token: str, run_id: int) -> None:
@@ -426,12 +431,13 @@ class WorkerState:
     def _fail(self, run: WorkerRun, error: RedistError) -> None:
         """Have the scheduler abort ``run`` on every rank, this one included.
 
-        An error that asks for a restart is not applied here first: this rank's
-        unpack tasks would then fail the user's computation before the scheduler's
-        restart releases them. The scheduler's abort follows the report; if the
-        scheduler cannot be reached, the run's own timeouts end it.
+        An error the scheduler may answer with a restart (stale state; an engine
+        that could not start, under ``engine: auto``) is not applied here first:
+        this rank's unpack tasks would then fail the user's computation before
+        the restart releases them. The scheduler's abort follows the report; if
+        the scheduler cannot be reached, the run's own timeouts end it.
         """
-        if not isinstance(error, RedistConsistencyError):
+        if not isinstance(error, (RedistConsistencyError, EngineUnavailableError)):
             run.fail(error)
         self._report(run, error)
 
