@@ -148,7 +148,7 @@ class RedistSchedulerPlugin(SchedulerPlugin):
             self._restart(token, f"workers {lost} left while the run was planned", stale(lost), spec.settings)
             return {"status": "error", "message": f"workers {lost} left"}
         if token in self.active:
-            self._abort(token, "superseded by a new run", restart=True)
+            self._abort(token, "superseded by a new run", kind="restart")
         self.attempts[token] += 1
         run = RunSpec(
             collective=spec,
@@ -231,25 +231,21 @@ class RedistSchedulerPlugin(SchedulerPlugin):
         return {"status": "OK", "values": values}
 
     @log_errors
-    def failed(
-        self, token: str, run_id: int, address: str, message: str, restart: bool, timeout: bool = False,
-        unavailable: bool = False,
-    ) -> None:  # fmt: skip
-        """A rank's run failed: restart it (also on the dask engine if its own could not start), or abort."""
+    def failed(self, token: str, run_id: int, address: str, message: str, kind: str) -> None:
+        """A rank's run failed (``kind``: see `dask_redist.errors.KINDS`): restart it, on the dask
+        engine if its own could not start under ``auto``, or abort it."""
         run = self.active.get(token)
         if run is None or run.spec.run_id != run_id:
             return
         logger.warning("%s failed on %s: %s", run.spec.name(), address, message)
-        if unavailable:  # checked before NVSHMEM started: bootstrap may try again once fixed
-            self.world_broken = message
+        if kind == "unavailable":  # checked before NVSHMEM started: bootstrap may try again once fixed
+            self.world_broken = message  # choose_engine answers "dask" from now on, with this reason
         elif run.spec.engine == "cufftmp":
             self.world_broken = f"{run.spec.name()} failed on {address}"
-        if unavailable and run.spec.collective.settings.engine == "auto":
-            self._restart(token, message)  # choose_engine now answers "dask", with the message as the reason
-        elif restart:
+        if kind == "restart" or (kind == "unavailable" and run.spec.collective.settings.engine == "auto"):
             self._restart(token, message)
         else:
-            self._abort(token, message, restart=False, timeout=timeout, unavailable=unavailable)
+            self._abort(token, message, kind=kind)
 
     def forget_world(self) -> None:
         """The next cufftmp run bootstraps NVSHMEM over the workers of that moment."""
@@ -297,18 +293,14 @@ class RedistSchedulerPlugin(SchedulerPlugin):
             self._send(run.spec.workers, {"op": "redist-cleanup", "token": token, "run_id": run.spec.run_id})
             self.restarts.pop(token, None)
 
-    def _abort(self, token: str, reason: str, *, restart: bool, timeout: bool = False, unavailable: bool = False) -> None:
-        """Fail the run on every rank with ``reason`` (as a retry, a timeout, an engine that could not
-        start, or an error)."""
-        run = self._deactivate(token, "restarted" if restart else "failed")
+    def _abort(self, token: str, reason: str, *, kind: str) -> None:
+        """Fail the run on every rank with ``reason``, as the error `dask_redist.errors.KINDS` names."""
+        run = self._deactivate(token, "restarted" if kind == "restart" else "failed")
         if run is None:
             return
         self._send(
             run.spec.workers,
-            {
-                "op": "redist-abort", "token": token, "run_id": run.spec.run_id,
-                "reason": reason, "restart": restart, "timeout": timeout, "unavailable": unavailable,
-            },  # fmt: skip
+            {"op": "redist-abort", "token": token, "run_id": run.spec.run_id, "reason": reason, "kind": kind},
         )
 
     def _restart(self, token: str, reason: str, stale: list = (), settings=None) -> None:
@@ -320,10 +312,10 @@ class RedistSchedulerPlugin(SchedulerPlugin):
         self.restarts[token] += 1
         if settings is not None and self.restarts[token] > settings.retries:
             self._abort(
-                token, f"{reason} (gave up after {settings.retries} restarts, see redist.retries)", restart=False
+                token, f"{reason} (gave up after {settings.retries} restarts, see redist.retries)", kind="error"
             )
             return
-        self._abort(token, reason, restart=True)
+        self._abort(token, reason, kind="restart")
         logger.warning("restarting rechunk %s: %s", token[:8], reason)
         barrier = self.scheduler.tasks.get(BARRIER_PREFIX + token)
         if barrier is None:
@@ -356,16 +348,16 @@ class RedistSchedulerPlugin(SchedulerPlugin):
                 if not run.pending:
                     self._finish(token)
             elif finish == "erred":
-                self._abort(token, f"output task {key} failed", restart=False)
+                self._abort(token, f"output task {key} failed", kind="error")
             elif finish == "forgotten":
                 run.pending.discard(key)
                 if not run.pending:
-                    self._abort(token, "all outputs forgotten", restart=False)
+                    self._abort(token, "all outputs forgotten", kind="error")
             return
         if type(key) is str and key.startswith(BARRIER_PREFIX) and finish in ("released", "erred", "forgotten"):
             token = key[len(BARRIER_PREFIX) :]
             if token in self.active:
-                self._abort(token, f"barrier {finish}", restart=finish == "released")
+                self._abort(token, f"barrier {finish}", kind="restart" if finish == "released" else "error")
             if finish == "forgotten":  # nobody can ask for this rechunk again: workers forget it too
                 self.attempts.pop(token, None)
                 self.restarts.pop(token, None)
@@ -373,7 +365,6 @@ class RedistSchedulerPlugin(SchedulerPlugin):
 
     def remove_worker(self, scheduler, worker: str, *, stimulus_id: str, **kwargs) -> None:
         self.capabilities.pop(worker, None)
-        self.stranded = [w for w in self.stranded if w != worker]  # gone, or restarted as a new worker
         for key in [k for k, w in self.stage_home.items() if w == worker]:
             del self.stage_home[key]
         if self.world is not None and worker in self.world:

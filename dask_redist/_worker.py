@@ -31,7 +31,14 @@ from distributed.protocol import to_serialize
 from dask_redist._run import Packed, RunSpec, WorkerRun
 from dask_redist.assemble import Assembly, array_kind
 from dask_redist.engines import get_engine
-from dask_redist.errors import EngineUnavailableError, RedistConsistencyError, RedistError, RedistTimeoutError
+from dask_redist.errors import (
+    KINDS,
+    EngineUnavailableError,
+    RedistConsistencyError,
+    RedistError,
+    RedistTimeoutError,
+    kind_of,
+)
 
 logger = logging.getLogger("dask_redist")
 
@@ -366,19 +373,13 @@ class WorkerState:
             run.receive(src, first, data)
         return "OK"
 
-    def handle_abort(
-        self, token: str, run_id: int, reason: str, restart: bool, timeout: bool = False, unavailable: bool = False
-    ) -> None:
+    def handle_abort(self, token: str, run_id: int, reason: str, kind: str) -> None:
         with self._lock:
             run = self.runs.get(token)
             for key in [k for k in self.early if k[0] == token and k[1] <= run_id]:
                 del self.early[key]
         if run is not None and run.run_id == run_id:
-            if restart:
-                error = RedistConsistencyError
-            else:
-                error = RedistTimeoutError if timeout else EngineUnavailableError if unavailable else RedistError
-            run.fail(error(reason))
+            run.fail(KINDS[kind](reason))
 
     def handle_cleanup(self, token: str, run_id: int) -> None:
         with self._lock:
@@ -450,7 +451,7 @@ class WorkerState:
         if hook is not None:
             hook(run)
 
-    def _report(self, run: WorkerRun, error: BaseException) -> None:
+    def _report(self, run: WorkerRun, error: RedistError) -> None:
         """Tell the scheduler, which aborts the run on every rank (fire and forget)."""
 
         async def report():
@@ -460,9 +461,7 @@ class WorkerState:
                     run_id=run.run_id,
                     address=self.address,
                     message=str(error),
-                    restart=isinstance(error, RedistConsistencyError),
-                    timeout=isinstance(error, RedistTimeoutError),
-                    unavailable=isinstance(error, EngineUnavailableError),
+                    kind=kind_of(error),
                 )
             except Exception:  # the scheduler may be gone; the other ranks time out on their own
                 logger.exception("could not report the failure of %s", run.name())

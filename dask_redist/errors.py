@@ -32,5 +32,21 @@ class EngineUnavailableError(RedistError):
     """
 
 
+#: How a run failed, as worker and scheduler tell each other: the kind names the error
+#: each rank raises (a ``restart`` is retried by the scheduler; ``unavailable`` too, on the
+#: dask engine, under ``engine: auto``).
+KINDS: dict[str, type[RedistError]] = {
+    "restart": RedistConsistencyError,
+    "timeout": RedistTimeoutError,
+    "unavailable": EngineUnavailableError,
+    "error": RedistError,
+}
+
+
+def kind_of(error: RedistError) -> str:
+    """The `KINDS` entry of ``error``."""
+    return next(kind for kind, cls in KINDS.items() if isinstance(error, cls))
+
+
 class NotEligibleError(ValueError):
     """An array cannot be rechunked by the collective; the message says why."""

@@ -174,10 +174,6 @@ class Arena:
 
         if self.ptr:
             nvshmem.free(self.ptr)
-        self.drop()
-
-    def drop(self) -> None:
-        """Forget the allocation without freeing it: NVSHMEM's finalize drops the whole heap."""
         self.ptr, self.size = 0, 0
 
 
