@@ -129,6 +129,7 @@ class WorkerRun:
             if self.state != "queued":
                 return False
             self.state = "running"
+            self.phase = "started"
             return True
 
     def set_phase(self, phase: str) -> None:

@@ -7,7 +7,14 @@ with where every input chunk is staged. The plugin then
 2. numbers the run: a run id per attempt of this rechunk, and a sequence
    number in one global order over all runs,
 3. pins every unpack task to its owner (``worker_restrictions``),
-4. sends ``redist-start`` to every worker of the run, in sequence order.
+4. once the barrier task is in memory, sends ``redist-start`` to every worker
+   of the run, in sequence order.
+
+A run starts only when its barrier task is in memory, not when the barrier
+calls: a rank may fail at once (an engine that cannot start), and a restart
+that released the barrier task while it was still processing would race the
+task's own completion (distributed then releases it again as a stale result,
+and the restarted run with it).
 
 It watches the unpack tasks: when all are in memory the run is cleaned up on
 the workers; when one errs the run is aborted everywhere. When a worker of an
@@ -25,7 +32,7 @@ import itertools
 import logging
 import time
 from collections import defaultdict, deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -54,6 +61,7 @@ class ActiveRun:
     nbytes: int
     moved: int
     started: float = field(default_factory=time.time)
+    sent: bool = False  # redist-start went out (when the barrier task reached memory)
 
 
 class RedistSchedulerPlugin(SchedulerPlugin):
@@ -153,7 +161,7 @@ class RedistSchedulerPlugin(SchedulerPlugin):
         run = RunSpec(
             collective=spec,
             run_id=self.attempts[token],
-            seq=next(self._seq),
+            seq=0,  # numbered when it is sent
             workers=tuple(ranks),
             in_ranks=plan.in_ranks,
             out_ranks=plan.out_ranks,
@@ -172,11 +180,7 @@ class RedistSchedulerPlugin(SchedulerPlugin):
             pending.add(out_key)
         self.scheduler.set_restrictions(pins)
         self.active[token] = ActiveRun(run, pending, restrictions, plan.nbytes, plan.moved_bytes)
-        message = {"op": "redist-start", "run": ToPickle(run)}
-        for w in ranks:  # no await since the sequence number: starts leave in seq order
-            self.scheduler.stream_comms[w].send(message)
-        self.timeline["start sent"] = time.time()
-        logger.debug("started %s on %d workers (engine %s)", run.name(), len(ranks), engine)
+        logger.debug("planned %s on %d workers (engine %s)", run.name(), len(ranks), engine)
         if not pending:
             self._finish(token)
         return {"status": "OK", "run_id": run.run_id}
@@ -286,6 +290,17 @@ class RedistSchedulerPlugin(SchedulerPlugin):
         )
         return run
 
+    def _start(self, token: str) -> None:
+        """Send the active run to its ranks, numbered in the global order of runs: one
+        synchronous loop, so every worker receives the starts in the same order."""
+        run = self.active.get(token)
+        if run is None or run.sent:
+            return
+        run.spec = replace(run.spec, seq=next(self._seq))
+        run.sent = True
+        self._send(run.spec.workers, {"op": "redist-start", "run": ToPickle(run.spec)})
+        self.timeline["start sent"] = time.time()
+
     def _finish(self, token: str) -> None:
         self.timeline["outputs in memory"] = time.time()
         run = self._deactivate(token, "done")
@@ -298,6 +313,7 @@ class RedistSchedulerPlugin(SchedulerPlugin):
         run = self._deactivate(token, "restarted" if kind == "restart" else "failed")
         if run is None:
             return
+        logger.debug("aborting %s (%s): %s", run.spec.name(), kind, reason)
         self._send(
             run.spec.workers,
             {"op": "redist-abort", "token": token, "run_id": run.spec.run_id, "reason": reason, "kind": kind},
@@ -354,10 +370,13 @@ class RedistSchedulerPlugin(SchedulerPlugin):
                 if not run.pending:
                     self._abort(token, "all outputs forgotten", kind="error")
             return
-        if type(key) is str and key.startswith(BARRIER_PREFIX) and finish in ("released", "erred", "forgotten"):
+        if type(key) is str and key.startswith(BARRIER_PREFIX) and finish == "memory":
+            # before the unpack tasks it frees: their compute-task messages follow on the same streams
+            self._start(key[len(BARRIER_PREFIX) :])
+        elif type(key) is str and key.startswith(BARRIER_PREFIX) and finish in ("released", "erred", "forgotten"):
             token = key[len(BARRIER_PREFIX) :]
             if token in self.active:
-                self._abort(token, f"barrier {finish}", kind="restart" if finish == "released" else "error")
+                self._abort(token, f"barrier {finish} ({stimulus_id})", kind="restart" if finish == "released" else "error")
             if finish == "forgotten":  # nobody can ask for this rechunk again: workers forget it too
                 self.attempts.pop(token, None)
                 self.restarts.pop(token, None)

@@ -113,8 +113,9 @@ class CollectiveThread:
                 run.fail(RedistError(f"{run.name()}: worker is closing"))
                 return
             heapq.heappush(self._heap, (run.spec.seq, next(self._tie), run))
-            if self._current is not None and self._current.state == "failed":
-                abandoned, self._current, self._thread = self._current, None, None
+            current = self._current  # (one aborted before it started returns at once)
+            if current is not None and current.state == "failed" and current.phase != "queued":
+                abandoned, self._current, self._thread = current, None, None
             if self._thread is None:
                 self._thread = threading.Thread(target=self._loop, name=self._name, daemon=True)
                 self._thread.start()

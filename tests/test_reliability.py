@@ -345,18 +345,14 @@ def test_a_thread_stuck_in_an_aborted_run_is_replaced():
 
     release, ran, abandoned = threading.Event(), [], []
 
-    class Run:
-        def __init__(self, seq):
-            self.spec = type("Spec", (), {"seq": seq})()
-            self.state = "queued"
-
     def execute(run):
         ran.append(run.spec.seq)
+        run.phase = "started"  # as WorkerRun.start does
         if run.spec.seq == 1:
             release.wait(30)  # ignores the abort
 
     thread = CollectiveThread(execute, "test", on_abandon=abandoned.append)
-    first, second, third = Run(1), Run(2), Run(3)
+    first, second, third = FakeRun(1), FakeRun(2), FakeRun(3)
     thread.submit(first)
     while ran != [1]:
         time.sleep(0.01)
@@ -370,6 +366,43 @@ def test_a_thread_stuck_in_an_aborted_run_is_replaced():
     assert abandoned == [first]
     release.set()
     thread.close()
+
+
+def test_a_run_aborted_before_it_started_is_not_abandoned():
+    """Aborted between leaving the queue and starting, a run returns at once: the next
+    run waits for the same thread, and the engine is not told it was abandoned."""
+    from dask_redist._worker import CollectiveThread
+
+    popped, release, ran, abandoned = threading.Event(), threading.Event(), [], []
+
+    def execute(run):
+        if run.spec.seq == 1:
+            popped.set()
+            release.wait(30)  # still in phase 'queued', as before WorkerRun.start
+        ran.append((run.spec.seq, threading.current_thread()))
+
+    thread = CollectiveThread(execute, "test", on_abandon=abandoned.append)
+    first, second = FakeRun(1), FakeRun(2)
+    thread.submit(first)
+    assert popped.wait(10)
+    first.state = "failed"
+    thread.submit(second)
+    release.set()
+    deadline = time.monotonic() + 10
+    while len(ran) < 2:
+        assert time.monotonic() < deadline, ran
+        time.sleep(0.01)
+    assert abandoned == [] and [seq for seq, _ in ran] == [1, 2] and ran[0][1] is ran[1][1]
+    thread.close()
+
+
+class FakeRun:
+    """What CollectiveThread reads of a WorkerRun."""
+
+    def __init__(self, seq):
+        self.spec = type("Spec", (), {"seq": seq})()
+        self.state = "queued"
+        self.phase = "queued"
 
 
 def _slow_first_block(block, block_info=None):
@@ -431,6 +464,47 @@ def test_a_rank_asking_for_a_restart_does_not_fail_the_computation(own_cluster):
         got = da.from_array(a, chunks=(3, 30)).rechunk((30, 3)).compute()
     np.testing.assert_array_equal(got, a)
     assert [h["outcome"] for h in scheduler_history(client)] == ["restarted", "done"]
+
+
+def _slow_barrier_reply(dask_worker):
+    """The barrier task takes a second between the scheduler's reply and its return."""
+    from dask_redist._worker import get_state
+
+    state = get_state(dask_worker)
+    mark = state.mark
+
+    def slow(event, first=False):
+        mark(event, first)
+        if event == "barrier reply":
+            time.sleep(1)
+
+    state.mark = slow
+
+
+def test_runs_start_once_their_barrier_task_is_in_memory(own_cluster):
+    """A rank may fail at once (an engine that cannot start). Were the run started when the
+    barrier task calls, the restart would release that task while still processing, and
+    distributed would drop its late result as stale and release it again, restarting the
+    new run too (seen in CI). So ranks get the start only after the task is in memory."""
+    from dask_redist._worker import get_state
+    from dask_redist.layer import BARRIER_PREFIX
+
+    _, client = own_cluster
+    client.run(_slow_barrier_reply)
+    a = data((30, 30), seed=8)
+    with dask_redist.enable(engine="engines:RestartingEngine"):
+        got = da.from_array(a, chunks=(3, 30)).rechunk((30, 3)).compute()
+    np.testing.assert_array_equal(got, a)
+    runs = scheduler_history(client)
+    assert [r["outcome"] for r in runs] == ["restarted", "done"], runs
+
+    def barrier_in_memory(dask_scheduler, key):
+        return [t[-1] for t in dask_scheduler.story(key) if t[:3] == (key, "processing", "memory")]
+
+    in_memory = client.run_on_scheduler(barrier_in_memory, key=BARRIER_PREFIX + runs[-1]["token"])
+    starts = client.run(lambda dask_worker: get_state(dask_worker).timeline["start message"])
+    assert len(in_memory) == 2 and len(starts) == 3, (in_memory, starts)
+    assert min(starts.values()) >= in_memory[-1], (in_memory, starts)
 
 
 def test_a_worker_whose_gpu_is_stuck_exits_and_the_rechunk_completes(own_cluster):
