@@ -82,6 +82,7 @@ class WorkerRun:
         self.state = "queued"  # queued -> running -> done | failed
         self.phase = "queued"
         self.error: BaseException | None = None
+        self.failed_at: float | None = None  # time.monotonic() of the abort
         self.outputs: dict[int, Any] = {}
         self.started = time.time()
         self._inbox: list[tuple[int, int, list]] = []  # pieces as they arrive, sorted out later
@@ -116,6 +117,7 @@ class WorkerRun:
                 return
             self.state = "failed"
             self.error = error
+            self.failed_at = time.monotonic()
             self.inputs = {}
             self._inbox = []
             self.outputs = {}

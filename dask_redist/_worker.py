@@ -46,6 +46,10 @@ logger = logging.getLogger("dask_redist")
 #: this size takes well under a millisecond; a hand-off to a thread costs about as much).
 INLINE_BUILD_BYTES = 2**20
 
+#: Seconds an engine with peer-dependent work in flight may take to return once its run was
+#: aborted (or past its collective timeout) before the watchdog ends the process (`_watch`).
+STUCK_GRACE_S = 10.0
+
 
 class Staged(NamedTuple):
     """What a stage task returns per chunk: where the chunk is kept, and what it is."""
@@ -400,8 +404,12 @@ class WorkerState:
         if not run.start():
             return
         self.mark("execute")
+        engine = get_engine(run.spec.engine)
+        returned = threading.Event()
+        if run.spec.collective.settings.exit_when_stuck and hasattr(engine, "in_flight_since"):
+            threading.Thread(target=self._watch, args=(run, engine, returned), name="redist-watchdog", daemon=True).start()
         try:
-            get_engine(run.spec.engine).execute(run, CommsTransport(self, run))
+            engine.execute(run, CommsTransport(self, run))
             self.mark("executed")
         except BaseException as e:  # noqa: B036 - every failure must reach the other ranks
             if run.state == "failed":  # aborted from outside; the scheduler knows
@@ -411,7 +419,27 @@ class WorkerState:
             logger.warning("%s", e)
             self._fail(run, e)
         finally:
-            if getattr(get_engine(run.spec.engine), "stuck", False) and run.spec.collective.settings.exit_when_stuck:
+            returned.set()
+            if getattr(engine, "stuck", False) and run.spec.collective.settings.exit_when_stuck:
+                self._exit_stuck(run)
+
+    def _watch(self, run: WorkerRun, engine, returned: threading.Event) -> None:
+        """End the process if ``run``'s engine blocks behind GPU work only dead peers can finish.
+
+        The engine notices an abort or a timeout only between CUDA calls: a thread
+        blocked inside one (a kernel launch waiting for room in a queue stalled by
+        an NVSHMEM wait for a dead peer) never gets there. Once the run was aborted,
+        or has had peer-dependent work in flight past its collective timeout, the
+        engine gets `STUCK_GRACE_S` to return before this ends the process.
+        """
+        while not returned.wait(0.5):
+            since = engine.in_flight_since
+            if since is None:
+                continue
+            now = time.monotonic()
+            aborted = run.failed_at is not None and now - run.failed_at > STUCK_GRACE_S
+            if aborted or now - since > run.timeout + STUCK_GRACE_S:
+                engine.stuck = True
                 self._exit_stuck(run)
 
     def _exit_stuck(self, run: WorkerRun) -> None:

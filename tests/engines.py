@@ -100,3 +100,23 @@ class StuckGpuEngine(DaskEngine):
             self.stuck = True
             run.set_phase("exchange")  # raises the abort's error
         super().execute(run, transport)
+
+
+class BlockedGpuEngine(DaskEngine):
+    """Run 1: the last rank's process dies mid-run; rank 0 has (pretend) GPU work in flight
+    that waits for it, and its thread blocks in a call that never returns, as a kernel
+    launch does once the GPU's queue is full behind an NVSHMEM wait for a dead peer."""
+
+    in_flight_since = None
+    stuck = False
+
+    def execute(self, run, transport):
+        import os
+
+        if run.run_id == 1 and run.rank == len(run.spec.workers) - 1:
+            time.sleep(0.5)
+            os._exit(1)
+        if run.run_id == 1 and run.rank == 0:
+            self.in_flight_since = time.monotonic()
+            time.sleep(300)  # ignores the abort and never reaches a check
+        super().execute(run, transport)

@@ -521,6 +521,38 @@ def test_a_worker_whose_gpu_is_stuck_exits_and_the_rechunk_completes(own_cluster
     assert len(set(before.values()) - set(client.run(_pid).values())) == 2  # both processes replaced
 
 
+def _short_stuck_grace(dask_worker):
+    from dask_redist import _worker
+
+    _worker.STUCK_GRACE_S = 1.0
+
+
+@pytest.mark.parametrize("exit_when_stuck", [True, False])
+def test_a_worker_blocked_behind_its_stuck_gpu_exits(own_cluster, exit_when_stuck):
+    """Rank 0's thread blocks inside a call, behind GPU work that waits for a dead peer, and
+    never sees the abort: the watchdog ends its process once the grace has passed. The
+    rechunk completes either way (the blocked thread is left behind); with the setting
+    off only the dead worker's process is new."""
+    _, client = own_cluster
+    client.run(_short_stuck_grace)
+    before = client.run(_pid)
+    a = data((30, 30), seed=9)
+    with dask_redist.enable(engine="engines:BlockedGpuEngine", nvshmem={"exit-when-stuck": exit_when_stuck}):
+        got = da.from_array(a, chunks=(3, 30)).rechunk((30, 3)).compute()
+    np.testing.assert_array_equal(got, a)
+    assert scheduler_history(client)[-1]["outcome"] == "done"
+    # the watchdog fires a grace after the abort, maybe after the rechunk is done; with the
+    # setting off, wait long enough that an exit would have been seen
+    settle = time.monotonic() + (30 if exit_when_stuck else 5)
+    while time.monotonic() < settle:
+        client.wait_for_workers(3)
+        replaced = set(before.values()) - set(client.run(_pid).values())
+        if exit_when_stuck and len(replaced) == 2:
+            break
+        time.sleep(0.5)
+    assert len(replaced) == (2 if exit_when_stuck else 1)
+
+
 def test_exit_when_stuck_can_be_turned_off():
     from dask_redist.config import Settings
 

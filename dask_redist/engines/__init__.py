@@ -38,7 +38,9 @@ class Engine(Protocol):
     # optional: ``abandoned(run)``, told when ``run`` was aborted but ``execute`` has not
     # returned and later runs go on without it (a GPU engine cannot be trusted any more);
     # ``stuck``, true once work of an aborted run can never finish in this process
-    # (the worker then exits, see redist.nvshmem.exit-when-stuck)
+    # (the worker then exits, see redist.nvshmem.exit-when-stuck); ``in_flight_since``,
+    # when the run's first work that only its peers can complete was queued (None when
+    # there is none): a watchdog ends the process if ``execute`` blocks behind that work
 
 
 def choose_engine(

@@ -189,6 +189,7 @@ class CufftMpEngine:
         self.stats = {"bootstrap_s": None, "plans": 0, "plan_s": 0.0, "runs": 0, "last": None}
         self.broken: str | None = None  # why NVSHMEM in this process cannot be trusted any more
         self.stuck = False  # GPU work of an aborted run waits inside NVSHMEM, forever
+        self.in_flight_since: float | None = None  # NVSHMEM collectives queued, not yet seen done
         self._marks: list = []
 
     # -- world -------------------------------------------------------------------------
@@ -337,6 +338,8 @@ class CufftMpEngine:
         s = self.stream.ptr
         base = self.arena.ptr
         self._mark("stage")
+        if self.in_flight_since is None:
+            self.in_flight_since = time.monotonic()
         nvshmem.sync_all_on_stream(s)  # every rank has staged
         cufftMp.exec_reshape_async(plan.handle, base + dst_offset, base + src_offset, base + ws_offset, s)
         nvshmem.sync_all_on_stream(s)  # nobody reads our input any more: the arena is free again
@@ -350,6 +353,7 @@ class CufftMpEngine:
         if self.broken:
             raise RedistError(f"{run.name()}: NVSHMEM is unusable in this worker: {self.broken}")
         cupy.cuda.Device().synchronize()  # inputs may come from kernels still in flight
+        self.in_flight_since = None  # (and an earlier run that raised has drained by now)
         run.set_phase("bootstrap")
         self.bootstrap(run, transport.exchange_factory)
         settings = run.spec.collective.settings
@@ -399,6 +403,7 @@ class CufftMpEngine:
                     "(a peer never joined the reshape); raise redist.timeouts.collective if it is just slow"
                 )
             time.sleep(0.0001)
+        self.in_flight_since = None
 
     def _record(self, layout) -> None:
         """Milliseconds spent staging, reshaping (syncs included) and unstaging, over all rounds."""
