@@ -440,9 +440,9 @@ class WorkerState:
             aborted = run.failed_at is not None and now - run.failed_at > STUCK_GRACE_S
             if aborted or now - since > run.timeout + STUCK_GRACE_S:
                 engine.stuck = True
-                self._exit_stuck(run)
+                self._exit_stuck(run, f" (its thread, in phase {run.phase!r}, did not return: watchdog)")
 
-    def _exit_stuck(self, run: WorkerRun) -> None:
+    def _exit_stuck(self, run: WorkerRun, how: str = "") -> None:
         """End this process: its GPU waits inside an NVSHMEM collective that can never finish.
 
         Every later GPU call would wait behind that kernel, and so would a normal
@@ -451,8 +451,8 @@ class WorkerState:
         the rechunk, and Dask recomputes what this worker held.
         """
         logger.error(
-            "%s left this worker's GPU inside an NVSHMEM collective that cannot finish; exiting so that the "
-            "nanny starts a fresh process (redist.nvshmem.exit-when-stuck)", run.name(),
+            "%s left this worker's GPU inside an NVSHMEM collective that cannot finish%s; exiting so that "
+            "the nanny starts a fresh process (redist.nvshmem.exit-when-stuck)", run.name(), how,
         )  # fmt: skip
         for handler in logging.getLogger().handlers + logger.handlers:
             handler.flush()
