@@ -81,11 +81,8 @@ class RestartingEngine(DaskEngine):
         super().execute(run, transport)
 
 
-class StuckGpuEngine(DaskEngine):
-    """Run 1: the last rank's process dies mid-run; rank 0 finds its (pretend) GPU work stuck
-    waiting for it, as cufftmp does when a peer dies inside a reshape. Later runs work."""
-
-    stuck = False
+class PeerDiesEngine(DaskEngine):
+    """Run 1: the last rank's process dies mid-run while rank 0 does `survive`. Later runs work."""
 
     def execute(self, run, transport):
         import os
@@ -94,29 +91,35 @@ class StuckGpuEngine(DaskEngine):
             time.sleep(0.5)
             os._exit(1)
         if run.run_id == 1 and run.rank == 0:
-            deadline = time.monotonic() + 60
-            while run.state != "failed" and time.monotonic() < deadline:
-                time.sleep(0.05)
-            self.stuck = True
-            run.set_phase("exchange")  # raises the abort's error
+            self.survive(run)
         super().execute(run, transport)
 
+    def survive(self, run):
+        pass
 
-class BlockedGpuEngine(DaskEngine):
-    """Run 1: the last rank's process dies mid-run; rank 0 has (pretend) GPU work in flight
-    that waits for it, and its thread blocks in a call that never returns, as a kernel
-    launch does once the GPU's queue is full behind an NVSHMEM wait for a dead peer."""
+
+class StuckGpuEngine(PeerDiesEngine):
+    """Rank 0 finds its (pretend) GPU work stuck waiting for the dead peer, as cufftmp
+    does when a peer dies inside a reshape."""
+
+    stuck = False
+
+    def survive(self, run):
+        deadline = time.monotonic() + 60
+        while run.state != "failed" and time.monotonic() < deadline:
+            time.sleep(0.05)
+        self.stuck = True
+        run.set_phase("exchange")  # raises the abort's error
+
+
+class BlockedGpuEngine(PeerDiesEngine):
+    """Rank 0 has (pretend) GPU work in flight that waits for the dead peer, and its thread
+    blocks in a call that never returns, as a kernel launch does once the GPU's queue is
+    full behind an NVSHMEM wait for a dead peer."""
 
     in_flight_since = None
     stuck = False
 
-    def execute(self, run, transport):
-        import os
-
-        if run.run_id == 1 and run.rank == len(run.spec.workers) - 1:
-            time.sleep(0.5)
-            os._exit(1)
-        if run.run_id == 1 and run.rank == 0:
-            self.in_flight_since = time.monotonic()
-            time.sleep(300)  # ignores the abort and never reaches a check
-        super().execute(run, transport)
+    def survive(self, run):
+        self.in_flight_since = time.monotonic()
+        time.sleep(300)  # ignores the abort and never reaches a check
