@@ -7,22 +7,20 @@ with where every input chunk is staged. The plugin then
 2. numbers the run: a run id per attempt of this rechunk, and a sequence
    number in one global order over all runs,
 3. pins every unpack task to its owner (``worker_restrictions``),
-4. once the barrier task is in memory, sends ``redist-start`` to every worker
-   of the run, in sequence order.
-
-A run starts only when its barrier task is in memory, not when the barrier
-calls: a rank may fail at once (an engine that cannot start), and a restart
-that released the barrier task while it was still processing would race the
-task's own completion (distributed then releases it again as a stale result,
-and the restarted run with it).
+4. sends ``redist-start`` to every worker of the run, in sequence order.
 
 It watches the unpack tasks: when all are in memory the run is cleaned up on
 the workers; when one errs the run is aborted everywhere. When a worker of an
 active run leaves, or a rank reports that a run's state was lost, the run is
 restarted: the barrier and the unfinished unpack tasks are released, so dask
 runs the barrier again (re-staging what was lost) under a new run id, up to
-``redist.retries`` times. A rank that fails for any other reason has the run
-aborted on every rank with its error, so no rank is left waiting.
+``redist.retries`` times. A rank can fail before the barrier task's own result
+reached the scheduler (an engine that cannot start fails at once); that restart
+waits until the barrier task is in memory, because releasing it while it is
+still processing races its completion: distributed takes the late result for a
+stale one and releases the task again, restarting the new run as well. A rank
+that fails for any other reason has the run aborted on every rank with its
+error, so no rank is left waiting.
 """
 
 from __future__ import annotations
@@ -32,7 +30,7 @@ import itertools
 import logging
 import time
 from collections import defaultdict, deque
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -61,7 +59,6 @@ class ActiveRun:
     nbytes: int
     moved: int
     started: float = field(default_factory=time.time)
-    sent: bool = False  # redist-start went out (when the barrier task reached memory)
 
 
 class RedistSchedulerPlugin(SchedulerPlugin):
@@ -72,6 +69,8 @@ class RedistSchedulerPlugin(SchedulerPlugin):
         self.active: dict[str, ActiveRun] = {}
         self.attempts: defaultdict[str, int] = defaultdict(int)
         self.restarts: defaultdict[str, int] = defaultdict(int)
+        # token -> (run id, reason) of a restart waiting for the barrier task to be in memory
+        self.deferred: dict[str, tuple[int, str]] = {}
         self.by_output: dict[Any, str] = {}
         self.stage_home: dict[Any, str] = {}
         self.history: deque = deque(maxlen=200)
@@ -161,7 +160,7 @@ class RedistSchedulerPlugin(SchedulerPlugin):
         run = RunSpec(
             collective=spec,
             run_id=self.attempts[token],
-            seq=0,  # numbered when it is sent
+            seq=next(self._seq),
             workers=tuple(ranks),
             in_ranks=plan.in_ranks,
             out_ranks=plan.out_ranks,
@@ -180,7 +179,11 @@ class RedistSchedulerPlugin(SchedulerPlugin):
             pending.add(out_key)
         self.scheduler.set_restrictions(pins)
         self.active[token] = ActiveRun(run, pending, restrictions, plan.nbytes, plan.moved_bytes)
-        logger.debug("planned %s on %d workers (engine %s)", run.name(), len(ranks), engine)
+        message = {"op": "redist-start", "run": ToPickle(run)}
+        for w in ranks:  # no await since the sequence number: starts leave in seq order
+            self.scheduler.stream_comms[w].send(message)
+        self.timeline["start sent"] = time.time()
+        logger.debug("started %s on %d workers (engine %s)", run.name(), len(ranks), engine)
         if not pending:
             self._finish(token)
         return {"status": "OK", "run_id": run.run_id}
@@ -247,7 +250,12 @@ class RedistSchedulerPlugin(SchedulerPlugin):
         elif run.spec.engine == "cufftmp":
             self.world_broken = f"{run.spec.name()} failed on {address}"
         if kind == "restart" or (kind == "unavailable" and run.spec.collective.settings.engine == "auto"):
-            self._restart(token, message)
+            barrier = self.scheduler.tasks.get(BARRIER_PREFIX + token)
+            if barrier is not None and barrier.state == "processing":
+                logger.debug("%s: the restart waits for the barrier task's result", run.spec.name())
+                self.deferred.setdefault(token, (run_id, message))  # see the module docstring
+            else:
+                self._restart(token, message)
         else:
             self._abort(token, message, kind=kind)
 
@@ -269,6 +277,7 @@ class RedistSchedulerPlugin(SchedulerPlugin):
 
     def _deactivate(self, token: str, outcome: str) -> ActiveRun | None:
         run = self.active.pop(token, None)
+        self.deferred.pop(token, None)
         if run is None:
             return None
         for key, original in run.restrictions.items():
@@ -289,17 +298,6 @@ class RedistSchedulerPlugin(SchedulerPlugin):
             }
         )
         return run
-
-    def _start(self, token: str) -> None:
-        """Send the active run to its ranks, numbered in the global order of runs: one
-        synchronous loop, so every worker receives the starts in the same order."""
-        run = self.active.get(token)
-        if run is None or run.sent:
-            return
-        run.spec = replace(run.spec, seq=next(self._seq))
-        run.sent = True
-        self._send(run.spec.workers, {"op": "redist-start", "run": ToPickle(run.spec)})
-        self.timeline["start sent"] = time.time()
 
     def _finish(self, token: str) -> None:
         self.timeline["outputs in memory"] = time.time()
@@ -345,6 +343,12 @@ class RedistSchedulerPlugin(SchedulerPlugin):
         self.scheduler.transitions(recs, stimulus_id=stimulus)
         self.scheduler.stimulus_queue_slots_maybe_opened(stimulus_id=stimulus)
 
+    def _restart_run(self, token: str, run_id: int, reason: str) -> None:
+        """`_restart`, if run ``run_id`` is still the active one."""
+        run = self.active.get(token)
+        if run is not None and run.spec.run_id == run_id:
+            self._restart(token, reason)
+
     # -- scheduler hooks ------------------------------------------------------------------
 
     def transition(self, key, start, finish, *args, stimulus_id: str, **kwargs) -> None:
@@ -371,12 +375,14 @@ class RedistSchedulerPlugin(SchedulerPlugin):
                     self._abort(token, "all outputs forgotten", kind="error")
             return
         if type(key) is str and key.startswith(BARRIER_PREFIX) and finish == "memory":
-            # before the unpack tasks it frees: their compute-task messages follow on the same streams
-            self._start(key[len(BARRIER_PREFIX) :])
+            token = key[len(BARRIER_PREFIX) :]
+            if (deferred := self.deferred.pop(token, None)) is not None:  # after this transition
+                self.scheduler.loop.add_callback(self._restart_run, token, *deferred)
         elif type(key) is str and key.startswith(BARRIER_PREFIX) and finish in ("released", "erred", "forgotten"):
             token = key[len(BARRIER_PREFIX) :]
             if token in self.active:
-                self._abort(token, f"barrier {finish} ({stimulus_id})", kind="restart" if finish == "released" else "error")
+                kind = "restart" if finish == "released" else "error"
+                self._abort(token, f"barrier {finish} ({stimulus_id})", kind=kind)
             if finish == "forgotten":  # nobody can ask for this rechunk again: workers forget it too
                 self.attempts.pop(token, None)
                 self.restarts.pop(token, None)
@@ -395,6 +401,7 @@ class RedistSchedulerPlugin(SchedulerPlugin):
 
     def restart(self, scheduler) -> None:
         self.active.clear()
+        self.deferred.clear()
         self.by_output.clear()
         self.stage_home.clear()
         self.attempts.clear()

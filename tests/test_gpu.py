@@ -211,7 +211,7 @@ def test_worker_killed_during_a_cufftmp_run(gpu_client):
 
     def active(dask_scheduler):
         plugin = dask_scheduler.plugins.get("redist")
-        return [r.spec.engine for r in plugin.active.values() if r.sent] if plugin else []
+        return [r.spec.engine for r in plugin.active.values()] if plugin else []
 
     def killer():
         deadline = time.monotonic() + 60
