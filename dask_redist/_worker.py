@@ -407,7 +407,9 @@ class WorkerState:
         engine = get_engine(run.spec.engine)
         returned = threading.Event()
         if run.spec.collective.settings.exit_when_stuck and hasattr(engine, "in_flight_since"):
-            threading.Thread(target=self._watch, args=(run, engine, returned), name="redist-watchdog", daemon=True).start()
+            watch = threading.Thread(target=self._watch, args=(run, engine, returned), name="redist-watchdog")
+            watch.daemon = True
+            watch.start()
         try:
             engine.execute(run, CommsTransport(self, run))
             self.mark("executed")
