@@ -441,7 +441,6 @@ class WorkerState:
             now = time.monotonic()
             aborted = run.failed_at is not None and now - run.failed_at > STUCK_GRACE_S
             if aborted or now - since > run.timeout + STUCK_GRACE_S:
-                engine.stuck = True
                 self._exit_stuck(run, f" (its thread, in phase {run.phase!r}, did not return: watchdog)")
 
     def _exit_stuck(self, run: WorkerRun, how: str = "") -> None:

@@ -27,15 +27,18 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+def local_cluster(n_workers: int, **kwargs):
+    """A LocalCluster of worker processes (under nannies), without dashboards."""
+    from distributed import LocalCluster
+
+    options = {"threads_per_worker": 2, "processes": True, "dashboard_address": None, "worker_dashboard_address": None}
+    return LocalCluster(n_workers=n_workers, **{**options, **kwargs})
+
+
 @pytest.fixture(scope="session")
 def cluster():
     """One LocalCluster of worker processes for the whole session (starting one costs seconds)."""
-    from distributed import LocalCluster
-
-    n = int(os.environ.get("REDIST_TEST_WORKERS", "3"))
-    with LocalCluster(
-        n_workers=n, threads_per_worker=2, processes=True, dashboard_address=None, worker_dashboard_address=None
-    ) as cluster:
+    with local_cluster(int(os.environ.get("REDIST_TEST_WORKERS", "3"))) as cluster:
         yield cluster
 
 

@@ -51,24 +51,6 @@ class UnavailableEngine(DaskEngine):
         raise EngineUnavailableError(f"{run.name()}: cannot start here: set redist.injected-key lower")
 
 
-class StuckEngine(DaskEngine):
-    """Run 1: rank 0's process dies while the last rank sits in a call that ignores the
-    abort (as NVSHMEM's bootstrap does, retrying the dead peer); later runs work."""
-
-    stuck_for = 30.0
-
-    def execute(self, run, transport):
-        import os
-
-        if run.run_id == 1 and run.rank == 0:
-            time.sleep(0.5)  # the last rank is stuck by now
-            os._exit(1)
-        if run.run_id == 1 and run.rank == len(run.spec.workers) - 1:
-            run.set_phase("stuck")
-            time.sleep(self.stuck_for)  # never looks at the run's state
-        super().execute(run, transport)
-
-
 class RestartingEngine(DaskEngine):
     """Run 1: rank 0 finds its state stale and asks for a restart; later runs work."""
 
@@ -96,6 +78,17 @@ class PeerDiesEngine(DaskEngine):
 
     def survive(self, run):
         pass
+
+
+class StuckEngine(PeerDiesEngine):
+    """Rank 0 sits in a call that ignores the abort (as NVSHMEM's bootstrap does, retrying
+    the dead peer)."""
+
+    stuck_for = 30.0
+
+    def survive(self, run):
+        run.set_phase("stuck")
+        time.sleep(self.stuck_for)  # never looks at the run's state
 
 
 class StuckGpuEngine(PeerDiesEngine):

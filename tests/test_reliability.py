@@ -15,8 +15,8 @@ import dask
 import dask.array as da
 import numpy as np
 import pytest
-from conftest import scheduler_history, worker_leftovers
-from distributed import Client, LocalCluster
+from conftest import local_cluster, scheduler_history, worker_leftovers
+from distributed import Client
 
 import dask_redist
 from dask_redist.errors import RedistError, RedistTimeoutError
@@ -25,9 +25,7 @@ from dask_redist.errors import RedistError, RedistTimeoutError
 @pytest.fixture
 def own_cluster():
     """A cluster these tests may break (workers are killed and come back)."""
-    with LocalCluster(
-        n_workers=3, threads_per_worker=2, processes=True, dashboard_address=None, worker_dashboard_address=None
-    ) as cluster, Client(cluster) as client:
+    with local_cluster(3) as cluster, Client(cluster) as client:
         client.wait_for_workers(3)
         yield cluster, client
 
@@ -179,9 +177,7 @@ def test_collective_next_to_a_p2p_rechunk_in_one_graph(own_cluster):
 
 
 def test_larger_than_worker_memory_fails_clearly():
-    with LocalCluster(
-        n_workers=2, threads_per_worker=1, memory_limit="200MiB", dashboard_address=None, worker_dashboard_address=None
-    ) as cluster, Client(cluster):
+    with local_cluster(2, threads_per_worker=1, memory_limit="200MiB") as cluster, Client(cluster):
         x = da.zeros((1024, 1024, 64), chunks=(64, 1024, 64))  # 512 MiB, made lazily on the workers
         with dask_redist.enable(engine="dask"):
             with pytest.raises(RedistError, match="memory limit"):
@@ -486,9 +482,7 @@ def test_a_rank_failing_before_its_barrier_task_finished_restarts_once():
     stale one and releases the task again, restarting the new run too (CI saw an extra run;
     with every result late, as here, it never ends). The restart waits for the result.
     One worker, so that the barrier task always runs again where it ran first."""
-    with LocalCluster(
-        n_workers=1, threads_per_worker=2, processes=True, dashboard_address=None, worker_dashboard_address=None
-    ) as cluster, Client(cluster) as client:
+    with local_cluster(1) as cluster, Client(cluster) as client:
         client.run(_late_barrier_results)
         a = data((30, 30), seed=8)
         with dask_redist.enable(engine="engines:RestartingEngine"):
