@@ -428,19 +428,16 @@ class WorkerState:
     def _watch(self, run: WorkerRun, engine, returned: threading.Event) -> None:
         """End the process if ``run``'s engine blocks behind GPU work only dead peers can finish.
 
-        The engine notices an abort or a timeout only between CUDA calls: a thread
-        blocked inside one (a kernel launch waiting for room in a queue stalled by
-        an NVSHMEM wait for a dead peer) never gets there. Once the run was aborted,
-        or has had peer-dependent work in flight past its collective timeout, the
-        engine gets `STUCK_GRACE_S` to return before this ends the process.
+        The engine notices an abort or a timeout only between native calls: a thread
+        blocked inside one (an NVSHMEM call waiting for a dead peer, a CUDA call
+        queued behind such a wait) never gets there. Once the run was aborted, or its
+        oldest peer-dependent GPU work has been in flight past the collective timeout,
+        the engine gets `STUCK_GRACE_S` to return before this ends the process.
         """
         while not returned.wait(0.5):
-            since = engine.in_flight_since
-            if since is None:
-                continue
-            now = time.monotonic()
+            now, since = time.monotonic(), engine.in_flight_since
             aborted = run.failed_at is not None and now - run.failed_at > STUCK_GRACE_S
-            if aborted or now - since > run.timeout + STUCK_GRACE_S:
+            if aborted or (since is not None and now - since > run.timeout + STUCK_GRACE_S):
                 self._exit_stuck(run, f" (its thread, in phase {run.phase!r}, did not return: watchdog)")
 
     def _exit_stuck(self, run: WorkerRun, how: str = "") -> None:

@@ -195,6 +195,7 @@ def test_worker_loss_then_rebootstrap(gpu_client):
 def test_worker_killed_during_a_cufftmp_run(gpu_client):
     """Killed mid-run: the rechunk still completes, correctly, on the dask engine; then a new
     world forms and cufftmp runs again."""
+    import faulthandler
     import threading
     import time
 
@@ -207,26 +208,32 @@ def test_worker_killed_during_a_cufftmp_run(gpu_client):
     x = x.rechunk(c.old).map_blocks(cupy.asarray).persist()
     wait(x)
     expected = np.arange(math.prod(c.shape), dtype="float64").reshape(c.shape)
+    dask_redist.bootstrap(gpu_client)  # so that the kill lands in the exchange, not in NVSHMEM's bootstrap
     before = len(scheduler_history(gpu_client))
+    victim = sorted(gpu_client.scheduler_info()["workers"])[0]
 
-    def active(dask_scheduler):
-        plugin = dask_scheduler.plugins.get("redist")
-        return [r.spec.engine for r in plugin.active.values()] if plugin else []
+    def reshaping():  # on the victim: rounds of the run are on its GPU
+        from dask_redist.engines import get_engine
+
+        return get_engine("cufftmp").in_flight_since is not None
 
     def killer():
         deadline = time.monotonic() + 60
-        while "cufftmp" not in gpu_client.run_on_scheduler(active) and time.monotonic() < deadline:
-            time.sleep(0.01)
-        time.sleep(0.3)  # inside the run: 1 GiB in 1 MiB rounds (256 MiB once finished within 0.3 s)
+        while not gpu_client.run(reshaping, workers=[victim])[victim]:
+            assert time.monotonic() < deadline, "the run never had rounds on the GPU"
+            time.sleep(0.001)
         killed.append(_kill_one_worker(gpu_client, pick=0))
 
     killed: list = []
     thread = threading.Thread(target=killer)
+    # should a worker hang, its threads' stacks reach the log (faulthandler needs no GIL)
+    gpu_client.run(faulthandler.dump_traceback_later, 60, repeat=True)
     with dask_redist.enable(engine="auto", memory_budget="1MiB", timeouts={"collective": "30s"}):
         thread.start()
         y = x.rechunk(c.new).persist()
         wait(y)
         thread.join()
+    gpu_client.run(faulthandler.cancel_dump_traceback_later)
     assert killed
     np.testing.assert_array_equal(cupy.asnumpy(y.compute()), expected)
     runs = scheduler_history(gpu_client)[before:]

@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections import deque
 from dataclasses import dataclass
 
 import numpy as np
@@ -35,6 +36,10 @@ from dask_redist.plan import block_lower, chunk_box, chunk_lowers
 logger = logging.getLogger("dask_redist")
 
 ALIGN = 512
+#: Rounds queued on the GPU ahead of the one it runs. Bounded so that the engine's thread
+#: never blocks inside a CUDA call (a launch into a full queue) behind a reshape that waits
+#: for a dead peer: it waits in `CufftMpEngine._wait`, where it sees aborts and timeouts.
+ROUNDS_AHEAD = 4
 #: Whether cuFFTMp accepts a rank with an empty box (checked on the GPU node; see docs/gpu-testing.md).
 ALLOW_EMPTY_BOXES = False
 
@@ -189,8 +194,9 @@ class CufftMpEngine:
         self.stats = {"bootstrap_s": None, "plans": 0, "plan_s": 0.0, "runs": 0, "last": None}
         self.broken: str | None = None  # why NVSHMEM in this process cannot be trusted any more
         self.stuck = False  # GPU work of an aborted run waits inside NVSHMEM, forever
-        self.in_flight_since: float | None = None  # NVSHMEM collectives queued, not yet seen done
+        self.in_flight_since: float | None = None  # the oldest NVSHMEM work not yet seen done was queued then
         self._marks: list = []
+        self._pending: deque = deque()  # (event after a round's reshape, when it was queued)
 
     # -- world -------------------------------------------------------------------------
 
@@ -338,12 +344,21 @@ class CufftMpEngine:
         s = self.stream.ptr
         base = self.arena.ptr
         self._mark("stage")
+        queued = time.monotonic()
         if self.in_flight_since is None:
-            self.in_flight_since = time.monotonic()
+            self.in_flight_since = queued
         nvshmem.sync_all_on_stream(s)  # every rank has staged
         cufftMp.exec_reshape_async(plan.handle, base + dst_offset, base + src_offset, base + ws_offset, s)
         nvshmem.sync_all_on_stream(s)  # nobody reads our input any more: the arena is free again
         self._mark("reshape")
+        self._pending.append((self._marks[-1][1], queued))
+
+    def _next_round(self, run) -> None:
+        """Before queuing a round: stop if the run was aborted; keep `ROUNDS_AHEAD` at most queued."""
+        if run.state == "failed":
+            self._wait(run)  # raises, and marks the engine stuck if the GPU still waits on a peer
+        while len(self._pending) >= ROUNDS_AHEAD:
+            self._wait(run, self._pending[0][0])
 
     # -- a run -------------------------------------------------------------------------
 
@@ -369,6 +384,7 @@ class CufftMpEngine:
             outputs[flat] = cupy.empty(tuple(h - l for l, h in zip(lo, hi)), dtype=spec.dtype)
         run.set_phase("exchange")
         self._marks = []
+        self._pending.clear()
         with self.stream:
             self._mark("start")
             if isinstance(layout, DirectLayout):
@@ -380,8 +396,9 @@ class CufftMpEngine:
         run.inputs = {}
         run.finish(outputs)
 
-    def _wait(self, run) -> None:
-        """Wait for the stream without blocking in CUDA: a dead peer must not hang this thread.
+    def _wait(self, run, event=None) -> None:
+        """Wait for ``event`` (default: all work queued so far) without blocking in CUDA: a
+        dead peer must not hang this thread.
 
         If the run is aborted or times out while the GPU still waits inside an NVSHMEM
         collective, that collective can never finish: the engine marks itself broken so
@@ -389,10 +406,11 @@ class CufftMpEngine:
         """
         import cupy
 
-        done = cupy.cuda.Event(disable_timing=True)
-        done.record(self.stream)
+        if event is None:
+            event = cupy.cuda.Event(disable_timing=True)
+            event.record(self.stream)
         deadline = time.monotonic() + run.timeout
-        while not done.done:
+        while not event.done:
             if run.state == "failed" or time.monotonic() > deadline:
                 self.broken = f"{run.name()} was left unfinished on the GPU"
                 self.stuck = True  # that kernel never ends: see redist.nvshmem.exit-when-stuck
@@ -403,7 +421,11 @@ class CufftMpEngine:
                     "(a peer never joined the reshape); raise redist.timeouts.collective if it is just slow"
                 )
             time.sleep(0.0001)
-        self.in_flight_since = None
+        if run.state == "failed":  # everything queued has finished: nothing is left on the GPU
+            raise run.error
+        while self._pending and self._pending[0][0].done:
+            self._pending.popleft()
+        self.in_flight_since = self._pending[0][1] if self._pending else None
 
     def _record(self, layout) -> None:
         """Milliseconds spent staging, reshaping (syncs included) and unstaging, over all rounds."""
@@ -445,6 +467,7 @@ class CufftMpEngine:
             plans.append(self.plan(layout.folded[k].word, boxes[:nranks], boxes[nranks:], rank))
         src, dst, ws = self._regions(in_max, out_max, plans)
         for k, plan in enumerate(plans):
+            self._next_round(run)
             ins, outs = layout.boxes(k)
             b_in, b_out = ins[rank], outs[rank]
             staged = self.arena.view(src, b_in.shape, dtype)
@@ -476,6 +499,7 @@ class CufftMpEngine:
             plans.append(self.plan(word, boxes_in, boxes_out, rank))
         src, dst, ws = self._regions(in_max, out_max, plans)
         for rnd, plan in zip(layout.rounds_, plans):
+            self._next_round(run)
             cols = rnd.columns
             t = rnd.transfers
             for i in np.flatnonzero(t.src == rank):
