@@ -18,6 +18,16 @@ def _gpus() -> int:
         return 0
 
 
+def pytest_configure(config):
+    import dask
+
+    # Tests kill workers and expect their nannies to start new ones. LocalCluster closes the
+    # nanny of a worker name that is absent `lost-worker-timeout` (15 s) after *any* earlier loss
+    # of that name: a second kill within 15 s of the first then shrank the cluster for good
+    # (seen on the GPU node: the nanny closed while its new worker was starting).
+    dask.config.set({"distributed.deploy.lost-worker-timeout": "1h"})
+
+
 def pytest_collection_modifyitems(config, items):
     if _gpus():
         return
