@@ -116,3 +116,12 @@ class BlockedGpuEngine(PeerDiesEngine):
     def survive(self, run):
         self.in_flight_since = time.monotonic()
         time.sleep(300)  # ignores the abort and never reaches a check
+
+
+class BlockedBootstrapEngine(BlockedGpuEngine):
+    """Rank 0's thread blocks before any GPU work, as in NVSHMEM's bootstrap retrying the dead
+    peer's socket: nothing is in flight, and the abort is never seen."""
+
+    def survive(self, run):
+        run.set_phase("bootstrap")
+        time.sleep(300)

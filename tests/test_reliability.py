@@ -511,17 +511,20 @@ def _short_stuck_grace(dask_worker):
     _worker.STUCK_GRACE_S = 1.0
 
 
-@pytest.mark.parametrize("exit_when_stuck", [True, False])
-def test_a_worker_blocked_behind_its_stuck_gpu_exits(own_cluster, exit_when_stuck):
-    """Rank 0's thread blocks inside a call, behind GPU work that waits for a dead peer, and
-    never sees the abort: the watchdog ends its process once the grace has passed. The
-    rechunk completes either way (the blocked thread is left behind); with the setting
-    off only the dead worker's process is new."""
+@pytest.mark.parametrize(
+    "engine, exit_when_stuck",
+    [("BlockedGpuEngine", True), ("BlockedGpuEngine", False), ("BlockedBootstrapEngine", True)],
+)
+def test_a_worker_blocked_behind_its_stuck_gpu_exits(own_cluster, engine, exit_when_stuck):
+    """Rank 0's thread blocks inside a call (behind GPU work that waits for a dead peer, or in
+    NVSHMEM's bootstrap) and never sees the abort: the watchdog ends its process once the
+    grace has passed. The rechunk completes either way (the blocked thread is left behind);
+    with the setting off only the dead worker's process is new."""
     _, client = own_cluster
     client.run(_short_stuck_grace)
     before = client.run(_pid)
     a = data((30, 30), seed=9)
-    with dask_redist.enable(engine="engines:BlockedGpuEngine", nvshmem={"exit-when-stuck": exit_when_stuck}):
+    with dask_redist.enable(engine=f"engines:{engine}", nvshmem={"exit-when-stuck": exit_when_stuck}):
         got = da.from_array(a, chunks=(3, 30)).rechunk((30, 3)).compute()
     np.testing.assert_array_equal(got, a)
     assert scheduler_history(client)[-1]["outcome"] == "done"
