@@ -14,11 +14,13 @@ the workers; when one errs the run is aborted everywhere. When a worker of an
 active run leaves, or a rank reports that a run's state was lost, the run is
 restarted: the barrier and the unfinished unpack tasks are released, so dask
 runs the barrier again (re-staging what was lost) under a new run id, up to
-``redist.retries`` times. A rank can fail before the barrier task's own result
-reached the scheduler (an engine that cannot start fails at once); that restart
-waits until the barrier task is in memory, because releasing it while it is
-still processing races its completion: distributed takes the late result for a
-stale one and releases the task again, restarting the new run as well. A rank
+``redist.retries`` times; the stage tasks of a worker that left run again too
+(copies of their markers may live on, the staged chunks died with it). A rank
+can fail, or a worker leave, before the barrier task's own result reached the
+scheduler (an engine that cannot start fails at once); that restart waits until
+the barrier task is in memory, because releasing it while it is still
+processing races its completion: distributed takes the late result for a stale
+one and releases the task again, restarting the new run as well. A rank
 that fails for any other reason has the run aborted on every rank with its
 error, so no rank is left waiting.
 """
@@ -69,8 +71,8 @@ class RedistSchedulerPlugin(SchedulerPlugin):
         self.active: dict[str, ActiveRun] = {}
         self.attempts: defaultdict[str, int] = defaultdict(int)
         self.restarts: defaultdict[str, int] = defaultdict(int)
-        # token -> (run id, reason) of a restart waiting for the barrier task to be in memory
-        self.deferred: dict[str, tuple[int, str]] = {}
+        # token -> (run id, reason, stale stage keys) of a restart waiting for the barrier task
+        self.deferred: dict[str, tuple[int, str, list]] = {}
         self.by_output: dict[Any, str] = {}
         self.stage_home: dict[Any, str] = {}
         self.history: deque = deque(maxlen=200)
@@ -250,12 +252,7 @@ class RedistSchedulerPlugin(SchedulerPlugin):
         elif run.spec.engine == "cufftmp":
             self.world_broken = f"{run.spec.name()} failed on {address}"
         if kind == "restart" or (kind == "unavailable" and run.spec.collective.settings.engine == "auto"):
-            barrier = self.scheduler.tasks.get(BARRIER_PREFIX + token)
-            if barrier is not None and barrier.state == "processing":
-                logger.debug("%s: the restart waits for the barrier task's result", run.spec.name())
-                self.deferred.setdefault(token, (run_id, message))  # see the module docstring
-            else:
-                self._restart(token, message)
+            self._restart_once_barrier_done(token, message)
         else:
             self._abort(token, message, kind=kind)
 
@@ -343,11 +340,23 @@ class RedistSchedulerPlugin(SchedulerPlugin):
         self.scheduler.transitions(recs, stimulus_id=stimulus)
         self.scheduler.stimulus_queue_slots_maybe_opened(stimulus_id=stimulus)
 
-    def _restart_run(self, token: str, run_id: int, reason: str) -> None:
+    def _restart_once_barrier_done(self, token: str, reason: str, stale: list = ()) -> None:
+        """`_restart` the active run, at once or, while the barrier task is still processing,
+        once it is in memory (see the module docstring)."""
+        barrier = self.scheduler.tasks.get(BARRIER_PREFIX + token)
+        if barrier is None or barrier.state != "processing":
+            self._restart(token, reason, stale)
+            return
+        run_id = self.active[token].spec.run_id
+        logger.debug("%s: the restart waits for the barrier task's result", self.active[token].spec.name())
+        _, first, earlier = self.deferred.get(token, (run_id, reason, []))
+        self.deferred[token] = (run_id, first, [*earlier, *stale])
+
+    def _restart_run(self, token: str, run_id: int, reason: str, stale: list) -> None:
         """`_restart`, if run ``run_id`` is still the active one."""
         run = self.active.get(token)
         if run is not None and run.spec.run_id == run_id:
-            self._restart(token, reason)
+            self._restart(token, reason, stale)
 
     # -- scheduler hooks ------------------------------------------------------------------
 
@@ -390,14 +399,17 @@ class RedistSchedulerPlugin(SchedulerPlugin):
 
     def remove_worker(self, scheduler, worker: str, *, stimulus_id: str, **kwargs) -> None:
         self.capabilities.pop(worker, None)
-        for key in [k for k, w in self.stage_home.items() if w == worker]:
+        # its staged chunks are gone, while copies of their stage markers may live on
+        stale = [k for k, w in self.stage_home.items() if w == worker]
+        for key in stale:
             del self.stage_home[key]
         if self.world is not None and worker in self.world:
             self.world_broken = f"worker {worker} left the NVSHMEM world"
             self.stranded = sorted(set(self.world) - {worker})
         for token, run in list(self.active.items()):
             if worker in run.spec.workers:
-                self._restart(token, f"worker {worker} left during {run.spec.name()}")
+                mine = [k for k in stale if k[0][len(STAGE_PREFIX) :] == token]
+                self._restart_once_barrier_done(token, f"worker {worker} left during {run.spec.name()}", mine)
 
     def restart(self, scheduler) -> None:
         self.active.clear()

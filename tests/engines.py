@@ -125,3 +125,20 @@ class BlockedBootstrapEngine(BlockedGpuEngine):
     def survive(self, run):
         run.set_phase("bootstrap")
         time.sleep(300)
+
+
+class BarrierElsewhereDiesEngine(DaskEngine):
+    """Run 1: the process of a rank that did not run the barrier task dies, while that task's
+    result may still be on its way to the scheduler."""
+
+    def execute(self, run, transport):
+        import os
+
+        from distributed.worker import Worker
+
+        if run.run_id == 1:
+            (worker,) = [w for w in Worker._instances if w.address == run.address]
+            if f"redist-barrier-{run.spec.token}" not in worker.state.tasks:
+                time.sleep(0.3)
+                os._exit(1)
+        super().execute(run, transport)

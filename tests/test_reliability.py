@@ -491,6 +491,18 @@ def test_a_rank_failing_before_its_barrier_task_finished_restarts_once():
         assert [r["outcome"] for r in scheduler_history(client)] == ["restarted", "done"]
 
 
+def test_a_worker_leaving_before_the_barrier_task_finished_restarts_once():
+    """As above, but the run is restarted because a worker left (the one that did not run the
+    barrier task, whose result is late): one restart, then done."""
+    with local_cluster(2) as cluster, Client(cluster) as client:
+        client.run(_late_barrier_results)
+        a = data((30, 30), seed=10)
+        with dask_redist.enable(engine="engines:BarrierElsewhereDiesEngine"):
+            future = client.compute(da.from_array(a, chunks=(3, 30)).rechunk((30, 3)))
+            np.testing.assert_array_equal(future.result(timeout=60), a)
+        assert [r["outcome"] for r in scheduler_history(client)] == ["restarted", "done"]
+
+
 def test_a_worker_whose_gpu_is_stuck_exits_and_the_rechunk_completes(own_cluster):
     """A peer dies mid-run and rank 0's GPU work can never finish: rank 0's process exits
     (redist.nvshmem.exit-when-stuck), its nanny starts a new one, and the rechunk completes."""
