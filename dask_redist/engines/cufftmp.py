@@ -406,7 +406,8 @@ class CufftMpEngine:
         """
         import cupy
 
-        if event is None:
+        everything = event is None
+        if everything:
             event = cupy.cuda.Event(disable_timing=True)
             event.record(self.stream)
         deadline = time.monotonic() + run.timeout
@@ -421,7 +422,9 @@ class CufftMpEngine:
                     "(a peer never joined the reshape); raise redist.timeouts.collective if it is just slow"
                 )
             time.sleep(0.0001)
-        if run.state == "failed":  # everything queued has finished: nothing is left on the GPU
+        if run.state == "failed":
+            if not everything:  # rounds queued after ``event`` may still wait for a peer
+                self._wait(run)  # (raises)
             raise run.error
         while self._pending and self._pending[0][0].done:
             self._pending.popleft()
