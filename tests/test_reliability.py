@@ -476,28 +476,22 @@ def _late_barrier_results(dask_worker):
     dask_worker.batched_send = late
 
 
-def test_a_rank_failing_before_its_barrier_task_finished_restarts_once():
-    """A rank fails (asks for a restart) while the barrier task's result is still on its way.
-    Releasing the task then races its completion: distributed takes the late result for a
-    stale one and releases the task again, restarting the new run too (CI saw an extra run;
-    with every result late, as here, it never ends). The restart waits for the result.
-    One worker, so that the barrier task always runs again where it ran first."""
-    with local_cluster(1) as cluster, Client(cluster) as client:
+@pytest.mark.parametrize(
+    "workers, engine",
+    [(1, "RestartingEngine"), (2, "BarrierElsewhereDiesEngine")],
+    ids=["a rank asks", "a worker leaves"],
+)
+def test_a_restart_before_the_barrier_task_finished_happens_once(workers, engine):
+    """A run is restarted (a rank asks for it; a worker that did not run the barrier task
+    dies) while the barrier task's result is still on its way. Releasing the task then races
+    its completion: distributed takes the late result for a stale one and releases the task
+    again, restarting the new run too (CI saw an extra run; with every result late, as here,
+    it never ends). The restart waits for the result. (One worker for the first case, so
+    that the barrier task always runs again where it ran first.)"""
+    with local_cluster(workers) as cluster, Client(cluster) as client:
         client.run(_late_barrier_results)
         a = data((30, 30), seed=8)
-        with dask_redist.enable(engine="engines:RestartingEngine"):
-            future = client.compute(da.from_array(a, chunks=(3, 30)).rechunk((30, 3)))
-            np.testing.assert_array_equal(future.result(timeout=60), a)
-        assert [r["outcome"] for r in scheduler_history(client)] == ["restarted", "done"]
-
-
-def test_a_worker_leaving_before_the_barrier_task_finished_restarts_once():
-    """As above, but the run is restarted because a worker left (the one that did not run the
-    barrier task, whose result is late): one restart, then done."""
-    with local_cluster(2) as cluster, Client(cluster) as client:
-        client.run(_late_barrier_results)
-        a = data((30, 30), seed=10)
-        with dask_redist.enable(engine="engines:BarrierElsewhereDiesEngine"):
+        with dask_redist.enable(engine=f"engines:{engine}"):
             future = client.compute(da.from_array(a, chunks=(3, 30)).rechunk((30, 3)))
             np.testing.assert_array_equal(future.result(timeout=60), a)
         assert [r["outcome"] for r in scheduler_history(client)] == ["restarted", "done"]
