@@ -383,12 +383,13 @@ class RedistSchedulerPlugin(SchedulerPlugin):
                 if not run.pending:
                     self._abort(token, "all outputs forgotten", kind="error")
             return
-        if type(key) is str and key.startswith(BARRIER_PREFIX) and finish == "memory":
-            token = key[len(BARRIER_PREFIX) :]
+        if not (type(key) is str and key.startswith(BARRIER_PREFIX)):
+            return
+        token = key[len(BARRIER_PREFIX) :]
+        if finish == "memory":
             if (deferred := self.deferred.pop(token, None)) is not None:  # after this transition
                 self.scheduler.loop.add_callback(self._restart_run, token, *deferred)
-        elif type(key) is str and key.startswith(BARRIER_PREFIX) and finish in ("released", "erred", "forgotten"):
-            token = key[len(BARRIER_PREFIX) :]
+        elif finish in ("released", "erred", "forgotten"):
             if token in self.active:
                 kind = "restart" if finish == "released" else "error"
                 self._abort(token, f"barrier {finish} ({stimulus_id})", kind=kind)
@@ -408,7 +409,7 @@ class RedistSchedulerPlugin(SchedulerPlugin):
             self.stranded = sorted(set(self.world) - {worker})
         for token, run in list(self.active.items()):
             if worker in run.spec.workers:
-                mine = [k for k in stale if k[0][len(STAGE_PREFIX) :] == token]
+                mine = [k for k in stale if k[0] == STAGE_PREFIX + token]
                 self._restart_once_barrier_done(token, f"worker {worker} left during {run.spec.name()}", mine)
 
     def restart(self, scheduler) -> None:
