@@ -6,6 +6,8 @@ import html
 import os
 from dataclasses import dataclass
 
+from dask_redist.engines.cufftmp import nvshmem_problem
+
 FIXES = {
     "cupy": "pip install 'dask-redist[gpu]' (CuPy for CUDA 13) on every worker",
     "nvmath": "pip install 'dask-redist[gpu]' (nvmath-python, nvidia-cufftmp-cu13, nvidia-nvshmem-cu13)",
@@ -15,7 +17,7 @@ FIXES = {
 
 def worker_report() -> dict:
     """What one worker has (run on the worker: imports CuPy and nvmath there)."""
-    from dask_redist.engines.cufftmp import capabilities
+    from dask_redist.engines.cufftmp import capabilities, nvshmem_library
 
     report = {"pid": os.getpid(), "CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES", "")}
     report["NVSHMEM_SYMMETRIC_SIZE"] = os.environ.get("NVSHMEM_SYMMETRIC_SIZE", "unset (NVSHMEM default 1 GiB)")
@@ -39,10 +41,42 @@ def worker_report() -> dict:
         from nvmath.bindings import nvshmem
 
         report["NVSHMEM state"] = "initialized" if nvshmem.init_status() >= nvshmem.STATUS_IS_INITIALIZED else "not started"
-    except Exception:
-        pass
+        report["NVSHMEM library"] = nvshmem_library()
+        report["NVSHMEM"] = ".".join(map(str, report["NVSHMEM library"]["version"]))
+    except Exception as e:  # no nvmath, or a libnvshmem_host without the version call
+        report.setdefault("NVSHMEM library", {"error": f"{type(e).__name__}: {str(e)[:80]}"})
+    report["NVSHMEM_IB_ENABLE_IBGDA"] = os.environ.get("NVSHMEM_IB_ENABLE_IBGDA", "")
     report["cufftmp engine"] = capabilities()
     return report
+
+
+def version_warnings(reports: dict[str, dict]) -> list[str]:
+    """What is wrong with the NVSHMEM each worker loaded (from `worker_report`), worst first.
+
+    A version cuFFTMp 12.1.3 does not support; workers of one cluster loading different
+    versions (NVSHMEM's PEs must run the same library); a library that is not the one
+    pip installed (another ``libnvshmem_host.so`` found first, e.g. through LD_LIBRARY_PATH).
+    """
+    out, versions = [], {}
+    for address, r in sorted(reports.items()):
+        lib = r.get("NVSHMEM library") or {}
+        version = lib.get("version")
+        if version is None:
+            continue
+        versions[address] = tuple(version)
+        ibgda = str(r.get("NVSHMEM_IB_ENABLE_IBGDA", "")).strip().lower() in ("1", "true", "y", "yes", "on")
+        if problem := nvshmem_problem(tuple(version), ibgda):
+            out.append(f"{address}: {problem}")
+        wheel = lib.get("nvidia-nvshmem-cu13")
+        if wheel and tuple(int(p) for p in wheel.split(".")[:3]) != tuple(version):
+            out.append(
+                f"{address}: loaded NVSHMEM {'.'.join(map(str, version))} from {lib.get('path')}, but pip installed "
+                f"nvidia-nvshmem-cu13 {wheel}: another libnvshmem_host comes first (LD_LIBRARY_PATH?)"
+            )
+    if len(set(versions.values())) > 1:
+        seen = ", ".join(f"{w}: {'.'.join(map(str, v))}" for w, v in versions.items())
+        out.append(f"workers load different NVSHMEM versions ({seen}); install the same one everywhere")
+    return out
 
 
 def _peer_access() -> str:
@@ -68,6 +102,7 @@ class Diagnosis:
     reason: str
     peer_access: str
     fixes: tuple[str, ...]
+    warnings: tuple[str, ...] = ()
 
     def rows(self) -> list[dict]:
         out = []
@@ -95,6 +130,7 @@ class Diagnosis:
             lines += [f"  {k:<15} {v}" for k, v in row.items()]
         lines.append(f"peer access between GPUs: {self.peer_access}")
         lines.append(f"engine `auto` picks for CuPy chunks: {self.engine} ({self.reason})")
+        lines += [f"warning: {w}" for w in self.warnings]
         lines += [f"fix: {f}" for f in self.fixes]
         return "\n".join(lines)
 
@@ -104,7 +140,7 @@ class Diagnosis:
         rows = self.rows()
         head = "".join(f"<th>{html.escape(k)}</th>" for k in rows[0]) if rows else ""
         body = "".join("<tr>" + "".join(f"<td>{html.escape(str(v))}</td>" for v in r.values()) + "</tr>" for r in rows)
-        fixes = "".join(f"<li>{html.escape(f)}</li>" for f in self.fixes)
+        fixes = "".join(f"<li>{html.escape(f)}</li>" for f in (*self.warnings, *self.fixes))
         return (
             f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
             f"<p>peer access: {html.escape(self.peer_access)}; <b>auto</b> picks <b>{self.engine}</b>"
@@ -130,4 +166,4 @@ def doctor(client) -> Diagnosis:
     peers = _peer_access()
     if peers.startswith("missing"):
         fixes.append("GPUs without peer access: NVSHMEM needs NVLink or PCIe P2P between the GPUs of a node")
-    return Diagnosis(reports, engine, reason, peers, tuple(fixes))
+    return Diagnosis(reports, engine, reason, peers, tuple(fixes), tuple(version_warnings(reports)))

@@ -162,10 +162,12 @@ def _decisions(x, settings: Settings) -> list[tuple[str, str, object, str]]:
     """(output name, what dask planned, CollectiveSpec or None, reason) for every rechunk of ``x``."""
     expr = getattr(x, "expr", None)
     if expr is not None:  # expression mode: the rechunks are expressions in the tree
-        from dask.array._array_expr._rechunk import Rechunk
         from dask.utils import typename
 
+        from dask_redist.compat import array_expr
         from dask_redist.optimize import collective_spec
+
+        _, Rechunk, _ = array_expr()
 
         out = []
         for node in expr.walk():

@@ -15,14 +15,14 @@ from __future__ import annotations
 
 from functools import cached_property
 
-from dask.array._array_expr._expr import ArrayExpr
-from dask.array._array_expr._rechunk import Rechunk, TasksRechunk
 from dask.utils import typename
 
+from dask_redist.compat import array_expr
 from dask_redist.config import Settings
 from dask_redist.layer import collective_tasks
 from dask_redist.optimize import collective_spec, running_on_scheduler
 
+ArrayExpr, Rechunk, TasksRechunk = array_expr()
 _original_rechunk = ArrayExpr.rechunk
 
 

@@ -25,7 +25,7 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-from dask._task_spec import DataNode, Task, TaskRef
+from dask_redist.compat import DataNode, Task, TaskRef
 
 from dask_redist.config import Settings
 from dask_redist.plan import RechunkSpec

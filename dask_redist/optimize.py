@@ -23,12 +23,10 @@ from dask.core import flatten
 from dask.highlevelgraph import HighLevelGraph, MaterializedLayer
 
 from dask_redist import ordering
+from dask_redist.compat import P2P_PREFIX, RECHUNK_PREFIXES
 from dask_redist.config import Settings
 from dask_redist.layer import CollectiveSpec, collective_tasks
 from dask_redist.plan import PlanError, RechunkSpec
-
-RECHUNK_PREFIXES = ("rechunk-merge-", "rechunk-split-", "rechunk-p2p-")
-
 
 def is_rechunk_layer(name: str) -> bool:
     return isinstance(name, str) and name.startswith(RECHUNK_PREFIXES)
@@ -86,7 +84,7 @@ def find_rechunks(hlg: HighLevelGraph, requested: set[str] = frozenset()) -> lis
 
 
 def _method(chain: RechunkChain) -> str:
-    if chain.output.startswith("rechunk-p2p-"):
+    if chain.output.startswith(P2P_PREFIX):
         return "p2p"
     return f"tasks ({len(chain.layers)} step{'s' * (len(chain.layers) > 1)})"
 

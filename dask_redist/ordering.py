@@ -23,8 +23,8 @@ from __future__ import annotations
 import functools
 
 import dask.order
-from dask._task_spec import Task
 
+from dask_redist.compat import Task
 from dask_redist.layer import BarrierTask
 
 

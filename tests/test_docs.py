@@ -26,3 +26,14 @@ def test_docs_build_strict(tmp_path):
     assert result.returncode == 0, result.stdout + result.stderr
     for page in ("index.html", "api/index.html", "benchmarks/index.html", "configuration/index.html"):
         assert (site / page).is_file(), page
+
+
+def test_ci_runs_exactly_the_readme_test_command():
+    """`.ci/run` runs the README's test command, line for line (both dask versions)."""
+    with open(os.path.join(ROOT, "README.md")) as f:
+        blocks = f.read().split("```bash\n")[1:]
+    (readme,) = [b.split("```")[0] for b in blocks if "pytest" in b]
+    with open(os.path.join(ROOT, ".ci", "run")) as f:
+        ci = [line for line in f.read().splitlines() if line.startswith("python3 ")]
+    assert ci == readme.strip().splitlines()
+    assert len(ci) == 2 and "rapids-dask-dependency" in ci[1]

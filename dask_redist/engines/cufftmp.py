@@ -76,6 +76,61 @@ def capabilities() -> dict:
     return info
 
 
+#: NVSHMEM host libraries cuFFTMp 12.1.3 (nvidia-cufftmp-cu13) works with: 3.3.24 or later (its
+#: release notes) within major version 3 (NVSHMEM keeps its host/device ABI within a major
+#: version since 3.0), except 3.5.19, which broke that ABI (fixed in 3.5.21). pyproject's
+#: ``[gpu]`` pin says the same: ``nvidia-nvshmem-cu13>=3.3.24,!=3.5.19,<4``.
+NVSHMEM_SUPPORTED = ((3, 3, 24), (4, 0, 0))
+NVSHMEM_EXCLUDED = {(3, 5, 19): "its host library broke the ABI of the team structure (fixed in 3.5.21)"}
+#: From 3.5.19 the layout of RC queue pairs changed, which NVSHMEM's release notes say breaks the
+#: ABI with earlier device code when IBGDA is on; cuFFTMp 12.1.3's device code is built for 3.3.24.
+NVSHMEM_IBGDA_BREAK = (3, 5, 19)
+
+
+def nvshmem_problem(version: tuple[int, int, int], ibgda: bool = False) -> str | None:
+    """Why the NVSHMEM host library ``version`` will not work with cuFFTMp 12.1.3, or None."""
+    text = ".".join(map(str, version))
+    low, high = NVSHMEM_SUPPORTED
+    if not low <= tuple(version) < high:
+        return (
+            f"NVSHMEM {text} is outside what cuFFTMp 12.1.3 supports (>= {'.'.join(map(str, low))}, < 4); "
+            "pip install 'nvidia-nvshmem-cu13>=3.3.24,!=3.5.19,<4'"
+        )
+    if tuple(version) in NVSHMEM_EXCLUDED:
+        return f"NVSHMEM {text}: {NVSHMEM_EXCLUDED[tuple(version)]}; use another release"
+    if ibgda and tuple(version) >= NVSHMEM_IBGDA_BREAK:
+        return (
+            f"NVSHMEM {text} with NVSHMEM_IB_ENABLE_IBGDA set: from 3.5.19 IBGDA breaks the ABI with device code "
+            "built for earlier releases (cuFFTMp 12.1.3's is built for 3.3.24); unset it or use NVSHMEM < 3.5.19"
+        )
+    return None
+
+
+def nvshmem_library() -> dict:
+    """The NVSHMEM host library nvmath-python loaded in this process: version (asked of the library
+    itself, ``nvshmemx_vendor_get_version_info``) and path; the pip distributions' versions next to it."""
+    import ctypes
+    from importlib import metadata
+
+    from nvmath.bindings import nvshmem
+
+    nvshmem.init_status()  # nvmath loads libnvshmem_host on its first call
+    info: dict = {}
+    for dist in ("nvidia-nvshmem-cu13", "nvidia-cufftmp-cu13"):
+        try:
+            info[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            info[dist] = None
+    with open("/proc/self/maps") as maps:
+        paths = {line.split()[-1] for line in maps if "libnvshmem_host" in line}
+    info["path"] = min(paths) if paths else None
+    lib = ctypes.CDLL(info["path"] or "libnvshmem_host.so.3")
+    parts = [ctypes.c_int() for _ in range(3)]
+    lib.nvshmemx_vendor_get_version_info(*(ctypes.byref(p) for p in parts))
+    info["version"] = tuple(p.value for p in parts)
+    return info
+
+
 _UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
 
 

@@ -1,0 +1,47 @@
+"""The one place that names dask's private API and the dask versions it was checked on.
+
+dask-redist rewrites graphs and task priorities, which public API does not reach.
+Everything private it touches is imported from here, so that a dask release that
+moves something breaks one module, with this docstring saying what to look at.
+
+Tested versions: dask/distributed **2026.7.1** (what ``rapids-dask-dependency``
+26.10 pins, i.e. what every dask-cuda 26.10 user has) and **2026.8.0** (the newest
+release). CI runs the whole suite on both (README's test command). Between the two,
+the modules used here are identical (``dask/array/rechunk.py``, ``dask/_task_spec.py``,
+``dask/order.py``, ``dask/array/_array_expr/``, ``distributed/shuffle/``), so no
+branch on the version is needed; the differences are elsewhere (dataframe,
+nanny shutdown). Where a later release does differ, the branch goes here.
+
+What is relied on, and where:
+
+* layer names of ``x.rechunk``: ``rechunk-merge-*`` / ``rechunk-split-*`` (the
+  ``tasks`` method, one or several steps) and ``rechunk-p2p-*`` (after a
+  ``rechunk-merge-*`` pre-chunking layer) -> `RECHUNK_PREFIXES` (graph.optimize);
+* ``dask._task_spec`` (``Task``, ``DataNode``, ``TaskRef``, ``Task.block_fusion``):
+  the collective's tasks (graph.layer) and the barrier stand-in (runtime.ordering);
+* ``dask.order.order``, looked up on the module by the scheduler for every graph:
+  wrapped by runtime.ordering;
+* expression mode: ``ArrayExpr.rechunk``, ``Rechunk`` and ``TasksRechunk`` in
+  ``dask.array._array_expr`` (graph.expr).
+"""
+
+from __future__ import annotations
+
+from dask._task_spec import DataNode, Task, TaskRef
+
+#: dask/distributed versions the test suite ran on (see the module docstring).
+TESTED_DASK = ("2026.7.1", "2026.8.0")
+
+#: Name prefixes of the layers dask builds for ``x.rechunk`` (HighLevelGraph path).
+RECHUNK_PREFIXES = ("rechunk-merge-", "rechunk-split-", "rechunk-p2p-")
+P2P_PREFIX = "rechunk-p2p-"
+
+__all__ = ["DataNode", "P2P_PREFIX", "RECHUNK_PREFIXES", "TESTED_DASK", "Task", "TaskRef", "array_expr"]
+
+
+def array_expr():
+    """``(ArrayExpr, Rechunk, TasksRechunk)`` of dask's expression mode (ImportError without it)."""
+    from dask.array._array_expr._expr import ArrayExpr
+    from dask.array._array_expr._rechunk import Rechunk, TasksRechunk
+
+    return ArrayExpr, Rechunk, TasksRechunk
