@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# On the GPU node, after install.sh: the checks docs/gpu-testing.md records, logs under $OUT.
+#   bash tools/gpu/check.sh [steps...]     steps: versions doctor world gpu bench (default: all)
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+source tools/gpu/env.sh
+out=${OUT:-/tmp/redist-check}; mkdir -p "$out"
+export DASK_REDIST__TIMEOUTS__COLLECTIVE=${DASK_REDIST__TIMEOUTS__COLLECTIVE:-30s}
+export DASK_REDIST__TIMEOUTS__BOOTSTRAP=${DASK_REDIST__TIMEOUTS__BOOTSTRAP:-60s}
+step() {  # name command...: run, log to $out/name.log, one summary line
+  local name=$1 start rc; shift; start=$(date +%s)
+  "$@" > "$out/$name.log" 2>&1; rc=$?
+  printf '%-9s rc=%-3s %4ss  %s\n' "$name" "$rc" "$(( $(date +%s) - start ))" \
+    "$(grep -E 'passed|failed|error' "$out/$name.log" | tail -1 | cut -c1-110)" >> "$out/summary.txt"
+}
+steps=${*:-versions doctor world gpu bench}
+date -u +"%Y-%m-%d %H:%M UTC, $(git log -1 --format=%h 2>/dev/null || echo '?')" >> "$out/summary.txt"
+for s in $steps; do case $s in
+  versions) step versions python3 -m pip list --format=freeze ;;
+  doctor) step doctor python3 -m dask_redist.cli doctor --gpu --workers 2 ;;
+  world) step world python3 -m pytest tests/test_gpu_world.py -v -s --timeout 150 ;;
+  gpu) step gpu python3 -m pytest tests/test_gpu.py tests/test_examples.py -m gpu -v -s --timeout 150 ;;
+  bench) step bench python3 -m dask_redist.cli bench --gpu --size 8GiB --chunks 16 \
+           --methods redist-cufftmp nvmath ceiling --reps 3 --out "$out" --name gpu-8gib-16-resolved ;;
+esac; done
+cat "$out/summary.txt"
