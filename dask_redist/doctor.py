@@ -43,6 +43,7 @@ def worker_report() -> dict:
         report["NVSHMEM state"] = "initialized" if nvshmem.init_status() >= nvshmem.STATUS_IS_INITIALIZED else "not started"
         report["NVSHMEM library"] = nvshmem_library()
         report["NVSHMEM"] = ".".join(map(str, report["NVSHMEM library"]["version"]))
+        report["cuFFTMp"] = report["NVSHMEM library"]["nvidia-cufftmp-cu13"] or report["cuFFTMp"]
     except Exception as e:  # no nvmath, or a libnvshmem_host without the version call
         report.setdefault("NVSHMEM library", {"error": f"{type(e).__name__}: {str(e)[:80]}"})
     report["NVSHMEM_IB_ENABLE_IBGDA"] = os.environ.get("NVSHMEM_IB_ENABLE_IBGDA", "")
