@@ -24,7 +24,8 @@ import numpy as np
 from dask_redist.assemble import Assembly
 from dask_redist.errors import RedistConsistencyError, RedistError, RedistTimeoutError
 from dask_redist.layer import CollectiveSpec
-from dask_redist.plan import Plan, chunk_box, make_plan
+from dask_redist.planning import Plan, make_plan
+from dask_redist.planning.geometry import chunk_box
 
 
 @dataclass(frozen=True)

@@ -47,7 +47,8 @@ from dask_redist._worker import RedistWorkerPlugin
 from dask_redist.engines import choose_engine
 from dask_redist.errors import RedistTimeoutError
 from dask_redist.layer import BARRIER_PREFIX, STAGE_PREFIX, BarrierTask, CollectiveSpec
-from dask_redist.plan import chunk_nbytes, make_plan
+from dask_redist.planning import make_plan
+from dask_redist.planning.geometry import chunk_nbytes
 from dask_redist.process_group import Rendezvous
 
 logger = logging.getLogger("dask_redist")

@@ -261,7 +261,7 @@ def _method_context(method: str):
 
 def crossing_bytes(case: Case, nworkers: int, placement=contiguous) -> int:
     """Bytes that the collective's plan moves from one worker to another, in the busiest direction."""
-    from dask_redist.plan import RechunkSpec, make_plan
+    from dask_redist.planning import RechunkSpec, make_plan
 
     n = math.prod(map(len, case.old))
     in_ranks = [placement(i, n, nworkers) for i in range(n)]

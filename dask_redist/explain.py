@@ -9,9 +9,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from dask_redist.config import Settings
-from dask_redist.layout import choose_layout
+from dask_redist.planning.layout import choose_layout
 from dask_redist.optimize import decide, find_rechunks
-from dask_redist.plan import make_plan
+from dask_redist.planning import make_plan
 
 
 def _size(n: int | None) -> str:

@@ -28,7 +28,7 @@ import numpy as np
 from dask_redist.compat import DataNode, Task, TaskRef
 
 from dask_redist.config import Settings
-from dask_redist.plan import RechunkSpec
+from dask_redist.planning import RechunkSpec
 
 STAGE_PREFIX = "redist-stage-"
 BARRIER_PREFIX = "redist-barrier-"

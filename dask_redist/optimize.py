@@ -26,7 +26,7 @@ from dask_redist import ordering
 from dask_redist.compat import P2P_PREFIX, RECHUNK_PREFIXES
 from dask_redist.config import Settings
 from dask_redist.layer import CollectiveSpec, collective_tasks
-from dask_redist.plan import PlanError, RechunkSpec
+from dask_redist.planning import PlanError, RechunkSpec
 
 def is_rechunk_layer(name: str) -> bool:
     return isinstance(name, str) and name.startswith(RECHUNK_PREFIXES)

@@ -18,8 +18,9 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
-from dask_redist.layout import Box, DirectLayout, PackedLayout
-from dask_redist.plan import Chunks, Plan, RechunkSpec, Transfers, chunk_box, chunk_nbytes, make_plan
+from dask_redist.planning.layout import Box, DirectLayout, PackedLayout
+from dask_redist.planning import Chunks, Plan, RechunkSpec, Transfers, make_plan
+from dask_redist.planning.geometry import chunk_box, chunk_nbytes
 
 ITEMSIZES = (1, 2, 4, 8, 16)
 MAX_RANKS = 6

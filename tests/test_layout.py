@@ -1,4 +1,4 @@
-"""Property tests of :mod:`dask_redist.layout`, checked against NumPy."""
+"""Property tests of :mod:`dask_redist.planning.layout`, checked against NumPy."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from hypothesis import event, given, settings, target
 from hypothesis import strategies as st
 from planning_helpers import FAST, ITEMSIZES, QUICK, byte_ids, plans, shapes, simulate_direct, simulate_packed
 
-from dask_redist.layout import (
+from dask_redist.planning.layout import (
     WORDS,
     Box,
     DirectLayout,
@@ -20,7 +20,7 @@ from dask_redist.layout import (
     packed_word,
     size_class,
 )
-from dask_redist.plan import PlanError, RechunkSpec, make_plan
+from dask_redist.planning import PlanError, RechunkSpec, make_plan
 
 
 def check_folded(shape, itemsize, boxes: list[Box], folded) -> None:

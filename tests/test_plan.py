@@ -1,4 +1,4 @@
-"""Property tests of :mod:`dask_redist.plan`, checked against NumPy."""
+"""Property tests of :mod:`dask_redist.planning.plan`, checked against NumPy."""
 
 from __future__ import annotations
 
@@ -23,7 +23,8 @@ from planning_helpers import (
     simulate_transfers,
 )
 
-from dask_redist.plan import (
+from dask_redist.planning.geometry import chunk_box, flat_index
+from dask_redist.planning.plan import (
     BALANCE_TOLERANCE,
     PlanError,
     RechunkSpec,
@@ -254,3 +255,16 @@ def test_ranks_out_of_range_are_rejected(spec, nranks, data):
             make_plan(spec, ranks, nranks, out_ranks=good_out)
         else:
             make_plan(spec, good_in, nranks, out_ranks=ranks)
+
+
+@FAST
+@given(rechunk_specs())
+def test_flat_indices_and_boxes_agree_with_the_grid(spec):
+    """One index form: flat <-> N-D conversions round-trip, and boxes match the chunk sizes."""
+    for chunks, grid, index_of, box_of in (
+        (spec.old, spec.old_grid, spec.old_index, spec.old_box),
+        (spec.new, spec.new_grid, spec.new_index, spec.new_box),
+    ):
+        for flat, nd in enumerate(np.ndindex(*grid)):
+            assert index_of(flat) == nd and flat_index(nd, grid) == flat
+            assert box_of(flat) == chunk_box(chunks, nd)

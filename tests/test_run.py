@@ -17,7 +17,8 @@ from dask_redist.config import Settings
 from dask_redist.engines import get_engine
 from dask_redist.errors import RedistError, RedistTimeoutError
 from dask_redist.layer import CollectiveSpec
-from dask_redist.plan import RechunkSpec, chunk_box, make_plan
+from dask_redist.planning import RechunkSpec, make_plan
+from dask_redist.planning.geometry import chunk_box
 
 
 class Loopback:

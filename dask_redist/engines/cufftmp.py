@@ -10,7 +10,7 @@ Per worker process the engine keeps
 * reshape *plans* by geometry: planning costs tens of milliseconds, so a
   repeated rechunk reuses its plan.
 
-A run is laid out by `dask_redist.layout.choose_layout`: the direct box
+A run is laid out by `dask_redist.planning.layout.choose_layout`: the direct box
 mapping when the placement allows it, else the packed (P, W) matrix; in rounds
 when it does not fit ``redist.memory-budget``. Every rank derives the same
 layout from the same plan, so all of them make the same collective calls in
@@ -30,8 +30,8 @@ import numpy as np
 
 from dask_redist.assemble import cut
 from dask_redist.errors import EngineUnavailableError, RedistError, RedistTimeoutError
-from dask_redist.layout import Box, DirectLayout, PackedLayout, choose_layout, size_class
-from dask_redist.plan import block_lower, chunk_box, chunk_lowers
+from dask_redist.planning.layout import Box, DirectLayout, PackedLayout, choose_layout, size_class
+from dask_redist.planning.geometry import block_lower, chunk_box, chunk_lowers
 
 logger = logging.getLogger("dask_redist")
 

@@ -17,7 +17,8 @@ import numpy as np
 
 from dask_redist._run import Packed
 from dask_redist.assemble import cut
-from dask_redist.plan import Transfers, block_lower, chunk_lowers
+from dask_redist.planning import Transfers
+from dask_redist.planning.geometry import block_lower, chunk_lowers
 
 
 def cut_pieces(run, t: Transfers) -> list:

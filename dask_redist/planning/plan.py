@@ -33,7 +33,7 @@ fewest bytes across ranks wins; near-ties go to box-shaped candidates.
 The result is a :class:`Plan`: pieces with a source and destination rank,
 the traffic matrix and a short report. How the plan is laid out for a
 particular transport (boxes, a packed word matrix, rounds) lives in
-:mod:`dask_redist.layout`.
+:mod:`dask_redist.planning.layout`.
 """
 
 from __future__ import annotations
@@ -45,108 +45,13 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
-Chunks = tuple[tuple[int, ...], ...]
+from dask_redist.planning.geometry import Chunks, PlanError, RechunkSpec, chunk_nbytes
 
 #: Candidates whose worst rank load is within this factor of the best candidate's
 #: are considered balanced.
 BALANCE_TOLERANCE = 1.10
 #: Moved bytes within this fraction of the total count as a tie.
 TIE_FRACTION = 0.01
-
-
-class PlanError(ValueError):
-    """The chunks, placement or rank count given to the planner are inconsistent."""
-
-
-def _as_chunks(chunks: Sequence[Sequence[int]], name: str) -> Chunks:
-    out = []
-    for axis, c in enumerate(chunks):
-        sizes = []
-        for s in c:
-            if isinstance(s, float) and math.isnan(s):
-                raise PlanError(f"{name}: axis {axis} has unknown (NaN) chunk sizes")
-            if isinstance(s, bool) or not isinstance(s, (int, np.integer)) or s < 0:
-                raise PlanError(f"{name}: axis {axis} has chunk size {s!r}; expected integers >= 0")
-            sizes.append(int(s))
-        if not sizes:
-            raise PlanError(f"{name}: axis {axis} has no chunks")
-        out.append(tuple(sizes))
-    return tuple(out)
-
-
-@dataclass(frozen=True)
-class RechunkSpec:
-    """What is rechunked: the chunks before and after and the item size in bytes."""
-
-    old: Chunks
-    new: Chunks
-    itemsize: int
-
-    def __post_init__(self):
-        old = _as_chunks(self.old, "old chunks")
-        new = _as_chunks(self.new, "new chunks")
-        if len(old) != len(new):
-            raise PlanError(f"old chunks have {len(old)} axes, new chunks {len(new)}")
-        for axis, (a, b) in enumerate(zip(old, new)):
-            if sum(a) != sum(b):
-                raise PlanError(
-                    f"axis {axis}: old chunks sum to {sum(a)}, new chunks to {sum(b)}"
-                )
-        if not isinstance(self.itemsize, (int, np.integer)) or self.itemsize <= 0:
-            raise PlanError(f"itemsize must be a positive integer, got {self.itemsize!r}")
-        object.__setattr__(self, "old", old)
-        object.__setattr__(self, "new", new)
-        object.__setattr__(self, "itemsize", int(self.itemsize))
-
-    @property
-    def ndim(self) -> int:
-        return len(self.old)
-
-    @property
-    def shape(self) -> tuple[int, ...]:
-        return tuple(sum(c) for c in self.old)
-
-    @property
-    def nbytes(self) -> int:
-        return math.prod(self.shape) * self.itemsize
-
-    @property
-    def old_grid(self) -> tuple[int, ...]:
-        return tuple(len(c) for c in self.old)
-
-    @property
-    def new_grid(self) -> tuple[int, ...]:
-        return tuple(len(c) for c in self.new)
-
-
-def chunk_box(chunks: Chunks, index: Sequence[int]) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """Global (lower, upper) element bounds of the chunk at ``index``."""
-    lower, upper = [], []
-    for c, i in zip(chunks, index):
-        start = sum(c[:i])
-        lower.append(start)
-        upper.append(start + c[i])
-    return tuple(lower), tuple(upper)
-
-
-def chunk_lowers(chunks: Chunks) -> list[np.ndarray]:
-    """Per axis, the global start of every chunk (the sum of the chunk sizes before it)."""
-    return [np.concatenate([[0], np.cumsum(c)[:-1]]).astype(np.int64) for c in chunks]
-
-
-def block_lower(lowers: list[np.ndarray], grid: tuple[int, ...], flat: int) -> tuple[int, ...]:
-    """Global lower corner of the chunk with C-order flat index ``flat`` (from `chunk_lowers`)."""
-    return tuple(int(lw[i]) for lw, i in zip(lowers, np.unravel_index(int(flat), grid)))
-
-
-def chunk_nbytes(chunks: Chunks, itemsize: int) -> np.ndarray:
-    """Bytes of every chunk, as an array shaped like the chunk grid."""
-    out = np.ones([len(c) for c in chunks], dtype=np.int64) * itemsize
-    for axis, c in enumerate(chunks):
-        shape = [1] * len(chunks)
-        shape[axis] = len(c)
-        out = out * np.asarray(c, dtype=np.int64).reshape(shape)
-    return out
 
 
 @dataclass(frozen=True, eq=False)

@@ -1,4 +1,4 @@
-"""Pure layouts of a :class:`~dask_redist.plan.Plan` for a reshape-style transport.
+"""Pure layouts of a :class:`~dask_redist.planning.plan.Plan` for a reshape-style transport.
 
 A cuFFTMp reshape takes one input box and one output box per rank, both
 stored contiguously in symmetric memory, and 4, 8 or 16-byte elements. Two
@@ -36,7 +36,8 @@ from typing import Sequence
 
 import numpy as np
 
-from dask_redist.plan import Chunks, Plan, PlanError, Transfers, chunk_nbytes
+from dask_redist.planning.geometry import Chunks, PlanError, chunk_nbytes
+from dask_redist.planning.plan import Plan, Transfers
 
 WORDS = (16, 8, 4)  # element sizes a cuFFTMp reshape accepts, largest first
 
