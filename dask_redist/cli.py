@@ -151,7 +151,7 @@ def _bench_plan(args) -> list:
 
 
 def _ceiling() -> dict | None:
-    from dask_redist.baselines import link_ceiling
+    from dask_redist.bench.baselines import link_ceiling
 
     try:
         ceiling = link_ceiling()

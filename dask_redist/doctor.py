@@ -6,7 +6,7 @@ import html
 import os
 from dataclasses import dataclass
 
-from dask_redist.engines.cufftmp import nvshmem_problem
+from dask_redist.engines.cufftmp.nvshmem import nvshmem_problem
 
 FIXES = {
     "cupy": "pip install 'dask-redist[gpu]' (CuPy for CUDA 13) on every worker",
@@ -17,7 +17,7 @@ FIXES = {
 
 def worker_report() -> dict:
     """What one worker has (run on the worker: imports CuPy and nvmath there)."""
-    from dask_redist.engines.cufftmp import capabilities, nvshmem_library
+    from dask_redist.engines.cufftmp.nvshmem import capabilities, nvshmem_library
 
     report = {"pid": os.getpid(), "CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES", "")}
     report["NVSHMEM_SYMMETRIC_SIZE"] = os.environ.get("NVSHMEM_SYMMETRIC_SIZE", "unset (NVSHMEM default 1 GiB)")

@@ -9,9 +9,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from dask_redist.config import Settings
-from dask_redist.planning.layout import choose_layout
-from dask_redist.optimize import decide, find_rechunks
+from dask_redist.engines.choice import choose_engine
+from dask_redist.graph.optimize import decide, find_rechunks
 from dask_redist.planning import make_plan
+from dask_redist.planning.layout import choose_layout
 
 
 def _size(n: int | None) -> str:
@@ -136,21 +137,15 @@ def _placement(spec, x, client, nworkers: int) -> tuple[np.ndarray, str]:
     return ranks, f"assumed: contiguous blocks over {nworkers} workers"
 
 
-def _engine_state(dask_scheduler):
-    plugin = dask_scheduler.plugins.get("redist")
-    if plugin is None:
-        return {}, None, None
-    return dict(plugin.capabilities), plugin.world, plugin.world_broken
-
-
 def _engine(settings: Settings, spec, client) -> tuple[str, str]:
     """The engine a run would use and why, decided as the scheduler decides it."""
-    from dask_redist.engines import choose_engine
-
     if settings.engine == "auto" and spec.kind == "cupy":
         if client is None:
             return "cufftmp", "if every worker can run it; no Client to ask"
-        caps, world, broken = client.run_on_scheduler(_engine_state)
+        from dask_redist.api import status
+
+        state = status(client)["engines"]
+        caps, world, broken = state["capabilities"], state["world"], state["world broken"]
         workers = sorted(client.scheduler_info(n_workers=-1)["workers"])
         if not all(w in caps for w in workers):  # explain does not probe the workers itself
             return "cufftmp", "if every worker can run it: not checked yet, see dask_redist.doctor(client)"
@@ -165,7 +160,7 @@ def _decisions(x, settings: Settings) -> list[tuple[str, str, object, str]]:
         from dask.utils import typename
 
         from dask_redist.compat import array_expr
-        from dask_redist.optimize import collective_spec
+        from dask_redist.graph.optimize import collective_spec
 
         _, Rechunk, _ = array_expr()
 
@@ -190,7 +185,7 @@ def explain(x, *, nworkers: int | None = None, settings: Settings | None = None)
     """For every rechunk in ``x``'s graph: engine, mapping, bytes moved, padding, rounds, or why not."""
     import dask
 
-    from dask_redist.optimize import CollectiveOptimizer
+    from dask_redist.graph.optimize import CollectiveOptimizer
 
     settings = settings or Settings.from_config()
     enabled = isinstance(dask.config.get("array_optimize", None), CollectiveOptimizer)

@@ -63,26 +63,22 @@ def client(cluster):
 
 def scheduler_history(client) -> list[dict]:
     """Runs the scheduler plugin finished, oldest first."""
+    import dask_redist
 
-    def history(dask_scheduler):
-        plugin = dask_scheduler.plugins.get("redist")
-        return list(plugin.history) if plugin else []
-
-    return client.run_on_scheduler(history)
+    return dask_redist.status(client)["history"]
 
 
 def worker_leftovers(client, timeout: float = 10) -> dict:
     """Staged chunks, runs and early pieces still held by the workers (waits for cleanup)."""
 
-    def leftovers(dask_worker):
-        from dask_redist._worker import get_state
+    import dask_redist
 
-        s = get_state(dask_worker)
-        return len(s.staged) + len(s.stage_keys) + len(s.runs) + len(s.early)
+    def held(s):
+        return s["staged chunks"] + s["stage keys"] + len(s["runs"]) + s["early pieces"]
 
     deadline = time.monotonic() + timeout
     while True:
-        left = {w: n for w, n in client.run(leftovers).items() if n}
+        left = {w: n for w, s in dask_redist.status(client)["workers"].items() if (n := held(s))}
         if not left or time.monotonic() > deadline:
             return left
         time.sleep(0.05)

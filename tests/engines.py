@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 
+from dask_redist.engines import Health
 from dask_redist.engines.dask import DaskEngine
 
 
@@ -66,6 +67,12 @@ class RestartingEngine(DaskEngine):
 class PeerDiesEngine(DaskEngine):
     """Run 1: the last rank's process dies mid-run while rank 0 does `survive`. Later runs work."""
 
+    stuck = False  # (pretend) GPU work of an aborted run can never finish here
+    in_flight_since = None  # (pretend) GPU work that only peers can complete was queued then
+
+    def health(self) -> Health:
+        return Health(None, self.stuck, self.in_flight_since)
+
     def execute(self, run, transport):
         import os
 
@@ -110,8 +117,7 @@ class BlockedGpuEngine(PeerDiesEngine):
     blocks in a call that never returns, as a kernel launch does once the GPU's queue is
     full behind an NVSHMEM wait for a dead peer."""
 
-    in_flight_since = None
-    stuck = False
+    watched = True  # as cufftmp: the worker runs a watchdog for it
 
     def survive(self, run):
         self.in_flight_since = time.monotonic()

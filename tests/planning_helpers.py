@@ -18,7 +18,8 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
-from dask_redist.planning.layout import Box, DirectLayout, PackedLayout
+from dask_redist.planning.boxes import Box
+from dask_redist.planning.layout import DirectLayout, PackedLayout
 from dask_redist.planning import Chunks, Plan, RechunkSpec, Transfers, make_plan
 from dask_redist.planning.geometry import chunk_box, chunk_nbytes
 

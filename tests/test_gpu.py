@@ -18,7 +18,7 @@ from conftest import scheduler_history
 from distributed import wait
 
 import dask_redist
-from dask_redist.bench import Case, check, contiguous, cufftmp_stats, placed_array
+from dask_redist.bench import Case, check, contiguous, engine_stats, placed_array
 
 pytestmark = pytest.mark.gpu
 
@@ -93,10 +93,10 @@ def test_rounds_when_the_run_exceeds_the_budget(gpu_client):
 
 def test_several_rechunks_in_a_row_reuse_the_arena_and_plans(gpu_client):
     run_case(gpu_client, CASES[0], seed=2, engine="cufftmp")
-    before = gpu_client.run(cufftmp_stats)
+    before = engine_stats(gpu_client)
     for seed in range(3, 7):
         run_case(gpu_client, CASES[0], seed=seed, engine="cufftmp")
-    after = gpu_client.run(cufftmp_stats)
+    after = engine_stats(gpu_client)
     for w in before:
         assert after[w]["runs"] == before[w]["runs"] + 4
         assert after[w]["plans"] == before[w]["plans"]  # plans are cached by geometry
@@ -134,7 +134,7 @@ def test_mixed_numpy_and_cupy_chunks_fail_clearly(gpu_client):
 
 def test_raw_redistribute_and_the_link_ceiling(gpu_client):
     """The benchmark's reference points work: nvmath's own Redistribute, and the peer-copy ceiling."""
-    from dask_redist.baselines import link_ceiling, raw_redistribute
+    from dask_redist.bench.baselines import link_ceiling, raw_redistribute
 
     # next to a cluster whose workers hold an NVSHMEM world, as in the benchmark
     run_case(gpu_client, CASES[0], seed=9, engine="cufftmp")
@@ -215,7 +215,7 @@ def test_worker_killed_during_a_cufftmp_run(gpu_client):
     def reshaping():  # on the victim: rounds of the run are on its GPU
         from dask_redist.engines import get_engine
 
-        return get_engine("cufftmp").in_flight_since is not None
+        return get_engine("cufftmp").health().in_flight_since is not None
 
     def killer():
         deadline = time.monotonic() + 60

@@ -8,14 +8,12 @@ from hypothesis import event, given, settings, target
 from hypothesis import strategies as st
 from planning_helpers import FAST, ITEMSIZES, QUICK, byte_ids, plans, shapes, simulate_direct, simulate_packed
 
+from dask_redist.planning.boxes import WORDS, Box, fold_boxes
 from dask_redist.planning.layout import (
-    WORDS,
-    Box,
     DirectLayout,
     PackedLayout,
     choose_layout,
     direct_layout,
-    fold_boxes,
     packed_layout,
     packed_word,
     size_class,

@@ -9,8 +9,8 @@ import pytest
 
 import dask_redist
 from dask_redist.config import ConfigError, Settings
-from dask_redist.layer import BARRIER_PREFIX, STAGE_PREFIX
-from dask_redist.optimize import CollectiveOptimizer, decide, find_rechunks, rewrite
+from dask_redist.core.spec import BARRIER_PREFIX, STAGE_PREFIX
+from dask_redist.graph.optimize import CollectiveOptimizer, decide, find_rechunks, rewrite
 
 
 def layers_of(x):

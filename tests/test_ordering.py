@@ -5,8 +5,8 @@ from dask._task_spec import Task, TaskRef
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dask_redist import ordering
-from dask_redist.layer import BarrierTask
+from dask_redist.runtime import ordering
+from dask_redist.core.spec import BarrierTask
 
 
 def _f(*args):

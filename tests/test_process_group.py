@@ -11,12 +11,13 @@ from dask_redist.errors import RedistTimeoutError
 def _member(name, rank, nranks, timeout):
     from distributed import get_worker
 
-    from dask_redist._worker import get_state
-    from dask_redist.process_group import DaskProcessGroup, scheduler_exchange
+    from dask_redist.engines.cufftmp.world import DaskProcessGroup
+    from dask_redist.runtime.tasks import ensure_plugins
+    from dask_redist.runtime.transport import scheduler_exchange
 
-    state = get_state(get_worker())
-    state._ensure_plugins(30)
-    return DaskProcessGroup(name, rank, nranks, scheduler_exchange(state, nranks, rank, timeout))
+    worker = get_worker()
+    ensure_plugins(worker, 30)
+    return DaskProcessGroup(name, rank, nranks, scheduler_exchange(worker, nranks, rank, timeout))
 
 
 def _collectives(name, rank, nranks):

@@ -55,14 +55,10 @@ def kill_one_worker(client, when):
 
 
 def _in_phase(client, phase):
-    def phases(dask_worker):
-        from dask_redist._worker import get_state
-
-        return [r.phase for r in get_state(dask_worker).runs.values()]
-
     def check():
         try:
-            return any(phase in p for p in client.run(phases).values())
+            workers = dask_redist.status(client)["workers"].values()
+            return any(phase in w["runs"].values() for w in workers)
         except Exception:
             return False
 
@@ -231,9 +227,9 @@ def test_bootstrap_names_workers_whose_nvshmem_is_unusable(client):
 
 
 def _pretend_nvshmem_world(dask_scheduler):
-    plugin = dask_scheduler.plugins["redist"]
-    plugin.world = tuple(sorted(dask_scheduler.workers))
-    return plugin.world
+    world = dask_scheduler.plugins["redist"].engines.world
+    world.members = tuple(sorted(dask_scheduler.workers))
+    return world.members
 
 
 def test_survivors_of_a_world_that_lost_a_worker_are_named_by_bootstrap(own_cluster):
@@ -272,16 +268,16 @@ def test_under_auto_an_engine_that_cannot_start_falls_back_to_dask(own_cluster, 
     """What auto does when cufftmp cannot start (an RMM pool holds the GPU): the same rechunk is
     rerun on the dask engine, and the reason names the setting to change. The scheduler runs in this
     process, so its engine choice is pointed at the test engine in place of cufftmp."""
-    from dask_redist import _scheduler
+    from dask_redist.engines import choice
 
-    real = _scheduler.choose_engine
+    real = choice.choose_engine
 
     def choose(setting, kind, caps, ranks, world, world_broken):  # as for CuPy chunks on able workers
         if setting == "auto" and not world_broken:
             return "engines:UnavailableEngine", "standing in for cufftmp"
         return real(setting, "cupy", {w: {"cufftmp": {"ok": True}} for w in ranks}, ranks, world, world_broken)
 
-    monkeypatch.setattr(_scheduler, "choose_engine", choose)
+    monkeypatch.setattr(choice, "choose_engine", choose)
     _, client = own_cluster
     a = data((30, 30), seed=4)
     with dask_redist.enable(engine="auto"):
@@ -297,20 +293,20 @@ def test_under_auto_an_engine_that_cannot_start_falls_back_to_dask(own_cluster, 
     "text, nbytes", [("4G", 4 * 2**30), ("512M", 512 * 2**20), ("1073741824", 2**30), ("1.5g", 3 * 2**29), ("2GB", 2**31)]
 )
 def test_symmetric_size_is_read_as_nvshmem_reads_it(text, nbytes):
-    from dask_redist.engines.cufftmp import parse_symmetric_size
+    from dask_redist.engines.cufftmp.nvshmem import parse_symmetric_size
 
     assert parse_symmetric_size(text) == nbytes
 
 
 def test_a_symmetric_size_nvshmem_cannot_read_is_named():
-    from dask_redist.engines.cufftmp import parse_symmetric_size
+    from dask_redist.engines.cufftmp.nvshmem import parse_symmetric_size
 
     with pytest.raises(ValueError, match="NVSHMEM_SYMMETRIC_SIZE='4GiB'.*redist.nvshmem.symmetric-size"):
         parse_symmetric_size("4GiB")
 
 
 def test_a_heap_that_cannot_fit_names_the_settings_and_the_pool():
-    from dask_redist.engines.cufftmp import heap_problem
+    from dask_redist.engines.cufftmp.nvshmem import heap_problem
 
     GiB = 2**30
     assert heap_problem(4 * GiB, free=10 * GiB, total=140 * GiB) is None
@@ -337,7 +333,7 @@ def test_a_rank_stuck_in_an_aborted_run_does_not_hold_up_the_retry(own_cluster):
 def test_a_thread_stuck_in_an_aborted_run_is_replaced():
     """The unit behind the test above: a run submitted while the current one is aborted
     but has not returned gets a new thread, and the engine is told once."""
-    from dask_redist._worker import CollectiveThread
+    from dask_redist.runtime.collective import CollectiveThread
 
     release, ran, abandoned = threading.Event(), [], []
 
@@ -367,7 +363,7 @@ def test_a_thread_stuck_in_an_aborted_run_is_replaced():
 def test_a_run_aborted_before_it_started_is_not_abandoned():
     """Aborted between leaving the queue and starting, a run returns at once: the next
     run waits for the same thread, and the engine is not told it was abandoned."""
-    from dask_redist._worker import CollectiveThread
+    from dask_redist.runtime.collective import CollectiveThread
 
     popped, release, ran, abandoned = threading.Event(), threading.Event(), [], []
 
@@ -512,9 +508,9 @@ def test_a_worker_whose_gpu_is_stuck_exits_and_the_rechunk_completes(own_cluster
 
 
 def _short_stuck_grace(dask_worker):
-    from dask_redist import _worker
+    from dask_redist.runtime import collective
 
-    _worker.STUCK_GRACE_S = 1.0
+    collective.STUCK_GRACE_S = 1.0
 
 
 @pytest.mark.parametrize(

@@ -12,11 +12,12 @@ import time
 import numpy as np
 import pytest
 
-from dask_redist._run import Packed, RunSpec, WorkerRun
+from dask_redist.core.run import WorkerRun
+from dask_redist.core.spec import CollectiveSpec, RunSpec
+from dask_redist.core.wire import Packed
 from dask_redist.config import Settings
 from dask_redist.engines import get_engine
 from dask_redist.errors import RedistError, RedistTimeoutError
-from dask_redist.layer import CollectiveSpec
 from dask_redist.planning import RechunkSpec, make_plan
 from dask_redist.planning.geometry import chunk_box
 

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from dask_redist.doctor import version_warnings
-from dask_redist.engines.cufftmp import NVSHMEM_EXCLUDED, NVSHMEM_SUPPORTED, nvshmem_problem
+from dask_redist.engines.cufftmp.nvshmem import NVSHMEM_EXCLUDED, NVSHMEM_SUPPORTED, nvshmem_problem
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -22,10 +22,11 @@ from dask.base import tokenize
 from dask.core import flatten
 from dask.highlevelgraph import HighLevelGraph, MaterializedLayer
 
-from dask_redist import ordering
 from dask_redist.compat import P2P_PREFIX, RECHUNK_PREFIXES
 from dask_redist.config import Settings
-from dask_redist.layer import CollectiveSpec, collective_tasks
+from dask_redist.core.spec import CollectiveSpec
+from dask_redist.graph.layer import collective_tasks
+from dask_redist.runtime import ordering
 from dask_redist.planning import PlanError, RechunkSpec
 
 def is_rechunk_layer(name: str) -> bool:
@@ -94,7 +95,7 @@ def collective_spec(
 ) -> tuple[CollectiveSpec | None, str]:
     """The collective for rechunking ``input_name`` into ``output_name``, or None and why not.
 
-    Shared by the graph rewrite and by expression mode (`dask_redist.expr`).
+    Shared by the graph rewrite and by expression mode (`dask_redist.graph.expr`).
     """
     if old is None or new is None or dtype is None:
         return None, "the rechunk's input carries no array metadata"

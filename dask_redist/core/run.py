@@ -5,6 +5,10 @@ other ranks send, and hands out the output chunks. It knows nothing of dask
 workers or comms: the engine that executes it is given a transport, so tests
 drive several runs in one process with a fake one.
 
+What an engine uses of it: ``spec``, ``plan``, ``rank``, ``inputs`` (flat index ->
+chunk), ``timeout``, ``state``/``error`` (aborts), ``set_phase``, ``receive``,
+``wait_received``, ``assemblies`` and ``finish`` (flat index -> output chunk).
+
 Thread model: the run is *executed* on the worker's collective thread, pieces
 *arrive* on the worker's event loop, outputs are *taken* by unpack tasks on
 the worker's task threads. One condition variable guards the state; every
@@ -15,59 +19,15 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass
-from functools import cached_property
 from typing import Any
 
 import numpy as np
 
-from dask_redist.assemble import Assembly
+from dask_redist.core.assemble import Assembly
+from dask_redist.core.spec import RunSpec
+from dask_redist.core.wire import Packed, unpack_views
 from dask_redist.errors import RedistConsistencyError, RedistError, RedistTimeoutError
-from dask_redist.layer import CollectiveSpec
-from dask_redist.planning import Plan, make_plan
-from dask_redist.planning.geometry import chunk_box
-
-
-@dataclass(frozen=True)
-class Packed:
-    """``count`` consecutive pieces in one contiguous buffer (see dask_redist.engines.dask)."""
-
-    count: int
-    buffer: Any
-
-
-@dataclass(frozen=True, eq=False)
-class RunSpec:
-    """What the scheduler tells every rank when it starts a run."""
-
-    collective: CollectiveSpec
-    run_id: int
-    seq: int  # global order of runs: every worker executes runs by increasing seq
-    workers: tuple[str, ...]  # rank -> worker address
-    in_ranks: np.ndarray
-    out_ranks: np.ndarray
-    needed: np.ndarray
-    engine: str
-    kind: str = "numpy"  # array type of the chunks: "numpy" or "cupy"
-    reason: str = ""  # why this engine
-
-    @property
-    def token(self) -> str:
-        return self.collective.token
-
-    @cached_property
-    def plan(self) -> Plan:
-        return make_plan(
-            self.collective.rechunk,
-            self.in_ranks,
-            len(self.workers),
-            out_ranks=self.out_ranks,
-            needed=self.needed,
-        )
-
-    def name(self, rank: int | None = None) -> str:
-        who = "" if rank is None else f", rank {rank} ({self.workers[rank]})"
-        return f"{self.collective.describe()} run {self.run_id}{who}"
+from dask_redist.planning import Plan
 
 
 class WorkerRun:
@@ -176,8 +136,6 @@ class WorkerRun:
                 self._cond.wait(left)
 
     def _unpacked(self, recv, src: int, first: int, packed: Packed) -> list:
-        from dask_redist.engines.dask import unpack_views
-
         mine = np.flatnonzero(recv.src == src)[first : first + packed.count]
         if len(mine) != packed.count:
             raise RedistError(f"{self.name()}: unexpected pieces {first}..{first + packed.count} from rank {src}")
@@ -244,9 +202,8 @@ class WorkerRun:
         recv = self.plan.receives(self.rank)
         like = self._like(received)
         out: dict[int, Assembly] = {}
-        for j in self.plan.owned(self.rank):
-            flat = int(np.ravel_multi_index(j, spec.rechunk.new_grid))
-            lo, hi = chunk_box(spec.rechunk.new, j)
+        for flat in self.plan.owned(self.rank):
+            lo, hi = spec.rechunk.new_box(flat)
             out[flat] = Assembly(lo, hi, spec.dtype, like, [])
         position = {s: 0 for s in received}
         for i in range(len(recv)):

@@ -19,8 +19,8 @@ from dask.utils import typename
 
 from dask_redist.compat import array_expr
 from dask_redist.config import Settings
-from dask_redist.layer import collective_tasks
-from dask_redist.optimize import collective_spec, running_on_scheduler
+from dask_redist.graph.layer import collective_tasks
+from dask_redist.graph.optimize import collective_spec, running_on_scheduler
 
 ArrayExpr, Rechunk, TasksRechunk = array_expr()
 _original_rechunk = ArrayExpr.rechunk

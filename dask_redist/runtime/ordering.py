@@ -15,7 +15,11 @@ before its stage tasks. The real graph is not touched.
 
 `install` swaps this in for ``dask.order.order`` in the scheduler's process
 (the scheduler looks the function up on the module for every graph); graphs
-without a collective barrier go to dask's function unchanged.
+without a collective barrier go to dask's function unchanged. It is installed
+by the graph rewrite (before the scheduler orders the graph it rewrote) and by
+the scheduler plugin when it starts (graphs lowered on the client, in expression
+mode, reach the scheduler already built): it lives with the runtime so that
+both can, the graph package being above the runtime.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ import functools
 import dask.order
 
 from dask_redist.compat import Task
-from dask_redist.layer import BarrierTask
+from dask_redist.core.spec import BarrierTask
 
 
 def _never():  # pragma: no cover - stands in for a barrier while ordering, never run

@@ -37,7 +37,7 @@ def _redistribute_rank(rank: int, nranks: int, port: int, shape, dtype: str, see
         from nvmath.bindings import nvshmem
         from nvmath.distributed.distribution import Box, Redistribute
 
-        from dask_redist.bench import expected_block
+        from dask_redist.bench.cases import expected_block
 
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
         cupy.cuda.Device(rank).use()

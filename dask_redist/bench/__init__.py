@@ -1,0 +1,64 @@
+"""``dask-redist bench``: every rechunk method, timed on the same placed input, every result checked.
+
+* `cases`: the inputs (slab, pencil, uneven, 4-D; the GPU suite), placed and checked;
+* `harness`: timing, the per-run timeline and engine statistics, Markdown/JSON output;
+* `baselines`: nvmath's own ``Redistribute`` and the measured peer-copy ceiling;
+* `micro`: the graph rewrite of a large rechunk, the fixed cost of a tiny one.
+
+Nothing in the library imports this package; the CLI does.
+"""
+
+from dask_redist.bench.cases import (
+    FAST,
+    HEADLINE,
+    METHODS,
+    Case,
+    check,
+    contiguous,
+    expected_block,
+    four_d_case,
+    gpu_suite,
+    pencil_case,
+    placed_array,
+    slab_case,
+    uneven_case,
+)
+from dask_redist.bench.harness import (
+    Result,
+    crossing_bytes,
+    engine_stats,
+    environment,
+    load_json,
+    markdown,
+    run_case,
+    timeline,
+    to_json,
+)
+from dask_redist.bench.micro import fixed_cost, rewrite_time
+
+__all__ = [
+    "FAST",
+    "HEADLINE",
+    "METHODS",
+    "Case",
+    "Result",
+    "check",
+    "contiguous",
+    "crossing_bytes",
+    "engine_stats",
+    "environment",
+    "expected_block",
+    "fixed_cost",
+    "four_d_case",
+    "gpu_suite",
+    "load_json",
+    "markdown",
+    "pencil_case",
+    "placed_array",
+    "rewrite_time",
+    "run_case",
+    "slab_case",
+    "timeline",
+    "to_json",
+    "uneven_case",
+]

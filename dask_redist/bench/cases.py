@@ -1,0 +1,182 @@
+"""The benchmark's inputs: cases, placed arrays, and the check of every result.
+
+Placement is controlled: input chunk ``i`` of ``n`` (C order) is created on
+worker ``i * W // n`` of the ``W`` workers sorted by address (contiguous
+blocks, the layout the design figures use), by a task pinned there. Values
+follow a formula of the global position (`expected_block`), so every result is
+checked on the workers without gathering it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import dask
+import dask.array as da
+import numpy as np
+from dask.highlevelgraph import HighLevelGraph
+from dask.utils import format_bytes, parse_bytes
+
+METHODS = ("redist-cufftmp", "redist-dask", "tasks", "p2p")  # also: tasks-ucx, p2p-ucx, nvmath, ceiling
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    old: tuple
+    new: tuple
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * np.dtype(self.dtype).itemsize
+
+
+def _cube(nbytes: int | str, dtype: str) -> tuple[int, int]:
+    """(bytes, side) of a cube of about ``nbytes`` of ``dtype``."""
+    nbytes = parse_bytes(nbytes) if isinstance(nbytes, str) else nbytes
+    return nbytes, round((nbytes / np.dtype(dtype).itemsize) ** (1 / 3))
+
+
+def slab_case(nbytes: int | str, nchunks: int, dtype: str = "float64") -> Case:
+    """A cube split into ``nchunks`` slabs along axis 0, rechunked to slabs along axis 1."""
+    nbytes, n = _cube(nbytes, dtype)
+    shape = (n, n, n)
+    old = (da.core.normalize_chunks((math.ceil(n / nchunks), n, n), shape))
+    new = (da.core.normalize_chunks((n, math.ceil(n / nchunks), n), shape))
+    return Case(f"slab {format_bytes(nbytes)} {nchunks}->{nchunks} {dtype}", shape, dtype, old, new)
+
+
+def pencil_case(nbytes: int | str, per_axis: int, dtype: str = "float64") -> Case:
+    """Pencils along axis 2 (chunks on axes 0, 1) to pencils along axis 0 (chunks on 1, 2)."""
+    nbytes, n = _cube(nbytes, dtype)
+    shape, c = (n, n, n), math.ceil(n / per_axis)
+    old = da.core.normalize_chunks((c, c, n), shape)
+    new = da.core.normalize_chunks((n, c, c), shape)
+    return Case(f"pencil {format_bytes(nbytes)} {per_axis}x{per_axis} {dtype}", shape, dtype, old, new)
+
+
+def uneven_case(nbytes: int | str, dtype: str = "float64", seed: int = 0) -> Case:
+    """A cube in 13 uneven slabs along axis 0 to 11 uneven slabs along axis 1, axis 2 cut in two."""
+    nbytes, n = _cube(nbytes, dtype)
+    rng = np.random.default_rng(seed)
+
+    def split(length, parts):
+        cuts = np.sort(rng.choice(np.arange(1, length), parts - 1, replace=False))
+        return tuple(int(c) for c in np.diff(np.concatenate([[0], cuts, [length]])))
+
+    old = (split(n, 13), (n,), (n,))
+    new = ((n,), split(n, 11), (n - n // 3, n // 3))
+    return Case(f"uneven {format_bytes(nbytes)} 13->22 {dtype}", (n, n, n), dtype, old, new)
+
+
+def four_d_case(nbytes: int | str, nchunks: int, dtype: str = "float32") -> Case:
+    """A 4-D array (n, n, n, 8n) in ``nchunks`` slabs along axis 0, rechunked to slabs along axis 3."""
+    nbytes = parse_bytes(nbytes) if isinstance(nbytes, str) else nbytes
+    n = round((nbytes / np.dtype(dtype).itemsize / 8) ** (1 / 4))
+    shape = (n, n, n, 8 * n)
+    old = da.core.normalize_chunks((math.ceil(n / nchunks), n, n, 8 * n), shape)
+    new = da.core.normalize_chunks((n, n, n, math.ceil(8 * n / nchunks)), shape)
+    return Case(f"4-D {format_bytes(nbytes)} {nchunks}->{nchunks} {dtype}", shape, dtype, old, new)
+
+
+HEADLINE = ("redist-cufftmp", "redist-dask", "tasks", "tasks-ucx", "p2p", "ceiling")
+FAST = ("redist-cufftmp", "tasks-ucx", "ceiling")
+
+
+def gpu_suite() -> list[tuple[Case, tuple[str, ...]]]:
+    """The GPU table: each case with the methods run on it (slow ones only where they tell something)."""
+    # raw Redistribute moves the same slabs whatever the chunk count: timed once per size
+    suite = [(slab_case("8GiB", n), HEADLINE + (("nvmath",) if n == 16 else ())) for n in (2, 16, 64, 256)]
+    suite += [
+        (slab_case("1GiB", 16), ("redist-cufftmp", "redist-dask", "tasks", "tasks-ucx", "nvmath", "ceiling")),
+        # larger than a 16 GiB staging budget: runs in rounds (raw Redistribute would need 32 GiB more heap)
+        (slab_case("32GiB", 16), ("redist-cufftmp", "tasks-ucx", "ceiling")),
+        (slab_case("8GiB", 16, "float32"), FAST),
+        (slab_case("8GiB", 16, "complex128"), FAST),
+        (pencil_case("8GiB", 4), FAST),
+        (uneven_case("8GiB"), FAST),
+        (four_d_case("8GiB", 16), FAST),
+    ]
+    return suite
+
+
+# -- data with a known value at every index ---------------------------------------------
+
+_MODULUS = {"f2": 2039, "i1": 127, "b1": 2}
+
+
+def expected_block(dtype: str, seed: int, shape, lower, global_shape, xp=np):
+    """Value at every index: (linear index * 7 + seed) mod m, exact in any dtype."""
+    dt = np.dtype(dtype)
+    m = _MODULUS.get(dt.str[1:], 65521)
+    idx = [xp.arange(lo, lo + s, dtype=xp.int64) for lo, s in zip(lower, shape)]
+    lin = xp.zeros(tuple(shape), dtype=xp.int64)
+    stride = 1
+    for axis in range(len(shape) - 1, -1, -1):
+        view = [1] * len(shape)
+        view[axis] = shape[axis]
+        lin = lin + idx[axis].reshape(view) * stride
+        stride *= global_shape[axis]
+    v = (lin * 7 + seed) % m
+    if dt.kind == "c":
+        return (v - 1j * v).astype(dt)
+    return v.astype(dt)
+
+
+def _make_block(dtype, seed, shape, lower, global_shape, kind):
+    if kind == "cupy":
+        import cupy
+
+        return expected_block(dtype, seed, shape, lower, global_shape, xp=cupy)
+    return expected_block(dtype, seed, shape, lower, global_shape)
+
+
+def contiguous(i: int, n: int, nworkers: int) -> int:
+    """The default placement: contiguous blocks, chunk i of n on worker i * W // n."""
+    return i * nworkers // n
+
+
+def placed_array(client, case: Case, seed: int, kind: str = "numpy", placement=contiguous) -> da.Array:
+    """The case's input, chunk i of n created on worker ``placement(i, n, W)``."""
+    from distributed import wait
+
+    workers = sorted(client.scheduler_info(n_workers=-1)["workers"])
+    grid = [len(c) for c in case.old]
+    n = math.prod(grid)
+    name = f"bench-input-{seed}-{dask.base.tokenize(case, kind, placement)}"
+    bounds = [np.concatenate([[0], np.cumsum(c)]) for c in case.old]
+    futures = {}
+    for i, idx in enumerate(np.ndindex(*grid)):
+        shape = tuple(c[j] for c, j in zip(case.old, idx))
+        lower = tuple(int(b[j]) for b, j in zip(bounds, idx))
+        futures[(name, *idx)] = client.submit(
+            _make_block, case.dtype, seed, shape, lower, case.shape, kind,
+            key=(name, *idx), workers=[workers[placement(i, n, len(workers))]], allow_other_workers=False, pure=False,
+        )  # fmt: skip
+    wait(list(futures.values()))
+    meta = np.empty((0,) * len(grid), dtype=case.dtype)
+    if kind == "cupy":
+        import cupy
+
+        meta = cupy.empty((0,) * len(grid), dtype=case.dtype)
+    graph = HighLevelGraph.from_collections(name, futures, dependencies=())
+    return da.Array(graph, name, case.old, meta=meta)
+
+
+def _check_block(block, dtype, seed, global_shape, block_info=None):
+    lower = [lo for lo, _ in block_info[0]["array-location"]]
+    xp = np
+    if type(block).__module__.startswith("cupy"):
+        import cupy as xp
+    ok = bool((block == expected_block(dtype, seed, block.shape, lower, global_shape, xp=xp)).all())
+    return np.array([ok]).reshape((1,) * block.ndim)
+
+
+def check(y: da.Array, case: Case, seed: int) -> bool:
+    flags = y.map_blocks(
+        _check_block, case.dtype, seed, case.shape, dtype=bool, chunks=(1,) * y.ndim, meta=np.empty((0,) * y.ndim, bool)
+    )
+    return bool(flags.all().compute())

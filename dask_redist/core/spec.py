@@ -1,0 +1,123 @@
+"""What one collective rechunk is, as every process of the cluster sees it.
+
+These types sit below both plugins (scheduler and worker) and the engines, and
+travel between them: the graph carries a `CollectiveSpec` inside its barrier task,
+stage tasks return `Staged` markers, the scheduler sends every rank a `RunSpec`.
+
+Keys: for a rechunk with token ``T`` of the array ``in`` into output keys ``out``::
+
+    (in, i)  ->  ("redist-stage-T", i)  --+
+    (in, j)  ->  ("redist-stage-T", j)  --+->  "redist-barrier-T"  ->  (out, k) for every k
+
+Chunks are named by flat index everywhere (`dask_redist.planning.geometry`); the
+N-D tails of dask's keys are made here (`CollectiveSpec.output_key`) and in the
+graph, and nowhere else.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+from typing import NamedTuple
+
+import numpy as np
+
+from dask_redist.compat import Task
+from dask_redist.config import Settings
+from dask_redist.planning import Plan, RechunkSpec, make_plan
+
+STAGE_PREFIX = "redist-stage-"
+BARRIER_PREFIX = "redist-barrier-"
+
+
+@dataclass(frozen=True)
+class CollectiveSpec:
+    """Everything the scheduler and workers need to know about one collective rechunk."""
+
+    token: str
+    input_name: str
+    output_name: str
+    rechunk: RechunkSpec
+    dtype: np.dtype
+    settings: Settings
+    kind: str = "numpy"  # chunk type from the array's metadata: "numpy" or "cupy"
+
+    @property
+    def stage_name(self) -> str:
+        return STAGE_PREFIX + self.token
+
+    @property
+    def barrier_key(self) -> str:
+        return BARRIER_PREFIX + self.token
+
+    def output_key(self, flat: int) -> tuple:
+        """The dask key of output chunk ``flat``."""
+        return (self.output_name, *self.rechunk.new_index(flat))
+
+    def output_keys(self) -> list[tuple]:
+        """Every output key, in flat order."""
+        return [(self.output_name, *map(int, i)) for i in np.ndindex(*self.rechunk.new_grid)]
+
+    def describe(self) -> str:
+        return f"rechunk {self.token[:8]} ({self.output_name})"
+
+
+class Staged(NamedTuple):
+    """What a stage task returns per chunk: where the chunk is kept, and what it is."""
+
+    address: str
+    nbytes: int
+    kind: str
+    index: int  # the chunk's flat index in the input grid
+    stage: tuple  # the stage key's tail: (stage name, *stage)
+
+
+@dataclass(frozen=True, eq=False)
+class RunSpec:
+    """What the scheduler tells every rank when it starts a run (each re-derives the plan)."""
+
+    collective: CollectiveSpec
+    run_id: int
+    seq: int  # global order of runs: every worker executes runs by increasing seq
+    workers: tuple[str, ...]  # rank -> worker address
+    in_ranks: np.ndarray
+    out_ranks: np.ndarray
+    needed: np.ndarray
+    engine: str
+    kind: str = "numpy"  # array type of the chunks: "numpy" or "cupy"
+    reason: str = ""  # why this engine
+
+    @property
+    def token(self) -> str:
+        return self.collective.token
+
+    @cached_property
+    def plan(self) -> Plan:
+        return make_plan(
+            self.collective.rechunk, self.in_ranks, len(self.workers), out_ranks=self.out_ranks, needed=self.needed
+        )
+
+    def name(self, rank: int | None = None) -> str:
+        who = "" if rank is None else f", rank {rank} ({self.workers[rank]})"
+        return f"{self.collective.describe()} run {self.run_id}{who}"
+
+
+class CollectiveTask(Task):
+    """A task of the collective: never fused, so its key stays findable by the scheduler plugin."""
+
+    __slots__ = ()
+
+    @property
+    def block_fusion(self) -> bool:
+        return True
+
+
+class BarrierTask(CollectiveTask):
+    """The barrier; carries the spec so that the scheduler plugin can read it."""
+
+    spec: CollectiveSpec
+    __slots__ = ("spec",)
+
+    def __init__(self, key, func, /, *args, spec: CollectiveSpec, **kwargs):
+        self.spec = spec
+        super().__init__(key, func, *args, **kwargs)

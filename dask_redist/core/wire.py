@@ -1,0 +1,64 @@
+"""The wire format of pieces between ranks: consecutive pieces packed into one buffer.
+
+A rechunk can have tens of thousands of pieces; sending each as its own message
+costs a round trip (and, for CuPy over TCP, a device-to-host copy) per piece. So
+pieces for one peer travel packed: one contiguous uint8 buffer per batch of at most
+``redist.memory-budget`` bytes, each piece starting on a 16-byte boundary. Both ends
+know the pieces' shapes from the plan, so only ``(first piece, count, buffer)`` is sent.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+ALIGN = 16  # pieces start on 16-byte boundaries inside a packed buffer
+
+
+@dataclass(frozen=True)
+class Packed:
+    """``count`` consecutive pieces in one contiguous buffer."""
+
+    count: int
+    buffer: Any
+
+
+def packed_offsets(nbytes: np.ndarray) -> np.ndarray:
+    """Byte offset of each piece in a packed buffer, and the buffer size last."""
+    padded = -(-nbytes // ALIGN) * ALIGN
+    return np.concatenate([[0], np.cumsum(padded)]).astype(np.int64)
+
+
+def pack(arrays: list, nbytes: np.ndarray):
+    """One contiguous uint8 buffer holding ``arrays`` (in their array namespace)."""
+    offsets = packed_offsets(nbytes)
+    buffer = np.empty_like(arrays[0], shape=(int(offsets[-1]),), dtype=np.uint8)
+    for a, start, n in zip(arrays, offsets[:-1].tolist(), nbytes.tolist()):
+        buffer[start : start + n].view(a.dtype).reshape(a.shape)[...] = a
+    return buffer
+
+
+def unpack_views(buffer, shapes: list[tuple[int, ...]], dtype) -> list:
+    """The pieces inside a packed buffer, as views."""
+    dtype = np.dtype(dtype)
+    nbytes = np.array([int(np.prod(s)) * dtype.itemsize for s in shapes], dtype=np.int64)
+    offsets = packed_offsets(nbytes)
+    return [
+        buffer[start : start + n].view(dtype).reshape(shape)
+        for shape, start, n in zip(shapes, offsets[:-1].tolist(), nbytes.tolist())
+    ]
+
+
+def batches(nbytes: np.ndarray, budget: int) -> list[tuple[int, int]]:
+    """Consecutive (first, stop) ranges of at most ``budget`` bytes (a bigger piece alone)."""
+    out, first, size = [], 0, 0
+    for i, n in enumerate(nbytes.tolist()):
+        if size + n > budget and i > first:
+            out.append((first, i))
+            first, size = i, 0
+        size += n
+    if first < len(nbytes):
+        out.append((first, len(nbytes)))
+    return out

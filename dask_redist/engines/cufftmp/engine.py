@@ -1,0 +1,324 @@
+"""The ``cufftmp`` engine: GPU to GPU through NVSHMEM, one cuFFTMp reshape per round.
+
+Per worker process the engine keeps
+
+* the NVSHMEM *world* it bootstrapped (the run's workers, in rank order;
+  `dask_redist.engines.cufftmp.world`);
+* a symmetric *arena*: one collective ``nvshmem_malloc`` holding the input box,
+  the output box and the reshape workspace, reused by every run and grown
+  (collectively, identically on every rank) only when a run needs more;
+* reshape *plans* by geometry: planning costs tens of milliseconds, so a
+  repeated rechunk reuses its plan.
+
+A run is laid out by `dask_redist.planning.layout.choose_layout`: the direct box
+mapping when the placement allows it, else the packed (P, W) matrix; in rounds
+when it does not fit ``redist.memory-budget``. Every rank derives the same
+layout from the same plan, so all of them make the same collective calls in
+the same order, which NVSHMEM requires. Each round: stage the local chunks
+into the arena, sync, reshape, sync, copy the output boxes out.
+
+At most `ROUNDS_AHEAD` rounds are queued on the GPU; the engine's thread waits by
+polling CUDA events, where it sees aborts and timeouts, never inside a CUDA call that
+a reshape waiting for a dead peer could block forever.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass
+
+import numpy as np
+
+from dask_redist.core.assemble import cut
+from dask_redist.engines.cufftmp.nvshmem import Arena, capabilities
+from dask_redist.engines.cufftmp.world import World
+from dask_redist.engines.protocol import Engine, Health
+from dask_redist.errors import RedistError, RedistTimeoutError
+from dask_redist.planning.boxes import Box
+from dask_redist.planning.layout import DirectLayout, PackedLayout, choose_layout
+
+ALIGN = 512
+#: Rounds queued on the GPU ahead of the one it runs. Bounded so that the engine's thread
+#: never blocks inside a CUDA call (a launch into a full queue) behind a reshape that waits
+#: for a dead peer: it waits in `CufftMpEngine._wait`, where it sees aborts and timeouts.
+ROUNDS_AHEAD = 4
+#: Whether cuFFTMp accepts a rank with an empty box (checked on the GPU node; see docs/gpu-testing.md).
+ALLOW_EMPTY_BOXES = False
+
+
+def _align(n: int) -> int:
+    return -(-int(n) // ALIGN) * ALIGN
+
+
+def _strides(lower, upper) -> tuple[int, int, int]:
+    e = [max(0, u - l) for l, u in zip(lower, upper)]
+    return (e[1] * e[2], e[2], 1)
+
+
+@dataclass
+class ReshapePlan:
+    handle: int
+    workspace: int
+
+
+class CufftMpEngine(Engine):
+    name = "cufftmp"
+    watched = True  # a launch can block behind a reshape that waits for a dead peer
+    capabilities = staticmethod(capabilities)
+
+    def __init__(self):
+        self.world = World()
+        self.arena = Arena()
+        self.plans: dict = {}
+        self.stream = None
+        self._stats = {"bootstrap_s": None, "plans": 0, "plan_s": 0.0, "runs": 0, "last": None}
+        self.broken: str | None = None  # why NVSHMEM in this process cannot be trusted any more
+        self.stuck = False  # GPU work of an aborted run waits inside NVSHMEM, forever
+        self.in_flight_since: float | None = None  # the oldest NVSHMEM work not yet seen done was queued then
+        self._marks: list = []
+        self._pending: deque = deque()  # (event after a round's reshape, when it was queued)
+
+    # -- the protocol --------------------------------------------------------------------
+
+    def health(self) -> Health:
+        return Health(self.broken or self.world.broken, self.stuck, self.in_flight_since)
+
+    def stats(self) -> dict:
+        return dict(self._stats)
+
+    def abandoned(self, run) -> None:
+        """``run`` was aborted while inside NVSHMEM (its bootstrap, or a GPU wait) and never returned."""
+        self.broken = f"{run.name()} was aborted inside NVSHMEM (phase {run.phase!r}) and never returned"
+
+    # -- world -------------------------------------------------------------------------
+
+    def bootstrap(self, run, exchange_factory) -> None:
+        """Be in an NVSHMEM world over the run's workers (collective; once per worker set)."""
+        import cupy
+
+        if self.world.join(run, exchange_factory, self._release):
+            self.stream = cupy.cuda.Stream(non_blocking=True)
+            self._stats["bootstrap_s"] = self.world.bootstrap_s
+
+    def _release(self) -> None:
+        """Destroy the reshape plans and free the arena (before leaving a world)."""
+        from nvmath.bindings import cufftMp
+
+        for plan in self.plans.values():
+            cufftMp.destroy_reshape(plan.handle)
+        self.plans.clear()
+        self.arena.release()
+
+    # -- plans -------------------------------------------------------------------------
+
+    def plan(self, word: int, boxes_in, boxes_out, rank: int) -> ReshapePlan:
+        """The reshape plan for this geometry (all ranks' boxes: the key is the same everywhere)."""
+        from nvmath.bindings import cufftMp
+
+        key = (word, *(tuple((tuple(lo), tuple(hi)) for lo, hi in b) for b in (boxes_in, boxes_out)))
+        if key not in self.plans:
+            start = time.perf_counter()
+            (lo_in, hi_in), (lo_out, hi_out) = boxes_in[rank], boxes_out[rank]
+            handle = cufftMp.create_reshape()
+            cufftMp.make_reshape(
+                handle, word, 3,
+                lo_in, hi_in, _strides(lo_in, hi_in),
+                lo_out, hi_out, _strides(lo_out, hi_out),
+                0, cufftMp.MpCommType.COMM_NONE,
+            )  # fmt: skip
+            workspace = int(cufftMp.get_reshape_size(handle))
+            # symmetric memory is allocated with the same size everywhere: agree on the largest
+            workspace = int(self.world.group.allreduce_object(workspace, op=max))
+            self.plans[key] = ReshapePlan(handle, workspace)
+            self._stats["plans"] += 1
+            self._stats["plan_s"] += time.perf_counter() - start
+        return self.plans[key]
+
+    def _mark(self, what: str) -> None:
+        """A CUDA event on the engine's stream: timings without host synchronization."""
+        import cupy
+
+        event = cupy.cuda.Event()
+        event.record(self.stream)
+        self._marks.append((what, event))
+
+    def exchange(self, plan: ReshapePlan, src_offset: int, dst_offset: int, ws_offset: int) -> None:
+        from nvmath.bindings import cufftMp, nvshmem
+
+        s = self.stream.ptr
+        base = self.arena.ptr
+        self._mark("stage")
+        queued = time.monotonic()
+        if self.in_flight_since is None:
+            self.in_flight_since = queued
+        nvshmem.sync_all_on_stream(s)  # every rank has staged
+        cufftMp.exec_reshape_async(plan.handle, base + dst_offset, base + src_offset, base + ws_offset, s)
+        nvshmem.sync_all_on_stream(s)  # nobody reads our input any more: the arena is free again
+        self._mark("reshape")
+        self._pending.append((self._marks[-1][1], queued))
+
+    def _next_round(self, run) -> None:
+        """Before queuing a round: stop if the run was aborted; keep `ROUNDS_AHEAD` at most queued."""
+        if run.state == "failed":
+            self._wait(run)  # raises, and marks the engine stuck if the GPU still waits on a peer
+        while len(self._pending) >= ROUNDS_AHEAD:
+            self._wait(run, self._pending[0][0])
+
+    # -- a run -------------------------------------------------------------------------
+
+    def execute(self, run, transport) -> None:
+        import cupy
+
+        if broken := self.health().broken:
+            raise RedistError(f"{run.name()}: NVSHMEM is unusable in this worker: {broken}")
+        cupy.cuda.Device().synchronize()  # inputs may come from kernels still in flight
+        self.in_flight_since = None  # (and an earlier run that raised has drained by now)
+        run.set_phase("bootstrap")
+        self.bootstrap(run, transport.exchange_factory)
+        settings = run.spec.collective.settings
+        run.set_phase("plan")
+        layout, _ = choose_layout(
+            run.plan, settings.memory_budget, size_class_bits=settings.size_class_bits, allow_empty=ALLOW_EMPTY_BOXES
+        )
+        spec = run.spec.collective
+        outputs = {}
+        for flat in run.plan.owned(run.rank):
+            lo, hi = spec.rechunk.new_box(flat)
+            outputs[flat] = cupy.empty(tuple(h - l for l, h in zip(lo, hi)), dtype=spec.dtype)
+        run.set_phase("exchange")
+        self._marks = []
+        self._pending.clear()
+        with self.stream:
+            self._mark("start")
+            if isinstance(layout, DirectLayout):
+                self._direct(run, layout, outputs)
+            else:
+                self._packed(run, layout, outputs)
+        self._wait(run)
+        self._record(layout)
+        run.inputs = {}
+        run.finish(outputs)
+
+    def _wait(self, run, event=None) -> None:
+        """Wait for ``event`` (default: all work queued so far) without blocking in CUDA: a
+        dead peer must not hang this thread.
+
+        If the run is aborted or times out while the GPU still waits inside an NVSHMEM
+        collective, that collective can never finish: the engine marks itself broken so
+        that later runs fail fast (the scheduler moves them to the dask engine).
+        """
+        import cupy
+
+        everything = event is None
+        if everything:
+            event = cupy.cuda.Event(disable_timing=True)
+            event.record(self.stream)
+        deadline = time.monotonic() + run.timeout
+        while not event.done:
+            if run.state == "failed" or time.monotonic() > deadline:
+                self.broken = f"{run.name()} was left unfinished on the GPU"
+                self.stuck = True  # that kernel never ends: see redist.nvshmem.exit-when-stuck
+                if run.state == "failed":
+                    raise run.error
+                raise RedistTimeoutError(
+                    f"{run.name()} timed out after {run.timeout:g}s in phase 'exchange' on the GPU "
+                    "(a peer never joined the reshape); raise redist.timeouts.collective if it is just slow"
+                )
+            time.sleep(0.0001)
+        if run.state == "failed":
+            if not everything:  # rounds queued after ``event`` may still wait for a peer
+                self._wait(run)  # (raises)
+            raise run.error
+        while self._pending and self._pending[0][0].done:
+            self._pending.popleft()
+        self.in_flight_since = self._pending[0][1] if self._pending else None
+
+    def _record(self, layout) -> None:
+        """Milliseconds spent staging, reshaping (syncs included) and unstaging, over all rounds."""
+        import cupy
+
+        spent = {"stage": 0.0, "reshape": 0.0, "unstage": 0.0}
+        for (_, a), (what, b) in zip(self._marks[:-1], self._marks[1:]):
+            spent[what] += cupy.cuda.get_elapsed_time(a, b)
+        self._stats["runs"] += 1
+        self._stats["last"] = {
+            "layout": layout.kind,
+            "rounds": layout.rounds,
+            "arena bytes": self.arena.size,
+            **{f"{k} ms": round(v, 3) for k, v in spent.items()},
+        }
+
+    def _regions(self, in_bytes: int, out_bytes: int, plans: list[ReshapePlan]) -> tuple[int, int, int]:
+        """Arena offsets of the input box, output box and workspace, sized for every round.
+
+        Sized once per run, before any round starts: growing the arena between rounds
+        would free symmetric memory that the previous round's reshape still uses.
+        """
+        out_off = _align(in_bytes)
+        ws_off = out_off + _align(out_bytes)
+        self.arena.ensure(ws_off + _align(max([p.workspace for p in plans] + [1])))
+        return 0, out_off, ws_off
+
+    def _direct(self, run, layout: DirectLayout, outputs) -> None:
+        spec = run.spec.collective
+        dtype, rank, nranks = spec.dtype, run.rank, len(run.spec.workers)
+        item = spec.rechunk.itemsize
+        in_max = max(max(b.size for b in layout.boxes(k)[0]) for k in range(layout.rounds)) * item
+        out_max = max(max(b.size for b in layout.boxes(k)[1]) for k in range(layout.rounds)) * item
+        chunks_in = {f: Box(*spec.rechunk.old_box(f)) for f in run.inputs}
+        chunks_out = {f: Box(*spec.rechunk.new_box(f)) for f in outputs}
+        plans = []
+        for k in range(layout.rounds):  # plan every round first (collective, same order everywhere)
+            boxes = list(zip(layout.folded[k].lower.tolist(), layout.folded[k].upper.tolist()))
+            plans.append(self.plan(layout.folded[k].word, boxes[:nranks], boxes[nranks:], rank))
+        src, dst, ws = self._regions(in_max, out_max, plans)
+        for k, plan in enumerate(plans):
+            self._next_round(run)
+            ins, outs = layout.boxes(k)
+            b_in, b_out = ins[rank], outs[rank]
+            staged = self.arena.view(src, b_in.shape, dtype)
+            for f, box in chunks_in.items():
+                part = box.intersect(b_in)
+                if part.size:
+                    staged[part.slices(b_in.lower)] = run.inputs[f][part.slices(box.lower)]
+            self.exchange(plan, src, dst, ws)
+            received = self.arena.view(dst, b_out.shape, dtype)
+            for f, box in chunks_out.items():
+                part = box.intersect(b_out)
+                if part.size:
+                    outputs[f][part.slices(box.lower)] = received[part.slices(b_out.lower)]
+            self._mark("unstage")
+
+    def _packed(self, run, layout: PackedLayout, outputs) -> None:
+        spec = run.spec.collective
+        dtype, rank, nranks = spec.dtype, run.rank, len(run.spec.workers)
+        word = layout.word
+        in_max = max(r.row_words for r in layout.rounds_) * word
+        out_max = max(nranks * int(r.widths.max()) for r in layout.rounds_) * word
+        plans = []
+        for rnd in layout.rounds_:  # plan every round first (collective, same order everywhere)
+            cols = rnd.columns
+            boxes_in = [([0, s, 0], [1, s + 1, rnd.row_words]) for s in range(nranks)]
+            boxes_out = [([0, 0, int(cols[d])], [1, nranks, int(cols[d + 1])]) for d in range(nranks)]
+            plans.append(self.plan(word, boxes_in, boxes_out, rank))
+        src, dst, ws = self._regions(in_max, out_max, plans)
+        for rnd, plan in zip(layout.rounds_, plans):
+            self._next_round(run)
+            cols = rnd.columns
+            t = rnd.transfers
+            for i in np.flatnonzero(t.src == rank):
+                f = int(t.old_block[i])
+                piece = cut(run.inputs[f], spec.rechunk.old_box(f)[0], t.lo[i], t.hi[i])
+                offset = src + int(cols[int(t.dst[i])]) * word + int(rnd.offset[i])
+                self.arena.view(offset, piece.shape, dtype)[...] = piece
+            self.exchange(plan, src, dst, ws)
+            width = int(rnd.widths[rank]) * word
+            for i in np.flatnonzero(t.dst == rank):
+                f = int(t.new_block[i])
+                lower = spec.rechunk.new_box(f)[0]
+                shape = tuple(int(h - l) for l, h in zip(t.lo[i], t.hi[i]))
+                offset = dst + int(t.src[i]) * width + int(rnd.offset[i])
+                part = tuple(slice(int(l) - o, int(h) - o) for l, h, o in zip(t.lo[i], t.hi[i], lower))
+                outputs[f][part] = self.arena.view(offset, shape, dtype)
+            self._mark("unstage")

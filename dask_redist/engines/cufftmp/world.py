@@ -1,0 +1,213 @@
+"""This worker's NVSHMEM world, and the scheduler's record of it.
+
+NVSHMEM is bootstrapped inside the Dask worker processes with a unique id: one rank
+creates it, the others receive it through an nvmath-python ``ProcessGroup`` whose
+collectives go through the Dask scheduler (`DaskProcessGroup`: each collective is one
+all-gather there). No MPI, no launcher. A world spans one set of workers, in rank order;
+a run over another set leaves the old world and joins a new one, in the same processes
+(re-init costs ~0.3 s), unless a PE of the old world died: NVSHMEM's finalize then waits
+for it forever, so the scheduler records the survivors as *stranded* (`WorldRecord`) and
+``bootstrap(restart_broken=True)`` restarts them.
+
+Each rank unpickles its own copies of the group's contributions, so a reducer may mutate
+its arguments (nvmath 1.0's ``Box`` reducer does) without corrupting any rank's result.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import pickle
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+from dask_redist.engines.cufftmp.nvshmem import gpu_memory, heap_problem, parse_symmetric_size
+from dask_redist.errors import EngineUnavailableError, RedistError
+
+logger = logging.getLogger("dask_redist")
+
+try:  # the ABC nvmath checks for; optional so that the group is usable (and tested) without it
+    from nvmath.distributed.process_group import ProcessGroup as _ProcessGroup
+    from nvmath.distributed.process_group import ReductionOp
+except ImportError:  # pragma: no cover - depends on the environment
+    _ProcessGroup = object
+
+    class ReductionOp:  # type: ignore[no-redef]
+        SUM, MIN, MAX = 0, 1, 2
+
+
+_REDUCE = {0: np.sum, 1: np.min, 2: np.max}
+
+#: exchange(tag, payload) -> every rank's payload, in rank order
+Exchange = Callable[[str, bytes], list]
+
+
+class DaskProcessGroup(_ProcessGroup):
+    """Rank ``rank`` of ``nranks`` in group ``name``; ``exchange`` does the all-gather."""
+
+    def __init__(self, name: str, rank: int, nranks: int, exchange: Exchange):
+        if not 0 <= rank < nranks:
+            raise ValueError(f"rank {rank} is not in [0, {nranks})")
+        self.name = name
+        self._rank, self._nranks = rank, nranks
+        self._exchange = exchange
+        self._step = 0
+
+    @property
+    def rank(self) -> int:
+        return self._rank
+
+    @property
+    def nranks(self) -> int:
+        return self._nranks
+
+    def allgather(self, obj: Any) -> list:
+        """Every rank's ``obj``, in rank order (fresh copies)."""
+        self._step += 1
+        payloads = self._exchange(f"{self.name}/{self._step}", pickle.dumps(obj))
+        return [pickle.loads(p) for p in payloads]
+
+    def broadcast_buffer(self, array: np.ndarray, *, root: int = 0) -> None:
+        values = self.allgather(array if self._rank == root else None)
+        array[...] = values[root]
+
+    def allreduce_buffer(self, array: np.ndarray, *, op) -> None:
+        values = self.allgather(array)
+        array[...] = _REDUCE[int(op)](np.stack(values), axis=0)
+
+    def allreduce_object(self, obj, *, op):
+        return functools.reduce(op, self.allgather(obj))
+
+    def barrier(self) -> None:
+        self.allgather(None)
+
+
+class World:
+    """The NVSHMEM world of this worker process (worker side): its members, joining, leaving."""
+
+    def __init__(self):
+        self.members: tuple[str, ...] | None = None  # the workers it spans, in rank order
+        self.group: DaskProcessGroup | None = None
+        self.broken: str | None = None  # why NVSHMEM in this process cannot be trusted any more
+        self.bootstrap_s: float | None = None
+
+    def join(self, run, exchange_factory, release: Callable[[], None]) -> bool:
+        """Be in a world over ``run``'s workers (collective); True if NVSHMEM started now.
+
+        ``release`` frees what lives in the old world (plans, symmetric memory) before it is left.
+        """
+        import cupy
+        import nvmath.distributed
+
+        workers = run.spec.workers
+        if self.members == workers:
+            return False
+        settings = run.spec.collective.settings
+        problem = None
+        if self.members is not None:  # a new worker set: leave the old world first
+            try:
+                self._leave_within(settings.bootstrap_timeout, release)
+            except RedistError as e:
+                problem = str(e)
+        if settings.symmetric_size is not None:
+            os.environ["NVSHMEM_SYMMETRIC_SIZE"] = str(settings.symmetric_size)
+        elif "NVSHMEM_SYMMETRIC_SIZE" not in os.environ:  # the arena (budget + 13% + workspace) must fit
+            os.environ["NVSHMEM_SYMMETRIC_SIZE"] = str(settings.memory_budget * 5 // 4 + 2**28)
+        start = time.perf_counter()
+        group = DaskProcessGroup(
+            f"nvshmem/{run.spec.token}/{run.run_id}", run.rank, len(workers), exchange_factory(run.rank, len(workers))
+        )
+        # agreed on by every rank before NVSHMEM starts: one rank refusing alone would leave
+        # the others inside NVSHMEM's bootstrap until it times out
+        problem = problem or self._rejoin_problem() or self._heap_problem()
+        problems = [(workers[r], p) for r, p in enumerate(group.allgather(problem)) if p]
+        if problems:
+            raise EngineUnavailableError(f"{run.name()}: cufftmp cannot start on {problems[0][0]}: {problems[0][1]}")
+        device = cupy.cuda.runtime.getDevice()
+        try:
+            nvmath.distributed.initialize(device, group, ["nvshmem"])
+        except BaseException as e:  # noqa: B036 - NVSHMEM may be half started: never again here
+            self.broken = f"NVSHMEM's bootstrap failed in this process ({type(e).__name__}: {e})"
+            raise
+        self.group, self.members = group, workers
+        self.bootstrap_s = time.perf_counter() - start
+        logger.info("NVSHMEM bootstrapped over %d workers in %.2fs", len(workers), self.bootstrap_s)
+        return True
+
+    @staticmethod
+    def _heap_problem() -> str | None:
+        try:
+            size = parse_symmetric_size(os.environ["NVSHMEM_SYMMETRIC_SIZE"])
+        except ValueError as e:
+            return str(e)
+        return heap_problem(size, *gpu_memory())
+
+    def _rejoin_problem(self) -> str | None:
+        """Why this process cannot start NVSHMEM for a new world: it is still up from the last one."""
+        from nvmath.bindings import nvshmem
+
+        if nvshmem.init_status() == nvshmem.STATUS_NOT_INITIALIZED:
+            return None
+        self.broken = "NVSHMEM is still initialized after leaving this worker's previous world; restart the worker"
+        return self.broken
+
+    def _leave_within(self, timeout: float, release: Callable[[], None]) -> None:
+        """`leave` on a helper thread: with a PE of the old world gone it may never return."""
+        done, failed = threading.Event(), []
+
+        def target():
+            try:
+                self.leave(release)
+            except BaseException as e:  # noqa: B036 - reported below
+                failed.append(e)
+            finally:
+                done.set()
+
+        threading.Thread(target=target, name="redist-nvshmem-finalize", daemon=True).start()
+        if not done.wait(timeout) or failed:
+            why = f"failed ({type(failed[0]).__name__}: {failed[0]})" if failed else "did not return"
+            self.broken = f"NVSHMEM finalize of the previous worker set {why}; restart this worker"
+            raise RedistError(self.broken)
+
+    def leave(self, release: Callable[[], None]) -> None:
+        """Leave the NVSHMEM world, in the same process (every member of the old world does it
+        in the same run, so the collective frees in ``release`` match up).
+
+        Plans are destroyed and symmetric memory freed first (``release``): NVSHMEM counts its
+        initializations, and with a plan alive the finalize left NVSHMEM initialized for the
+        old world (the next world, of another size, then failed to start). Only for a healthy
+        world: where a PE died, the collectives here would wait for it forever, and the
+        scheduler has the survivors restarted instead.
+        """
+        import cupy
+        import nvmath.distributed
+
+        cupy.cuda.Device().synchronize()
+        release()
+        nvmath.distributed.finalize()
+        self.members = None
+
+
+@dataclass
+class WorldRecord:
+    """The scheduler's record of the NVSHMEM world (scheduler side; see the module docstring)."""
+
+    members: tuple[str, ...] | None = None  # the workers NVSHMEM was bootstrapped over
+    broken: str | None = None  # why the world cannot be used any more
+    # members of a world that lost a PE: NVSHMEM's finalize waits for the dead PE forever
+    # (measured on the node), so these processes cannot join a new world until restarted
+    stranded: list[str] = field(default_factory=list)
+
+    def forget(self) -> None:
+        """The next cufftmp run bootstraps NVSHMEM over the workers of that moment."""
+        self.members, self.broken, self.stranded = None, None, []
+
+    def worker_left(self, worker: str) -> None:
+        if self.members is not None and worker in self.members:
+            self.broken = f"worker {worker} left the NVSHMEM world"
+            self.stranded = sorted(set(self.members) - {worker})

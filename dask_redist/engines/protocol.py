@@ -1,0 +1,75 @@
+"""What the runtime asks of an engine, and what an engine may ask of the runtime.
+
+An engine moves one rank's pieces of a run. The worker side of the runtime asks it to
+
+* ``execute(run, transport)``: do this rank's part of ``run`` (a `dask_redist.core.run.WorkerRun`)
+  and finish it with its output chunks; raise to fail it;
+* ``abandoned(run)``: ``run`` was aborted while ``execute`` was inside a call that ignores
+  aborts, and later runs go on without it;
+* ``health()``: whether it can still run here (`Health`): read after every run, and by the
+  watchdog while a run is in flight;
+* ``stats()``: counters for benchmarks and ``bootstrap()``;
+* ``capabilities()``: whether this process can run it at all (probed once per worker and
+  reported to the scheduler, which chooses engines with `dask_redist.engines.choice`).
+
+The runtime gives it a `Transport`: how to reach the other ranks. Engines know nothing else
+of the cluster. ``redist.engine: "package.module:EngineClass"`` names an engine of one's own:
+subclass `Engine`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable, Protocol
+
+if TYPE_CHECKING:
+    from dask_redist.core.run import WorkerRun
+
+
+@dataclass(frozen=True)
+class Health:
+    """An engine's state in this process, as the runtime needs it."""
+
+    #: why this engine cannot be trusted in this process any more (later runs fail fast), or None
+    broken: str | None = None
+    #: work of an aborted run can never finish in this process (a GPU kernel waiting for a dead
+    #: peer): the worker exits so that its nanny starts a fresh one (redist.nvshmem.exit-when-stuck)
+    stuck: bool = False
+    #: ``time.monotonic()`` when the oldest work that only peers can complete was queued, or None;
+    #: the watchdog ends the process if ``execute`` blocks behind such work past the timeouts
+    in_flight_since: float | None = None
+
+
+class Transport(Protocol):
+    """How an engine reaches the other ranks of a run (injected, so tests can fake it)."""
+
+    def send(self, batches: list) -> None:
+        """Deliver ``(dst_rank, first, Packed)`` batches; raise on failure or timeout."""
+
+    def exchange_factory(self, rank: int, nranks: int) -> Callable[[str, bytes], list]:
+        """An all-gather among the run's ranks (through the scheduler), for bootstraps."""
+
+
+class Engine:
+    """Base of every engine: the protocol, with the defaults of an engine that keeps no state."""
+
+    name: str = ""
+    #: whether ``execute`` can block behind work only peers can complete (then a watchdog runs)
+    watched: bool = False
+
+    def execute(self, run: WorkerRun, transport: Transport) -> None:
+        raise NotImplementedError
+
+    def abandoned(self, run: WorkerRun) -> None:
+        """``run`` was aborted but ``execute`` never returned; later runs use a new thread."""
+
+    def health(self) -> Health:
+        return Health()
+
+    def stats(self) -> dict:
+        return {}
+
+    @staticmethod
+    def capabilities() -> dict:
+        """Can this process run the engine? ``{"ok": bool, "reason": str, ...}``."""
+        return {"ok": True, "reason": "needs nothing beyond distributed"}

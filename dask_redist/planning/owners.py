@@ -1,0 +1,157 @@
+"""Who owns each output chunk: balanced, and keeping bytes where they already are.
+
+Candidates:
+
+* recursive bisection of the new chunk grid into one box per rank (boxes are what
+  the direct cuFFTMp mapping needs), tried with each axis as the first cut, then
+  matched to ranks greedily by the bytes each rank already holds;
+* a greedy assignment of each new chunk to the rank holding most of its bytes,
+  under a load cap.
+
+Among the candidates within `BALANCE_TOLERANCE` of the best balance, the one that
+moves the fewest bytes across ranks wins; near-ties go to box-shaped candidates.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Iterator
+
+import numpy as np
+
+from dask_redist.planning.geometry import Chunks, RechunkSpec, chunk_nbytes
+
+#: are considered balanced.
+BALANCE_TOLERANCE = 1.10
+#: Moved bytes within this fraction of the total count as a tie.
+TIE_FRACTION = 0.01
+
+
+def _bisect(ranges: list[tuple[int, int]], nparts: int, lengths: Chunks, first_axis: int | None):
+    """Split a box of chunk indices into ``nparts`` boxes of balanced volume (some may be empty)."""
+    if nparts == 1:
+        return [ranges]
+    spans = [hi - lo for lo, hi in ranges]
+    if first_axis is not None and spans[first_axis] > 1:
+        axis = first_axis
+    elif max(spans) > 1:
+        axis = int(np.argmax(spans))
+    else:
+        return [ranges] + [None] * (nparts - 1)
+    lo, hi = ranges[axis]
+    n1 = nparts // 2
+    sizes = np.asarray(lengths[axis][lo:hi], dtype=np.float64)
+    cum = np.cumsum(sizes)
+    target = cum[-1] * n1 / nparts
+    # cut after k chunks, 1 <= k <= span - 1, as close to the target share as possible
+    k = int(np.clip(np.argmin(np.abs(cum[:-1] - target)) + 1, 1, hi - lo - 1))
+    left = list(ranges)
+    right = list(ranges)
+    left[axis] = (lo, lo + k)
+    right[axis] = (lo + k, hi)
+    return _bisect(left, n1, lengths, None) + _bisect(right, nparts - n1, lengths, None)
+
+
+def _match_slots(local: np.ndarray) -> np.ndarray:
+    """Give each slot (row) a distinct rank (column), greedily by bytes already there."""
+    nslots, nranks = local.shape
+    order = np.argsort(-local, axis=None, kind="stable")
+    slot_rank = np.full(nslots, -1, dtype=np.int64)
+    used = np.zeros(nranks, dtype=bool)
+    for flat in order:
+        s, r = divmod(int(flat), nranks)
+        if slot_rank[s] < 0 and not used[r]:
+            slot_rank[s] = r
+            used[r] = True
+    free = iter(np.flatnonzero(~used))
+    for s in np.flatnonzero(slot_rank < 0):
+        slot_rank[s] = next(free)
+    return slot_rank
+
+
+@dataclass(frozen=True)
+class OwnerCandidate:
+    name: str
+    owners: np.ndarray  # rank per new chunk, shaped like the new grid
+    boxes: bool  # every rank owns one box of chunks (possibly empty)
+
+
+def owner_candidates(
+    spec: RechunkSpec, local: np.ndarray, nranks: int, sizes: np.ndarray | None = None
+) -> Iterator[OwnerCandidate]:
+    """Candidate owner maps; ``local[j, r]`` = bytes of new chunk j held by rank r.
+
+    ``sizes[j]`` are the bytes of new chunk j to balance (all of them by default;
+    zero for a chunk nobody needs).
+    """
+    grid = spec.new_grid
+    if sizes is None:
+        sizes = chunk_nbytes(spec.new, spec.itemsize).ravel()
+    tried = set()
+    for first in range(spec.ndim):
+        if grid[first] <= 1 and first != 0:
+            continue
+        boxes = _bisect([(0, g) for g in grid], nranks, spec.new, first)
+        key = tuple(map(tuple, (b or () for b in boxes)))
+        if key in tried:
+            continue
+        tried.add(key)
+        slot = np.full(grid, -1, dtype=np.int64)
+        for s, box in enumerate(boxes):
+            if box is not None:
+                slot[tuple(slice(lo, hi) for lo, hi in box)] = s
+        slot = slot.ravel()
+        slot_local = np.zeros((nranks, nranks), dtype=np.int64)
+        np.add.at(slot_local, slot, local)
+        owners = _match_slots(slot_local)[slot]
+        yield OwnerCandidate(f"boxes(axis {first})", owners.reshape(grid), True)
+
+    # greedy: biggest chunks first, each to the rank holding most of it, under a cap
+    cap = sizes.sum() / nranks + (sizes.max() if len(sizes) else 0)
+    load = np.zeros(nranks, dtype=np.int64)
+    owners = np.zeros(len(sizes), dtype=np.int64)
+    for j in np.argsort(-sizes, kind="stable"):
+        prefs = np.argsort(-local[j], kind="stable")
+        fits = [r for r in prefs if load[r] + sizes[j] <= cap]
+        r = fits[0] if fits else int(np.argmin(load))
+        owners[j] = r
+        load[r] += sizes[j]
+    yield OwnerCandidate("greedy locality", owners.reshape(grid), False)
+
+
+def is_box_placement(chunks: Chunks, ranks: np.ndarray, nranks: int) -> bool:
+    """Does every rank's set of (non-empty) chunks tile one box of the global array?"""
+    sizes = chunk_nbytes(chunks, 1)
+    bounds = [np.concatenate([[0], np.cumsum(c)]) for c in chunks]
+    for r in range(nranks):
+        idx = np.argwhere((ranks == r) & (sizes > 0))
+        if len(idx) == 0:
+            continue
+        lo = idx.min(axis=0)
+        hi = idx.max(axis=0) + 1
+        vol = math.prod(int(b[h] - b[l]) for b, l, h in zip(bounds, lo, hi))
+        if vol != int(sizes[tuple(idx.T)].sum()):
+            return False
+    return True
+
+
+def choose_owners(spec, src, new_flat, nbytes, needed, nranks):
+    n_new = math.prod(spec.new_grid)
+    local = np.bincount(new_flat * nranks + src, weights=nbytes, minlength=n_new * nranks)
+    local = local.astype(np.int64).reshape(n_new, nranks)
+    sizes = chunk_nbytes(spec.new, spec.itemsize).ravel() * needed.ravel()
+    total = int(sizes.sum())
+    scored = []
+    for cand in owner_candidates(spec, local, nranks, sizes):
+        flat = cand.owners.ravel()
+        load = np.bincount(flat, weights=sizes, minlength=nranks)
+        kept = int(local[np.arange(n_new), flat].sum())
+        scored.append((load.max(), total - kept, cand))
+    best_load = min(s[0] for s in scored)
+    balanced = [s for s in scored if s[0] <= best_load * BALANCE_TOLERANCE + 1]
+    least_moved = min(s[1] for s in balanced)
+    near = [s for s in balanced if s[1] <= least_moved + TIE_FRACTION * total]
+    near.sort(key=lambda s: (not s[2].boxes, s[1], s[0]))
+    winner = near[0][2]
+    return winner.owners, winner.name

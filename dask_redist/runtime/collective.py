@@ -1,0 +1,209 @@
+"""The collective thread of a worker: runs execute one at a time, in one global order.
+
+Every worker has ONE collective thread (`CollectiveThread`) that executes runs
+strictly by their sequence number, so two rechunks running at the same time (two
+threads, two clients, one graph) can never wait on each other crosswise; NVSHMEM
+needs that, since every GPU must make the same collective calls in the same order.
+
+`RunExecutor` runs each on its engine with a `CommsTransport`, reports a failing
+rank to the scheduler (which aborts the run everywhere, so nobody waits for it), and,
+for engines whose thread can block behind work only peers can finish (``watched``),
+keeps a watchdog: a run aborted while its engine sits in such a call, or past the
+timeouts, ends the process so that its nanny starts a fresh one
+(``redist.nvshmem.exit-when-stuck``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+import logging
+import os
+import threading
+import time
+from typing import Callable
+
+from dask_redist.core.run import WorkerRun
+from dask_redist.engines import get_engine
+from dask_redist.errors import EngineUnavailableError, RedistConsistencyError, RedistError, kind_of
+from dask_redist.runtime.transport import CommsTransport
+
+logger = logging.getLogger("dask_redist")
+
+#: Seconds an engine with peer-dependent work in flight may take to return once its run was
+#: aborted (or past its collective timeout) before the watchdog ends the process (`RunExecutor._watch`).
+STUCK_GRACE_S = 10.0
+
+
+class CollectiveThread:
+    """Executes runs one at a time, lowest sequence number first.
+
+    A run aborted while its thread is inside a call that cannot be interrupted
+    (NVSHMEM's bootstrap retrying a dead peer, a GPU wait) would hold up every
+    later run on this worker, the restarted one included. So a run submitted
+    while the current one is already aborted gets a fresh thread; the old one
+    exits whenever its call returns (``on_abandon`` is told, once).
+    """
+
+    def __init__(self, execute: Callable[[WorkerRun], None], name: str, on_abandon=None):
+        self._execute = execute
+        self._name = name
+        self._on_abandon = on_abandon
+        self._heap: list[tuple[int, int, WorkerRun]] = []
+        self._tie = itertools.count()
+        self._cond = threading.Condition()
+        self._closed = False
+        self._thread: threading.Thread | None = None
+        self._current: WorkerRun | None = None  # the run the current thread is executing
+
+    def submit(self, run: WorkerRun) -> None:
+        abandoned = None
+        with self._cond:
+            if self._closed:
+                run.fail(RedistError(f"{run.name()}: worker is closing"))
+                return
+            heapq.heappush(self._heap, (run.spec.seq, next(self._tie), run))
+            current = self._current  # (one aborted before it started returns at once)
+            if current is not None and current.state == "failed" and current.phase != "queued":
+                abandoned, self._current, self._thread = current, None, None
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._loop, name=self._name, daemon=True)
+                self._thread.start()
+            self._cond.notify_all()
+        if abandoned is not None and self._on_abandon is not None:
+            self._on_abandon(abandoned)
+
+    def _loop(self) -> None:
+        me = threading.current_thread()
+        while True:
+            with self._cond:
+                while not self._heap and not self._closed and self._thread is me:
+                    self._cond.wait()
+                if self._closed or self._thread is not me:
+                    return
+                _, _, run = heapq.heappop(self._heap)
+                self._current = run
+            self._execute(run)
+            with self._cond:
+                if self._thread is me:
+                    self._current = None
+
+    def close(self, timeout: float = 10) -> None:
+        with self._cond:
+            self._closed = True
+            pending = [r for _, _, r in self._heap]
+            self._heap.clear()
+            self._cond.notify_all()
+        for run in pending:
+            run.fail(RedistError(f"{run.name()}: worker is closing"))
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+
+class RunExecutor:
+    """Executes a worker's runs on its collective thread; reports failures to the scheduler."""
+
+    def __init__(self, worker, mark: Callable[[str], None]):
+        self.worker = worker
+        self._mark = mark
+        self.thread = CollectiveThread(self._execute, f"redist-collective-{worker.address}", self._abandoned)
+
+    def submit(self, run: WorkerRun) -> None:
+        self.thread.submit(run)
+
+    def close(self) -> None:
+        self.thread.close()
+
+    def _execute(self, run: WorkerRun) -> None:
+        if not run.start():
+            return
+        self._mark("execute")
+        engine = get_engine(run.spec.engine)
+        returned = threading.Event()
+        if run.spec.collective.settings.exit_when_stuck and engine.watched:
+            watch = threading.Thread(target=self._watch, args=(run, engine, returned), name="redist-watchdog")
+            watch.daemon = True
+            watch.start()
+        try:
+            engine.execute(run, CommsTransport(self.worker, run))
+            self._mark("executed")
+        except BaseException as e:  # noqa: B036 - every failure must reach the other ranks
+            if run.state == "failed":  # aborted from outside; the scheduler knows
+                return
+            if not isinstance(e, RedistError):
+                e = RedistError(f"{run.name()} failed in phase '{run.phase}': {type(e).__name__}: {e}")
+            logger.warning("%s", e)
+            self.fail(run, e)
+        finally:
+            returned.set()
+            if engine.health().stuck and run.spec.collective.settings.exit_when_stuck:
+                self._exit_stuck(run)
+
+    def _watch(self, run: WorkerRun, engine, returned: threading.Event) -> None:
+        """End the process if ``run``'s engine blocks behind GPU work only dead peers can finish.
+
+        The engine notices an abort or a timeout only between native calls: a thread
+        blocked inside one (an NVSHMEM call waiting for a dead peer, a CUDA call
+        queued behind such a wait) never gets there. Once the run was aborted, or its
+        oldest peer-dependent GPU work has been in flight past the collective timeout,
+        the engine gets `STUCK_GRACE_S` to return before this ends the process.
+        """
+        while not returned.wait(0.5):
+            now, since = time.monotonic(), engine.health().in_flight_since
+            aborted = run.failed_at is not None and now - run.failed_at > STUCK_GRACE_S
+            if aborted or (since is not None and now - since > run.timeout + STUCK_GRACE_S):
+                self._exit_stuck(run, f" (its thread, in phase {run.phase!r}, did not return: watchdog)")
+
+    def _exit_stuck(self, run: WorkerRun, how: str = "") -> None:
+        """End this process: its GPU waits inside an NVSHMEM collective that can never finish.
+
+        Every later GPU call would wait behind that kernel, and so would a normal
+        shutdown (nvmath finalizes NVSHMEM at exit, waiting for the peer). The
+        nanny starts a fresh process; the scheduler sees a worker leave, restarts
+        the rechunk, and Dask recomputes what this worker held.
+        """
+        logger.error(
+            "%s left this worker's GPU inside an NVSHMEM collective that cannot finish%s; exiting so that "
+            "the nanny starts a fresh process (redist.nvshmem.exit-when-stuck)", run.name(), how,
+        )  # fmt: skip
+        for handler in logging.getLogger().handlers + logger.handlers:
+            handler.flush()
+        os._exit(70)
+
+    def fail(self, run: WorkerRun, error: RedistError) -> None:
+        """Have the scheduler abort ``run`` on every rank, this one included.
+
+        An error the scheduler may answer with a restart (stale state; an engine
+        that could not start, under ``engine: auto``) is not applied here first:
+        this rank's unpack tasks would then fail the user's computation before
+        the restart releases them. The scheduler's abort follows the report; if
+        the scheduler cannot be reached, the run's own timeouts end it.
+        """
+        if not isinstance(error, (RedistConsistencyError, EngineUnavailableError)):
+            run.fail(error)
+        self._report(run, error)
+
+    def _abandoned(self, run: WorkerRun) -> None:
+        logger.warning(
+            "%s was aborted but its engine has not returned (phase %r); later runs use a new thread",
+            run.name(), run.phase,
+        )  # fmt: skip
+        get_engine(run.spec.engine).abandoned(run)
+
+    def _report(self, run: WorkerRun, error: RedistError) -> None:
+        """Tell the scheduler, which aborts the run on every rank (fire and forget)."""
+
+        async def report():
+            try:
+                await self.worker.scheduler.redist_failed(
+                    token=run.spec.token,
+                    run_id=run.run_id,
+                    address=self.worker.address,
+                    message=str(error),
+                    kind=kind_of(error),
+                )
+            except Exception:  # the scheduler may be gone; the other ranks time out on their own
+                logger.exception("could not report the failure of %s", run.name())
+
+        asyncio.run_coroutine_threadsafe(report(), self.worker.loop.asyncio_loop)

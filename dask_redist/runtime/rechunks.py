@@ -1,0 +1,115 @@
+"""The scheduler's state of each collective rechunk, and the restarts it decides.
+
+A rechunk (one token) can run several times: a worker that held staged inputs
+leaves, a rank finds its state stale, an engine cannot start under ``engine: auto``.
+`Rechunk` keeps what spans those runs (attempts, restarts, the active run, a restart
+waiting for the barrier task); `ActiveRun` what one run pinned and waits for. The
+functions here decide, the plugin (`dask_redist.runtime.scheduler`) applies: a restart
+is a set of recommendations (`restart_recommendations`) that the plugin hands to the
+scheduler's transition engine, as distributed's shuffle does.
+
+Why a restart can wait: a rank can fail, or a worker leave, before the barrier task's
+own result reached the scheduler (an engine that cannot start fails at once).
+Releasing the barrier task while it is still processing races its completion:
+distributed takes the late result for a stale one and releases the task again,
+restarting the new run as well. So such a restart is kept (`PendingRestart`) and
+done once the barrier task is in memory.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from dask_redist.core.spec import BARRIER_PREFIX, RunSpec
+from dask_redist.planning import Plan
+from dask_redist.planning.geometry import chunk_nbytes
+
+
+@dataclass
+class ActiveRun:
+    """A run the scheduler started and has not finished: what it pinned, what it waits for."""
+
+    spec: RunSpec
+    pending: set  # keys of unpack tasks not yet in memory
+    restrictions: dict  # original worker restrictions of the pinned unpack tasks
+    nbytes: int
+    moved: int
+    started: float = field(default_factory=time.time)
+
+    def history(self, outcome: str) -> dict:
+        """The entry ``redist_history`` reports for this run."""
+        return {
+            "token": self.spec.token,
+            "run": self.spec.run_id,
+            "engine": self.spec.engine,
+            "why": self.spec.reason,
+            "workers": len(self.spec.workers),
+            "bytes": self.nbytes,
+            "bytes moved": self.moved,
+            "seconds": round(time.time() - self.started, 6),
+            "outcome": outcome,
+        }
+
+
+@dataclass
+class PendingRestart:
+    """A restart asked for while the barrier task was still processing (module docstring)."""
+
+    run_id: int  # the run it restarts: dropped if another run is active by then
+    reason: str  # the first reason given
+    stale: list  # stage keys whose staged chunks are gone, accumulated
+
+
+@dataclass
+class Rechunk:
+    """One collective rechunk (one token) across its runs."""
+
+    token: str
+    attempts: int = 0  # runs started; the next run's id is attempts + 1
+    restarts: int = 0  # restarts since a run last finished (bounded by redist.retries)
+    active: ActiveRun | None = None
+    pending_restart: PendingRestart | None = None
+
+    def defer_restart(self, reason: str, stale: list) -> None:
+        """Restart the active run once the barrier task is in memory (keeps the first reason)."""
+        earlier = self.pending_restart
+        if earlier is None:
+            self.pending_restart = PendingRestart(self.active.spec.run_id, reason, list(stale))
+        else:
+            earlier.stale.extend(stale)
+
+
+def restart_recommendations(tasks: dict, token: str, stale=()) -> dict:
+    """What to release so that dask runs the rechunk's barrier again: the barrier, its unpack
+    tasks not yet done, and the ``stale`` stage keys (their staged chunks are gone)."""
+    barrier = tasks.get(BARRIER_PREFIX + token)
+    if barrier is None:
+        return {}
+    recs = {dt.key: "released" for dt in barrier.dependents if dt.state in ("processing", "waiting", "no-worker")}
+    if barrier.state in ("memory", "processing"):
+        recs[barrier.key] = "released"
+    recs.update({k: "released" for k in stale if k in tasks and tasks[k].state == "memory"})
+    return recs
+
+
+def ranks_of(workers: list[str], holders: list[int], alive) -> tuple[list[str], np.ndarray]:
+    """The run's ranks (every worker alive, and those holding inputs) and each input chunk's rank."""
+    ranks = sorted(set(alive) | set(workers))
+    position = {w: i for i, w in enumerate(ranks)}
+    return ranks, np.array([position[workers[h]] for h in holders], dtype=np.int64)
+
+
+def over_memory(plan: Plan, limits: list[int], fraction: float) -> tuple[int, int] | None:
+    """(rank, bytes) of the first rank whose inputs and outputs at once exceed ``fraction`` of
+    its memory limit (0: no limit), or None. A collective holds both and cannot spill them."""
+    in_bytes = np.bincount(
+        plan.in_ranks.ravel(), weights=chunk_nbytes(plan.spec.old, plan.spec.itemsize).ravel(), minlength=plan.nranks
+    )
+    for rank, limit in enumerate(limits):
+        need = int(in_bytes[rank] + plan.out_bytes[rank])
+        if limit and need > fraction * limit:
+            return rank, need
+    return None

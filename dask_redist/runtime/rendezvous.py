@@ -1,0 +1,41 @@
+"""The scheduler's side of the all-gather that NVSHMEM's bootstrap runs through.
+
+nvmath bootstraps NVSHMEM (and plans some operations) with a handful of tiny
+collectives. Dask workers have no MPI communicator, but they all reach the
+scheduler, so every collective is one all-gather there: each rank sends its
+pickled contribution (``redist_allgather``), and the scheduler answers every rank
+with all of them once the last arrived, or with an error when ``timeout`` passes.
+The workers' side is `dask_redist.runtime.transport.scheduler_exchange`; the group
+built on it, `dask_redist.engines.cufftmp.world.DaskProcessGroup`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from dask_redist.errors import RedistTimeoutError
+
+
+class Rendezvous:
+    """The scheduler's side of `DaskProcessGroup.allgather`: one slot per tag."""
+
+    def __init__(self):
+        self._slots: dict[str, dict] = {}
+
+    async def gather(self, tag: str, rank: int, nranks: int, payload: bytes, timeout: float) -> list:
+        slot = self._slots.setdefault(tag, {"values": {}, "event": asyncio.Event(), "served": 0})
+        slot["values"][rank] = payload
+        if len(slot["values"]) == nranks:
+            slot["event"].set()
+        try:
+            await asyncio.wait_for(slot["event"].wait(), timeout)
+        except asyncio.TimeoutError:
+            missing = sorted(set(range(nranks)) - set(slot["values"]))
+            self._slots.pop(tag, None)
+            raise RedistTimeoutError(
+                f"process group step {tag}: rank {rank} waited {timeout:g}s for ranks {missing}"
+            ) from None
+        slot["served"] += 1
+        if slot["served"] == nranks:
+            self._slots.pop(tag, None)
+        return [slot["values"][r] for r in range(nranks)]

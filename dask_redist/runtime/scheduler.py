@@ -1,0 +1,373 @@
+"""Scheduler side of the collective: runs, their global order, owners, restarts.
+
+The barrier task of a collective rechunk calls `RedistSchedulerPlugin.barrier`
+with where every input chunk is staged. The plugin then
+
+1. chooses the engine (`dask_redist.engines.choice`) and the owner of every output
+   chunk (the pure planner),
+2. numbers the run: a run id per attempt of this rechunk, and a sequence number
+   in one global order over all runs,
+3. pins every unpack task to its owner (``worker_restrictions``),
+4. sends ``redist-start`` to every worker of the run, in sequence order.
+
+It watches the unpack tasks: when all are in memory the run is cleaned up on the
+workers; when one errs the run is aborted everywhere. When a worker of an active
+run leaves, or a rank reports that a run's state was lost, the run is restarted
+(`dask_redist.runtime.rechunks`): the barrier and the unfinished unpack tasks are
+released, so dask runs the barrier again (re-staging what was lost) under a new
+run id, up to ``redist.retries`` times; the stage tasks of a worker that left run
+again too (copies of their markers may live on, the staged chunks died with it).
+A rank that fails for any other reason has the run aborted on every rank with its
+error, so no rank is left waiting.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+from collections import deque
+
+import dask
+import numpy as np
+from dask.utils import format_bytes
+from distributed.diagnostics.plugin import SchedulerPlugin
+from distributed.protocol.pickle import dumps
+from distributed.protocol.serialize import ToPickle
+from distributed.utils import log_errors, offload
+
+from dask_redist.core.spec import BARRIER_PREFIX, STAGE_PREFIX, BarrierTask, CollectiveSpec, RunSpec
+from dask_redist.engines.choice import EngineSelector
+from dask_redist.errors import RedistTimeoutError
+from dask_redist.planning import make_plan
+from dask_redist.runtime import ordering
+from dask_redist.runtime.rechunks import ActiveRun, Rechunk, over_memory, ranks_of, restart_recommendations
+from dask_redist.runtime.rendezvous import Rendezvous
+
+logger = logging.getLogger("dask_redist")
+
+
+class RedistSchedulerPlugin(SchedulerPlugin):
+    name = "redist"
+    idempotent = True  # registered by every first barrier and by status(): the first one stays
+
+    def __init__(self, worker_plugin=None):
+        self.worker_plugin = worker_plugin  # registered on every worker when this plugin starts
+        self.scheduler = None
+        self.rechunks: dict[str, Rechunk] = {}
+        self.by_output: dict = {}  # output key of an active run -> its token
+        self.stage_home: dict = {}  # stage key -> worker holding its chunks
+        self.history: deque = deque(maxlen=200)
+        self.engines = EngineSelector()
+        self.rendezvous = Rendezvous()
+        self.timeline: dict[str, float] = {}  # wall-clock marks of the latest run, for diagnostics
+        self._seq = itertools.count(1)
+        self._ready: asyncio.Event | None = None
+
+    async def start(self, scheduler) -> None:
+        if self.name in scheduler.plugins:  # registered concurrently by another barrier
+            return
+        self.scheduler = scheduler
+        self._ready = asyncio.Event()
+        ordering.install()  # graphs lowered on the client (expression mode) are ordered here too
+        scheduler.add_plugin(self, name=self.name)
+        scheduler.handlers.update(
+            {
+                "redist_barrier": self.barrier,
+                "redist_failed": self.failed,
+                "redist_history": self.get_history,
+                "redist_status": self.get_status,
+                "redist_forget_world": self.forget_world,
+                "redist_allgather": self.allgather,
+            }
+        )
+        if self.worker_plugin is not None:
+            # what Scheduler.register_worker_plugin does, except that a worker dying right
+            # now must not fail the registration: workers that join later get the plugin
+            # from scheduler.worker_plugins anyway
+            plugin = dumps(self.worker_plugin)
+            scheduler.worker_plugins[self.worker_plugin.name] = plugin
+            await scheduler.broadcast(
+                msg={"op": "plugin-add", "plugin": plugin, "name": self.worker_plugin.name}, on_error="return"
+            )
+        self._ready.set()
+
+    # -- handlers -------------------------------------------------------------------
+
+    @log_errors
+    async def barrier(self, token: str, workers: list[str], holders: list[int], homes: list, kind: str) -> dict:
+        """Start a run of rechunk ``token`` over the chunks the stage tasks staged."""
+        self.timeline = {"barrier called": time.time()}
+        await self._ready.wait()
+        ts = self.scheduler.tasks.get(BARRIER_PREFIX + token)
+        if ts is None or ts.state != "processing" or not isinstance(ts.run_spec, BarrierTask):
+            return {"status": "error", "message": f"barrier task {BARRIER_PREFIX + token} is not processing"}
+        spec: CollectiveSpec = ts.run_spec.spec
+        if lost := self._lost(workers, homes, spec, "holding staged inputs left before the run started"):
+            return lost
+        # the plugin may have been registered by this very barrier, after the stage
+        # tasks finished: learn where their chunks are from the markers
+        for tail, h in homes:
+            self.stage_home.setdefault((spec.stage_name, *tail), workers[h])
+        ranks, in_ranks = ranks_of(workers, holders, self.scheduler.workers)
+        tasks = self.scheduler.tasks
+        needed = np.array([(k in tasks and tasks[k].state != "memory") for k in spec.output_keys()], dtype=bool)
+        engine, reason = await self._choose_engine(spec, kind, ranks)
+        if engine == "cufftmp" and kind != "cupy":
+            return {"status": "error", "fatal": True, "message": f"redist.engine=cufftmp needs CuPy chunks, got {kind}"}
+        self.engines.run_started(engine, ranks)  # (a worker leaving while we plan breaks that world)
+        plan = await offload(make_plan, spec.rechunk, in_ranks, len(ranks), needed=needed)
+        if kind == "numpy" and (too_big := self._over_memory(plan, ranks)):
+            return {"status": "error", "fatal": True, "message": too_big}
+        if lost := self._lost(ranks, homes, spec, "left while the run was planned", workers):
+            return lost
+        run = self._start(spec, ranks, plan, needed, engine, kind, reason)
+        return {"status": "OK", "run_id": run.run_id}
+
+    def _lost(self, who: list[str], homes: list, spec: CollectiveSpec, what: str, holders=None) -> dict | None:
+        """Restart the rechunk if any of ``who`` left; the barrier's answer then."""
+        lost = [w for w in who if w not in self.scheduler.workers]
+        if not lost:
+            return None
+        holders = who if holders is None else holders
+        # stage markers of a worker that left may live on (a copy fetched by the barrier's
+        # worker) while the staged chunks died with it: released too, or the barrier loops
+        stale = [(spec.stage_name, *tail) for tail, h in homes if holders[h] in lost]
+        self._restart(spec.token, f"workers {lost} {what}", stale, spec.settings)
+        return {"status": "error", "message": f"workers {lost} left"}
+
+    def _start(self, spec: CollectiveSpec, ranks, plan, needed, engine: str, kind: str, reason: str) -> RunSpec:
+        """Number the run, pin its unpack tasks to their owners, send every rank the start."""
+        rechunk = self.rechunks.setdefault(spec.token, Rechunk(spec.token))
+        if rechunk.active is not None:
+            self._abort(spec.token, "superseded by a new run", kind="restart")
+        rechunk.attempts += 1
+        run = RunSpec(
+            collective=spec, run_id=rechunk.attempts, seq=next(self._seq), workers=tuple(ranks),
+            in_ranks=plan.in_ranks, out_ranks=plan.out_ranks, needed=needed, engine=engine, kind=kind, reason=reason,
+        )  # fmt: skip
+        pending, restrictions, pins = set(), {}, {}
+        owners = plan.out_ranks.ravel()
+        tasks = self.scheduler.tasks
+        for flat in np.flatnonzero(needed):
+            out_key = spec.output_key(int(flat))
+            restrictions[out_key] = tasks[out_key].worker_restrictions
+            pins[out_key] = {ranks[owners[flat]]}
+            self.by_output[out_key] = spec.token
+            pending.add(out_key)
+        self.scheduler.set_restrictions(pins)
+        rechunk.active = ActiveRun(run, pending, restrictions, plan.nbytes, plan.moved_bytes)
+        message = {"op": "redist-start", "run": ToPickle(run)}
+        for w in ranks:  # no await since the sequence number: starts leave in seq order
+            self.scheduler.stream_comms[w].send(message)
+        self.timeline["start sent"] = time.time()
+        logger.debug("started %s on %d workers (engine %s)", run.name(), len(ranks), engine)
+        if not pending:
+            self._finish(spec.token)
+        return run
+
+    def _over_memory(self, plan, ranks) -> str | None:
+        """Why the run cannot fit a worker's memory limit (NumPy), or None.
+
+        A collective holds a worker's inputs and outputs at once and cannot spill
+        them; rather than have the nanny kill the worker, fail with the numbers.
+        """
+        fraction = dask.config.get("distributed.worker.memory.pause") or 0.8
+        limits = [getattr(self.scheduler.workers.get(w), "memory_limit", 0) or 0 for w in ranks]
+        if (found := over_memory(plan, limits, fraction)) is None:
+            return None
+        rank, need = found
+        return (
+            f"the rechunk needs {format_bytes(need)} at once on worker {ranks[rank]}, over {fraction:.0%} of its "
+            f"memory limit ({format_bytes(limits[rank])}); the collective cannot spill to disk. Use more workers "
+            "or more memory per worker, or keep dask's rechunk for this array (redist.min-bytes, "
+            "dask_redist.disable())"
+        )
+
+    async def _choose_engine(self, spec: CollectiveSpec, kind: str, ranks: list[str]) -> tuple[str, str]:
+        """The engine for a run and why; asks workers what they can run the first time it matters."""
+        if missing := self.engines.needs_probe(spec.settings.engine, kind, ranks):
+            answers = await self.scheduler.broadcast(msg={"op": "redist_capabilities"}, workers=missing, on_error="return")
+            self.engines.learn(answers)
+        return self.engines.choose(spec.settings.engine, kind, ranks)
+
+    async def allgather(self, tag: str, rank: int, nranks: int, payload: bytes, timeout: float) -> dict:
+        try:
+            values = await self.rendezvous.gather(tag, rank, nranks, payload, timeout)
+        except RedistTimeoutError as e:
+            return {"status": "error", "message": str(e)}
+        return {"status": "OK", "values": values}
+
+    @log_errors
+    def failed(self, token: str, run_id: int, address: str, message: str, kind: str) -> None:
+        """A rank's run failed (``kind``: see `dask_redist.errors.KINDS`): restart it, on the dask
+        engine if its own could not start under ``auto``, or abort it."""
+        rechunk = self.rechunks.get(token)
+        run = rechunk.active if rechunk else None
+        if run is None or run.spec.run_id != run_id:
+            return
+        logger.warning("%s failed on %s: %s", run.spec.name(), address, message)
+        unavailable = kind == "unavailable"
+        self.engines.run_failed(run.spec.engine, unavailable, message if unavailable else f"{run.spec.name()} failed on {address}")
+        if kind == "restart" or (unavailable and run.spec.collective.settings.engine == "auto"):
+            self._restart_once_barrier_done(token, message)
+        else:
+            self._abort(token, message, kind=kind)
+
+    def forget_world(self) -> None:
+        """The next cufftmp run bootstraps NVSHMEM over the workers of that moment."""
+        self.engines.world.forget()
+
+    def get_history(self) -> list[dict]:
+        return list(self.history)
+
+    async def get_status(self) -> dict:
+        """Runs finished, runs active, the engines' state, and what every worker holds."""
+        answers = await self.scheduler.broadcast(msg={"op": "redist_status"}, on_error="return")
+        return {
+            "history": list(self.history),
+            "active": [r.active.spec.name() for r in self.rechunks.values() if r.active is not None],
+            "timeline": dict(self.timeline),
+            "engines": self.engines.state(),
+            "workers": {w: a for w, a in answers.items() if isinstance(a, dict)},
+        }
+
+    # -- run lifecycle ----------------------------------------------------------------
+
+    def _send(self, workers, message) -> None:
+        for w in workers:
+            if (comm := self.scheduler.stream_comms.get(w)) is not None:
+                comm.send(message)
+
+    def _deactivate(self, token: str, outcome: str) -> ActiveRun | None:
+        rechunk = self.rechunks.get(token)
+        if rechunk is None or rechunk.active is None:
+            return None
+        run, rechunk.active, rechunk.pending_restart = rechunk.active, None, None
+        for key, original in run.restrictions.items():
+            self.by_output.pop(key, None)
+            if key in self.scheduler.tasks:
+                self.scheduler.set_restrictions({key: original})
+        self.history.append(run.history(outcome))
+        return run
+
+    def _finish(self, token: str) -> None:
+        self.timeline["outputs in memory"] = time.time()
+        run = self._deactivate(token, "done")
+        if run is not None:
+            self._send(run.spec.workers, {"op": "redist-cleanup", "token": token, "run_id": run.spec.run_id})
+            self.rechunks[token].restarts = 0
+
+    def _abort(self, token: str, reason: str, *, kind: str) -> None:
+        """Fail the run on every rank with ``reason``, as the error `dask_redist.errors.KINDS` names."""
+        run = self._deactivate(token, "restarted" if kind == "restart" else "failed")
+        if run is None:
+            return
+        logger.debug("aborting %s (%s): %s", run.spec.name(), kind, reason)
+        self._send(
+            run.spec.workers,
+            {"op": "redist-abort", "token": token, "run_id": run.spec.run_id, "reason": reason, "kind": kind},
+        )
+
+    def _restart(self, token: str, reason: str, stale: list = (), settings=None) -> None:
+        """Abort the run and release the barrier and unfinished unpack tasks: dask reruns them
+        (and the ``stale`` stage tasks, whose staged chunks are gone). ``settings``: for a
+        restart before the run started."""
+        rechunk = self.rechunks.setdefault(token, Rechunk(token))
+        settings = rechunk.active.spec.collective.settings if rechunk.active else settings
+        rechunk.restarts += 1
+        if settings is not None and rechunk.restarts > settings.retries:
+            self._abort(
+                token, f"{reason} (gave up after {settings.retries} restarts, see redist.retries)", kind="error"
+            )
+            return
+        self._abort(token, reason, kind="restart")
+        logger.warning("restarting rechunk %s: %s", token[:8], reason)
+        if recs := restart_recommendations(self.scheduler.tasks, token, stale):
+            stimulus = f"redist-restart-{token}-{time.time()}"
+            self.scheduler.transitions(recs, stimulus_id=stimulus)
+            self.scheduler.stimulus_queue_slots_maybe_opened(stimulus_id=stimulus)
+
+    def _restart_once_barrier_done(self, token: str, reason: str, stale: list = ()) -> None:
+        """`_restart` the active run, at once or, while the barrier task is still processing,
+        once it is in memory (`dask_redist.runtime.rechunks`)."""
+        barrier = self.scheduler.tasks.get(BARRIER_PREFIX + token)
+        if barrier is None or barrier.state != "processing":
+            self._restart(token, reason, stale)
+            return
+        rechunk = self.rechunks[token]
+        logger.debug("%s: the restart waits for the barrier task's result", rechunk.active.spec.name())
+        rechunk.defer_restart(reason, stale)
+
+    def _restart_pending(self, token: str) -> None:
+        """The barrier task is in memory: do the restart it held back, if its run is still active."""
+        rechunk = self.rechunks.get(token)
+        pending = rechunk.pending_restart if rechunk else None
+        if pending is None:
+            return
+        rechunk.pending_restart = None
+        if rechunk.active is not None and rechunk.active.spec.run_id == pending.run_id:
+            self._restart(token, pending.reason, pending.stale)
+
+    # -- scheduler hooks ------------------------------------------------------------------
+
+    def transition(self, key, start, finish, *args, stimulus_id: str, **kwargs) -> None:
+        if type(key) is tuple and key and type(key[0]) is str and key[0].startswith(STAGE_PREFIX):
+            self._stage_transition(key, start, finish, kwargs.get("worker"))
+        elif (token := self.by_output.get(key)) is not None:
+            self._output_transition(token, key, finish)
+        elif type(key) is str and key.startswith(BARRIER_PREFIX):
+            self._barrier_transition(key[len(BARRIER_PREFIX) :], finish, stimulus_id)
+
+    def _stage_transition(self, key, start: str, finish: str, worker: str | None) -> None:
+        if finish == "memory" and worker is not None:
+            self.stage_home[key] = worker
+        elif start == "memory" and (home := self.stage_home.pop(key, None)) is not None:
+            self._send([home], {"op": "redist-drop", "token": key[0][len(STAGE_PREFIX) :], "index": key[1:]})
+
+    def _output_transition(self, token: str, key, finish: str) -> None:
+        rechunk = self.rechunks.get(token)
+        run = rechunk.active if rechunk else None
+        if run is None:
+            return
+        if finish == "memory":
+            run.pending.discard(key)
+            if not run.pending:
+                self._finish(token)
+        elif finish == "erred":
+            self._abort(token, f"output task {key} failed", kind="error")
+        elif finish == "forgotten":
+            run.pending.discard(key)
+            if not run.pending:
+                self._abort(token, "all outputs forgotten", kind="error")
+
+    def _barrier_transition(self, token: str, finish: str, stimulus_id: str) -> None:
+        rechunk = self.rechunks.get(token)
+        if finish == "memory":
+            if rechunk is not None and rechunk.pending_restart is not None:  # after this transition
+                self.scheduler.loop.add_callback(self._restart_pending, token)
+        elif finish in ("released", "erred", "forgotten"):
+            if rechunk is not None and rechunk.active is not None:
+                kind = "restart" if finish == "released" else "error"
+                self._abort(token, f"barrier {finish} ({stimulus_id})", kind=kind)
+            if finish == "forgotten":  # nobody can ask for this rechunk again: workers forget it too
+                self.rechunks.pop(token, None)
+                self._send(list(self.scheduler.workers), {"op": "redist-cleanup", "token": token, "run_id": 2**62})
+
+    def remove_worker(self, scheduler, worker: str, *, stimulus_id: str, **kwargs) -> None:
+        self.engines.worker_left(worker)
+        # its staged chunks are gone, while copies of their stage markers may live on
+        stale = [k for k, w in self.stage_home.items() if w == worker]
+        for key in stale:
+            del self.stage_home[key]
+        for token, rechunk in list(self.rechunks.items()):
+            run = rechunk.active
+            if run is not None and worker in run.spec.workers:
+                mine = [k for k in stale if k[0] == STAGE_PREFIX + token]
+                self._restart_once_barrier_done(token, f"worker {worker} left during {run.spec.name()}", mine)
+
+    def restart(self, scheduler) -> None:
+        self.rechunks.clear()
+        self.by_output.clear()
+        self.stage_home.clear()

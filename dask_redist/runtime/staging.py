@@ -1,0 +1,48 @@
+"""The chunks stage tasks keep on a worker until a run takes them.
+
+A staged chunk lives exactly as long as its stage key is in memory on the
+scheduler, which sends ``redist-drop`` when the key is released: a restarted run
+finds every marker it is given backed by data, and memory is released as soon as
+dask would release it. A run takes its own references when it starts.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+
+class StagingStore:
+    """Staged chunks by (token, flat chunk index), and which stage key staged them."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._chunks: dict[tuple[str, int], Any] = {}
+        self._by_key: dict[tuple[str, tuple], list[int]] = {}  # (token, stage key tail) -> chunk indices
+
+    def put(self, token: str, tail: tuple, chunks: dict[int, Any]) -> None:
+        with self._lock:
+            for index, chunk in chunks.items():
+                self._chunks[(token, index)] = chunk
+            self._by_key[(token, tuple(tail))] = list(chunks)
+
+    def get(self, token: str, indices) -> dict[int, Any]:
+        """The staged chunks among ``indices`` (missing ones are left out)."""
+        with self._lock:
+            found = {int(i): self._chunks.get((token, int(i))) for i in indices}
+        return {i: c for i, c in found.items() if c is not None}
+
+    def drop(self, token: str, tail: tuple) -> None:
+        """The scheduler released a stage key: forget the chunks it staged."""
+        with self._lock:
+            for index in self._by_key.pop((token, tuple(tail)), ()):
+                self._chunks.pop((token, index), None)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._chunks.clear()
+            self._by_key.clear()
+
+    def counts(self) -> dict[str, int]:
+        with self._lock:
+            return {"staged chunks": len(self._chunks), "stage keys": len(self._by_key)}

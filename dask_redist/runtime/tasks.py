@@ -1,0 +1,71 @@
+"""The functions the collective's tasks run on the workers (the graph refers to these).
+
+* ``stage``: keeps the chunks in the worker's collective state, returns markers;
+* ``barrier``: makes sure the plugins are registered, asks the scheduler to start a run;
+* ``unpack``: a coroutine (distributed runs it on the worker's event loop), waits for the
+  run and returns one output chunk.
+
+The scheduler plugin is registered by the first barrier that reaches a scheduler
+(`ensure_plugins`), and registers the worker plugin on every worker: users call no
+setup function, and a cluster that never rechunks carries no plugin.
+"""
+
+from __future__ import annotations
+
+import time
+
+from distributed import get_worker
+from distributed.protocol.pickle import dumps
+
+from dask_redist.core.spec import CollectiveSpec, Staged
+from dask_redist.errors import RedistError
+from dask_redist.runtime.scheduler import RedistSchedulerPlugin
+from dask_redist.runtime.transport import call_on_loop
+from dask_redist.runtime.worker import RedistWorkerPlugin, get_state
+
+_registered: set[str] = set()  # scheduler addresses where this process registered the plugins
+
+
+def stage(token: str, tail: tuple, indices: list[int], shapes: list, *chunks) -> list[Staged]:
+    return get_state(_worker()).stage(token, tail, indices, shapes, chunks)
+
+
+def barrier(spec: CollectiveSpec, *markers) -> int:
+    worker = _worker()
+    ensure_plugins(worker, spec.settings.barrier_timeout)
+    return get_state(worker).barrier(spec, markers)
+
+
+async def unpack(token: str, index: int, run_id: int):
+    return await get_state(_worker()).unpack(token, index, run_id)
+
+
+def _worker():
+    try:
+        return get_worker()
+    except ValueError:
+        raise RedistError(
+            "dask-redist's collective rechunk runs on a distributed cluster: create a "
+            "distributed.Client (e.g. on a LocalCluster or LocalCUDACluster) before computing"
+        ) from None
+
+
+def ensure_plugins(worker, timeout: float) -> None:
+    """Register the scheduler plugin (which registers the worker plugin) once per scheduler."""
+    address = worker.scheduler.address
+    if address in _registered:
+        return
+
+    async def register():
+        plugin = RedistSchedulerPlugin(worker_plugin=RedistWorkerPlugin())
+        await worker.scheduler.register_scheduler_plugin(plugin=dumps(plugin), name=plugin.name, idempotent=True)
+
+    for attempt in range(3):  # a comm can break while workers come and go
+        try:
+            call_on_loop(worker, register, timeout, "registering the dask-redist scheduler plugin")
+            break
+        except OSError:
+            if attempt == 2:
+                raise
+            time.sleep(0.5)
+    _registered.add(address)

@@ -1,0 +1,82 @@
+"""How a worker's run reaches its peers: Dask comms for pieces, the scheduler for all-gathers.
+
+`CommsTransport` is the `dask_redist.engines.protocol.Transport` the worker hands an
+engine: ``send`` delivers packed pieces to peer workers over the worker's own comms
+(TCP or UCX), all peers at once; ``exchange_factory`` gives the all-gather through the
+scheduler (`dask_redist.runtime.rendezvous`) that NVSHMEM's bootstrap runs on.
+Everything here is called from the collective thread and runs on the worker's event
+loop with a timeout (`call_on_loop`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import defaultdict
+from typing import Callable
+
+from distributed.protocol import to_serialize
+
+from dask_redist.errors import RedistTimeoutError
+
+
+def call_on_loop(worker, coro_fn, timeout: float, what: str):
+    """Run ``coro_fn()`` on ``worker``'s event loop from another thread, within ``timeout`` seconds."""
+
+    async def bounded():
+        return await asyncio.wait_for(coro_fn(), timeout)
+
+    try:
+        return asyncio.run_coroutine_threadsafe(bounded(), worker.loop.asyncio_loop).result()
+    except asyncio.TimeoutError:
+        raise RedistTimeoutError(f"{what} timed out after {timeout:g}s") from None
+
+
+class CommsTransport:
+    """Sends ``run``'s pieces to peer workers over Dask comms, all peers at once."""
+
+    def __init__(self, worker, run):
+        self.worker, self.run = worker, run
+
+    def send(self, batches: list) -> None:
+        run, worker = self.run, self.worker
+        by_dst: dict[int, list] = defaultdict(list)
+        for dst, first, packed in batches:
+            by_dst[dst].append((first, packed))
+
+        async def to_peer(dst, items):
+            for first, packed in items:
+                await worker.rpc(run.spec.workers[dst]).redist_receive(
+                    token=run.spec.token, run_id=run.run_id, src=run.rank, first=first,
+                    count=packed.count, data=to_serialize(packed.buffer),
+                )  # fmt: skip
+
+        async def send_all():
+            await asyncio.gather(*(to_peer(d, items) for d, items in by_dst.items()))
+
+        call_on_loop(worker, send_all, run.timeout, f"{run.name()} phase 'send'")
+
+    def exchange_factory(self, rank: int, nranks: int) -> Callable[[str, bytes], list]:
+        """The all-gather of a process group over the scheduler, for NVSHMEM's bootstrap."""
+        return scheduler_exchange(self.worker, nranks, rank, self.run.spec.collective.settings.bootstrap_timeout)
+
+
+def scheduler_exchange(worker, nranks: int, rank: int, timeout: float) -> Callable[[str, bytes], list]:
+    """``exchange(tag, payload) -> every rank's payload``: an RPC to the scheduler's ``redist_allgather``."""
+
+    def exchange(tag: str, payload: bytes) -> list:
+        start = time.monotonic()
+
+        async def call():
+            return await worker.scheduler.redist_allgather(
+                tag=tag, rank=rank, nranks=nranks, payload=payload, timeout=timeout
+            )
+
+        response = call_on_loop(worker, call, timeout + 5, f"process group step {tag}")
+        if response.get("status") != "OK":
+            raise RedistTimeoutError(
+                f"{response.get('message')} (after {time.monotonic() - start:.1f}s; see redist.timeouts.bootstrap)"
+            )
+        return response["values"]
+
+    return exchange

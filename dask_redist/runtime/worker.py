@@ -1,0 +1,242 @@
+"""Worker side of the collective: the runs of this worker, and the messages about them.
+
+Every worker process has one `WorkerState`, hooked into the worker's comms by
+`RedistWorkerPlugin` (which the scheduler plugin registers on every worker). Stage
+tasks put chunks into its `StagingStore`; the scheduler's ``redist-start`` message
+turns staged chunks into a `dask_redist.core.run.WorkerRun`, queued on the worker's
+collective thread (`dask_redist.runtime.collective`); pieces from peers arrive
+through ``redist_receive``; unpack tasks take the outputs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+import weakref
+from collections import defaultdict
+from dataclasses import asdict
+
+import numpy as np
+from distributed.diagnostics.plugin import WorkerPlugin
+
+from dask_redist.core.assemble import Assembly, array_kind
+from dask_redist.core.run import WorkerRun
+from dask_redist.core.spec import CollectiveSpec, RunSpec, Staged
+from dask_redist.core.wire import Packed
+from dask_redist.engines import BUILTIN, get_engine, loaded_engines
+from dask_redist.errors import KINDS, RedistConsistencyError, RedistError
+from dask_redist.runtime.collective import RunExecutor
+from dask_redist.runtime.staging import StagingStore
+from dask_redist.runtime.transport import call_on_loop
+
+#: Output chunks assembled from pieces up to this size are built on the event loop (a copy of
+#: this size takes well under a millisecond; a hand-off to a thread costs about as much).
+INLINE_BUILD_BYTES = 2**20
+
+
+class WorkerState:
+    """One worker's staged chunks, runs, early pieces and the handlers that change them."""
+
+    def __init__(self, worker):
+        self.worker = worker
+        self._lock = threading.Lock()
+        self.staging = StagingStore()
+        self.runs: dict[str, WorkerRun] = {}
+        self.early: dict[tuple[str, int], list] = defaultdict(list)  # pieces for a run not started here yet
+        self.executor = RunExecutor(worker, self.mark)
+        self.capabilities: dict | None = None
+        self.timeline: dict[str, float] = {}  # wall-clock marks of the latest run, for diagnostics
+
+    @property
+    def address(self) -> str:
+        return self.worker.address
+
+    def mark(self, event: str, first: bool = False) -> None:
+        if first:
+            self.timeline.setdefault(event, time.time())
+        else:
+            self.timeline[event] = time.time()
+
+    # -- task bodies (dask_redist.runtime.tasks) ------------------------------------------
+
+    def stage(self, token: str, tail: tuple, indices: list[int], shapes: list, chunks) -> list[Staged]:
+        markers = []
+        for index, shape, chunk in zip(indices, shapes, chunks):
+            kind = array_kind(chunk)
+            if kind not in ("numpy", "cupy"):
+                raise TypeError(
+                    f"dask-redist can only rechunk NumPy or CuPy chunks, got a {kind} for input chunk {index}; "
+                    "narrow redist.chunk-types or rechunk this array with dask_redist.disable()"
+                )
+            if tuple(chunk.shape) != tuple(shape):
+                raise ValueError(
+                    f"input chunk {index} has shape {tuple(chunk.shape)} but the array's chunks say {tuple(shape)}"
+                )
+            markers.append(Staged(self.address, int(chunk.nbytes), kind, int(index), tuple(tail)))
+        self.staging.put(token, tail, {int(i): c for i, c in zip(indices, chunks)})
+        self.mark("first stage", first=True)
+        return markers
+
+    def barrier(self, spec: CollectiveSpec, groups) -> int:
+        """Ask the scheduler to start a run over the staged chunks; its run id."""
+        self.mark("barrier task")
+        markers = [m for group in groups for m in group]
+        kinds = {m.kind for m in markers}
+        if len(kinds) > 1:
+            raise TypeError(f"{spec.describe()}: input chunks of mixed types {sorted(kinds)}; convert them to one type first")
+        workers = sorted({m.address for m in markers})
+        position = {w: i for i, w in enumerate(workers)}
+        holders = np.zeros(len(markers), dtype=np.int64)
+        for m in markers:
+            holders[m.index] = position[m.address]
+        homes = [[list(g[0].stage), position[g[0].address]] for g in groups if g]
+
+        async def ask():
+            return await self.worker.scheduler.redist_barrier(
+                token=spec.token, workers=workers, holders=holders.tolist(), homes=homes,
+                kind=kinds.pop() if kinds else "numpy",
+            )  # fmt: skip
+
+        response = call_on_loop(self.worker, ask, spec.settings.barrier_timeout, f"{spec.describe()} barrier")
+        self.mark("barrier reply")
+        if response.get("status") != "OK":
+            error = RedistError if response.get("fatal") else RedistConsistencyError
+            raise error(f"{spec.describe()} barrier: {response.get('message', response)}")
+        return response["run_id"]
+
+    async def unpack(self, token: str, index: int, run_id: int):
+        """Runs on the event loop (a coroutine task): no thread hand-off per output chunk.
+
+        Only the first unpack of a run still in flight waits, in a helper thread;
+        outputs that need a large copy to assemble are built off the event loop too.
+        """
+        self.mark("first unpack", first=True)
+        with self._lock:
+            run = self.runs.get(token)
+        if run is None or run.run_id != run_id:
+            have = "no run" if run is None else f"run {run.run_id}"
+            raise RedistConsistencyError(
+                f"rechunk {token[:8]}: unpack of output chunk {index} expected run {run_id} on {self.address}, found {have}"
+            )
+        if not run.finished:
+            await asyncio.to_thread(run.wait_done)
+        out = run.pop_output(index)
+        if not isinstance(out, Assembly):
+            return out
+        if out.copies and out.nbytes > INLINE_BUILD_BYTES:
+            return await asyncio.to_thread(out.build)  # a large copy: off the event loop
+        return out.build()
+
+    # -- messages from the scheduler and peers (event loop) --------------------------------
+
+    def handle_start(self, run: RunSpec) -> None:
+        self.timeline = {k: v for k, v in self.timeline.items() if k in ("first stage", "barrier task", "barrier reply")}
+        self.mark("start message")
+        rank = run.workers.index(self.address)
+        mine = np.flatnonzero(run.in_ranks.ravel() == rank).tolist()
+        inputs = self.staging.get(run.token, mine)
+        with self._lock:
+            old = self.runs.get(run.token)
+            wr = self.runs[run.token] = WorkerRun(run, self.address, inputs)
+            early = self.early.pop((run.token, run.run_id), [])
+            for key in [k for k in self.early if k[0] == run.token and k[1] < run.run_id]:
+                del self.early[key]
+        if old is not None and old.state in ("queued", "running"):
+            old.fail(RedistConsistencyError(f"{old.name()} superseded by run {run.run_id}"))
+        missing = [i for i in mine if i not in inputs]
+        if missing:
+            self.executor.fail(wr, RedistConsistencyError(f"{wr.name()}: staged input chunks {missing[:5]} are not on this worker"))
+            return
+        for src, first, arrays in early:
+            wr.receive(src, first, arrays)
+        self.executor.submit(wr)
+
+    async def handle_capabilities(self) -> dict:
+        """What this worker can run, per built-in engine (cached: probing imports CuPy and nvmath)."""
+        if self.capabilities is None:
+            probes = {name: get_engine(name).capabilities for name in BUILTIN}
+            self.capabilities = {name: await asyncio.to_thread(probe) for name, probe in probes.items()}
+        return self.capabilities
+
+    async def handle_receive(self, token: str, run_id: int, src: int, first: int, count: int, data) -> str:
+        data = Packed(count, data)
+        with self._lock:
+            run = self.runs.get(token)
+            if run is None or run.run_id < run_id:
+                self.early[(token, run_id)].append((src, first, data))
+                return "OK"
+        if run.run_id == run_id:
+            run.receive(src, first, data)
+        return "OK"
+
+    def handle_abort(self, token: str, run_id: int, reason: str, kind: str) -> None:
+        with self._lock:
+            run = self.runs.get(token)
+            for key in [k for k in self.early if k[0] == token and k[1] <= run_id]:
+                del self.early[key]
+        if run is not None and run.run_id == run_id:
+            run.fail(KINDS[kind](reason))
+
+    def handle_cleanup(self, token: str, run_id: int) -> None:
+        with self._lock:
+            run = self.runs.get(token)
+            if run is not None and run.run_id <= run_id:
+                del self.runs[token]
+
+    def handle_drop(self, token: str, index: list) -> None:
+        """The scheduler released a stage key: forget the chunks it staged."""
+        self.staging.drop(token, tuple(index))
+
+    def handle_status(self) -> dict:
+        """What this worker holds for the collective, and its engines' health (``dask_redist.status``)."""
+        with self._lock:
+            held = {"runs": {run.name(): run.phase for run in self.runs.values()}, "early pieces": len(self.early)}
+        engines = {name: {**asdict(e.health()), "stats": e.stats()} for name, e in loaded_engines().items()}
+        return {**self.staging.counts(), **held, "timeline": dict(self.timeline), "engines": engines}
+
+    def close(self) -> None:
+        self.executor.close()
+        with self._lock:
+            runs = list(self.runs.values())
+            self.runs.clear()
+            self.early.clear()
+        self.staging.clear()
+        for run in runs:
+            run.fail(RedistError(f"{run.name()}: worker {self.address} closed"))
+
+
+_states: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_states_lock = threading.Lock()
+
+
+def get_state(worker) -> WorkerState:
+    with _states_lock:
+        state = _states.get(worker)
+        if state is None:
+            state = _states[worker] = WorkerState(worker)
+        return state
+
+
+class RedistWorkerPlugin(WorkerPlugin):
+    """Hooks the worker's `WorkerState` into its comms; registered by the scheduler plugin."""
+
+    name = "redist"
+    idempotent = True
+
+    def setup(self, worker):
+        state = get_state(worker)
+        worker.handlers["redist_receive"] = state.handle_receive
+        worker.handlers["redist_capabilities"] = state.handle_capabilities
+        worker.handlers["redist_status"] = state.handle_status
+        worker.stream_handlers.update(
+            {
+                "redist-start": lambda run: state.handle_start(run),
+                "redist-abort": state.handle_abort,
+                "redist-cleanup": state.handle_cleanup,
+                "redist-drop": state.handle_drop,
+            }
+        )
+
+    def teardown(self, worker):
+        get_state(worker).close()
