@@ -17,7 +17,7 @@ steps=${*:-versions doctor world gpu bench}
 date -u +"%Y-%m-%d %H:%M UTC, $(git log -1 --format=%h 2>/dev/null || echo '?')" >> "$out/summary.txt"
 for s in $steps; do case $s in
   versions) step versions python3 -m pip list --format=freeze ;;
-  doctor) step doctor python3 -m dask_redist.cli doctor --gpu --workers 2 ;;
+  doctor) step doctor python3 -m dask_redist.cli doctor --gpu --workers "${REDIST_TEST_GPUS:-2}" ;;
   world) step world python3 -m pytest tests/test_gpu_world.py -v -s --timeout 150 ;;
   gpu) step gpu python3 -m pytest tests/test_gpu.py tests/test_examples.py -m gpu -v -s --timeout 150 ;;
   bench) step bench python3 -m dask_redist.cli bench --gpu --size 8GiB --chunks 16 \
