@@ -8,7 +8,7 @@ user had set, not on their own process's config.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 import dask
 import yaml
@@ -114,6 +114,3 @@ class Settings:
             symmetric_size=None if sym is None else _bytes("nvshmem.symmetric-size", sym),
             exit_when_stuck=_bool("nvshmem.exit-when-stuck", _get("nvshmem.exit-when-stuck", config)),
         )
-
-    def describe(self) -> dict:
-        return {f.name: getattr(self, f.name) for f in fields(self)}

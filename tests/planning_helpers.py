@@ -21,7 +21,7 @@ from hypothesis.extra.numpy import arrays
 from dask_redist.planning.boxes import Box
 from dask_redist.planning.layout import DirectLayout, PackedLayout
 from dask_redist.planning import Chunks, Plan, RechunkSpec, Transfers, make_plan
-from dask_redist.planning.geometry import chunk_box, chunk_nbytes
+from dask_redist.planning.geometry import chunk_nbytes
 
 ITEMSIZES = (1, 2, 4, 8, 16)
 MAX_RANKS = 6
@@ -150,6 +150,17 @@ def plans(
 def byte_ids(shape: tuple[int, ...], itemsize: int) -> np.ndarray:
     """The bytes of a C-ordered array of ``shape`` and ``itemsize``, numbered: ``shape + (itemsize,)``."""
     return np.arange(math.prod(shape) * itemsize, dtype=np.int64).reshape(*shape, itemsize)
+
+
+def chunk_box(chunks: Chunks, index: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Global (lower, upper) element bounds of the chunk at ``index``: sums, the oracle for RechunkSpec.old_box/new_box."""
+    lower, upper = [], []
+    for c, i in zip(chunks, index):
+        start = sum(c[:i])
+        lower.append(start)
+        upper.append(start + c[i])
+    return tuple(lower), tuple(upper)
+
 
 
 def chunk_boxes(chunks: Chunks) -> list[Box]:

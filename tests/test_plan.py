@@ -15,6 +15,7 @@ from planning_helpers import (
     OutputChunks,
     box_placements,
     byte_ids,
+    chunk_box,
     chunk_boxes,
     chunking,
     plans,
@@ -23,7 +24,7 @@ from planning_helpers import (
     simulate_transfers,
 )
 
-from dask_redist.planning.geometry import chunk_box, flat_index
+from dask_redist.planning.geometry import flat_index
 from dask_redist.planning.owners import BALANCE_TOLERANCE
 from dask_redist.planning.plan import (
     PlanError,

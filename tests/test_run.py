@@ -12,6 +12,8 @@ import time
 import numpy as np
 import pytest
 
+from planning_helpers import chunk_box
+
 from dask_redist.core.run import WorkerRun
 from dask_redist.core.spec import CollectiveSpec, RunSpec
 from dask_redist.core.wire import Packed
@@ -19,7 +21,6 @@ from dask_redist.config import Settings
 from dask_redist.engines import get_engine
 from dask_redist.errors import RedistError, RedistTimeoutError
 from dask_redist.planning import RechunkSpec, make_plan
-from dask_redist.planning.geometry import chunk_box
 
 
 class Loopback:

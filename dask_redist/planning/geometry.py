@@ -120,24 +120,9 @@ def _box(chunks: Chunks, lowers: list[np.ndarray], index: Sequence[int]):
     return lower, tuple(lo + c[i] for lo, c, i in zip(lower, chunks, index))
 
 
-def chunk_box(chunks: Chunks, index: Sequence[int]) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """Global (lower, upper) element bounds of the chunk at ``index``."""
-    lower, upper = [], []
-    for c, i in zip(chunks, index):
-        start = sum(c[:i])
-        lower.append(start)
-        upper.append(start + c[i])
-    return tuple(lower), tuple(upper)
-
-
 def chunk_lowers(chunks: Chunks) -> list[np.ndarray]:
     """Per axis, the global start of every chunk (the sum of the chunk sizes before it)."""
     return [np.concatenate([[0], np.cumsum(c)[:-1]]).astype(np.int64) for c in chunks]
-
-
-def block_lower(lowers: list[np.ndarray], grid: tuple[int, ...], flat: int) -> tuple[int, ...]:
-    """Global lower corner of the chunk with C-order flat index ``flat`` (from `chunk_lowers`)."""
-    return tuple(int(lw[i]) for lw, i in zip(lowers, np.unravel_index(int(flat), grid)))
 
 
 def chunk_nbytes(chunks: Chunks, itemsize: int) -> np.ndarray:
