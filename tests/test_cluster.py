@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
+import time
 
 import dask
 import dask.array as da
@@ -256,3 +258,73 @@ def _task_prefixes(dask_scheduler):
     from dask.utils import key_split
 
     return sorted({key_split(k) for k in dask_scheduler.tasks})
+
+
+def _log_problems(client) -> list[str]:
+    """Error lines in the scheduler's and the workers' logs (what a user's session would see)."""
+    lines = [m for _, m in client.get_scheduler_logs(n=10_000)]
+    for logs in client.get_worker_logs(n=10_000).values():
+        lines += [m for _, m in logs]
+    return [m for m in lines if any(s in m for s in ("Traceback", "Exception", "Compute Failed", "KeyError"))]
+
+
+def test_cancel_then_persist_again_leaves_no_error_behind(client, enabled):
+    """Cancelling a persisted rechunk at once, then persisting the same rechunk again (same keys):
+    the barrier handler tolerates outputs released under it, no error reaches any log, and every
+    rechunk that completes is right. (Right after a cancel, Dask itself may cancel the resubmitted
+    keys too: FuturesCancelledError, as for its own rechunk; then it is persisted once more.)"""
+    from distributed.client import FuturesCancelledError
+
+    x = da.from_array(data_for((512, 512), "float64", seed=5), chunks=(16, 512)).persist()
+    wait(x)
+    expected = x.compute()
+    before = len(_log_problems(client))
+    for i in range(20):
+        y = x.rechunk((512, 16)).persist()
+        time.sleep(0.002 * (i % 10))
+        client.cancel(y)
+        for _ in range(50):
+            y = x.rechunk((512, 16)).persist()
+            try:
+                wait(y, timeout=60)
+                break
+            except FuturesCancelledError:
+                time.sleep(0.05)
+        np.testing.assert_array_equal(y.compute(), expected)
+        del y
+    assert _log_problems(client)[before:] == []
+    assert worker_leftovers(client) == {}
+
+
+def test_outputs_released_while_the_run_is_planned(client, enabled, monkeypatch, caplog):
+    """A cancel lands while the scheduler plans the run (planning slowed down here): the barrier
+    handler neither raises nor starts a run for outputs nobody wants; the next rechunk is right."""
+    import asyncio
+
+    from dask_redist.runtime import scheduler
+
+    real = scheduler.offload
+
+    async def slow_offload(*args, **kwargs):
+        await asyncio.sleep(1.0)
+        return await real(*args, **kwargs)
+
+    monkeypatch.setattr(scheduler, "offload", slow_offload)  # the scheduler runs in this process
+    x = da.from_array(data_for((64, 64), "float64", seed=6), chunks=(4, 64)).persist()
+    wait(x)
+    before = len(_log_problems(client))
+    start = time.time()
+    y = x.rechunk((64, 4)).persist()
+    deadline = time.monotonic() + 30
+    while dask_redist.status(client)["timeline"].get("barrier called", 0) < start:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    client.cancel(y)
+    del y
+    time.sleep(2)
+    monkeypatch.setattr(scheduler, "offload", real)
+    # the scheduler runs in this process: its handler's errors are log records here
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
+    assert _log_problems(client)[before:] == []
+    np.testing.assert_array_equal(x.rechunk((64, 4)).compute(), x.compute())
+    assert worker_leftovers(client) == {}

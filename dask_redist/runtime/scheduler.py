@@ -101,8 +101,8 @@ class RedistSchedulerPlugin(SchedulerPlugin):
         self.timeline = {"barrier called": time.time()}
         await self._ready.wait()
         ts = self.scheduler.tasks.get(BARRIER_PREFIX + token)
-        if ts is None or ts.state != "processing" or not isinstance(ts.run_spec, BarrierTask):
-            return {"status": "error", "message": f"barrier task {BARRIER_PREFIX + token} is not processing"}
+        if not self._processing(ts):  # released (a cancel): this call's result goes nowhere
+            return {"status": "stale", "message": f"barrier task {BARRIER_PREFIX + token} is not processing"}
         spec: CollectiveSpec = ts.run_spec.spec
         if lost := self._lost(workers, homes, spec, "holding staged inputs left before the run started"):
             return lost
@@ -113,6 +113,9 @@ class RedistSchedulerPlugin(SchedulerPlugin):
         ranks, in_ranks = ranks_of(workers, holders, self.scheduler.workers)
         tasks = self.scheduler.tasks
         needed = np.array([(k in tasks and tasks[k].state != "memory") for k in spec.output_keys()], dtype=bool)
+        if not needed.any():  # every output was released (a cancel) or is in memory already
+            self.history.append({"token": token, "outcome": "cancelled", "why": "no output of it is wanted"})
+            return {"status": "OK", "run_id": 0}
         engine, reason = await self._choose_engine(spec, kind, ranks)
         if engine == "cufftmp" and kind != "cupy":
             return {"status": "error", "fatal": True, "message": f"redist.engine=cufftmp needs CuPy chunks, got {kind}"}
@@ -122,8 +125,14 @@ class RedistSchedulerPlugin(SchedulerPlugin):
             return {"status": "error", "fatal": True, "message": too_big}
         if lost := self._lost(ranks, homes, spec, "left while the run was planned", workers):
             return lost
+        if self.scheduler.tasks.get(ts.key) is not ts or not self._processing(ts):  # released meanwhile
+            return {"status": "stale", "message": f"barrier task {ts.key} was released while the run was planned"}
         run = self._start(spec, ranks, plan, needed, engine, kind, reason)
         return {"status": "OK", "run_id": run.run_id}
+
+    @staticmethod
+    def _processing(ts) -> bool:
+        return ts is not None and ts.state == "processing" and isinstance(ts.run_spec, BarrierTask)
 
     def _lost(self, who: list[str], homes: list, spec: CollectiveSpec, what: str, holders=None) -> dict | None:
         """Restart the rechunk if any of ``who`` left; the barrier's answer then."""
@@ -152,6 +161,8 @@ class RedistSchedulerPlugin(SchedulerPlugin):
         tasks = self.scheduler.tasks
         for flat in np.flatnonzero(needed):
             out_key = spec.output_key(int(flat))
+            if out_key not in tasks:  # released while the run was planned (a cancel): nobody waits for it
+                continue
             restrictions[out_key] = tasks[out_key].worker_restrictions
             pins[out_key] = {ranks[owners[flat]]}
             self.by_output[out_key] = spec.token

@@ -11,6 +11,7 @@ through ``redist_receive``; unpack tasks take the outputs.
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 import time
 import weakref
@@ -29,6 +30,8 @@ from dask_redist.errors import KINDS, RedistConsistencyError, RedistError
 from dask_redist.runtime.collective import RunExecutor
 from dask_redist.runtime.staging import StagingStore
 from dask_redist.runtime.transport import call_on_loop
+
+logger = logging.getLogger("dask_redist")
 
 #: Output chunks assembled from pieces up to this size are built on the event loop (a copy of
 #: this size takes well under a millisecond; a hand-off to a thread costs about as much).
@@ -100,6 +103,9 @@ class WorkerState:
 
         response = call_on_loop(self.worker, ask, spec.settings.barrier_timeout, f"{spec.describe()} barrier")
         self.mark("barrier reply")
+        if response.get("status") == "stale":  # the scheduler released this task: nobody takes its result
+            logger.debug("%s barrier: %s", spec.describe(), response.get("message"))
+            return 0
         if response.get("status") != "OK":
             error = RedistError if response.get("fatal") else RedistConsistencyError
             raise error(f"{spec.describe()} barrier: {response.get('message', response)}")
