@@ -30,6 +30,13 @@ def _client(args):
 
     if args.scheduler:
         with Client(args.scheduler) as client:
+            try:
+                client.wait_for_workers(1, timeout=args.wait_workers)
+            except TimeoutError:
+                raise SystemExit(
+                    f"dask-redist: no worker joined the scheduler at {args.scheduler} within {args.wait_workers:g}s; "
+                    "start workers (`dask worker` / `dask cuda worker` with that address) or wait longer (--wait-workers)"
+                ) from None
             yield client
         return
     if args.gpu:
@@ -48,6 +55,10 @@ def _client(args):
 
 def _cluster_args(p: argparse.ArgumentParser, workers: int = 2):
     p.add_argument("--scheduler", help="address of a running scheduler (default: start a local cluster)")
+    p.add_argument(
+        "--wait-workers", type=float, default=60.0, metavar="SECONDS",
+        help="with --scheduler: how long to wait for the first worker (default 60)",
+    )  # fmt: skip
     p.add_argument("--workers", type=int, default=workers, help="workers of the local cluster")
     p.add_argument("--threads", type=int, default=1, help="threads per worker of the local CPU cluster")
     p.add_argument("--gpu", action="store_true", help="LocalCUDACluster and CuPy chunks")

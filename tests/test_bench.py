@@ -84,3 +84,14 @@ def test_cli_runs_checks_writes_and_appends(tmp_path):
     assert command == second["command"]
     md = (tmp_path / "t.md").read_text()
     assert "4->4 float64 | p2p |" in md and "equal" in md
+
+
+def test_cli_against_a_scheduler_without_workers_says_so():
+    """`--scheduler ADDR` whose workers have not joined: a clear message after --wait-workers, no traceback."""
+    from distributed import LocalCluster
+
+    with LocalCluster(n_workers=0, dashboard_address=None) as cluster:
+        for command in ("demo", "doctor", "bench"):
+            with pytest.raises(SystemExit, match="no worker joined the scheduler") as info:
+                main([command, "--scheduler", cluster.scheduler_address, "--wait-workers", "0.5"])
+            assert cluster.scheduler_address in str(info.value) and "--wait-workers" in str(info.value)
