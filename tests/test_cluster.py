@@ -11,7 +11,7 @@ import dask
 import dask.array as da
 import numpy as np
 import pytest
-from conftest import scheduler_history, worker_leftovers
+from conftest import local_cluster, scheduler_history, worker_leftovers
 from distributed import wait
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -328,3 +328,21 @@ def test_outputs_released_while_the_run_is_planned(client, enabled, monkeypatch,
     assert _log_problems(client)[before:] == []
     np.testing.assert_array_equal(x.rechunk((64, 4)).compute(), x.compute())
     assert worker_leftovers(client) == {}
+
+
+def test_the_collective_on_a_tls_cluster():
+    """Workers and scheduler speaking TLS (distributed's Security): the collective's messages and
+    pieces travel over the same secured comms; the result is right and the run recorded."""
+    pytest.importorskip("cryptography")
+    from distributed import Client
+    from distributed.security import Security
+
+    security = Security.temporary()
+    with local_cluster(2, protocol="tls", security=security) as cluster, Client(cluster, security=security) as c:
+        assert cluster.scheduler_address.startswith("tls://")
+        a = data_for((64, 64), "float64", seed=7)
+        with dask_redist.enable(engine="dask"):
+            got = da.from_array(a, chunks=(8, 64)).rechunk((64, 8)).compute()
+        np.testing.assert_array_equal(got, a)
+        last = dask_redist.status(c)["history"][-1]
+        assert last["engine"] == "dask" and last["outcome"] == "done" and last["bytes moved"] > 0
