@@ -11,14 +11,18 @@ import time
 
 import numpy as np
 import pytest
+from distributed.protocol import deserialize, serialize
 
-from planning_helpers import chunk_box
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from planning_helpers import box_placements, chunk_box, random_placements, rechunk_specs
 
 from dask_redist.core.run import WorkerRun
 from dask_redist.core.spec import CollectiveSpec, RunSpec
 from dask_redist.core.wire import Packed
 from dask_redist.config import Settings
 from dask_redist.engines import get_engine
+from dask_redist.engines.dask import box_transfers_of
 from dask_redist.errors import RedistError, RedistTimeoutError
 from dask_redist.planning import RechunkSpec, make_plan
 
@@ -33,18 +37,19 @@ class Loopback:
         if self.fail:
             raise ConnectionError("peer unreachable")
         for dst, first, packed in batches:
-            buffer = np.frombuffer(bytes(packed.buffer), dtype=np.uint8)  # through "the wire"
+            buffer = deserialize(*serialize(packed.buffer))  # through the wire, as Dask's comms do
+            assert buffer is not packed.buffer
             self.runs[dst].receive(self.src, first, Packed(packed.count, buffer))
 
 
-def make_runs(data, old, new, nranks, in_ranks=None, timeout=30.0, budget=2**20):
+def make_runs(data, old, new, nranks, in_ranks=None, timeout=30.0, budget=2**20, out_ranks=None):
     spec = RechunkSpec(old, new, data.dtype.itemsize)
     settings = Settings(collective_timeout=timeout, memory_budget=budget)
     collective = CollectiveSpec("tok", "x", "y", spec, data.dtype, settings)
     grid = spec.old_grid
     if in_ranks is None:
         in_ranks = (np.arange(int(np.prod(grid))) * nranks // int(np.prod(grid))).reshape(grid)
-    plan = make_plan(spec, in_ranks, nranks)
+    plan = make_plan(spec, in_ranks, nranks, out_ranks=out_ranks)
     workers = tuple(f"w{i}" for i in range(nranks))
     run_spec = RunSpec(collective, 1, 1, workers, plan.in_ranks, plan.out_ranks, plan.needed, "dask")
     runs = []
@@ -151,3 +156,20 @@ def test_unpack_waits_at_most_twice_the_timeout_plus_five_seconds():
     with pytest.raises(RedistTimeoutError, match="waiting for its outputs"):
         runs[0].take_output(0)
     assert time.monotonic() - start < 30
+
+
+@settings(max_examples=80, deadline=None)
+@given(rechunk_specs(max_elements=2048), st.integers(1, 4), st.booleans(), st.booleans(), st.integers(1, 8), st.data())
+def test_both_paths_of_the_dask_engine_match_numpy(spec, nranks, box_in, box_out, budget_items, data):
+    """Input chunks cut to output boxes (outputs tiling boxes) or pieces (any placement), any
+    input placement, every budget: the outputs equal NumPy's."""
+    in_ranks = data.draw(box_placements(spec.old, nranks) if box_in else random_placements(spec.old_grid, nranks))
+    out_ranks = data.draw(box_placements(spec.new, nranks) if box_out else random_placements(spec.new_grid, nranks))
+    dtype = {1: np.int8, 2: np.float16, 4: np.float32, 8: np.float64, 16: np.complex128}[spec.itemsize]
+    array = (np.arange(int(np.prod(spec.shape))) % 101).astype(dtype).reshape(spec.shape)
+    runs = make_runs(array, spec.old, spec.new, nranks, in_ranks=in_ranks, out_ranks=out_ranks,
+                     budget=budget_items * spec.itemsize * 7)  # fmt: skip
+    if box_out:
+        assert box_transfers_of(runs[0]) is not None  # the box path
+    assert execute_all(runs) == {}
+    collect(runs, array, spec.new)

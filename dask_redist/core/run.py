@@ -27,7 +27,7 @@ from dask_redist.core.assemble import Assembly
 from dask_redist.core.spec import RunSpec
 from dask_redist.core.wire import Packed, unpack_views
 from dask_redist.errors import RedistConsistencyError, RedistError, RedistTimeoutError
-from dask_redist.planning import Plan
+from dask_redist.planning import Plan, Transfers
 
 
 class WorkerRun:
@@ -103,10 +103,14 @@ class WorkerRun:
         if self.state == "failed":
             raise self.error
 
-    def wait_received(self) -> dict[int, list]:
-        """Block until every expected piece arrived; the pieces by source rank."""
+    def wait_received(self, recv: Transfers | None = None) -> dict[int, list]:
+        """Block until every expected piece arrived; the pieces by source rank.
+
+        ``recv``: what this rank receives, in the order both ends agree on (by default the
+        plan's pieces; an engine may move other boxes, e.g. input chunks cut to output boxes).
+        """
         self.set_phase("exchange")
-        recv = self.plan.receives(self.rank)
+        recv = self.plan.receives(self.rank) if recv is None else recv
         slots = {int(s): [None] * int(n) for s, n in zip(*np.unique(recv.src, return_counts=True))}
         missing = {s: len(v) for s, v in slots.items()}
         deadline = time.monotonic() + self.timeout
@@ -200,7 +204,7 @@ class WorkerRun:
         """Output chunks of this rank as pieces, from the received pieces by source rank."""
         spec = self.spec.collective
         recv = self.plan.receives(self.rank)
-        like = self._like(received)
+        like = self.like_array(received)
         out: dict[int, Assembly] = {}
         for flat in self.plan.owned(self.rank):
             lo, hi = spec.rechunk.new_box(flat)
@@ -215,7 +219,8 @@ class WorkerRun:
             assembly.shared |= s != self.rank
         return out
 
-    def _like(self, received):
+    def like_array(self, received: dict[int, list]):
+        """An array of the run's namespace (NumPy or CuPy, on this device), for allocating outputs."""
         for arrays in received.values():
             if arrays:
                 return arrays[0]

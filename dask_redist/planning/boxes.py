@@ -14,6 +14,8 @@ from typing import Sequence
 import numpy as np
 
 from dask_redist.planning.geometry import Chunks, chunk_nbytes
+from dask_redist.planning.owners import is_box_placement
+from dask_redist.planning.plan import Transfers
 
 WORDS = (16, 8, 4)  # element sizes a cuFFTMp reshape accepts, largest first
 
@@ -134,3 +136,41 @@ def fold_boxes(shape: Sequence[int], lower: np.ndarray, upper: np.ndarray, items
         lo = np.concatenate([np.zeros((len(lo), 1), np.int64), lo], axis=1)
         hi = np.concatenate([np.where(nonempty, 1, 0)[:, None], hi], axis=1)
     return Folded(tuple(shape), lo, hi, w)
+
+
+# -- input chunks cut to output boxes (the dask engine's box mapping) -----------------------
+
+
+def box_transfers(chunks_in: Chunks, in_ranks: np.ndarray, chunks_out: Chunks, out_ranks: np.ndarray,
+                  nranks: int, itemsize: int):  # fmt: skip
+    """What moves when every rank's (needed) output chunks tile one box: each input chunk cut
+    to each rank's output box, as `dask_redist.planning.plan.Transfers` (``new_block`` -1);
+    None when the outputs do not tile boxes. ``out_ranks`` is -1 for chunks nobody needs.
+
+    The pieces of a rechunk (``old chunk ∩ new chunk``) can number in the millions (1024
+    row slabs to 1024 column slabs: 1024 x 1024); these blocks number at most the input
+    chunks times the ranks each one touches, so moving them costs one copy per block on
+    each side and one copy per output chunk, in calls that follow the chunks, not the pieces.
+    """
+    if not is_box_placement(chunks_out, out_ranks, nranks):
+        return None
+    outs = rank_boxes(chunks_out, out_ranks, nranks)
+    grid = tuple(len(c) for c in chunks_in)
+    bounds = [np.concatenate([[0], np.cumsum(c, dtype=np.int64)]) for c in chunks_in]
+    index = np.indices(grid, dtype=np.int64).reshape(len(grid), -1)
+    lo = np.stack([b[i] for b, i in zip(bounds, index)], axis=1)
+    hi = np.stack([b[i + 1] for b, i in zip(bounds, index)], axis=1)
+    flat, src = np.arange(lo.shape[0], dtype=np.int64), np.asarray(in_ranks, dtype=np.int64).ravel()
+    parts = []
+    for d, box in enumerate(outs):
+        if box is None:
+            continue
+        plo, phi = np.maximum(lo, box.lower), np.minimum(hi, box.upper)
+        keep = np.all(phi > plo, axis=1)
+        n = int(keep.sum())
+        parts.append((src[keep], np.full(n, d, np.int64), flat[keep], plo[keep], phi[keep]))
+    if not parts:
+        empty = np.zeros(0, np.int64)
+        return Transfers(empty, empty, empty, empty, np.zeros((0, len(grid)), np.int64), np.zeros((0, len(grid)), np.int64), itemsize)
+    s, d, f, plo, phi = (np.concatenate(c) for c in zip(*parts))
+    return Transfers(s, d, f, np.full(len(s), -1, np.int64), plo, phi, itemsize)
