@@ -31,6 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from dask_redist.core.assemble import cut
+from dask_redist.engines.cufftmp.copies import BoxCopies
 from dask_redist.engines.cufftmp.nvshmem import Arena, capabilities
 from dask_redist.engines.cufftmp.world import World
 from dask_redist.engines.protocol import Engine, Health
@@ -78,6 +79,7 @@ class CufftMpEngine(Engine):
         self.in_flight_since: float | None = None  # the oldest NVSHMEM work not yet seen done was queued then
         self._marks: list = []
         self._pending: deque = deque()  # (event after a round's reshape, when it was queued)
+        self._keep: list = []  # what queued GPU work still reads (copy job tables), until it is done
 
     # -- the protocol --------------------------------------------------------------------
 
@@ -196,6 +198,7 @@ class CufftMpEngine(Engine):
             else:
                 self._packed(run, layout, outputs)
         self._wait(run)
+        self._keep.clear()
         self._record(layout)
         run.inputs = {}
         run.finish(outputs)
@@ -277,17 +280,19 @@ class CufftMpEngine(Engine):
             self._next_round(run)
             ins, outs = layout.boxes(k)
             b_in, b_out = ins[rank], outs[rank]
-            staged = self.arena.view(src, b_in.shape, dtype)
+            staged, copies = self.arena.view(src, b_in.shape, dtype), BoxCopies(self._keep)
             for f, box in chunks_in.items():
                 part = box.intersect(b_in)
                 if part.size:
-                    staged[part.slices(b_in.lower)] = run.inputs[f][part.slices(box.lower)]
+                    copies.add(staged[part.slices(b_in.lower)], run.inputs[f][part.slices(box.lower)])
+            copies.launch()
             self.exchange(plan, src, dst, ws)
             received = self.arena.view(dst, b_out.shape, dtype)
             for f, box in chunks_out.items():
                 part = box.intersect(b_out)
                 if part.size:
-                    outputs[f][part.slices(box.lower)] = received[part.slices(b_out.lower)]
+                    copies.add(outputs[f][part.slices(box.lower)], received[part.slices(b_out.lower)])
+            copies.launch()
             self._mark("unstage")
 
     def _packed(self, run, layout: PackedLayout, outputs) -> None:
@@ -307,11 +312,13 @@ class CufftMpEngine(Engine):
             self._next_round(run)
             cols = rnd.columns
             t = rnd.transfers
+            copies = BoxCopies(self._keep)
             for i in np.flatnonzero(t.src == rank):
                 f = int(t.old_block[i])
                 piece = cut(run.inputs[f], spec.rechunk.old_box(f)[0], t.lo[i], t.hi[i])
                 offset = src + int(cols[int(t.dst[i])]) * word + int(rnd.offset[i])
-                self.arena.view(offset, piece.shape, dtype)[...] = piece
+                copies.add(self.arena.view(offset, piece.shape, dtype), piece)
+            copies.launch()
             self.exchange(plan, src, dst, ws)
             width = int(rnd.widths[rank]) * word
             for i in np.flatnonzero(t.dst == rank):
@@ -320,5 +327,6 @@ class CufftMpEngine(Engine):
                 shape = tuple(int(h - l) for l, h in zip(t.lo[i], t.hi[i]))
                 offset = dst + int(t.src[i]) * width + int(rnd.offset[i])
                 part = tuple(slice(int(l) - o, int(h) - o) for l, h, o in zip(t.lo[i], t.hi[i], lower))
-                outputs[f][part] = self.arena.view(offset, shape, dtype)
+                copies.add(outputs[f][part], self.arena.view(offset, shape, dtype))
+            copies.launch()
             self._mark("unstage")
