@@ -72,3 +72,69 @@ def test_contiguous_and_slab_copies_are_single_rows():
     assert fold(a.shape, a.strides, a.strides, a.itemsize) == (1, 1, a.nbytes, 0, 0, 0, 0)
     part = a[:, 8:16, :]  # a slab of a slab: 4 rows of 8 x 32 elements
     assert fold(part.shape, part.strides, part.strides, 8)[:3] == (1, 4, 8 * 32 * 8)
+
+
+def replay_all(jobs, memory: np.ndarray) -> None:
+    """Every job on one byte buffer, pointers being offsets into it."""
+    for job in jobs.tolist():
+        src, dst, n0, n1, nbytes, s0, s1, d0, d1 = job
+        for i0 in range(n0):
+            for i1 in range(n1):
+                s, d = src + i0 * s0 + i1 * s1, dst + i0 * d0 + i1 * d1
+                memory[d : d + nbytes] = memory[s : s + nbytes]
+
+
+@st.composite
+def stages(draw):
+    """An array of 1-3 axes in chunks, and a box of it (a round's input box)."""
+    ndim = draw(st.integers(1, 3))
+    chunks = [draw(st.lists(st.integers(1, 4), min_size=1, max_size=3)) for _ in range(ndim)]
+    shape = [sum(c) for c in chunks]
+    lower = [draw(st.integers(0, n - 1)) for n in shape]
+    upper = [draw(st.integers(lo + 1, n)) for lo, n in zip(lower, shape)]
+    dtype = draw(st.sampled_from([np.int8, np.float32, np.float64, np.complex128]))
+    return chunks, lower, upper, dtype
+
+
+@settings(max_examples=200, deadline=None)
+@given(stages())
+def test_a_chunk_table_stages_and_unstages_a_box_as_numpy_does(case):
+    from dask_redist.engines.cufftmp.copies import ChunkTable
+
+    chunks, lower, upper, dtype = case
+    item = np.dtype(dtype).itemsize
+    shape = tuple(sum(c) for c in chunks)
+    data = (np.arange(int(np.prod(shape))) % 97 + 1).astype(dtype).reshape(shape)
+    bounds = [np.cumsum((0, *c)) for c in chunks]
+    grid = [range(len(c)) for c in chunks]
+    boxes = [
+        (tuple(int(b[i]) for b, i in zip(bounds, idx)), tuple(int(b[i + 1]) for b, i in zip(bounds, idx)))
+        for idx in np.ndindex(*[len(g) for g in grid])
+    ]
+    memory, offset, ptrs = np.zeros(2 * data.nbytes + 64, np.uint8), 0, []
+    for lo, hi in boxes:  # every chunk C-contiguous in one byte buffer, then the box
+        part = data[tuple(slice(a, b) for a, b in zip(lo, hi))]
+        memory[offset : offset + part.nbytes] = np.ascontiguousarray(part).view(np.uint8).ravel()
+        ptrs.append(offset)
+        offset += part.nbytes
+    corners = np.array(boxes, dtype=np.int64)
+    table = ChunkTable(corners[:, 0], corners[:, 1], np.array(ptrs, np.int64), item)
+    box_shape = tuple(u - lo for lo, u in zip(lower, upper))
+    box_at = offset
+
+    replay_all(table.jobs(lower, upper, box_at, into_box=True), memory)
+    box = memory[box_at : box_at + int(np.prod(box_shape)) * item].view(dtype).reshape(box_shape)
+    np.testing.assert_array_equal(box, data[tuple(slice(a, b) for a, b in zip(lower, upper))])
+
+    memory[:box_at] = 0  # the chunks forget, then get their parts of the box back
+    replay_all(table.jobs(lower, upper, box_at, into_box=False), memory)
+    for (lo, hi), ptr in zip(boxes, ptrs):
+        n = int(np.prod([b - a for a, b in zip(lo, hi)]))
+        chunk = memory[ptr : ptr + n * item].view(dtype).reshape([b - a for a, b in zip(lo, hi)])
+        want = np.zeros_like(chunk)
+        inter_lo = [max(a, b) for a, b in zip(lo, lower)]
+        inter_hi = [min(a, b) for a, b in zip(hi, upper)]
+        if all(h > l for l, h in zip(inter_lo, inter_hi)):
+            sel = tuple(slice(l - o, h - o) for l, h, o in zip(inter_lo, inter_hi, lo))
+            want[sel] = data[tuple(slice(l, h) for l, h in zip(inter_lo, inter_hi))]
+        np.testing.assert_array_equal(chunk, want)

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from dask_redist.core.assemble import cut
-from dask_redist.engines.cufftmp.copies import BoxCopies
+from dask_redist.engines.cufftmp.copies import BoxCopies, ChunkTable, launch
 from dask_redist.engines.cufftmp.nvshmem import Arena, capabilities
 from dask_redist.engines.cufftmp.world import World
 from dask_redist.engines.protocol import Engine, Health
@@ -276,10 +276,18 @@ class CufftMpEngine(Engine):
             boxes = list(zip(layout.folded[k].lower.tolist(), layout.folded[k].upper.tolist()))
             plans.append(self.plan(layout.folded[k].word, boxes[:nranks], boxes[nranks:], rank))
         src, dst, ws = self._regions(in_max, out_max, plans)
+        table_in = ChunkTable.of(run.inputs, spec.rechunk.old_box, item)
+        table_out = ChunkTable.of(outputs, spec.rechunk.new_box, item)
         for k, plan in enumerate(plans):
             self._next_round(run)
             ins, outs = layout.boxes(k)
             b_in, b_out = ins[rank], outs[rank]
+            if table_in is not None and table_out is not None:  # every copy of a stage in one launch
+                launch(table_in.jobs(b_in.lower, b_in.upper, self.arena.ptr + src, into_box=True), self._keep)
+                self.exchange(plan, src, dst, ws)
+                launch(table_out.jobs(b_out.lower, b_out.upper, self.arena.ptr + dst, into_box=False), self._keep)
+                self._mark("unstage")
+                continue
             staged, copies = self.arena.view(src, b_in.shape, dtype), BoxCopies(self._keep)
             for f, box in chunks_in.items():
                 part = box.intersect(b_in)
