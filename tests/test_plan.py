@@ -269,3 +269,16 @@ def test_flat_indices_and_boxes_agree_with_the_grid(spec):
         for flat, nd in enumerate(np.ndindex(*grid)):
             assert index_of(flat) == nd and flat_index(nd, grid) == flat
             assert box_of(flat) == chunk_box(chunks, nd)
+
+
+@FAST
+@given(plans(partial=True))
+def test_what_is_computed_without_pieces_equals_the_pieces(plan):
+    """Local bytes, traffic, totals and the piece count, computed axis by axis, equal what
+    the enumerated pieces give."""
+    t = plan.transfers
+    n_new = int(np.prod(plan.spec.new_grid))
+    local = np.bincount(t.new_block * plan.nranks + t.src, weights=t.nbytes, minlength=n_new * plan.nranks)
+    np.testing.assert_array_equal(plan.local, local.astype(np.int64).reshape(n_new, plan.nranks))
+    np.testing.assert_array_equal(plan.traffic, t.traffic(plan.nranks))
+    assert plan.nbytes == int(t.nbytes.sum()) and plan.piece_count == len(t)

@@ -136,10 +136,10 @@ def is_box_placement(chunks: Chunks, ranks: np.ndarray, nranks: int) -> bool:
     return True
 
 
-def choose_owners(spec, src, new_flat, nbytes, needed, nranks):
+def choose_owners(spec: RechunkSpec, local: np.ndarray, needed: np.ndarray, nranks: int):
+    """The owner of every new chunk, and the name of the winning candidate (module docstring);
+    ``local[j, r]``: bytes of new chunk j held by rank r (zero where not needed)."""
     n_new = math.prod(spec.new_grid)
-    local = np.bincount(new_flat * nranks + src, weights=nbytes, minlength=n_new * nranks)
-    local = local.astype(np.int64).reshape(n_new, nranks)
     sizes = chunk_nbytes(spec.new, spec.itemsize).ravel() * needed.ravel()
     total = int(sizes.sum())
     scored = []

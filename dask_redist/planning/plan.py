@@ -38,6 +38,7 @@ particular transport (boxes, a packed word matrix, rounds) lives in
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -203,15 +204,38 @@ class Plan:
     out_ranks: np.ndarray
     needed: np.ndarray
     owner_strategy: str = "given"
-    transfers: Transfers = field(repr=False, default=None)
+    local: np.ndarray = field(repr=False, default=None)  # (new chunk, rank) -> bytes it holds
+
+    @cached_property
+    def transfers(self) -> Transfers:
+        """Every piece with its ranks: enumerated only when a transport moves pieces (a rechunk
+        across the grid has n_old x n_new of them; everything else here is computed without)."""
+        old_flat, new_flat, lo, hi = pieces(self.spec)
+        if not self.needed.all():
+            keep = self.needed.ravel()[new_flat]
+            old_flat, new_flat, lo, hi = old_flat[keep], new_flat[keep], lo[keep], hi[keep]
+        src, dst = self.in_ranks.ravel()[old_flat], self.out_ranks.ravel()[new_flat]
+        return Transfers(src, dst, old_flat, new_flat, lo, hi, self.spec.itemsize)
 
     @cached_property
     def traffic(self) -> np.ndarray:
-        return self.transfers.traffic(self.nranks)
+        """Bytes sent from rank s to rank d, as an (nranks, nranks) matrix."""
+        owners = self.out_ranks.ravel()
+        out = np.zeros((self.nranks, self.nranks), dtype=np.int64)
+        for s in np.flatnonzero(self.local.any(axis=0)):
+            out[s] = np.bincount(owners, weights=self.local[:, s], minlength=self.nranks)
+        return out
 
     @property
     def nbytes(self) -> int:
-        return int(self.transfers.nbytes.sum())
+        return int(self.local.sum())
+
+    @cached_property
+    def piece_count(self) -> int:
+        """How many pieces the needed chunks have (counted per axis, not enumerated)."""
+        per_axis = [np.bincount(axis_segments(o, n).new, minlength=len(n)) for o, n in zip(self.spec.old, self.spec.new)]
+        counts = functools.reduce(np.multiply.outer, per_axis) if per_axis else np.ones(())
+        return int(counts[self.needed].sum())
 
     @property
     def moved_bytes(self) -> int:
@@ -262,7 +286,7 @@ class Plan:
             "ranks": self.nranks,
             "old chunks": math.prod(self.spec.old_grid),
             "new chunks": math.prod(self.spec.new_grid),
-            "pieces": len(self.transfers),
+            "pieces": self.piece_count,
             "bytes": self.nbytes,
             "bytes moved between ranks": self.moved_bytes,
             "largest send by one rank": int((t.sum(axis=1) - np.diag(t)).max(initial=0)),
@@ -294,20 +318,41 @@ def make_plan(
         if needed is None
         else np.asarray(needed, dtype=bool).reshape(spec.new_grid)
     )
-    old_flat, new_flat, lo, hi = pieces(spec)
-    if not needed.all():
-        keep = needed.ravel()[new_flat]
-        old_flat, new_flat, lo, hi = old_flat[keep], new_flat[keep], lo[keep], hi[keep]
-    src = in_ranks.ravel()[old_flat]
-    nbytes = box_volumes(lo, hi) * spec.itemsize
-
+    local = local_bytes(spec, in_ranks, int(nranks), needed)
     strategy = "given"
     if out_ranks is None:
-        out_ranks, strategy = choose_owners(spec, src, new_flat, nbytes, needed, nranks)
+        out_ranks, strategy = choose_owners(spec, local, needed, nranks)
     else:
         out_ranks = np.asarray(out_ranks, dtype=np.int64).reshape(spec.new_grid)
         if out_ranks.size and (out_ranks.min() < 0 or out_ranks.max() >= nranks):
             raise PlanError(f"output ranks must lie in [0, {nranks})")
-    dst = out_ranks.ravel()[new_flat]
-    transfers = Transfers(src, dst, old_flat, new_flat, lo, hi, spec.itemsize)
-    return Plan(spec, int(nranks), in_ranks, out_ranks, needed, strategy, transfers)
+    return Plan(spec, int(nranks), in_ranks, out_ranks, needed, strategy, local)
+
+
+def local_bytes(spec: RechunkSpec, in_ranks: np.ndarray, nranks: int, needed: np.ndarray) -> np.ndarray:
+    """``local[j, r]``: bytes of new chunk ``j`` (flat) that rank ``r`` holds, zero where not needed.
+
+    Computed axis by axis, without enumerating pieces: a piece's volume is the product of
+    its per-axis overlaps, so for each rank its input mask is contracted with every axis's
+    overlap (segment) list in turn. Cost O(ranks x chunks x axes), where the pieces of a
+    rechunk across the grid number n_old x n_new.
+    """
+    segments = [axis_segments(o, n) for o, n in zip(spec.old, spec.new)]
+    out = np.zeros((math.prod(spec.new_grid), nranks), dtype=np.int64)
+    for r in np.unique(in_ranks):
+        m = (in_ranks == r).astype(np.int64)
+        for axis, seg in enumerate(segments):
+            m = _mode_product(m, axis, seg, len(spec.new[axis]))
+        out[:, r] = m.ravel()
+    return out * spec.itemsize * needed.reshape(-1, 1)
+
+
+def _mode_product(m: np.ndarray, axis: int, seg: AxisSegments, n_new: int) -> np.ndarray:
+    """``m`` with axis ``axis`` mapped from old to new chunks, weighted by the overlap lengths."""
+    lengths = (seg.stop - seg.start).reshape([-1 if a == axis else 1 for a in range(m.ndim)])
+    taken = np.take(m, seg.old, axis=axis) * lengths
+    shape = list(m.shape)
+    shape[axis] = n_new
+    out = np.zeros(shape, dtype=np.int64)
+    np.add.at(out, (slice(None),) * axis + (seg.new,), taken)
+    return out
