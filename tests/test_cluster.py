@@ -17,6 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import dask_redist
+from dask_redist.graph.optimize import CollectiveOptimizer
 
 
 @pytest.fixture
@@ -346,3 +347,38 @@ def test_the_collective_on_a_tls_cluster():
         np.testing.assert_array_equal(got, a)
         last = dask_redist.status(c)["history"][-1]
         assert last["engine"] == "dask" and last["outcome"] == "done" and last["bytes moved"] > 0
+
+
+def test_an_operator_turns_it_on_for_every_session_from_configuration(cluster):
+    """distributed.client.preload lists dask_redist.preload: a plain x.rechunk of a session that
+    never calls enable() runs as a collective, and stops doing so when its Client closes;
+    redist.enabled: false opts a session out."""
+    from distributed import Client
+
+    a = data_for((48, 48), "float64", seed=8)
+    with dask.config.set({"distributed.client.preload": ["dask_redist.preload"]}):
+        with Client(cluster) as c:
+            before = len(dask_redist.status(c)["history"])
+            np.testing.assert_array_equal(da.from_array(a, chunks=(6, 48)).rechunk((48, 6)).compute(), a)
+            runs = dask_redist.status(c)["history"][before:]
+            assert len(runs) == 1 and runs[0]["outcome"] == "done", runs
+        assert not isinstance(dask.config.get("array_optimize", None), CollectiveOptimizer)  # off again
+        with dask.config.set({"redist.enabled": False}), Client(cluster) as c:
+            before = len(dask_redist.status(c)["history"])
+            np.testing.assert_array_equal(da.from_array(a, chunks=(6, 48)).rechunk((48, 6)).compute(), a)
+            assert len(dask_redist.status(c)["history"]) == before  # dask's own rechunk
+
+
+def _has_plugin(dask_scheduler):
+    return "redist" in dask_scheduler.plugins and "redist_status" in dask_scheduler.handlers
+
+
+def test_a_scheduler_preload_registers_the_plugins_at_start():
+    from distributed import Client
+
+    with local_cluster(1, scheduler_kwargs={"preload": ["dask_redist.preload"]}) as cluster, Client(cluster) as c:
+        assert c.run_on_scheduler(_has_plugin)  # before any rechunk ran
+        a = data_for((16, 16), "float64", seed=9)
+        with dask_redist.enable():
+            np.testing.assert_array_equal(da.from_array(a, chunks=(4, 16)).rechunk((16, 4)).compute(), a)
+        assert dask_redist.status(c)["history"][-1]["outcome"] == "done"

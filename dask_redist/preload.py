@@ -1,0 +1,50 @@
+"""Turn the collective on for a whole deployment from configuration: a Dask preload.
+
+Users change nothing, not even ``dask_redist.enable()``, where the operator lists this
+module as a preload in the Dask configuration their sessions read (``/etc/dask/*.yaml``,
+``~/.config/dask/*.yaml``, or ``DASK_DISTRIBUTED__CLIENT__PRELOAD``)::
+
+    distributed:
+      client:
+        preload: [dask_redist.preload]      # every Client turns the collective on
+      scheduler:
+        preload: [dask_redist.preload]      # optional: plugins ready before the first graph
+
+* As a **client** preload it calls `dask_redist.enable` when each `Client` starts (and
+  `dask_redist.disable` when it closes), unless ``redist.enabled`` is false: a user opts out
+  with ``DASK_REDIST__ENABLED=false`` or ``dask.config.set({"redist.enabled": False})``.
+* As a **scheduler** preload (``dask scheduler --preload dask_redist.preload``) it registers
+  the scheduler plugin (which registers the worker plugin on every worker) at start, so the
+  linear-time ordering of collective graphs applies from the first graph on, expression
+  mode included.
+"""
+
+from __future__ import annotations
+
+import dask
+
+from dask_redist.api import Enabled, disable, enable
+
+_handles: dict[int, Enabled] = {}
+
+
+async def dask_setup(dask_object) -> None:
+    from distributed import Client, Scheduler
+
+    if isinstance(dask_object, Client):
+        if dask.config.get("redist.enabled", True) and id(dask_object) not in _handles:
+            _handles[id(dask_object)] = enable()
+    elif isinstance(dask_object, Scheduler):
+        from distributed.protocol.pickle import dumps
+
+        from dask_redist.runtime.scheduler import RedistSchedulerPlugin
+        from dask_redist.runtime.worker import RedistWorkerPlugin
+
+        plugin = RedistSchedulerPlugin(worker_plugin=RedistWorkerPlugin())
+        await dask_object.register_scheduler_plugin(plugin=dumps(plugin), name=plugin.name, idempotent=True)
+
+
+async def dask_teardown(dask_object) -> None:
+    handle = _handles.pop(id(dask_object), None)
+    if handle is not None:
+        disable(handle)
