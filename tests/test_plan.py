@@ -279,6 +279,6 @@ def test_what_is_computed_without_pieces_equals_the_pieces(plan):
     t = plan.transfers
     n_new = int(np.prod(plan.spec.new_grid))
     local = np.bincount(t.new_block * plan.nranks + t.src, weights=t.nbytes, minlength=n_new * plan.nranks)
-    np.testing.assert_array_equal(plan.local, local.astype(np.int64).reshape(n_new, plan.nranks))
+    np.testing.assert_array_equal(plan.local.dense(), local.astype(np.int64).reshape(n_new, plan.nranks))
     np.testing.assert_array_equal(plan.traffic, t.traffic(plan.nranks))
     assert plan.nbytes == int(t.nbytes.sum()) and plan.piece_count == len(t)

@@ -16,11 +16,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
 import numpy as np
 
 from dask_redist.planning.geometry import Chunks, RechunkSpec, chunk_nbytes
+
+if TYPE_CHECKING:
+    from dask_redist.planning.plan import Local
 
 #: are considered balanced.
 BALANCE_TOLERANCE = 1.10
@@ -78,9 +81,9 @@ class OwnerCandidate:
 
 
 def owner_candidates(
-    spec: RechunkSpec, local: np.ndarray, nranks: int, sizes: np.ndarray | None = None
+    spec: RechunkSpec, local: Local, nranks: int, sizes: np.ndarray | None = None
 ) -> Iterator[OwnerCandidate]:
-    """Candidate owner maps; ``local[j, r]`` = bytes of new chunk j held by rank r.
+    """Candidate owner maps; ``local``: bytes of each new chunk held by each rank.
 
     ``sizes[j]`` are the bytes of new chunk j to balance (all of them by default;
     zero for a chunk nobody needs).
@@ -102,21 +105,26 @@ def owner_candidates(
             if box is not None:
                 slot[tuple(slice(lo, hi) for lo, hi in box)] = s
         slot = slot.ravel()
-        slot_local = np.zeros((nranks, nranks), dtype=np.int64)
-        np.add.at(slot_local, slot, local)
-        owners = _match_slots(slot_local)[slot]
+        owners = _match_slots(local.grouped(slot, nranks))[slot]
         yield OwnerCandidate(f"boxes(axis {first})", owners.reshape(grid), True)
 
     # greedy: biggest chunks first, each to the rank holding most of it, under a cap
     cap = sizes.sum() / nranks + (sizes.max() if len(sizes) else 0)
     load = np.zeros(nranks, dtype=np.int64)
     owners = np.zeros(len(sizes), dtype=np.int64)
+    # each chunk's holders, most bytes first (ties: lower rank), then every other rank in order
+    order = np.lexsort((local.rank, -local.nbytes, local.chunk))
+    holders_of, chunk_of = local.rank[order], local.chunk[order]
+    starts = np.searchsorted(chunk_of, np.arange(len(sizes)))
+    stops = np.searchsorted(chunk_of, np.arange(len(sizes)), side="right")
     for j in np.argsort(-sizes, kind="stable"):
-        prefs = np.argsort(-local[j], kind="stable")
-        fits = [r for r in prefs if load[r] + sizes[j] <= cap]
-        r = fits[0] if fits else int(np.argmin(load))
+        size = sizes[j]
+        r = next((int(h) for h in holders_of[starts[j] : stops[j]] if load[h] + size <= cap), None)
+        if r is None:
+            free = np.flatnonzero(load + size <= cap)  # holders that fit were taken above
+            r = int(free[0]) if len(free) else int(np.argmin(load))
         owners[j] = r
-        load[r] += sizes[j]
+        load[r] += size
     yield OwnerCandidate("greedy locality", owners.reshape(grid), False)
 
 
@@ -136,17 +144,16 @@ def is_box_placement(chunks: Chunks, ranks: np.ndarray, nranks: int) -> bool:
     return True
 
 
-def choose_owners(spec: RechunkSpec, local: np.ndarray, needed: np.ndarray, nranks: int):
+def choose_owners(spec: RechunkSpec, local: Local, needed: np.ndarray, nranks: int):
     """The owner of every new chunk, and the name of the winning candidate (module docstring);
-    ``local[j, r]``: bytes of new chunk j held by rank r (zero where not needed)."""
-    n_new = math.prod(spec.new_grid)
+    ``local``: bytes of each needed new chunk held by each rank."""
     sizes = chunk_nbytes(spec.new, spec.itemsize).ravel() * needed.ravel()
     total = int(sizes.sum())
     scored = []
     for cand in owner_candidates(spec, local, nranks, sizes):
         flat = cand.owners.ravel()
         load = np.bincount(flat, weights=sizes, minlength=nranks)
-        kept = int(local[np.arange(n_new), flat].sum())
+        kept = local.kept(flat)
         scored.append((load.max(), total - kept, cand))
     best_load = min(s[0] for s in scored)
     balanced = [s for s in scored if s[0] <= best_load * BALANCE_TOLERANCE + 1]

@@ -191,6 +191,37 @@ def pieces(spec: RechunkSpec) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.nd
 
 
 @dataclass(frozen=True, eq=False)
+class Local:
+    """Bytes of each (needed) new chunk that each rank holds: sparse (chunk, rank, bytes) triples."""
+
+    chunk: np.ndarray  # flat index of the new chunk
+    rank: np.ndarray
+    nbytes: np.ndarray
+    n_new: int
+    nranks: int
+
+    def dense(self) -> np.ndarray:
+        """As an (n_new, nranks) matrix (small cases and tests)."""
+        out = np.zeros((self.n_new, self.nranks), dtype=np.int64)
+        np.add.at(out, (self.chunk, self.rank), self.nbytes)
+        return out
+
+    def grouped(self, group: np.ndarray, ngroups: int) -> np.ndarray:
+        """Bytes each rank holds of each group of new chunks (``group[chunk]``), (ngroups, nranks)."""
+        flat = np.bincount(group[self.chunk] * self.nranks + self.rank, weights=self.nbytes, minlength=ngroups * self.nranks)
+        return flat.astype(np.int64).reshape(ngroups, self.nranks)
+
+    def kept(self, owners: np.ndarray) -> int:
+        """Bytes that stay where they are when ``owners[chunk]`` owns each new chunk."""
+        return int(self.nbytes[owners[self.chunk] == self.rank].sum())
+
+    def traffic(self, owners: np.ndarray) -> np.ndarray:
+        """Bytes sent from rank s to rank d when ``owners[chunk]`` owns each new chunk."""
+        flat = np.bincount(self.rank * self.nranks + owners[self.chunk], weights=self.nbytes, minlength=self.nranks**2)
+        return flat.astype(np.int64).reshape(self.nranks, self.nranks)
+
+
+@dataclass(frozen=True, eq=False)
 class Plan:
     """Where every byte of a rechunk comes from and goes to, for ``nranks`` ranks.
 
@@ -204,7 +235,7 @@ class Plan:
     out_ranks: np.ndarray
     needed: np.ndarray
     owner_strategy: str = "given"
-    local: np.ndarray = field(repr=False, default=None)  # (new chunk, rank) -> bytes it holds
+    local: Local = field(repr=False, default=None)  # bytes of each new chunk each rank holds
 
     @cached_property
     def transfers(self) -> Transfers:
@@ -220,15 +251,11 @@ class Plan:
     @cached_property
     def traffic(self) -> np.ndarray:
         """Bytes sent from rank s to rank d, as an (nranks, nranks) matrix."""
-        owners = self.out_ranks.ravel()
-        out = np.zeros((self.nranks, self.nranks), dtype=np.int64)
-        for s in np.flatnonzero(self.local.any(axis=0)):
-            out[s] = np.bincount(owners, weights=self.local[:, s], minlength=self.nranks)
-        return out
+        return self.local.traffic(self.out_ranks.ravel())
 
     @property
     def nbytes(self) -> int:
-        return int(self.local.sum())
+        return int(self.local.nbytes.sum())
 
     @cached_property
     def piece_count(self) -> int:
@@ -329,30 +356,48 @@ def make_plan(
     return Plan(spec, int(nranks), in_ranks, out_ranks, needed, strategy, local)
 
 
-def local_bytes(spec: RechunkSpec, in_ranks: np.ndarray, nranks: int, needed: np.ndarray) -> np.ndarray:
-    """``local[j, r]``: bytes of new chunk ``j`` (flat) that rank ``r`` holds, zero where not needed.
+def local_bytes(spec: RechunkSpec, in_ranks: np.ndarray, nranks: int, needed: np.ndarray) -> Local:
+    """Bytes of every needed new chunk held by every rank, as sparse `Local` triples.
 
     Computed axis by axis, without enumerating pieces: a piece's volume is the product of
-    its per-axis overlaps, so for each rank its input mask is contracted with every axis's
-    overlap (segment) list in turn. Cost O(ranks x chunks x axes), where the pieces of a
-    rechunk across the grid number n_old x n_new.
+    its per-axis overlaps, so each rank's input mask (cut to the box of old chunks it
+    spans) is contracted with every axis's overlap segments in turn. Cost follows the
+    chunks each rank's box spans, not the pieces: a rechunk across the grid has
+    n_old x n_new of those.
     """
     segments = [axis_segments(o, n) for o, n in zip(spec.old, spec.new)]
-    out = np.zeros((math.prod(spec.new_grid), nranks), dtype=np.int64)
+    parts = []
     for r in np.unique(in_ranks):
-        m = (in_ranks == r).astype(np.int64)
+        where = np.nonzero(in_ranks == r)
+        m = (in_ranks == r)[tuple(slice(w.min(), w.max() + 1) for w in where)].astype(np.int64)
+        new_lower = []
         for axis, seg in enumerate(segments):
-            m = _mode_product(m, axis, seg, len(spec.new[axis]))
-        out[:, r] = m.ravel()
-    return out * spec.itemsize * needed.reshape(-1, 1)
+            lo, hi = where[axis].min(), where[axis].max() + 1
+            mine = (seg.old >= lo) & (seg.old < hi)
+            if not mine.any():
+                m = None
+                break
+            new = seg.new[mine]
+            new_lower.append(int(new.min()))
+            m = _mode_product(m, axis, seg.old[mine] - lo, new - new.min(), seg.stop[mine] - seg.start[mine], int(new.max() - new.min() + 1))
+        if m is None:
+            continue
+        idx = np.nonzero(m)
+        flat = np.ravel_multi_index(tuple(i + lo for i, lo in zip(idx, new_lower)), spec.new_grid)
+        keep = needed.ravel()[flat]
+        parts.append((flat[keep], np.full(int(keep.sum()), r, np.int64), m[idx][keep] * spec.itemsize))
+    n_new = math.prod(spec.new_grid)
+    if not parts:
+        empty = np.zeros(0, np.int64)
+        return Local(empty, empty, empty, n_new, nranks)
+    return Local(*(np.concatenate(c).astype(np.int64) for c in zip(*parts)), n_new, nranks)
 
 
-def _mode_product(m: np.ndarray, axis: int, seg: AxisSegments, n_new: int) -> np.ndarray:
-    """``m`` with axis ``axis`` mapped from old to new chunks, weighted by the overlap lengths."""
-    lengths = (seg.stop - seg.start).reshape([-1 if a == axis else 1 for a in range(m.ndim)])
-    taken = np.take(m, seg.old, axis=axis) * lengths
+def _mode_product(m: np.ndarray, axis: int, old: np.ndarray, new: np.ndarray, length: np.ndarray, n_new: int):
+    """``m`` with axis ``axis`` mapped from old to new chunk indices, weighted by the overlaps."""
+    taken = np.take(m, old, axis=axis) * length.reshape([-1 if a == axis else 1 for a in range(m.ndim)])
     shape = list(m.shape)
     shape[axis] = n_new
     out = np.zeros(shape, dtype=np.int64)
-    np.add.at(out, (slice(None),) * axis + (seg.new,), taken)
+    np.add.at(out, (slice(None),) * axis + (new,), taken)
     return out
