@@ -88,6 +88,8 @@ def bench(args) -> int:
     from dask_redist import bench as b
 
     command = "dask-redist bench " + " ".join(shlex.quote(a) for a in args.argv)
+    if args.scale:
+        return _scale(args, command)
     if args.micro:
         with _client(args) as client:
             env = b.environment(client)
@@ -141,6 +143,30 @@ def bench(args) -> int:
         console.print(f"wrote {stem}.md and {stem}.json")
     console.print(_table([r.row() for r in ordered], "all cases"))
     return 0 if all(r.correct is not False for r in ordered) else 1
+
+
+def _scale(args, command: str) -> int:
+    """The scale model: one run's planning and bookkeeping, no cluster (dask_redist.bench.scale)."""
+    import json
+    import platform
+    from dataclasses import asdict
+    from datetime import datetime, timezone
+
+    from dask_redist.bench import scale
+
+    results = scale.run_model(args.cases_scale, args.ranks, args.scale_chunks, reps=args.reps, budget_s=args.budget,
+                              progress=lambda line: console.print(line, markup=False, highlight=False))  # fmt: skip
+    env = f"Date: {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC; machine: {platform.machine()}, {os.cpu_count()} CPUs, one process"
+    text = scale.markdown(results, command, env)
+    console.print(text, markup=False, highlight=False)
+    if args.out:
+        os.makedirs(args.out, exist_ok=True)
+        stem = os.path.join(args.out, args.name)
+        with open(stem + ".md", "w") as f:
+            f.write(text)
+        with open(stem + ".json", "w") as f:
+            json.dump({"command": command, "environment": env, "results": [asdict(m) for m in results]}, f, indent=1)
+    return 0
 
 
 def _bench_plan(args) -> list:
@@ -248,6 +274,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--name", default="results")
     p.add_argument("--micro", action="store_true", help="graph rewrite time and the fixed cost of one run")
     p.add_argument("--rewrite-chunks", type=int, default=10_000)
+    p.add_argument("--scale", action="store_true", help="the scale model: planning and bookkeeping of one run, no cluster")
+    p.add_argument("--ranks", nargs="+", type=int, default=[2, 16, 256, 1024], help="--scale: rank counts")
+    p.add_argument("--scale-chunks", nargs="+", type=int, default=[1_000, 10_000, 100_000, 1_000_000])
+    p.add_argument("--cases-scale", nargs="+", default=["slab", "pencil", "uneven"], choices=["slab", "pencil", "uneven"])
+    p.add_argument("--budget", type=float, default=10.0, help="--scale: a part slower than this (s) stops growing")
     p.set_defaults(func=bench)
 
     p = sub.add_parser("doctor", help="check every worker: GPU, CuPy, nvmath, cuFFTMp, NVSHMEM, engine")

@@ -95,3 +95,18 @@ def test_cli_against_a_scheduler_without_workers_says_so():
             with pytest.raises(SystemExit, match="no worker joined the scheduler") as info:
                 main([command, "--scheduler", cluster.scheduler_address, "--wait-workers", "0.5"])
             assert cluster.scheduler_address in str(info.value) and "--wait-workers" in str(info.value)
+
+
+def test_the_scale_model_measures_every_part_and_fits_growth(tmp_path):
+    from dask_redist.bench import scale
+
+    results = scale.run_model(("slab", "uneven"), ranks=(2, 4), chunks=(16, 64, 256), reps=1, progress=lambda _: None)
+    assert {m.part for m in results} == set(scale.PARTS)
+    assert all(m.seconds is not None and m.seconds > 0 and m.peak_bytes >= 0 for m in results)
+    slab = [m for m in results if m.case == "slab" and m.part == "scheduler: owners" and m.ranks == 2]
+    assert [m.pieces for m in slab] == [16 * 16, 64 * 64, 256 * 256]  # row slabs to column slabs
+    exponents = scale.fit(results)
+    assert ("slab", "worker: plan", 2) in exponents and all(np.isfinite(k) for k in exponents.values())
+    assert main(["bench", "--scale", "--ranks", "2", "--scale-chunks", "16", "64", "--cases-scale", "slab",
+                 "--reps", "1", "--out", str(tmp_path), "--name", "s"]) == 0  # fmt: skip
+    assert "scheduler: owners" in (tmp_path / "s.md").read_text()

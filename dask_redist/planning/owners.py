@@ -29,6 +29,10 @@ if TYPE_CHECKING:
 BALANCE_TOLERANCE = 1.10
 #: Moved bytes within this fraction of the total count as a tie.
 TIE_FRACTION = 0.01
+#: The greedy candidate walks new chunks one by one in Python: tried up to this many
+#: (chunk, holder) pairs (about 1 s of planning beyond it; docs/scale.md). Past it only
+#: the box candidates compete, which are also the ones the direct cuFFTMp mapping needs.
+GREEDY_MAX_PAIRS = 2**20
 
 
 def _bisect(ranges: list[tuple[int, int]], nparts: int, lengths: Chunks, first_axis: int | None):
@@ -108,6 +112,8 @@ def owner_candidates(
         owners = _match_slots(local.grouped(slot, nranks))[slot]
         yield OwnerCandidate(f"boxes(axis {first})", owners.reshape(grid), True)
 
+    if len(local.chunk) > GREEDY_MAX_PAIRS:
+        return
     # greedy: biggest chunks first, each to the rank holding most of it, under a cap
     cap = sizes.sum() / nranks + (sizes.max() if len(sizes) else 0)
     load = np.zeros(nranks, dtype=np.int64)

@@ -367,9 +367,14 @@ def local_bytes(spec: RechunkSpec, in_ranks: np.ndarray, nranks: int, needed: np
     """
     segments = [axis_segments(o, n) for o, n in zip(spec.old, spec.new)]
     parts = []
-    for r in np.unique(in_ranks):
-        where = np.nonzero(in_ranks == r)
-        m = (in_ranks == r)[tuple(slice(w.min(), w.max() + 1) for w in where)].astype(np.int64)
+    flat_ranks = in_ranks.ravel()
+    order = np.argsort(flat_ranks, kind="stable")
+    ranks, starts = np.unique(flat_ranks[order], return_index=True)
+    for r, mine in zip(ranks, np.split(order, starts[1:])):
+        where = np.unravel_index(mine, in_ranks.shape)
+        box = tuple(slice(w.min(), w.max() + 1) for w in where)
+        m = np.zeros([s.stop - s.start for s in box], dtype=np.int64)
+        m[tuple(w - s.start for w, s in zip(where, box))] = 1
         new_lower = []
         for axis, seg in enumerate(segments):
             lo, hi = where[axis].min(), where[axis].max() + 1
