@@ -30,7 +30,11 @@ from dask_redist.config import Settings
 from dask_redist.core.spec import CollectiveSpec, RunSpec
 from dask_redist.planning import RechunkSpec, make_plan
 from dask_redist.planning.boxes import box_transfers
-from dask_redist.planning.layout import choose_layout
+from dask_redist.planning.layout import choose_layout, direct_layout
+
+#: Parts that enumerate pieces (the packed cufftmp layout; the dask engine where the outputs do
+#: not tile boxes) are not run past this many: a rechunk across the grid has n_old x n_new.
+MAX_PIECES = 5 * 10**7
 
 PARTS = ("scheduler: owners", "scheduler: bookkeeping", "worker: plan", "worker: cufftmp layout", "worker: dask blocks")
 
@@ -40,23 +44,22 @@ def _split(length: int, parts: int) -> tuple[int, ...]:
 
 
 def geometry(kind: str, chunks: int, seed: int = 0) -> RechunkSpec:
-    """A float64 rechunk of about ``chunks`` chunks before and after (chunk tuples only, no data)."""
+    """A float64 rechunk of about ``chunks`` chunks before and after (chunk tuples only, no data),
+    on the smallest array that has that many: the bytes only decide rounds, measured apart."""
     if kind == "slab":  # row slabs to column slabs: pieces = chunks^2
-        n = 1 << max(12, math.ceil(math.log2(chunks)))
-        return RechunkSpec((_split(n, chunks), (n,), (64,)), ((n,), _split(n, chunks), (64,)), 8)
-    if kind == "pencil":  # x-y pencils to y-z pencils
+        return RechunkSpec((_split(chunks, chunks), (chunks,)), ((chunks,), _split(chunks, chunks)), 8)
+    if kind == "pencil":  # x-y pencils to y-z pencils: pieces = chunks^1.5
         k = max(1, round(chunks**0.5))
-        n = max(4096, k)
-        return RechunkSpec((_split(n, k), _split(n, k), (n,)), ((n,), _split(n, k), _split(n, k)), 8)
+        return RechunkSpec((_split(k, k), _split(k, k), (k,)), ((k,), _split(k, k), _split(k, k)), 8)
     if kind == "uneven":  # random chunk sizes along two axes, both grids
         rng = np.random.default_rng(seed)
         k = max(1, round(chunks**0.5))
-        n = 64 * k
+        n = 4 * k
 
         def cuts():
             return tuple(int(d) for d in np.diff(np.sort(np.concatenate([[0, n], rng.choice(np.arange(1, n), k - 1, replace=False)]))))
 
-        return RechunkSpec((cuts(), cuts(), (64,)), (cuts(), cuts(), (64,)), 8)
+        return RechunkSpec((cuts(), cuts()), (cuts(), cuts()), 8)
     raise ValueError(f"unknown geometry {kind!r}: slab, pencil or uneven")
 
 
@@ -72,19 +75,24 @@ class Measurement:
     note: str = ""
 
 
-def _timed(fn, reps: int):
-    best, peak, value = math.inf, 0, None
+def _timed(fn, reps: int, memory: bool):
+    """Best time of ``reps`` calls; then, with ``memory``, one more call under tracemalloc for the
+    peak (tracing slows Python-heavy code several times over, so it never overlaps a timing)."""
+    best, value = math.inf, None
     for _ in range(reps):
-        tracemalloc.start()
         start = time.perf_counter()
         value = fn()
         best = min(best, time.perf_counter() - start)
-        peak = max(peak, tracemalloc.get_traced_memory()[1])
+    peak = None
+    if memory:
+        tracemalloc.start()
+        fn()
+        peak = tracemalloc.get_traced_memory()[1]
         tracemalloc.stop()
     return value, best, peak
 
 
-def measure(kind: str, ranks: int, chunks: int, reps: int = 2, skip: set = frozenset()) -> list[Measurement]:
+def measure(kind: str, ranks: int, chunks: int, reps: int = 2, skip: set = frozenset(), memory: bool = True) -> list[Measurement]:
     """Every part of one run of ``geometry(kind, chunks)`` over ``ranks`` ranks (contiguous placement)."""
     spec = geometry(kind, chunks)
     n_old = math.prod(spec.old_grid)
@@ -97,7 +105,7 @@ def measure(kind: str, ranks: int, chunks: int, reps: int = 2, skip: set = froze
         if part in skip:
             out.append(Measurement(kind, ranks, n_old, 0, part, None, None, "skipped: too slow at a smaller size"))
             return None
-        value, seconds, peak = _timed(fn, reps)
+        value, seconds, peak = _timed(fn, reps, memory)
         out.append(Measurement(kind, ranks, n_old, 0, part, seconds, peak))
         return value
 
@@ -117,13 +125,25 @@ def measure(kind: str, ranks: int, chunks: int, reps: int = 2, skip: set = froze
     record("scheduler: bookkeeping", bookkeeping)
     given = record("worker: plan", lambda: make_plan(spec, plan.in_ranks, ranks, out_ranks=plan.out_ranks))
     given = given or plan
-    record("worker: cufftmp layout", lambda: choose_layout(given, Settings().memory_budget))
+    budget = spec.nbytes  # one round: the cost of rounds is linear in their number, apart from this
+    direct = direct_layout(given, budget)[0] is not None
+    if not direct and plan.piece_count > MAX_PIECES:
+        skip = skip | {"worker: cufftmp layout"}
+    record("worker: cufftmp layout", lambda: choose_layout(given, budget))
+    boxes = box_transfers(spec.old, given.in_ranks, spec.new, given.out_ranks, ranks, 8) is not None
+    if not boxes and plan.piece_count > MAX_PIECES:
+        skip = skip | {"worker: dask blocks"}
 
     def blocks():
         t = box_transfers(spec.old, given.in_ranks, spec.new, given.out_ranks, ranks, 8)
         return len(t) if t is not None else len(given.transfers)
 
     record("worker: dask blocks", blocks)
+    for m in out:
+        if m.seconds is None and m.part == "worker: cufftmp layout" and not direct:
+            m.note = f"not run: the packed layout enumerates {plan.piece_count:.2g} pieces"
+        if m.seconds is None and m.part == "worker: dask blocks" and not boxes:
+            m.note = f"not run: the piece path enumerates {plan.piece_count:.2g} pieces"
     for m in out:
         m.pieces = plan.piece_count
     return out
@@ -167,7 +187,7 @@ def markdown(results: list[Measurement], command: str, env: str) -> str:
              "| case | ranks | old chunks | pieces | part | time | peak memory | note |", "|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for m in results:
         t = "-" if m.seconds is None else (f"{m.seconds * 1e3:.1f} ms" if m.seconds < 1 else f"{m.seconds:.2f} s")
-        mem = "-" if m.peak_bytes is None else format_bytes(m.peak_bytes)
+        mem = "-" if m.peak_bytes is None else format_bytes(m.peak_bytes)  # Python-allocated (NumPy included)
         lines.append(f"| {m.case} | {m.ranks} | {m.chunks} | {m.pieces} | {m.part} | {t} | {mem} | {m.note} |")
     exponents = fit(results)
     if exponents:
@@ -175,3 +195,33 @@ def markdown(results: list[Measurement], command: str, env: str) -> str:
                   "| case | part | ranks | k |", "|---|---|---|---|"]  # fmt: skip
         lines += [f"| {c} | {p} | {r} | {k:.2f} |" for (c, p, r), k in sorted(exponents.items())]
     return "\n".join(lines) + "\n"
+
+
+#: Link rates for the exchange model (GB/s per GPU per direction). Measured on the 2x H200 node:
+#: peer copy with both directions busy 392, local device copy 4176 (read + write). Assumed
+#: (not measured here): InfiniBand NDR 400 Gb/s per GPU, ~45 GB/s usable.
+RATES = {"nvlink": 392e9, "ib": 45e9, "local": 4176e9}
+#: Fixed cost of one run on the GPUs (two NVSHMEM syncs around the reshape, measured 1.3 ms for
+#: a tiny reshape on 2 GPUs) and of Dask around it (25.9 ms for a tiny rechunk through the
+#: collective on the node's CPUs, 2026-11-30).
+FIXED = {"gpu": 1.3e-3, "dask": 25.9e-3}
+
+
+def exchange_model(total_bytes: int, gpus: int, per_node: int = 8, rates: dict = RATES, fixed: dict = FIXED) -> dict:
+    """Predicted seconds of a slab -> slab rechunk (an all-to-all: each GPU sends 1/gpus of its
+    share to every other) of ``total_bytes`` on ``gpus`` GPUs, ``per_node`` to a node (NVLink
+    within, InfiniBand across): the busiest link per GPU, stage and unstage copies, fixed costs."""
+    share = total_bytes / gpus  # what each GPU holds
+    to_each = share / gpus
+    intra, inter = min(per_node, gpus) - 1, max(0, gpus - per_node)
+    link = max(intra * to_each / rates["nvlink"], inter * to_each / rates["ib"])
+    copies = 2 * 2 * share / rates["local"]  # stage and unstage, read + write
+    return {
+        "gpus": gpus,
+        "bytes per GPU": int(share),
+        "link s": link,
+        "copies s": copies,
+        "gpu fixed s": fixed["gpu"],
+        "dask fixed s": fixed["dask"],
+        "total s": link + copies + fixed["gpu"] + fixed["dask"],
+    }

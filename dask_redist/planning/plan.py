@@ -235,7 +235,15 @@ class Plan:
     out_ranks: np.ndarray
     needed: np.ndarray
     owner_strategy: str = "given"
-    local: Local = field(repr=False, default=None)  # bytes of each new chunk each rank holds
+    chosen_with: Local | None = field(repr=False, default=None)  # the local bytes the owners were chosen on
+
+    @cached_property
+    def local(self) -> Local:
+        """Bytes of each needed new chunk that each rank holds (computed when first asked: a rank
+        re-deriving its plan needs the boxes and owners, not this)."""
+        if self.chosen_with is not None:
+            return self.chosen_with
+        return local_bytes(self.spec, self.in_ranks, self.nranks, self.needed)
 
     @cached_property
     def transfers(self) -> Transfers:
@@ -345,9 +353,9 @@ def make_plan(
         if needed is None
         else np.asarray(needed, dtype=bool).reshape(spec.new_grid)
     )
-    local = local_bytes(spec, in_ranks, int(nranks), needed)
-    strategy = "given"
+    local, strategy = None, "given"
     if out_ranks is None:
+        local = local_bytes(spec, in_ranks, int(nranks), needed)
         out_ranks, strategy = choose_owners(spec, local, needed, nranks)
     else:
         out_ranks = np.asarray(out_ranks, dtype=np.int64).reshape(spec.new_grid)
