@@ -35,7 +35,7 @@ TIE_FRACTION = 0.01
 GREEDY_MAX_PAIRS = 2**20
 
 
-def _bisect(ranges: list[tuple[int, int]], nparts: int, lengths: Chunks, first_axis: int | None):
+def bisect_boxes(ranges: list[tuple[int, int]], nparts: int, lengths: Chunks, first_axis: int | None):
     """Split a box of chunk indices into ``nparts`` boxes of balanced volume (some may be empty)."""
     if nparts == 1:
         return [ranges]
@@ -57,7 +57,7 @@ def _bisect(ranges: list[tuple[int, int]], nparts: int, lengths: Chunks, first_a
     right = list(ranges)
     left[axis] = (lo, lo + k)
     right[axis] = (lo + k, hi)
-    return _bisect(left, n1, lengths, None) + _bisect(right, nparts - n1, lengths, None)
+    return bisect_boxes(left, n1, lengths, None) + bisect_boxes(right, nparts - n1, lengths, None)
 
 
 def _match_slots(local: np.ndarray) -> np.ndarray:
@@ -99,7 +99,7 @@ def owner_candidates(
     for first in range(spec.ndim):
         if grid[first] <= 1 and first != 0:
             continue
-        boxes = _bisect([(0, g) for g in grid], nranks, spec.new, first)
+        boxes = bisect_boxes([(0, g) for g in grid], nranks, spec.new, first)
         key = tuple(map(tuple, (b or () for b in boxes)))
         if key in tried:
             continue
