@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import html
 import os
+import socket
 from dataclasses import dataclass
 
 from dask_redist.engines.cufftmp.nvshmem import nvshmem_problem
@@ -20,6 +21,9 @@ def worker_report() -> dict:
     from dask_redist.engines.cufftmp.nvshmem import capabilities, nvshmem_library
 
     report = {"pid": os.getpid(), "CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES", "")}
+    report["host"] = socket.gethostname()
+    report["network devices"] = sorted(os.listdir(_IB_DEVICES)) if os.path.isdir(_IB_DEVICES) else []
+    report["NVSHMEM environment"] = {k: v for k, v in os.environ.items() if k in _NVSHMEM_KEYS}
     report["NVSHMEM_SYMMETRIC_SIZE"] = os.environ.get("NVSHMEM_SYMMETRIC_SIZE", "unset (NVSHMEM default 1 GiB)")
     try:
         import cupy
@@ -49,6 +53,45 @@ def worker_report() -> dict:
     report["NVSHMEM_IB_ENABLE_IBGDA"] = os.environ.get("NVSHMEM_IB_ENABLE_IBGDA", "")
     report["cufftmp engine"] = capabilities()
     return report
+
+
+#: Where Linux lists InfiniBand / RoCE devices (what NVSHMEM's remote transports use).
+_IB_DEVICES = "/sys/class/infiniband"
+_NVSHMEM_KEYS = ("NVSHMEM_REMOTE_TRANSPORT", "NVSHMEM_BOOTSTRAP_UID_SOCK_IFNAME", "NVSHMEM_IB_ENABLE_IBGDA", "NVSHMEM_HCA_LIST")
+
+
+def cluster_warnings(reports: dict[str, dict]) -> list[str]:
+    """What several workers, or several nodes, need to agree on (from `worker_report`).
+
+    Every worker of a world runs the same nvmath, cuFFTMp and CuPy and the same symmetric
+    heap size (NVSHMEM allocates symmetric memory identically on every PE). Workers on more
+    than one host reach each other through NVSHMEM's remote transport: each host needs a
+    network device it can use (``/sys/class/infiniband``), or ``NVSHMEM_REMOTE_TRANSPORT``
+    naming one that does not need it (``ucx``, ``libfabric``).
+    """
+    out = []
+    for key, what in (("nvmath", "nvmath-python"), ("cuFFTMp", "cuFFTMp"), ("cupy", "CuPy"),
+                      ("NVSHMEM_SYMMETRIC_SIZE", "symmetric heap size (NVSHMEM_SYMMETRIC_SIZE)")):  # fmt: skip
+        seen = {str(r.get(key)) for r in reports.values() if r.get(key) is not None}
+        if len(seen) > 1:
+            out.append(f"workers differ in {what}: {', '.join(sorted(seen))}; make them the same everywhere")
+    hosts = {r.get("host") for r in reports.values() if r.get("host")}
+    if len(hosts) > 1:
+        for address, r in sorted(reports.items()):
+            env = r.get("NVSHMEM environment") or {}
+            if not r.get("network devices") and env.get("NVSHMEM_REMOTE_TRANSPORT", "").lower() not in ("ucx", "libfabric"):
+                out.append(
+                    f"{address} ({r.get('host')}): workers are on {len(hosts)} hosts but this one has no InfiniBand/RoCE "
+                    "device for NVSHMEM's default remote transport (ibrc); set NVSHMEM_REMOTE_TRANSPORT (ucx, libfabric) "
+                    "for its network, or keep cufftmp to one node (docs/deployment.md)"
+                )
+        ifnames = {str((r.get("NVSHMEM environment") or {}).get("NVSHMEM_BOOTSTRAP_UID_SOCK_IFNAME")) for r in reports.values()}
+        if ifnames == {"None"}:
+            out.append(
+                f"workers are on {len(hosts)} hosts: if they have several network interfaces, set "
+                "NVSHMEM_BOOTSTRAP_UID_SOCK_IFNAME on every worker to one the hosts reach each other on"
+            )
+    return out
 
 
 def version_warnings(reports: dict[str, dict]) -> list[str]:
@@ -167,4 +210,5 @@ def doctor(client) -> Diagnosis:
     peers = _peer_access()
     if peers.startswith("missing"):
         fixes.append("GPUs without peer access: NVSHMEM needs NVLink or PCIe P2P between the GPUs of a node")
-    return Diagnosis(reports, engine, reason, peers, tuple(fixes), tuple(version_warnings(reports)))
+    warnings = version_warnings(reports) + cluster_warnings(reports)
+    return Diagnosis(reports, engine, reason, peers, tuple(fixes), tuple(warnings))

@@ -66,3 +66,28 @@ def test_version_warnings():
 
     ibgda = version_warnings({"w1": _report((3, 8, 0), "3.8.0", ibgda="1")})
     assert len(ibgda) == 1 and "IBGDA" in ibgda[0]
+
+
+def test_cluster_warnings():
+    from dask_redist.doctor import cluster_warnings
+
+    one_host = {
+        f"w{i}": {"host": "a", "nvmath": "1.0.0", "cuFFTMp": "12.1.3.2", "cupy": "14.2.0",
+                  "NVSHMEM_SYMMETRIC_SIZE": "4G", "network devices": [], "NVSHMEM environment": {}}
+        for i in range(2)
+    }  # fmt: skip
+    assert cluster_warnings(one_host) == []  # one node: NVLink, no remote transport needed
+
+    mixed = {**one_host, "w1": {**one_host["w1"], "nvmath": "0.9.0", "NVSHMEM_SYMMETRIC_SIZE": "8G"}}
+    found = cluster_warnings(mixed)
+    assert any("nvmath-python: 0.9.0, 1.0.0" in w for w in found) and any("symmetric heap" in w for w in found)
+
+    two_hosts = {**one_host, "w1": {**one_host["w1"], "host": "b", "network devices": ["mlx5_0"]}}
+    found = cluster_warnings(two_hosts)
+    assert any(w.startswith("w0 (a): workers are on 2 hosts but this one has no InfiniBand") for w in found)
+    assert not any(w.startswith("w1") for w in found)  # it has a device
+    assert any("NVSHMEM_BOOTSTRAP_UID_SOCK_IFNAME" in w for w in found)
+
+    ucx = {w: {**r, "NVSHMEM environment": {"NVSHMEM_REMOTE_TRANSPORT": "ucx", "NVSHMEM_BOOTSTRAP_UID_SOCK_IFNAME": "ib0"}}
+           for w, r in two_hosts.items()}  # fmt: skip
+    assert cluster_warnings(ucx) == []
