@@ -31,6 +31,7 @@ from dask_redist.core.spec import CollectiveSpec, RunSpec
 from dask_redist.planning import RechunkSpec, make_plan
 from dask_redist.planning.boxes import box_transfers
 from dask_redist.planning.layout import choose_layout, direct_layout
+from dask_redist.planning.owners import is_box_placement
 
 #: Parts that enumerate pieces (the packed cufftmp layout; the dask engine where the outputs do
 #: not tile boxes) are not run past this many: a rechunk across the grid has n_old x n_new.
@@ -140,8 +141,8 @@ def measure(kind: str, ranks: int, chunks: int, reps: int = 2, skip: set = froze
     if not direct and plan.piece_count > MAX_PIECES:
         skip = skip | {"worker: cufftmp layout"}
     record("worker: cufftmp layout", lambda: choose_layout(given, budget))
-    boxes = box_transfers(spec.old, given.in_ranks, spec.new, given.out_ranks, ranks, 8) is not None
-    if not boxes and plan.piece_count > MAX_PIECES:
+    boxes = is_box_placement(spec.new, given.out_ranks, ranks)
+    if (plan.piece_count if not boxes else n_old * ranks) > MAX_PIECES:
         skip = skip | {"worker: dask blocks"}
 
     def blocks():
@@ -152,8 +153,9 @@ def measure(kind: str, ranks: int, chunks: int, reps: int = 2, skip: set = froze
     for m in out:
         if m.seconds is None and m.part == "worker: cufftmp layout" and not direct:
             m.note = f"not run: the packed layout enumerates {plan.piece_count:.2g} pieces"
-        if m.seconds is None and m.part == "worker: dask blocks" and not boxes:
-            m.note = f"not run: the piece path enumerates {plan.piece_count:.2g} pieces"
+        if m.seconds is None and m.part == "worker: dask blocks":
+            m.note = (f"not run: up to {n_old} x {ranks} = {n_old * ranks:.2g} blocks" if boxes
+                      else f"not run: the piece path enumerates {plan.piece_count:.2g} pieces")  # fmt: skip
     for m in out:
         m.pieces = plan.piece_count
     return out

@@ -13,7 +13,7 @@ from typing import Sequence
 
 import numpy as np
 
-from dask_redist.planning.geometry import Chunks, chunk_nbytes
+from dask_redist.planning.geometry import Chunks, rank_extents
 from dask_redist.planning.owners import is_box_placement
 from dask_redist.planning.plan import Transfers
 
@@ -52,17 +52,12 @@ def rank_boxes(chunks: Chunks, ranks: np.ndarray, nranks: int) -> list[Box | Non
     Callers check :func:`~dask_redist.plan.is_box_placement` first: this is the
     bounding box, equal to the union only for box placements.
     """
-    sizes = chunk_nbytes(chunks, 1)
     bounds = [np.concatenate([[0], np.cumsum(c)]) for c in chunks]
-    out: list[Box | None] = []
-    for r in range(nranks):
-        idx = np.argwhere((ranks == r) & (sizes > 0))
-        if len(idx) == 0:
-            out.append(None)
-            continue
-        lo, hi = idx.min(axis=0), idx.max(axis=0) + 1
-        out.append(Box(tuple(int(b[i]) for b, i in zip(bounds, lo)), tuple(int(b[i]) for b, i in zip(bounds, hi))))
-    return out
+    lo, hi, _ = rank_extents(chunks, ranks, nranks)
+    return [
+        None if l[0] < 0 else Box(tuple(int(b[i]) for b, i in zip(bounds, l)), tuple(int(b[i]) for b, i in zip(bounds, h)))
+        for l, h in zip(lo.tolist(), hi.tolist())
+    ]
 
 
 # -- folding N-D boxes into 3-D word boxes ----------------------------------------------

@@ -133,3 +133,25 @@ def chunk_nbytes(chunks: Chunks, itemsize: int) -> np.ndarray:
         shape[axis] = len(c)
         out = out * np.asarray(c, dtype=np.int64).reshape(shape)
     return out
+
+
+def rank_extents(chunks: Chunks, ranks: np.ndarray, nranks: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per rank: the lowest and (highest + 1) grid index of its non-empty chunks on every axis,
+    ``(nranks, ndim)`` each (-1 for a rank holding none; ranks < 0 are nobody's), and the elements
+    of its chunks. One sort of the chunks by rank: linear in the chunks, not chunks x ranks."""
+    grid = tuple(len(c) for c in chunks)
+    sizes = chunk_nbytes(chunks, 1).ravel()
+    flat_ranks = np.asarray(ranks, dtype=np.int64).ravel()
+    keep = np.flatnonzero((sizes > 0) & (flat_ranks >= 0))
+    order = np.argsort(flat_ranks[keep], kind="stable")
+    keep = keep[order]
+    present, starts = np.unique(flat_ranks[keep], return_index=True)
+    lo = np.full((nranks, len(grid)), -1, dtype=np.int64)
+    hi = np.full((nranks, len(grid)), -1, dtype=np.int64)
+    elements = np.zeros(nranks, dtype=np.int64)
+    if len(keep):
+        index = np.stack(np.unravel_index(keep, grid), axis=1)
+        lo[present] = np.minimum.reduceat(index, starts, axis=0)
+        hi[present] = np.maximum.reduceat(index, starts, axis=0) + 1
+        elements[present] = np.add.reduceat(sizes[keep], starts)
+    return lo, hi, elements

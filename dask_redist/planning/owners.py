@@ -14,13 +14,12 @@ moves the fewest bytes across ranks wins; near-ties go to box-shaped candidates.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Iterator
 
 import numpy as np
 
-from dask_redist.planning.geometry import Chunks, RechunkSpec, chunk_nbytes
+from dask_redist.planning.geometry import Chunks, RechunkSpec, chunk_nbytes, rank_extents
 
 if TYPE_CHECKING:
     from dask_redist.planning.plan import Local
@@ -136,18 +135,13 @@ def owner_candidates(
 
 def is_box_placement(chunks: Chunks, ranks: np.ndarray, nranks: int) -> bool:
     """Does every rank's set of (non-empty) chunks tile one box of the global array?"""
-    sizes = chunk_nbytes(chunks, 1)
-    bounds = [np.concatenate([[0], np.cumsum(c)]) for c in chunks]
-    for r in range(nranks):
-        idx = np.argwhere((ranks == r) & (sizes > 0))
-        if len(idx) == 0:
-            continue
-        lo = idx.min(axis=0)
-        hi = idx.max(axis=0) + 1
-        vol = math.prod(int(b[h] - b[l]) for b, l, h in zip(bounds, lo, hi))
-        if vol != int(sizes[tuple(idx.T)].sum()):
-            return False
-    return True
+    lo, hi, elements = rank_extents(chunks, ranks, nranks)
+    held = lo[:, 0] >= 0 if lo.shape[1] else np.zeros(nranks, dtype=bool)
+    volume = np.ones(int(held.sum()), dtype=np.int64)
+    for axis, c in enumerate(chunks):
+        b = np.concatenate([[0], np.cumsum(c, dtype=np.int64)])
+        volume *= b[hi[held, axis]] - b[lo[held, axis]]
+    return bool(np.array_equal(volume, elements[held]))
 
 
 def choose_owners(spec: RechunkSpec, local: Local, needed: np.ndarray, nranks: int):

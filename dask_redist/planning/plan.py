@@ -412,5 +412,7 @@ def _mode_product(m: np.ndarray, axis: int, old: np.ndarray, new: np.ndarray, le
     shape = list(m.shape)
     shape[axis] = n_new
     out = np.zeros(shape, dtype=np.int64)
-    np.add.at(out, (slice(None),) * axis + (new,), taken)
+    # segments come in increasing position, so their new chunks never decrease: sum each run
+    starts = np.flatnonzero(np.concatenate([[True], new[1:] != new[:-1]]))
+    out[(slice(None),) * axis + (new[starts],)] = np.add.reduceat(taken, starts, axis=axis)
     return out
