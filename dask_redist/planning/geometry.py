@@ -155,3 +155,29 @@ def rank_extents(chunks: Chunks, ranks: np.ndarray, nranks: int) -> tuple[np.nda
         hi[present] = np.maximum.reduceat(index, starts, axis=0) + 1
         elements[present] = np.add.reduceat(sizes[keep], starts)
     return lo, hi, elements
+
+
+@dataclass(frozen=True, eq=False)
+class AxisSegments:
+    """The intersections of two chunkings of one axis, in increasing order."""
+
+    old: np.ndarray  # old chunk index of each segment
+    new: np.ndarray  # new chunk index of each segment
+    start: np.ndarray  # global start of each segment
+    stop: np.ndarray  # global stop of each segment
+
+    def __len__(self) -> int:
+        return len(self.start)
+
+
+def axis_segments(old: Sequence[int], new: Sequence[int]) -> AxisSegments:
+    """Segments where old and new chunks of one axis overlap (empty chunks have none)."""
+    old_bounds = np.concatenate([[0], np.cumsum(old, dtype=np.int64)])
+    new_bounds = np.concatenate([[0], np.cumsum(new, dtype=np.int64)])
+    cuts = np.union1d(old_bounds, new_bounds)
+    start, stop = cuts[:-1], cuts[1:]
+    # The chunk containing [start, stop) is the last one starting at or before start;
+    # side="right" skips zero-length chunks that start at the same position.
+    o = np.searchsorted(old_bounds, start, side="right") - 1
+    n = np.searchsorted(new_bounds, start, side="right") - 1
+    return AxisSegments(o.astype(np.int64), n.astype(np.int64), start, stop)

@@ -22,7 +22,7 @@ import numpy as np
 from dask_redist.planning.geometry import Chunks, RechunkSpec, chunk_nbytes, rank_extents
 
 if TYPE_CHECKING:
-    from dask_redist.planning.plan import Local
+    from dask_redist.planning.local import Local
 
 #: are considered balanced.
 BALANCE_TOLERANCE = 1.10
@@ -81,6 +81,7 @@ class OwnerCandidate:
     name: str
     owners: np.ndarray  # rank per new chunk, shaped like the new grid
     boxes: bool  # every rank owns one box of chunks (possibly empty)
+    kept: int  # bytes that stay where they are
 
 
 def owner_candidates(
@@ -107,19 +108,22 @@ def owner_candidates(
         for s, box in enumerate(boxes):
             if box is not None:
                 slot[tuple(slice(lo, hi) for lo, hi in box)] = s
-        slot = slot.ravel()
-        owners = _match_slots(local.grouped(slot, nranks))[slot]
-        yield OwnerCandidate(f"boxes(axis {first})", owners.reshape(grid), True)
+        slot_local = local.box_sums(boxes)
+        match = _match_slots(slot_local)
+        owners = match[slot.ravel()]
+        kept = int(slot_local[np.arange(len(match)), match].sum())
+        yield OwnerCandidate(f"boxes(axis {first})", owners.reshape(grid), True, kept)
 
-    if len(local.chunk) > GREEDY_MAX_PAIRS:
+    if local.pairs > GREEDY_MAX_PAIRS:
         return
     # greedy: biggest chunks first, each to the rank holding most of it, under a cap
     cap = sizes.sum() / nranks + (sizes.max() if len(sizes) else 0)
     load = np.zeros(nranks, dtype=np.int64)
     owners = np.zeros(len(sizes), dtype=np.int64)
     # each chunk's holders, most bytes first (ties: lower rank), then every other rank in order
-    order = np.lexsort((local.rank, -local.nbytes, local.chunk))
-    holders_of, chunk_of = local.rank[order], local.chunk[order]
+    chunk, rank, nbytes = local.triples
+    order = np.lexsort((rank, -nbytes, chunk))
+    holders_of, chunk_of = rank[order], chunk[order]
     starts = np.searchsorted(chunk_of, np.arange(len(sizes)))
     stops = np.searchsorted(chunk_of, np.arange(len(sizes)), side="right")
     for j in np.argsort(-sizes, kind="stable"):
@@ -130,7 +134,7 @@ def owner_candidates(
             r = int(free[0]) if len(free) else int(np.argmin(load))
         owners[j] = r
         load[r] += size
-    yield OwnerCandidate("greedy locality", owners.reshape(grid), False)
+    yield OwnerCandidate("greedy locality", owners.reshape(grid), False, local.kept(owners))
 
 
 def is_box_placement(chunks: Chunks, ranks: np.ndarray, nranks: int) -> bool:
@@ -153,8 +157,7 @@ def choose_owners(spec: RechunkSpec, local: Local, needed: np.ndarray, nranks: i
     for cand in owner_candidates(spec, local, nranks, sizes):
         flat = cand.owners.ravel()
         load = np.bincount(flat, weights=sizes, minlength=nranks)
-        kept = local.kept(flat)
-        scored.append((load.max(), total - kept, cand))
+        scored.append((load.max(), total - cand.kept, cand))
     best_load = min(s[0] for s in scored)
     balanced = [s for s in scored if s[0] <= best_load * BALANCE_TOLERANCE + 1]
     least_moved = min(s[1] for s in balanced)

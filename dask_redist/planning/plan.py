@@ -46,36 +46,11 @@ from typing import Sequence
 
 import numpy as np
 
-from dask_redist.planning.geometry import PlanError, RechunkSpec, chunk_nbytes
+from dask_redist.planning.geometry import PlanError, RechunkSpec, axis_segments, chunk_nbytes
+from dask_redist.planning.local import Local, local_bytes
 from dask_redist.planning.owners import choose_owners, is_box_placement
 
 #: Candidates whose worst rank load is within this factor of the best candidate's
-
-@dataclass(frozen=True, eq=False)
-class AxisSegments:
-    """The intersections of two chunkings of one axis, in increasing order."""
-
-    old: np.ndarray  # old chunk index of each segment
-    new: np.ndarray  # new chunk index of each segment
-    start: np.ndarray  # global start of each segment
-    stop: np.ndarray  # global stop of each segment
-
-    def __len__(self) -> int:
-        return len(self.start)
-
-
-def axis_segments(old: Sequence[int], new: Sequence[int]) -> AxisSegments:
-    """Segments where old and new chunks of one axis overlap (empty chunks have none)."""
-    old_bounds = np.concatenate([[0], np.cumsum(old, dtype=np.int64)])
-    new_bounds = np.concatenate([[0], np.cumsum(new, dtype=np.int64)])
-    cuts = np.union1d(old_bounds, new_bounds)
-    start, stop = cuts[:-1], cuts[1:]
-    # The chunk containing [start, stop) is the last one starting at or before start;
-    # side="right" skips zero-length chunks that start at the same position.
-    o = np.searchsorted(old_bounds, start, side="right") - 1
-    n = np.searchsorted(new_bounds, start, side="right") - 1
-    return AxisSegments(o.astype(np.int64), n.astype(np.int64), start, stop)
-
 
 @dataclass(frozen=True, eq=False)
 class Transfers:
@@ -191,37 +166,6 @@ def pieces(spec: RechunkSpec) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.nd
 
 
 @dataclass(frozen=True, eq=False)
-class Local:
-    """Bytes of each (needed) new chunk that each rank holds: sparse (chunk, rank, bytes) triples."""
-
-    chunk: np.ndarray  # flat index of the new chunk
-    rank: np.ndarray
-    nbytes: np.ndarray
-    n_new: int
-    nranks: int
-
-    def dense(self) -> np.ndarray:
-        """As an (n_new, nranks) matrix (small cases and tests)."""
-        out = np.zeros((self.n_new, self.nranks), dtype=np.int64)
-        np.add.at(out, (self.chunk, self.rank), self.nbytes)
-        return out
-
-    def grouped(self, group: np.ndarray, ngroups: int) -> np.ndarray:
-        """Bytes each rank holds of each group of new chunks (``group[chunk]``), (ngroups, nranks)."""
-        flat = np.bincount(group[self.chunk] * self.nranks + self.rank, weights=self.nbytes, minlength=ngroups * self.nranks)
-        return flat.astype(np.int64).reshape(ngroups, self.nranks)
-
-    def kept(self, owners: np.ndarray) -> int:
-        """Bytes that stay where they are when ``owners[chunk]`` owns each new chunk."""
-        return int(self.nbytes[owners[self.chunk] == self.rank].sum())
-
-    def traffic(self, owners: np.ndarray) -> np.ndarray:
-        """Bytes sent from rank s to rank d when ``owners[chunk]`` owns each new chunk."""
-        flat = np.bincount(self.rank * self.nranks + owners[self.chunk], weights=self.nbytes, minlength=self.nranks**2)
-        return flat.astype(np.int64).reshape(self.nranks, self.nranks)
-
-
-@dataclass(frozen=True, eq=False)
 class Plan:
     """Where every byte of a rechunk comes from and goes to, for ``nranks`` ranks.
 
@@ -263,7 +207,7 @@ class Plan:
 
     @property
     def nbytes(self) -> int:
-        return int(self.local.nbytes.sum())
+        return self.local.total
 
     @cached_property
     def piece_count(self) -> int:
@@ -362,57 +306,3 @@ def make_plan(
         if out_ranks.size and (out_ranks.min() < 0 or out_ranks.max() >= nranks):
             raise PlanError(f"output ranks must lie in [0, {nranks})")
     return Plan(spec, int(nranks), in_ranks, out_ranks, needed, strategy, local)
-
-
-def local_bytes(spec: RechunkSpec, in_ranks: np.ndarray, nranks: int, needed: np.ndarray) -> Local:
-    """Bytes of every needed new chunk held by every rank, as sparse `Local` triples.
-
-    Computed axis by axis, without enumerating pieces: a piece's volume is the product of
-    its per-axis overlaps, so each rank's input mask (cut to the box of old chunks it
-    spans) is contracted with every axis's overlap segments in turn. Cost follows the
-    chunks each rank's box spans, not the pieces: a rechunk across the grid has
-    n_old x n_new of those.
-    """
-    segments = [axis_segments(o, n) for o, n in zip(spec.old, spec.new)]
-    parts = []
-    flat_ranks = in_ranks.ravel()
-    order = np.argsort(flat_ranks, kind="stable")
-    ranks, starts = np.unique(flat_ranks[order], return_index=True)
-    for r, mine in zip(ranks, np.split(order, starts[1:])):
-        where = np.unravel_index(mine, in_ranks.shape)
-        box = tuple(slice(w.min(), w.max() + 1) for w in where)
-        m = np.zeros([s.stop - s.start for s in box], dtype=np.int64)
-        m[tuple(w - s.start for w, s in zip(where, box))] = 1
-        new_lower = []
-        for axis, seg in enumerate(segments):
-            lo, hi = where[axis].min(), where[axis].max() + 1
-            mine = (seg.old >= lo) & (seg.old < hi)
-            if not mine.any():
-                m = None
-                break
-            new = seg.new[mine]
-            new_lower.append(int(new.min()))
-            m = _mode_product(m, axis, seg.old[mine] - lo, new - new.min(), seg.stop[mine] - seg.start[mine], int(new.max() - new.min() + 1))
-        if m is None:
-            continue
-        idx = np.nonzero(m)
-        flat = np.ravel_multi_index(tuple(i + lo for i, lo in zip(idx, new_lower)), spec.new_grid)
-        keep = needed.ravel()[flat]
-        parts.append((flat[keep], np.full(int(keep.sum()), r, np.int64), m[idx][keep] * spec.itemsize))
-    n_new = math.prod(spec.new_grid)
-    if not parts:
-        empty = np.zeros(0, np.int64)
-        return Local(empty, empty, empty, n_new, nranks)
-    return Local(*(np.concatenate(c).astype(np.int64) for c in zip(*parts)), n_new, nranks)
-
-
-def _mode_product(m: np.ndarray, axis: int, old: np.ndarray, new: np.ndarray, length: np.ndarray, n_new: int):
-    """``m`` with axis ``axis`` mapped from old to new chunk indices, weighted by the overlaps."""
-    taken = np.take(m, old, axis=axis) * length.reshape([-1 if a == axis else 1 for a in range(m.ndim)])
-    shape = list(m.shape)
-    shape[axis] = n_new
-    out = np.zeros(shape, dtype=np.int64)
-    # segments come in increasing position, so their new chunks never decrease: sum each run
-    starts = np.flatnonzero(np.concatenate([[True], new[1:] != new[:-1]]))
-    out[(slice(None),) * axis + (new[starts],)] = np.add.reduceat(taken, starts, axis=axis)
-    return out
