@@ -85,7 +85,8 @@ class Local:
             s = np.zeros([n + 1 for n in b.shape], dtype=np.int64)
             s[tuple(slice(1, None) for _ in b.shape)] = b
             for axis in range(b.ndim):
-                np.cumsum(s, axis=axis, out=s)
+                if b.shape[axis] > 1:  # along an axis of one chunk the padded table is its own sum
+                    np.cumsum(s, axis=axis, out=s)
             tables.append(s)
         return tables
 
