@@ -35,7 +35,10 @@ from dask_redist.planning.owners import is_box_placement
 
 #: Parts that enumerate pieces (the packed cufftmp layout; the dask engine where the outputs do
 #: not tile boxes) are not run past this many: a rechunk across the grid has n_old x n_new.
-MAX_PIECES = 5 * 10**7
+MAX_PIECES = 5 * 10**6
+#: Tracing allocations slows Python-heavy parts several times over: parts slower than this
+#: (seconds) are not traced (their memory shows as "-").
+TRACE_MAX_S = 2.0
 #: Choosing owners holds the bytes each rank has of each new chunk: up to ranks x new chunks
 #: (chunk, rank) pairs, all of them where every rank holds part of every chunk (slabs across
 #: the grid). Not run past this many pairs (a 24 GiB machine runs out of memory near 10^9).
@@ -89,7 +92,7 @@ def _timed(fn, reps: int, memory: bool):
         value = fn()
         best = min(best, time.perf_counter() - start)
     peak = None
-    if memory:
+    if memory and best < TRACE_MAX_S:
         tracemalloc.start()
         fn()
         peak = tracemalloc.get_traced_memory()[1]
