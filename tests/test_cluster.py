@@ -304,13 +304,13 @@ def test_outputs_released_while_the_run_is_planned(client, enabled, monkeypatch,
 
     from dask_redist.runtime import scheduler
 
-    real = scheduler.offload
+    real = scheduler.RedistSchedulerPlugin._plan
 
-    async def slow_offload(*args, **kwargs):
+    async def slow_plan(self, *args, **kwargs):
         await asyncio.sleep(1.0)
-        return await real(*args, **kwargs)
+        return await real(self, *args, **kwargs)
 
-    monkeypatch.setattr(scheduler, "offload", slow_offload)  # the scheduler runs in this process
+    monkeypatch.setattr(scheduler.RedistSchedulerPlugin, "_plan", slow_plan)  # the scheduler runs in this process
     x = da.from_array(data_for((64, 64), "float64", seed=6), chunks=(4, 64)).persist()
     wait(x)
     before = len(_log_problems(client))
@@ -323,7 +323,7 @@ def test_outputs_released_while_the_run_is_planned(client, enabled, monkeypatch,
     client.cancel(y)
     del y
     time.sleep(2)
-    monkeypatch.setattr(scheduler, "offload", real)
+    monkeypatch.setattr(scheduler.RedistSchedulerPlugin, "_plan", real)
     # the scheduler runs in this process: its handler's errors are log records here
     assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
     assert _log_problems(client)[before:] == []
