@@ -304,13 +304,13 @@ def test_outputs_released_while_the_run_is_planned(client, enabled, monkeypatch,
 
     from dask_redist.runtime import scheduler
 
-    real = scheduler.RedistSchedulerPlugin._plan
+    real = scheduler.offload
 
-    async def slow_plan(self, *args, **kwargs):
+    async def slow_offload(*args, **kwargs):
         await asyncio.sleep(1.0)
-        return await real(self, *args, **kwargs)
+        return await real(*args, **kwargs)
 
-    monkeypatch.setattr(scheduler.RedistSchedulerPlugin, "_plan", slow_plan)  # the scheduler runs in this process
+    monkeypatch.setattr(scheduler, "offload", slow_offload)  # the scheduler runs in this process
     x = da.from_array(data_for((64, 64), "float64", seed=6), chunks=(4, 64)).persist()
     wait(x)
     before = len(_log_problems(client))
@@ -323,7 +323,7 @@ def test_outputs_released_while_the_run_is_planned(client, enabled, monkeypatch,
     client.cancel(y)
     del y
     time.sleep(2)
-    monkeypatch.setattr(scheduler.RedistSchedulerPlugin, "_plan", real)
+    monkeypatch.setattr(scheduler, "offload", real)
     # the scheduler runs in this process: its handler's errors are log records here
     assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
     assert _log_problems(client)[before:] == []

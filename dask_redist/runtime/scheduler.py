@@ -26,7 +26,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-import math
 import time
 from collections import deque
 
@@ -47,9 +46,6 @@ from dask_redist.runtime.rechunks import ActiveRun, Rechunk, over_memory, ranks_
 from dask_redist.runtime.rendezvous import Rendezvous
 
 logger = logging.getLogger("dask_redist")
-
-#: Plans of at most this many chunks (old plus new) are made on the event loop (~3 ms at 2048).
-INLINE_PLAN_CHUNKS = 4096
 
 
 class RedistSchedulerPlugin(SchedulerPlugin):
@@ -124,7 +120,7 @@ class RedistSchedulerPlugin(SchedulerPlugin):
         if engine == "cufftmp" and kind != "cupy":
             return {"status": "error", "fatal": True, "message": f"redist.engine=cufftmp needs CuPy chunks, got {kind}"}
         self.engines.run_started(engine, ranks)  # (a worker leaving while we plan breaks that world)
-        plan = await self._plan(spec, in_ranks, len(ranks), needed)
+        plan = await offload(make_plan, spec.rechunk, in_ranks, len(ranks), needed=needed)
         if kind == "numpy" and (too_big := self._over_memory(plan, ranks)):
             return {"status": "error", "fatal": True, "message": too_big}
         if lost := self._lost(ranks, homes, spec, "left while the run was planned", workers):
@@ -181,17 +177,6 @@ class RedistSchedulerPlugin(SchedulerPlugin):
         if not pending:
             self._finish(spec.token)
         return run
-
-    async def _plan(self, spec: CollectiveSpec, in_ranks, nranks: int, needed):
-        """`make_plan` on the event loop when it is quick, else on the offload thread.
-
-        Planning is linear in the chunks (a few ms at 1024 chunks); the offload thread is one
-        thread the scheduler shares with graph materialization and large deserializations, so
-        a small plan is not queued behind them.
-        """
-        if math.prod(spec.rechunk.old_grid) + math.prod(spec.rechunk.new_grid) <= INLINE_PLAN_CHUNKS:
-            return make_plan(spec.rechunk, in_ranks, nranks, needed=needed)
-        return await offload(make_plan, spec.rechunk, in_ranks, nranks, needed=needed)
 
     def _over_memory(self, plan, ranks) -> str | None:
         """Why the run cannot fit a worker's memory limit (NumPy), or None.
