@@ -24,14 +24,17 @@ def address(a: np.ndarray) -> int:
     return a.__array_interface__["data"][0]
 
 
-def replay(job, dst_buffer, dst, src_buffer, src) -> None:
-    """The kernel's work for one job, on the bytes."""
-    n0, n1, nbytes, s0, s1, d0, d1 = job
-    so, do = address(src) - address(src_buffer), address(dst) - address(dst_buffer)
+def copy_rows(n0, n1, nbytes, s0, s1, d0, d1, src_memory, src_at, dst_memory, dst_at) -> None:
+    """The kernel's work for one job (rows of ``nbytes`` over two outer axes), on bytes."""
     for i0 in range(n0):
         for i1 in range(n1):
-            s, d = so + i0 * s0 + i1 * s1, do + i0 * d0 + i1 * d1
-            dst_buffer[d : d + nbytes] = src_buffer[s : s + nbytes]
+            s, d = src_at + i0 * s0 + i1 * s1, dst_at + i0 * d0 + i1 * d1
+            dst_memory[d : d + nbytes] = src_memory[s : s + nbytes]
+
+
+def replay(job, dst_buffer, dst, src_buffer, src) -> None:
+    """A folded copy between two views, each inside its own buffer."""
+    copy_rows(*job, src_buffer, address(src) - address(src_buffer), dst_buffer, address(dst) - address(dst_buffer))
 
 
 @st.composite
@@ -75,13 +78,9 @@ def test_contiguous_and_slab_copies_are_single_rows():
 
 
 def replay_all(jobs, memory: np.ndarray) -> None:
-    """Every job on one byte buffer, pointers being offsets into it."""
-    for job in jobs.tolist():
-        src, dst, n0, n1, nbytes, s0, s1, d0, d1 = job
-        for i0 in range(n0):
-            for i1 in range(n1):
-                s, d = src + i0 * s0 + i1 * s1, dst + i0 * d0 + i1 * d1
-                memory[d : d + nbytes] = memory[s : s + nbytes]
+    """Every job of a table on one byte buffer, pointers being offsets into it."""
+    for src, dst, *rows in jobs.tolist():
+        copy_rows(*rows, memory, src, memory, dst)
 
 
 @st.composite
