@@ -95,37 +95,37 @@ class Transfers:
     def split(self, max_bytes: int) -> Transfers:
         """Cut every box larger than ``max_bytes`` into boxes of at most that size.
 
-        Boxes are halved along their outermost axis with more than one element, so
-        the parts stay boxes; a single element is never cut.
+        A box is cut along its outermost axis with more than one element into slabs of as
+        many rows as fit; a one-row slab still too big is cut along its next axis, and so
+        on, so the parts stay boxes; a single element is never cut. Vectorized: one pass
+        per axis, whatever the number of boxes (a packed layout in rounds splits every piece).
         """
         max_bytes = max(int(max_bytes), self.itemsize)
-        big = np.flatnonzero(self.nbytes > max_bytes)
-        if len(big) == 0:
+        big = self.nbytes > max_bytes
+        if not big.any():
             return self
-        keep = np.ones(len(self), dtype=bool)
-        keep[big] = False
-        rows = []
-        for i in big:
-            stack = [(self.lo[i].copy(), self.hi[i].copy())]
-            while stack:
-                lo, hi = stack.pop()
-                ext = hi - lo
-                if math.prod(ext.tolist()) * self.itemsize <= max_bytes:
-                    rows.append((i, lo, hi))
-                    continue
-                axis = int(np.flatnonzero(ext > 1)[0])
-                mid = lo[axis] + ext[axis] // 2
-                hi1, lo2 = hi.copy(), lo.copy()
-                hi1[axis] = mid
-                lo2[axis] = mid
-                stack.append((lo2, hi))  # popped last: parts stay in order
-                stack.append((lo, hi1))
-        idx = np.array([r[0] for r in rows], dtype=np.int64)
-        parts = Transfers(
-            self.src[idx], self.dst[idx], self.old_block[idx], self.new_block[idx],
-            np.array([r[1] for r in rows]), np.array([r[2] for r in rows]), self.itemsize,
-        )  # fmt: skip
-        return concat_transfers([self.take(keep), parts])
+        done, todo = self.take(~big), self.take(big)
+        parts = [done]
+        while len(todo):
+            ext = todo.hi - todo.lo
+            axis = np.argmax(ext > 1, axis=1)  # outermost axis longer than one
+            rows = np.take_along_axis(ext, axis[:, None], axis=1)[:, 0]
+            row_bytes = todo.nbytes // rows
+            per = np.maximum(1, max_bytes // row_bytes)  # rows per slab
+            count = -(-rows // per)
+            which = np.repeat(np.arange(len(todo)), count)
+            k = np.arange(len(which)) - np.repeat(np.cumsum(count) - count, count)
+            lo, hi = todo.lo[which].copy(), todo.hi[which].copy()
+            a, start = axis[which], todo.lo[which, axis[which]]
+            lo[np.arange(len(which)), a] = start + k * per[which]
+            hi[np.arange(len(which)), a] = np.minimum(start + (k + 1) * per[which], todo.hi[which, a])
+            cut = Transfers(
+                todo.src[which], todo.dst[which], todo.old_block[which], todo.new_block[which], lo, hi, self.itemsize
+            )
+            still = cut.nbytes > max_bytes  # one row of more than max_bytes: on to the next axis
+            parts.append(cut.take(~still))
+            todo = cut.take(still)
+        return concat_transfers(parts)
 
 
 def box_volumes(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
