@@ -39,7 +39,7 @@ from distributed.utils import log_errors, offload
 
 from dask_redist.core.spec import BARRIER_PREFIX, STAGE_PREFIX, BarrierTask, CollectiveSpec, RunSpec
 from dask_redist.engines.choice import EngineSelector
-from dask_redist.errors import RedistTimeoutError
+from dask_redist.errors import KINDS, RedistTimeoutError
 from dask_redist.planning import make_plan
 from dask_redist.runtime import ordering
 from dask_redist.runtime.rechunks import ActiveRun, Rechunk, over_memory, ranks_of, restart_recommendations
@@ -216,7 +216,10 @@ class RedistSchedulerPlugin(SchedulerPlugin):
         engine if its own could not start under ``auto``, or abort it."""
         rechunk = self.rechunks.get(token)
         run = rechunk.active if rechunk else None
-        if run is None or run.spec.run_id != run_id:
+        if run is None or run.spec.run_id != run_id:  # an old run's late report, or no such rechunk
+            return
+        if address not in run.spec.workers or kind not in KINDS:  # not a rank of this run: refused
+            logger.debug("ignored a failure report for %s from %s (kind %r)", run.spec.name(), address, kind)
             return
         logger.warning("%s failed on %s: %s", run.spec.name(), address, message)
         unavailable = kind == "unavailable"

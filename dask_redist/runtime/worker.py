@@ -33,6 +33,11 @@ from dask_redist.runtime.transport import call_on_loop
 
 logger = logging.getLogger("dask_redist")
 
+#: Pieces that arrive for a run whose start message has not are kept this long at most
+#: (seconds): a run's start follows its peers' within the barrier's round trip, and pieces
+#: for a rechunk that never starts here must not be kept for ever.
+EARLY_TTL_S = 600.0
+
 #: Output chunks assembled from pieces up to this size are built on the event loop (a copy of
 #: this size takes well under a millisecond; a hand-off to a thread costs about as much).
 INLINE_BUILD_BYTES = 2**20
@@ -47,6 +52,7 @@ class WorkerState:
         self.staging = StagingStore()
         self.runs: dict[str, WorkerRun] = {}
         self.early: dict[tuple[str, int], list] = defaultdict(list)  # pieces for a run not started here yet
+        self.early_since: dict[tuple[str, int], float] = {}  # when the first of them arrived
         self.executor = RunExecutor(worker, self.mark)
         self.capabilities: dict | None = None
         self.timeline: dict[str, float] = {}  # wall-clock marks of the latest run, for diagnostics
@@ -146,8 +152,10 @@ class WorkerState:
             old = self.runs.get(run.token)
             wr = self.runs[run.token] = WorkerRun(run, self.address, inputs)
             early = self.early.pop((run.token, run.run_id), [])
+            self.early_since.pop((run.token, run.run_id), None)
             for key in [k for k in self.early if k[0] == run.token and k[1] < run.run_id]:
                 del self.early[key]
+                self.early_since.pop(key, None)
         if old is not None and old.state in ("queued", "running"):
             old.fail(RedistConsistencyError(f"{old.name()} superseded by run {run.run_id}"))
         missing = [i for i in mine if i not in inputs]
@@ -155,7 +163,8 @@ class WorkerState:
             self.executor.fail(wr, RedistConsistencyError(f"{wr.name()}: staged input chunks {missing[:5]} are not on this worker"))
             return
         for src, first, arrays in early:
-            wr.receive(src, first, arrays)
+            if self._peer(wr, src):
+                wr.receive(src, first, arrays)
         self.executor.submit(wr)
 
     async def handle_capabilities(self) -> dict:
@@ -166,22 +175,41 @@ class WorkerState:
         return self.capabilities
 
     async def handle_receive(self, token: str, run_id: int, src: int, first: int, count: int, data) -> str:
+        """Pieces from rank ``src``; kept for a run whose start has not arrived yet (for at most
+        `EARLY_TTL_S`), refused from a sender that cannot be a peer of the run."""
         data = Packed(count, data)
+        now = time.monotonic()
         with self._lock:
+            for key in [k for k, since in self.early_since.items() if now - since > EARLY_TTL_S]:
+                self.early.pop(key, None)
+                self.early_since.pop(key, None)
             run = self.runs.get(token)
             if run is None or run.run_id < run_id:
                 self.early[(token, run_id)].append((src, first, data))
+                self.early_since.setdefault((token, run_id), now)
                 return "OK"
-        if run.run_id == run_id:
-            run.receive(src, first, data)
+        if run.run_id != run_id:
+            return "OK"  # an older run's pieces: that run is gone
+        if not self._peer(run, src):
+            return "refused"
+        run.receive(src, first, data)
         return "OK"
+
+    @staticmethod
+    def _peer(run: WorkerRun, src) -> bool:
+        """Can rank ``src`` send ``run`` pieces over comms? (Not itself: its own pieces stay local.)"""
+        if isinstance(src, int) and 0 <= src < len(run.spec.workers) and src != run.rank:
+            return True
+        logger.debug("%s: refused pieces claiming to come from rank %r", run.name(), src)
+        return False
 
     def handle_abort(self, token: str, run_id: int, reason: str, kind: str) -> None:
         with self._lock:
             run = self.runs.get(token)
             for key in [k for k in self.early if k[0] == token and k[1] <= run_id]:
                 del self.early[key]
-        if run is not None and run.run_id == run_id:
+                self.early_since.pop(key, None)
+        if run is not None and run.run_id == run_id and kind in KINDS:
             run.fail(KINDS[kind](reason))
 
     def handle_cleanup(self, token: str, run_id: int) -> None:
@@ -207,6 +235,7 @@ class WorkerState:
             runs = list(self.runs.values())
             self.runs.clear()
             self.early.clear()
+            self.early_since.clear()
         self.staging.clear()
         for run in runs:
             run.fail(RedistError(f"{run.name()}: worker {self.address} closed"))

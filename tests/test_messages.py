@@ -1,0 +1,90 @@
+"""Messages to the collective's handlers that do not belong to a run are refused without
+touching the run: reports from workers that are not its ranks, unknown failure kinds,
+pieces from ranks that cannot send them, and pieces for runs that never start."""
+
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from dask_redist.config import Settings
+from dask_redist.core.run import WorkerRun
+from dask_redist.core.spec import CollectiveSpec, RunSpec
+from dask_redist.planning import RechunkSpec, make_plan
+from dask_redist.runtime import worker as worker_module
+from dask_redist.runtime.rechunks import ActiveRun, Rechunk
+from dask_redist.runtime.scheduler import RedistSchedulerPlugin
+from dask_redist.runtime.worker import WorkerState
+
+WORKERS = ("tcp://a:1", "tcp://b:1")
+
+
+def run_spec(run_id: int = 1) -> RunSpec:
+    rechunk = RechunkSpec(((2, 2), (4,)), ((4,), (2, 2)), 8)
+    plan = make_plan(rechunk, [0, 1], 2)
+    spec = CollectiveSpec("t" * 32, "x", "y", rechunk, np.dtype("float64"), Settings())
+    return RunSpec(spec, run_id, 1, WORKERS, plan.in_ranks, plan.out_ranks, plan.needed, "dask")
+
+
+class FakeScheduler:
+    """What the plugin's failure path reads and writes of a Scheduler."""
+
+    def __init__(self):
+        self.tasks, self.sent = {}, []
+        self.stream_comms = {w: SimpleNamespace(send=lambda msg, w=w: self.sent.append((w, msg))) for w in WORKERS}
+
+    def set_restrictions(self, restrictions):
+        pass
+
+
+def plugin_with_an_active_run() -> RedistSchedulerPlugin:
+    plugin = RedistSchedulerPlugin()
+    plugin.scheduler = FakeScheduler()
+    spec = run_spec()
+    plugin.rechunks[spec.token] = Rechunk(spec.token, attempts=1, active=ActiveRun(spec, set(), {}, 0, 0))
+    return plugin
+
+
+@pytest.mark.parametrize("address, kind", [("tcp://intruder:1", "error"), (WORKERS[0], "no-such-kind")])
+def test_a_failure_report_from_outside_the_run_is_ignored(address, kind):
+    plugin = plugin_with_an_active_run()
+    token = next(iter(plugin.rechunks))
+    plugin.failed(token, 1, address, "boom", kind)
+    assert plugin.rechunks[token].active is not None and plugin.scheduler.sent == [] and not plugin.history
+
+
+def test_a_failure_report_from_a_rank_aborts_the_run_everywhere():
+    plugin = plugin_with_an_active_run()
+    token = next(iter(plugin.rechunks))
+    plugin.failed(token, 2, WORKERS[0], "stale report", "error")  # another run's: ignored
+    assert plugin.rechunks[token].active is not None
+    plugin.failed(token, 1, WORKERS[0], "boom", "error")
+    assert plugin.rechunks[token].active is None and plugin.history[-1]["outcome"] == "failed"
+    assert sorted(w for w, m in plugin.scheduler.sent if m["op"] == "redist-abort") == sorted(WORKERS)
+
+
+def test_pieces_from_a_rank_that_cannot_send_them_are_refused():
+    state = WorkerState(SimpleNamespace(address=WORKERS[0]))
+    run = WorkerRun(run_spec(), WORKERS[0], {})
+    state.runs[run.spec.token] = run
+    piece = np.zeros(16, np.uint8)
+    for bad in (0, 2, -1, "1"):  # itself, out of range, negative, not a rank number
+        assert asyncio.run(state.handle_receive(run.spec.token, 1, bad, 0, 1, piece)) == "refused"
+    assert run._inbox == []
+    assert asyncio.run(state.handle_receive(run.spec.token, 1, 1, 0, 1, piece)) == "OK"
+    assert len(run._inbox) == 1
+
+
+def test_pieces_for_a_run_that_never_starts_are_dropped_after_a_while(monkeypatch):
+    state = WorkerState(SimpleNamespace(address=WORKERS[0]))
+    clock = [1000.0]
+    monkeypatch.setattr(worker_module.time, "monotonic", lambda: clock[0])
+    piece = np.zeros(16, np.uint8)
+    asyncio.run(state.handle_receive("u" * 32, 7, 1, 0, 1, piece))  # no such run here (yet)
+    assert list(state.early) == [("u" * 32, 7)]
+    clock[0] += worker_module.EARLY_TTL_S + 1
+    asyncio.run(state.handle_receive("v" * 32, 1, 1, 0, 1, piece))  # any later message prunes
+    assert list(state.early) == [("v" * 32, 1)] and list(state.early_since) == [("v" * 32, 1)]
