@@ -382,3 +382,21 @@ def test_a_scheduler_preload_registers_the_plugins_at_start():
         with dask_redist.enable():
             np.testing.assert_array_equal(da.from_array(a, chunks=(4, 16)).rechunk((16, 4)).compute(), a)
         assert dask_redist.status(c)["history"][-1]["outcome"] == "done"
+
+
+def test_the_timeline_is_of_the_latest_run(client, enabled):
+    """Every mark ``status()`` shows belongs to the latest run: a second rechunk's stage marks are
+    its own, after the first run's end, not the first run's left over."""
+    x = da.from_array(data_for((64, 64), "float64", seed=8), chunks=(4, 64)).persist()
+    wait(x)
+    np.testing.assert_array_equal(x.rechunk((64, 4)).compute(), x.compute())
+    first_done = dask_redist.status(client)["timeline"]["outputs in memory"]
+    y = da.from_array(data_for((64, 64), "float64", seed=9), chunks=(8, 64)).persist()
+    wait(y)
+    np.testing.assert_array_equal(y.rechunk((64, 8)).compute(), y.compute())
+    marks = {w: s["timeline"] for w, s in dask_redist.status(client)["workers"].items()}
+    staged = [m["first stage"] for m in marks.values() if "first stage" in m]
+    assert staged, marks
+    assert min(staged) > first_done, (first_done, marks)
+    for m in marks.values():
+        assert all(t > first_done for t in m.values()), (first_done, m)

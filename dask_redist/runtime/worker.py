@@ -70,6 +70,8 @@ class WorkerState:
     # -- task bodies (dask_redist.runtime.tasks) ------------------------------------------
 
     def stage(self, token: str, tail: tuple, indices: list[int], shapes: list, chunks) -> list[Staged]:
+        if "start message" in self.timeline:  # those marks are of a run that started: a new one stages
+            self.timeline = {}
         markers = []
         for index, shape, chunk in zip(indices, shapes, chunks):
             kind = array_kind(chunk)
