@@ -105,7 +105,7 @@ def bench(args) -> int:
             with open(os.path.join(args.out, args.name + ".md"), "w") as f:
                 f.write("\n".join(lines))
         return 0
-    kind = "cupy" if args.gpu else "numpy"
+    kind = "cupy" if args.gpu and not args.numpy else "numpy"
     plan = _bench_plan(args)
     ceiling = _ceiling() if args.gpu else None
     stem = os.path.join(args.out, args.name) if args.out else None
@@ -268,6 +268,7 @@ def main(argv: list[str] | None = None) -> int:
         "ceiling (peer-copy bound); default: redist-dask tasks p2p, or the suite's",
     )  # fmt: skip
     p.add_argument("--suite", choices=["gpu"], help="the whole GPU table (cases and methods of bench.gpu_suite)")
+    p.add_argument("--numpy", action="store_true", help="with --gpu: NumPy chunks on the dask-cuda workers")
     p.add_argument("--append", action="store_true", help="keep the results already in --out/--name, replace re-run ones")
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--out", help="folder for <name>.md and <name>.json")

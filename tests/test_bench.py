@@ -73,7 +73,7 @@ def test_cli_runs_checks_writes_and_appends(tmp_path):
     rows = {r["method"]: r for r in first["results"]}
     assert rows["redist-dask"]["correct"] is True and len(rows["redist-dask"]["times"]) == 1
     assert rows["tasks"]["correct"] is True
-    assert rows["nvmath"]["error"] == "nvmath moves CuPy chunks only"
+    assert rows["nvmath"]["error"] == "the raw Redistribute is timed on CuPy chunks only"
     assert rows["tasks-ucx"]["error"]  # no UCX stack here: the row says why instead of failing the run
     assert main(args + ["--methods", "p2p", "--append"]) == 0
     second = json.loads((tmp_path / "t.json").read_text())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import os
 import threading
@@ -208,6 +209,21 @@ def test_chunks_of_another_type_fail_clearly(client, enabled):
     odd = x.map_blocks(lambda b: np.ma.masked_array(b), dtype=float, meta=np.empty((0, 0)))
     with pytest.raises(TypeError, match="NumPy or CuPy"):
         odd.rechunk((8, 2)).compute()
+
+
+def test_cufftmp_asked_for_where_it_cannot_run_says_why(client):
+    """redist.engine=cufftmp on workers without GPUs: the rank's reason, not a bare import error;
+    NumPy chunks of a dtype CuPy does not hold: refused before the run starts."""
+    if importlib.util.find_spec("cupy") is not None:
+        pytest.skip("CuPy is installed here: the workers may well run cufftmp")
+    x = da.from_array(data_for((32, 32), "float64"), chunks=(4, 32))
+    with dask_redist.enable(engine="cufftmp"), pytest.raises(dask_redist.RedistError, match="cufftmp cannot run on this worker: CuPy unusable"):
+        x.rechunk((32, 4)).compute()
+    words = da.from_array(np.array(["ab"] * 1024).reshape(32, 32), chunks=(4, 32))
+    with dask_redist.enable(engine="cufftmp"), pytest.raises(dask_redist.RedistError, match="not <U2"):
+        words.rechunk((32, 4)).compute()
+    with dask_redist.enable():  # auto is still fine after
+        np.testing.assert_array_equal(x.rechunk((32, 4)).compute(), x.compute())
 
 
 def test_no_state_left_behind(client, enabled):

@@ -40,8 +40,8 @@ def gpu_client():
         yield client
 
 
-def run_case(client, case: Case, placement=contiguous, seed=1, **options):
-    x = placed_array(client, case, seed, kind="cupy", placement=placement)
+def run_case(client, case: Case, placement=contiguous, seed=1, kind="cupy", **options):
+    x = placed_array(client, case, seed, kind=kind, placement=placement)
     before = len(scheduler_history(client))
     with dask_redist.enable(**options):
         y = x.rechunk(case.new).persist()
@@ -96,6 +96,35 @@ def test_rounds_when_the_run_exceeds_the_budget(gpu_client):
     c = case((128, 64, 64), (16, 64, 64), (128, 8, 64), name="4 MiB in rounds")
     run_case(gpu_client, c, engine="cufftmp", memory_budget="1MiB")  # direct, in slabs
     run_case(gpu_client, c, placement=lambda i, n, w: i % w, engine="cufftmp", memory_budget="1MiB")  # packed
+
+
+@pytest.mark.parametrize("c", [CASES[0], CASES[1], CASES[3], CASES[6]], ids=lambda c: c.name)
+def test_numpy_chunks_through_the_gpus(gpu_client, c):
+    """NumPy chunks on dask-cuda workers with redist.engine=cufftmp: NumPy out, equal to NumPy
+    (the 4-D case takes the one-copy-per-box path, the others the batched kernel)."""
+    y = run_case(gpu_client, c, kind="numpy", engine="cufftmp")
+    assert type(y.blocks[(0,) * y.ndim].compute()) is np.ndarray
+
+
+def test_numpy_chunks_in_rounds_keep_gpu_memory_to_a_round(gpu_client):
+    """A 32 MiB NumPy array in 1 MiB rounds: CuPy's pool never holds more than a fraction of it
+    (each round uploads only its parts), direct and packed; results equal."""
+    c = case((256, 128, 128), (32, 128, 128), (256, 16, 128), name="32 MiB NumPy in rounds")
+
+    def pool_bytes(free=False):
+        import cupy
+
+        pool = cupy.get_default_memory_pool()
+        if free:
+            pool.free_all_blocks()
+        return pool.total_bytes()
+
+    placements = [contiguous] + ([lambda i, n, w: i % w] if len(gpu_client.scheduler_info()["workers"]) > 1 else [])
+    for placement in placements:  # direct, then packed
+        gpu_client.run(pool_bytes, True)
+        run_case(gpu_client, c, placement=placement, kind="numpy", engine="cufftmp", memory_budget="1MiB")
+        held = gpu_client.run(pool_bytes)
+        assert max(held.values()) < c.nbytes // 4, held
 
 
 def test_several_rechunks_in_a_row_reuse_the_arena_and_plans(gpu_client):

@@ -153,8 +153,8 @@ def run_case(
                     f"{ceiling['peer GB/s per direction']:.0f} GB/s (peer copy, both directions busy)"
                 )
             continue
-        if method in ("redist-cufftmp", "nvmath") and kind != "cupy":
-            r.error = f"{method} moves CuPy chunks only"
+        if method == "nvmath" and kind != "cupy":
+            r.error = "the raw Redistribute is timed on CuPy chunks only"
             continue
         if method == "nvmath":
             _raw(case, r, reps, nworkers)

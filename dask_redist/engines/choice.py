@@ -22,7 +22,8 @@ def choose_engine(
     if setting != "auto":
         return setting, "set by redist.engine"
     if kind != "cupy":
-        return "dask", "NumPy chunks"
+        # through the GPUs on request only (redist.engine=cufftmp): not measured on 2 GPUs yet
+        return "dask", "NumPy chunks (redist.engine=cufftmp takes them through the GPUs)"
     bad = [w for w in workers if not capabilities.get(w, {}).get("cufftmp", {}).get("ok")]
     if bad:
         why = capabilities.get(bad[0], {}).get("cufftmp", {}).get("reason", "no answer")

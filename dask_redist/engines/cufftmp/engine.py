@@ -32,10 +32,11 @@ import numpy as np
 
 from dask_redist.core.assemble import cut
 from dask_redist.engines.cufftmp.copies import BoxCopies, ChunkTable, launch
+from dask_redist.engines.cufftmp.host import HostParts, to_device
 from dask_redist.engines.cufftmp.nvshmem import Arena, capabilities
 from dask_redist.engines.cufftmp.world import World
 from dask_redist.engines.protocol import Engine, Health
-from dask_redist.errors import RedistError, RedistTimeoutError
+from dask_redist.errors import EngineUnavailableError, RedistError, RedistTimeoutError
 from dask_redist.planning.boxes import Box
 from dask_redist.planning.layout import DirectLayout, PackedLayout, choose_layout
 
@@ -80,6 +81,7 @@ class CufftMpEngine(Engine):
         self._marks: list = []
         self._pending: deque = deque()  # (event after a round's reshape, when it was queued)
         self._keep: list = []  # what queued GPU work still reads (copy job tables), until it is done
+        self._able: dict | None = None  # capabilities(), asked at the first run
 
     # -- the protocol --------------------------------------------------------------------
 
@@ -170,6 +172,10 @@ class CufftMpEngine(Engine):
     # -- a run -------------------------------------------------------------------------
 
     def execute(self, run, transport) -> None:
+        if self._able is None:
+            self._able = capabilities()
+        if not self._able["ok"]:  # e.g. redist.engine=cufftmp on workers without GPUs
+            raise EngineUnavailableError(f"{run.name()}: cufftmp cannot run on this worker: {self._able['reason']}")
         import cupy
 
         if broken := self.health().broken:
@@ -184,10 +190,11 @@ class CufftMpEngine(Engine):
             run.plan, settings.memory_budget, size_class_bits=settings.size_class_bits, allow_empty=ALLOW_EMPTY_BOXES
         )
         spec = run.spec.collective
+        xp = np if run.spec.kind == "numpy" else cupy  # NumPy in, NumPy out: see .host
         outputs = {}
         for flat in run.plan.owned(run.rank):
             lo, hi = spec.rechunk.new_box(flat)
-            outputs[flat] = cupy.empty(tuple(h - l for l, h in zip(lo, hi)), dtype=spec.dtype)
+            outputs[flat] = xp.empty(tuple(h - l for l, h in zip(lo, hi)), dtype=spec.dtype)
         run.set_phase("exchange")
         self._marks = []
         self._pending.clear()
@@ -269,41 +276,59 @@ class CufftMpEngine(Engine):
         item = spec.rechunk.itemsize
         in_max = max(max(b.size for b in layout.boxes(k)[0]) for k in range(layout.rounds)) * item
         out_max = max(max(b.size for b in layout.boxes(k)[1]) for k in range(layout.rounds)) * item
-        chunks_in = {f: Box(*spec.rechunk.old_box(f)) for f in run.inputs}
-        chunks_out = {f: Box(*spec.rechunk.new_box(f)) for f in outputs}
         plans = []
         for k in range(layout.rounds):  # plan every round first (collective, same order everywhere)
             boxes = list(zip(layout.folded[k].lower.tolist(), layout.folded[k].upper.tolist()))
             plans.append(self.plan(layout.folded[k].word, boxes[:nranks], boxes[nranks:], rank))
-        src, dst, ws = self._regions(in_max, out_max, plans)
-        table_in = ChunkTable.of(run.inputs, spec.rechunk.old_box, item)
-        table_out = ChunkTable.of(outputs, spec.rechunk.new_box, item)
+        regions = self._regions(in_max, out_max, plans)
+        old_box, new_box = spec.rechunk.old_box, spec.rechunk.new_box
+        host = run.spec.kind == "numpy"
+        tables = None if host else (ChunkTable.of(run.inputs, old_box, item), ChunkTable.of(outputs, new_box, item))
         for k, plan in enumerate(plans):
             self._next_round(run)
             ins, outs = layout.boxes(k)
             b_in, b_out = ins[rank], outs[rank]
-            if table_in is not None and table_out is not None:  # every copy of a stage in one launch
-                launch(table_in.jobs(b_in.lower, b_in.upper, self.arena.ptr + src, into_box=True), self._keep)
-                self.exchange(plan, src, dst, ws)
-                launch(table_out.jobs(b_out.lower, b_out.upper, self.arena.ptr + dst, into_box=False), self._keep)
-                self._mark("unstage")
+            if not host:
+                self._direct_round(plan, regions, dtype, (b_in, run.inputs, old_box), (b_out, outputs, new_box), tables)
                 continue
-            staged, copies = self.arena.view(src, b_in.shape, dtype), BoxCopies(self._keep)
-            for f, box in chunks_in.items():
-                part = box.intersect(b_in)
-                if part.size:
-                    copies.add(staged[part.slices(b_in.lower)], run.inputs[f][part.slices(box.lower)])
-            copies.launch()
+            self._wait(run)  # host copies only while no NVSHMEM work is queued: see .host
+            up, down = HostParts(run.inputs, old_box, b_in, upload=True), HostParts(outputs, new_box, b_out, upload=False)
+            tables = (ChunkTable.of(up.device, up.box_of, item), ChunkTable.of(down.device, down.box_of, item))
+            self._direct_round(plan, regions, dtype, (b_in, up.device, up.box_of), (b_out, down.device, down.box_of), tables)
+            self._wait(run)
+            down.download()
+
+    def _direct_round(self, plan, regions, dtype, stage, unstage, tables) -> None:
+        """Queue one round of a direct layout: ``stage`` and ``unstage`` are (this rank's box,
+        chunks, their bounds by flat index); ``tables`` their `ChunkTable` (None: one copy each)."""
+        src, dst, ws = regions
+        (b_in, inputs, in_box), (b_out, outputs, out_box) = stage, unstage
+        if tables[0] is not None and tables[1] is not None:  # every copy of a stage in one launch
+            launch(tables[0].jobs(b_in.lower, b_in.upper, self.arena.ptr + src, into_box=True), self._keep)
             self.exchange(plan, src, dst, ws)
-            received = self.arena.view(dst, b_out.shape, dtype)
-            for f, box in chunks_out.items():
-                part = box.intersect(b_out)
-                if part.size:
-                    copies.add(outputs[f][part.slices(box.lower)], received[part.slices(b_out.lower)])
-            copies.launch()
+            launch(tables[1].jobs(b_out.lower, b_out.upper, self.arena.ptr + dst, into_box=False), self._keep)
             self._mark("unstage")
+            return
+        staged, copies = self.arena.view(src, b_in.shape, dtype), BoxCopies(self._keep)
+        for f, chunk in inputs.items():
+            box = Box(*in_box(f))
+            part = box.intersect(b_in)
+            if part.size:
+                copies.add(staged[part.slices(b_in.lower)], chunk[part.slices(box.lower)])
+        copies.launch()
+        self.exchange(plan, src, dst, ws)
+        received = self.arena.view(dst, b_out.shape, dtype)
+        for f, chunk in outputs.items():
+            box = Box(*out_box(f))
+            part = box.intersect(b_out)
+            if part.size:
+                copies.add(chunk[part.slices(box.lower)], received[part.slices(b_out.lower)])
+        copies.launch()
+        self._mark("unstage")
 
     def _packed(self, run, layout: PackedLayout, outputs) -> None:
+        import cupy
+
         spec = run.spec.collective
         dtype, rank, nranks = spec.dtype, run.rank, len(run.spec.workers)
         word = layout.word
@@ -316,14 +341,20 @@ class CufftMpEngine(Engine):
             boxes_out = [([0, 0, int(cols[d])], [1, nranks, int(cols[d + 1])]) for d in range(nranks)]
             plans.append(self.plan(word, boxes_in, boxes_out, rank))
         src, dst, ws = self._regions(in_max, out_max, plans)
+        host = run.spec.kind == "numpy"
         for rnd, plan in zip(layout.rounds_, plans):
             self._next_round(run)
+            if host:
+                self._wait(run)  # host copies only while no NVSHMEM work is queued: see .host
             cols = rnd.columns
             t = rnd.transfers
-            copies = BoxCopies(self._keep)
+            # jobs hold raw pointers: uploads live until the next round has waited for this one
+            copies, uploads, downloads = BoxCopies(self._keep), [], []
             for i in np.flatnonzero(t.src == rank):
                 f = int(t.old_block[i])
                 piece = cut(run.inputs[f], spec.rechunk.old_box(f)[0], t.lo[i], t.hi[i])
+                if host:
+                    uploads.append(piece := to_device(piece))
                 offset = src + int(cols[int(t.dst[i])]) * word + int(rnd.offset[i])
                 copies.add(self.arena.view(offset, piece.shape, dtype), piece)
             copies.launch()
@@ -335,6 +366,14 @@ class CufftMpEngine(Engine):
                 shape = tuple(int(h - l) for l, h in zip(t.lo[i], t.hi[i]))
                 offset = dst + int(t.src[i]) * width + int(rnd.offset[i])
                 part = tuple(slice(int(l) - o, int(h) - o) for l, h, o in zip(t.lo[i], t.hi[i], lower))
-                copies.add(outputs[f][part], self.arena.view(offset, shape, dtype))
+                target = outputs[f][part]
+                if host:  # unstaged on the GPU, then downloaded into the NumPy chunk
+                    downloads.append((target, cupy.empty(shape, dtype)))
+                    target = downloads[-1][1]
+                copies.add(target, self.arena.view(offset, shape, dtype))
             copies.launch()
             self._mark("unstage")
+            if downloads:
+                self._wait(run)
+                for chunk_part, device in downloads:
+                    chunk_part[...] = device.get()
