@@ -137,3 +137,46 @@ def test_a_chunk_table_stages_and_unstages_a_box_as_numpy_does(case):
             sel = tuple(slice(l - o, h - o) for l, h, o in zip(inter_lo, inter_hi, lo))
             want[sel] = data[tuple(slice(l, h) for l, h in zip(inter_lo, inter_hi))]
         np.testing.assert_array_equal(chunk, want)
+
+
+class EagerCopies:
+    """`BoxCopies` as NumPy would do it: each copy at once."""
+
+    def add(self, dst, src) -> None:
+        dst[...] = src
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    shape=st.lists(st.integers(1, 9), min_size=1, max_size=4),
+    data=st.data(),
+)
+def test_a_round_of_box_copies_stages_and_unstages_every_chunk_part(shape, data):
+    """`_box_copies` (the copies of a direct round when no job table applies): staging the
+    chunks' parts of a box into its arena view gives the box of the whole array; unstaging
+    it into empty chunks fills exactly their parts of the box."""
+    from dask_redist.engines.cufftmp.engine import _box_copies
+    from dask_redist.planning.boxes import Box
+
+    whole = np.arange(int(np.prod(shape)), dtype=np.int64).reshape(shape)
+    cuts = [sorted({0, n, *data.draw(st.lists(st.integers(1, n), max_size=3))}) for n in shape]
+    grids = [list(zip(c[:-1], c[1:])) for c in cuts]
+    bounds = {}
+    for i, corner in enumerate(np.ndindex(*[len(g) for g in grids])):
+        bounds[i] = tuple(zip(*[g[j] for g, j in zip(grids, corner)]))
+    chunks = {i: whole[Box(*b).slices()].copy() for i, b in bounds.items()}
+    lo = [data.draw(st.integers(0, n - 1)) for n in shape]
+    box = Box(tuple(lo), tuple(data.draw(st.integers(l + 1, n)) for l, n in zip(lo, shape)))
+
+    staged = np.full(box.shape, -1, dtype=np.int64)
+    _box_copies(EagerCopies(), chunks, bounds.__getitem__, staged, box, into_box=True)
+    np.testing.assert_array_equal(staged, whole[box.slices()])
+
+    empty = {i: np.full_like(c, -1) for i, c in chunks.items()}
+    _box_copies(EagerCopies(), empty, bounds.__getitem__, staged, box, into_box=False)
+    for i, b in bounds.items():
+        inside = np.zeros(shape, dtype=bool)
+        inside[box.slices()] = True
+        mask = inside[Box(*b).slices()]
+        np.testing.assert_array_equal(empty[i][mask], chunks[i][mask])
+        assert (empty[i][~mask] == -1).all()

@@ -58,6 +58,17 @@ def _strides(lower, upper) -> tuple[int, int, int]:
     return (e[1] * e[2], e[2], 1)
 
 
+def _box_copies(copies: BoxCopies, chunks: dict, box_of, view, box: Box, into_box: bool) -> None:
+    """Add a copy between each chunk's part of ``box`` and ``view`` (``box`` in the arena)."""
+    for flat, chunk in chunks.items():
+        bounds = Box(*box_of(flat))
+        part = bounds.intersect(box)
+        if part.size:
+            arena, ours = view[part.slices(box.lower)], chunk[part.slices(bounds.lower)]
+            dst, src = (arena, ours) if into_box else (ours, arena)
+            copies.add(dst, src)
+
+
 @dataclass
 class ReshapePlan:
     handle: int
@@ -309,20 +320,11 @@ class CufftMpEngine(Engine):
             launch(tables[1].jobs(b_out.lower, b_out.upper, self.arena.ptr + dst, into_box=False), self._keep)
             self._mark("unstage")
             return
-        staged, copies = self.arena.view(src, b_in.shape, dtype), BoxCopies(self._keep)
-        for f, chunk in inputs.items():
-            box = Box(*in_box(f))
-            part = box.intersect(b_in)
-            if part.size:
-                copies.add(staged[part.slices(b_in.lower)], chunk[part.slices(box.lower)])
+        copies = BoxCopies(self._keep)
+        _box_copies(copies, inputs, in_box, self.arena.view(src, b_in.shape, dtype), b_in, into_box=True)
         copies.launch()
         self.exchange(plan, src, dst, ws)
-        received = self.arena.view(dst, b_out.shape, dtype)
-        for f, chunk in outputs.items():
-            box = Box(*out_box(f))
-            part = box.intersect(b_out)
-            if part.size:
-                copies.add(chunk[part.slices(box.lower)], received[part.slices(b_out.lower)])
+        _box_copies(copies, outputs, out_box, self.arena.view(dst, b_out.shape, dtype), b_out, into_box=False)
         copies.launch()
         self._mark("unstage")
 
