@@ -235,6 +235,39 @@ def _write(stem: str, results: list, env: dict, command: str) -> None:
         f.write(b.to_json(results, env, command))
 
 
+def soak(args) -> int:
+    """Steps until ``--minutes`` or ``--steps``; a table per step kind; 1 on any violation."""
+    import collections
+
+    from dask.utils import parse_bytes
+
+    from dask_redist.bench.soak import Soak
+
+    kind = "cupy" if args.gpu and not args.numpy else "numpy"
+    options = {"engine": args.engine} if args.engine else {}
+    with _client(args) as client:
+        s = Soak(client, seed=args.seed, kind=kind, max_bytes=parse_bytes(args.max_bytes), steps=args.kinds, **options)
+        report = s.run(steps=args.steps, minutes=None if args.steps else args.minutes)
+    by_kind = collections.defaultdict(list)
+    for step in report.steps:
+        by_kind[step.kind].append(step)
+    rows = [
+        {"step": k, "runs": len(v), "with problems": sum(bool(x.problems) for x in v),
+         "median s": f"{sorted(x.seconds for x in v)[len(v) // 2]:.2f}", "max s": f"{max(x.seconds for x in v):.2f}",
+         "re-submits Dask cancelled": sum(x.cancelled_by_dask for x in v)}
+        for k, v in sorted(by_kind.items())
+    ]  # fmt: skip
+    console.print(_table(rows, f"soak: seed {args.seed}, {len(report.steps)} steps, {kind} chunks"))
+    memory = [{"worker": w, "first MiB": m[0] >> 20, "last MiB": m[-1] >> 20, "max MiB": max(m) >> 20, "steps": len(m)}
+              for w, m in report.memory.items() if m]  # fmt: skip
+    if memory:
+        console.print(_table(memory, "process memory after the steps (workers that were killed restart at 0)"))
+    for line in report.problems:
+        console.print(line, markup=False, highlight=False)
+    console.print(f"{len(report.problems)} problems")
+    return 1 if report.problems else 0
+
+
 def doctor(args) -> int:
     from dask_redist.doctor import doctor as diagnose
 
@@ -245,6 +278,8 @@ def doctor(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from dask_redist.bench.soak import STEPS
+
     argv = sys.argv[1:] if argv is None else argv
     parser = argparse.ArgumentParser(prog="dask-redist", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -281,6 +316,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cases-scale", nargs="+", default=["slab", "pencil", "uneven"], choices=["slab", "pencil", "uneven"])
     p.add_argument("--budget", type=float, default=10.0, help="--scale: a part slower than this (s) stops growing")
     p.set_defaults(func=bench)
+
+    p = sub.add_parser("soak", help="random rechunks, cancels, re-submits, two clients, kills; invariants after each")
+    _cluster_args(p, workers=3)
+    p.add_argument("--minutes", type=float, default=20.0, help="how long (default 20; whole cycles of every step kind)")
+    p.add_argument("--steps", type=int, help="this many steps instead of --minutes")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--max-bytes", default="1MiB", help="largest array of a step (default 1MiB)")
+    p.add_argument("--numpy", action="store_true", help="with --gpu: NumPy chunks on the dask-cuda workers")
+    p.add_argument("--engine", choices=["auto", "cufftmp", "dask"], help="redist.engine for every rechunk")
+    p.add_argument("--kinds", nargs="+", default=list(STEPS), choices=list(STEPS), help="step kinds to draw (default all)")
+    p.set_defaults(func=soak)
 
     p = sub.add_parser("doctor", help="check every worker: GPU, CuPy, nvmath, cuFFTMp, NVSHMEM, engine")
     _cluster_args(p)

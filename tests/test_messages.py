@@ -1,6 +1,7 @@
 """Messages to the collective's handlers that do not belong to a run are refused without
 touching the run: reports from workers that are not its ranks, unknown failure kinds,
-pieces from ranks that cannot send them, and pieces for runs that never start."""
+pieces from ranks that cannot send them, pieces for runs that never start or already
+ended, and unpack tasks holding a stale barrier result."""
 
 from __future__ import annotations
 
@@ -39,12 +40,16 @@ class FakeScheduler:
     def set_restrictions(self, restrictions):
         pass
 
+    def transitions(self, recommendations, stimulus_id):
+        for key, finish in recommendations.items():
+            self.tasks[key].state = finish
+
 
 def plugin_with_an_active_run() -> RedistSchedulerPlugin:
     plugin = RedistSchedulerPlugin()
     plugin.scheduler = FakeScheduler()
     spec = run_spec()
-    plugin.rechunks[spec.token] = Rechunk(spec.token, attempts=1, active=ActiveRun(spec, set(), {}, 0, 0))
+    plugin.rechunks[spec.token] = Rechunk(spec.token, active=ActiveRun(spec, set(), {}, 0, 0))
     return plugin
 
 
@@ -88,3 +93,49 @@ def test_pieces_for_a_run_that_never_starts_are_dropped_after_a_while(monkeypatc
     clock[0] += worker_module.EARLY_TTL_S + 1
     asyncio.run(state.handle_receive("v" * 32, 1, 1, 0, 1, piece))  # any later message prunes
     assert list(state.early) == [("v" * 32, 1)] and list(state.early_since) == [("v" * 32, 1)]
+
+
+def test_late_pieces_of_a_run_that_ended_are_refused_and_early_ones_dropped():
+    state = WorkerState(SimpleNamespace(address=WORKERS[0]))
+    piece = np.zeros(16, np.uint8)
+    token = "w" * 32
+    asyncio.run(state.handle_receive(token, 3, 1, 0, 1, piece))  # run 3 not started here yet
+    state.handle_abort(token, 3, "cancelled", "error")  # ... and it never will
+    assert state.early == {}
+    asyncio.run(state.handle_receive(token, 3, 1, 0, 1, piece))  # a late piece of it
+    asyncio.run(state.handle_receive(token, 2, 1, 0, 1, piece))  # of an older run
+    assert state.early == {}
+    asyncio.run(state.handle_receive(token, 4, 1, 0, 1, piece))  # a later run: kept for its start
+    assert list(state.early) == [(token, 4)]
+
+
+def test_a_forgotten_rechunk_takes_its_staged_chunks_and_runs_with_it():
+    state = WorkerState(SimpleNamespace(address=WORKERS[0]))
+    spec = run_spec()
+    token = spec.token
+    state.staging.put(token, (0,), {0: np.zeros(2)})  # e.g. a cancelled stage task that finished
+    state.staging.put("other" * 6, (0,), {0: np.zeros(2)})
+    state.runs[token] = WorkerRun(spec, WORKERS[0], {})
+    state.handle_forget(token)
+    assert token not in state.runs and state.staging.counts()["staged chunks"] == 1
+    asyncio.run(state.handle_receive(token, 1, 1, 0, 1, np.zeros(16, np.uint8)))  # late: refused
+    assert state.early == {}
+
+
+def test_an_unpack_with_a_stale_barrier_result_has_the_barrier_run_again():
+    """The scheduler's answer to an unpack that found its run missing: stale when no run was
+    started for the barrier task as it is now (then the barrier is released to run again)."""
+    plugin = plugin_with_an_active_run()
+    token = next(iter(plugin.rechunks))
+    barrier = SimpleNamespace(key="redist-barrier-" + token, state="memory")
+    plugin.scheduler.tasks[barrier.key] = barrier
+    plugin.rechunks[token].barrier = (barrier, 1)
+    assert plugin.stale(token, 1) == {"stale": False}  # the run started for this task: a real error
+    assert barrier.state == "memory"
+    assert plugin.stale(token, 0) == {"stale": True, "released": True}  # a re-adopted result
+    assert barrier.state == "released"
+    barrier.state = "processing"  # running again already: nothing to release
+    assert plugin.stale(token, 0) == {"stale": True, "released": False}
+    plugin.rechunks.clear()  # forgotten meanwhile, then resubmitted: no run for this task at all
+    barrier.state = "memory"
+    assert plugin.stale(token, 1) == {"stale": True, "released": True}

@@ -126,7 +126,8 @@ def expected_block(dtype: str, seed: int, shape, lower, global_shape, xp=np):
     return v.astype(dt)
 
 
-def _make_block(dtype, seed, shape, lower, global_shape, kind):
+def make_block(dtype, seed, shape, lower, global_shape, kind):
+    """The block at ``lower`` of the case's input: `expected_block` as NumPy or CuPy (``kind``)."""
     if kind == "cupy":
         import cupy
 
@@ -153,7 +154,7 @@ def placed_array(client, case: Case, seed: int, kind: str = "numpy", placement=c
         shape = tuple(c[j] for c, j in zip(case.old, idx))
         lower = tuple(int(b[j]) for b, j in zip(bounds, idx))
         futures[(name, *idx)] = client.submit(
-            _make_block, case.dtype, seed, shape, lower, case.shape, kind,
+            make_block, case.dtype, seed, shape, lower, case.shape, kind,
             key=(name, *idx), workers=[workers[placement(i, n, len(workers))]], allow_other_workers=False, pure=False,
         )  # fmt: skip
     wait(list(futures.values()))

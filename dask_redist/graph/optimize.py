@@ -13,6 +13,8 @@ distributed that hook runs on the scheduler while the graph is materialized.
 
 from __future__ import annotations
 
+import dataclasses
+
 import math
 import threading
 from dataclasses import dataclass
@@ -24,7 +26,7 @@ from dask.highlevelgraph import HighLevelGraph, MaterializedLayer
 
 from dask_redist.compat import P2P_PREFIX, RECHUNK_PREFIXES
 from dask_redist.config import Settings
-from dask_redist.core.spec import CollectiveSpec
+from dask_redist.core.spec import BARRIER_PREFIX, CollectiveSpec
 from dask_redist.graph.layer import collective_tasks
 from dask_redist.runtime import ordering
 from dask_redist.planning import PlanError, RechunkSpec
@@ -154,8 +156,9 @@ def rewrite(
             del layers[name]
             del deps[name]
         out = d.chain.output
+        spec, groups = stage_grouping(d.spec)
         layers[out] = MaterializedLayer(
-            collective_tasks(d.spec, persisted_groups(d.spec)),
+            collective_tasks(spec, groups),
             collection_annotations=hlg.layers[out].collection_annotations,
         )
         deps[out] = {d.chain.source}
@@ -169,6 +172,34 @@ def _scheduler_in_process():
         return None
     running = [s for s in list(Scheduler._instances) if s.status.name == "running"]
     return running[0] if len(running) == 1 else None
+
+
+#: The stage grouping each rechunk (by its plain token) got last on this scheduler.
+_GROUPINGS: dict[str, tuple[str, list | None]] = {}
+GROUPINGS_KEPT = 10_000
+
+
+def stage_grouping(spec: CollectiveSpec) -> tuple[CollectiveSpec, list | None]:
+    """The spec and stage groups of a rechunk's graph; same keys always mean the same tasks.
+
+    Grouping depends on where the input is, which changes (a worker died, the input was
+    persisted again): a grouped graph gets a token of its own, so its stage and barrier keys
+    are its own. While the tasks of an earlier submission are still known to the scheduler,
+    the same rechunk gets that graph again, so that its output keys keep their dependency
+    (distributed warns about a key resubmitted with other dependencies, and keeps the old).
+    """
+    scheduler = _scheduler_in_process()
+    earlier = _GROUPINGS.get(spec.token)
+    if earlier is not None and scheduler is not None and BARRIER_PREFIX + earlier[0] in scheduler.tasks:
+        token, groups = earlier
+    else:
+        groups = persisted_groups(spec)
+        token = spec.token if groups is None else tokenize(spec.token, groups)
+        _GROUPINGS.pop(spec.token, None)
+        _GROUPINGS[spec.token] = (token, groups)
+        while len(_GROUPINGS) > GROUPINGS_KEPT:
+            del _GROUPINGS[next(iter(_GROUPINGS))]
+    return (spec if token == spec.token else dataclasses.replace(spec, token=token)), groups
 
 
 def persisted_groups(spec: CollectiveSpec) -> list[list[tuple[int, ...]]] | None:

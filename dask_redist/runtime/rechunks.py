@@ -2,7 +2,7 @@
 
 A rechunk (one token) can run several times: a worker that held staged inputs
 leaves, a rank finds its state stale, an engine cannot start under ``engine: auto``.
-`Rechunk` keeps what spans those runs (attempts, restarts, the active run, a restart
+`Rechunk` keeps what spans those runs (restarts, the active run, a restart
 waiting for the barrier task); `ActiveRun` what one run pinned and waits for. The
 functions here decide, the plugin (`dask_redist.runtime.scheduler`) applies: a restart
 is a set of recommendations (`restart_recommendations`) that the plugin hands to the
@@ -22,6 +22,7 @@ import time
 from dataclasses import dataclass, field
 
 import numpy as np
+from dask.utils import format_bytes
 
 from dask_redist.core.spec import BARRIER_PREFIX, RunSpec
 from dask_redist.planning import Plan
@@ -68,10 +69,12 @@ class Rechunk:
     """One collective rechunk (one token) across its runs."""
 
     token: str
-    attempts: int = 0  # runs started; the next run's id is attempts + 1
     restarts: int = 0  # restarts since a run last finished (bounded by redist.retries)
     active: ActiveRun | None = None
     pending_restart: PendingRestart | None = None
+    #: (barrier TaskState, run id) of the last run started: a barrier result that is not that run
+    #: is stale (a cancelled execution distributed re-adopted for a resubmitted key)
+    barrier: tuple | None = None
 
     def defer_restart(self, reason: str, stale: list) -> None:
         """Restart the active run once the barrier task is in memory (keeps the first reason)."""
@@ -80,6 +83,28 @@ class Rechunk:
             self.pending_restart = PendingRestart(self.active.spec.run_id, reason, list(stale))
         else:
             earlier.stale.extend(stale)
+
+
+class RunIds:
+    """The next run id of each rechunk. Ids count on across a rechunk's lifetimes: a token
+    persisted again after it was forgotten must not reuse an id that a worker (or a late
+    message) may still know. The ``kept`` most recently used tokens are remembered."""
+
+    def __init__(self, kept: int = 100_000):
+        self.kept = kept
+        self._last: dict[str, int] = {}
+
+    def next(self, token: str) -> int:
+        self._last[token] = self._last.pop(token, 0) + 1  # (moved to the end: the newest)
+        while len(self._last) > self.kept:
+            del self._last[next(iter(self._last))]
+        return self._last[token]
+
+
+def barrier_is_current(rechunk: Rechunk | None, ts, run_id: int) -> bool:
+    """Whether run ``run_id`` is the one started for barrier task ``ts`` as it is now; if not, the
+    barrier's result is stale (`RedistSchedulerPlugin.stale`)."""
+    return rechunk is not None and rechunk.barrier == (ts, run_id)
 
 
 def restart_recommendations(tasks: dict, token: str, stale=()) -> dict:
@@ -102,14 +127,20 @@ def ranks_of(workers: list[str], holders: list[int], alive) -> tuple[list[str], 
     return ranks, np.array([position[workers[h]] for h in holders], dtype=np.int64)
 
 
-def over_memory(plan: Plan, limits: list[int], fraction: float) -> tuple[int, int] | None:
-    """(rank, bytes) of the first rank whose inputs and outputs at once exceed ``fraction`` of
-    its memory limit (0: no limit), or None. A collective holds both and cannot spill them."""
+def over_memory(plan: Plan, ranks: list[str], limits: list[int], fraction: float) -> str | None:
+    """Why the run cannot fit: the first rank whose inputs and outputs at once exceed ``fraction``
+    of its memory limit (0: no limit), or None. A collective holds both and cannot spill them;
+    rather than have the nanny kill the worker, the run fails with the numbers."""
     in_bytes = np.bincount(
         plan.in_ranks.ravel(), weights=chunk_nbytes(plan.spec.old, plan.spec.itemsize).ravel(), minlength=plan.nranks
     )
     for rank, limit in enumerate(limits):
         need = int(in_bytes[rank] + plan.out_bytes[rank])
         if limit and need > fraction * limit:
-            return rank, need
+            return (
+                f"the rechunk needs {format_bytes(need)} at once on worker {ranks[rank]}, over {fraction:.0%} of its "
+                f"memory limit ({format_bytes(limit)}); the collective cannot spill to disk. Use more workers "
+                "or more memory per worker, or keep dask's rechunk for this array (redist.min-bytes, "
+                "dask_redist.disable())"
+            )
     return None

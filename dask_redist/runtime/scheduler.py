@@ -31,7 +31,6 @@ from collections import deque
 
 import dask
 import numpy as np
-from dask.utils import format_bytes
 from distributed.diagnostics.plugin import SchedulerPlugin
 from distributed.protocol.pickle import dumps
 from distributed.protocol.serialize import ToPickle
@@ -43,7 +42,9 @@ from dask_redist.engines.cufftmp.host import host_dtype_problem
 from dask_redist.errors import KINDS, RedistTimeoutError
 from dask_redist.planning import make_plan
 from dask_redist.runtime import ordering
-from dask_redist.runtime.rechunks import ActiveRun, Rechunk, over_memory, ranks_of, restart_recommendations
+from dask_redist.runtime.rechunks import (
+    ActiveRun, Rechunk, RunIds, barrier_is_current, over_memory, ranks_of, restart_recommendations,
+)  # fmt: skip
 from dask_redist.runtime.rendezvous import Rendezvous
 
 logger = logging.getLogger("dask_redist")
@@ -57,6 +58,7 @@ class RedistSchedulerPlugin(SchedulerPlugin):
         self.worker_plugin = worker_plugin  # registered on every worker when this plugin starts
         self.scheduler = None
         self.rechunks: dict[str, Rechunk] = {}
+        self.run_ids = RunIds()
         self.by_output: dict = {}  # output key of an active run -> its token
         self.stage_home: dict = {}  # stage key -> worker holding its chunks
         self.history: deque = deque(maxlen=200)
@@ -81,6 +83,7 @@ class RedistSchedulerPlugin(SchedulerPlugin):
                 "redist_status": self.get_status,
                 "redist_forget_world": self.forget_world,
                 "redist_allgather": self.allgather,
+                "redist_stale": self.stale,
             }
         )
         if self.worker_plugin is not None:
@@ -113,7 +116,11 @@ class RedistSchedulerPlugin(SchedulerPlugin):
             self.stage_home.setdefault((spec.stage_name, *tail), workers[h])
         ranks, in_ranks = ranks_of(workers, holders, self.scheduler.workers)
         tasks = self.scheduler.tasks
-        needed = np.array([(k in tasks and tasks[k].state != "memory") for k in spec.output_keys()], dtype=bool)
+        # outputs of this graph only: an output key resubmitted with another grouping belongs to another barrier
+        needed = np.array(
+            [(k in tasks and tasks[k].state != "memory" and ts in tasks[k].dependencies) for k in spec.output_keys()],
+            dtype=bool,
+        )
         if not needed.any():  # every output was released (a cancel) or is in memory already
             self.history.append({"token": token, "outcome": "cancelled", "why": "no output of it is wanted"})
             return {"status": "OK", "run_id": 0}
@@ -129,7 +136,24 @@ class RedistSchedulerPlugin(SchedulerPlugin):
         if self.scheduler.tasks.get(ts.key) is not ts or not self._processing(ts):  # released meanwhile
             return {"status": "stale", "message": f"barrier task {ts.key} was released while the run was planned"}
         run = self._start(spec, ranks, plan, needed, engine, kind, reason)
+        self.rechunks[spec.token].barrier = (ts, run.run_id)
         return {"status": "OK", "run_id": run.run_id}
+
+    def stale(self, token: str, run_id: int) -> dict:
+        """An unpack task found run ``run_id`` missing or not its own: is its barrier's result stale?
+
+        It is when no run was started for the barrier task as it is now: distributed re-adopted a
+        cancelled execution of the same key (persisted again right after a cancel) and took its
+        result. Then the barrier is released, with its unpack tasks, and runs again.
+        """
+        ts = self.scheduler.tasks.get(BARRIER_PREFIX + token)
+        if barrier_is_current(self.rechunks.get(token), ts, run_id):
+            return {"stale": False}
+        if ts is None or ts.state != "memory":
+            return {"stale": True, "released": False}
+        logger.debug("%s: result of run %d is stale (no such run for this task); running it again", ts.key, run_id)
+        self.scheduler.transitions({ts.key: "released"}, stimulus_id=f"redist-stale-{time.time()}")
+        return {"stale": True, "released": True}
 
     @staticmethod
     def _processing(ts) -> bool:
@@ -152,9 +176,8 @@ class RedistSchedulerPlugin(SchedulerPlugin):
         rechunk = self.rechunks.setdefault(spec.token, Rechunk(spec.token))
         if rechunk.active is not None:
             self._abort(spec.token, "superseded by a new run", kind="restart")
-        rechunk.attempts += 1
         run = RunSpec(
-            collective=spec, run_id=rechunk.attempts, seq=next(self._seq), workers=tuple(ranks),
+            collective=spec, run_id=self.run_ids.next(spec.token), seq=next(self._seq), workers=tuple(ranks),
             in_ranks=plan.in_ranks, out_ranks=plan.out_ranks, needed=needed, engine=engine, kind=kind, reason=reason,
         )  # fmt: skip
         pending, restrictions, pins = set(), {}, {}
@@ -180,22 +203,10 @@ class RedistSchedulerPlugin(SchedulerPlugin):
         return run
 
     def _over_memory(self, plan, ranks) -> str | None:
-        """Why the run cannot fit a worker's memory limit (NumPy), or None.
-
-        A collective holds a worker's inputs and outputs at once and cannot spill
-        them; rather than have the nanny kill the worker, fail with the numbers.
-        """
+        """Why the run cannot fit a worker's memory limit (NumPy), or None (`rechunks.over_memory`)."""
         fraction = dask.config.get("distributed.worker.memory.pause") or 0.8
         limits = [getattr(self.scheduler.workers.get(w), "memory_limit", 0) or 0 for w in ranks]
-        if (found := over_memory(plan, limits, fraction)) is None:
-            return None
-        rank, need = found
-        return (
-            f"the rechunk needs {format_bytes(need)} at once on worker {ranks[rank]}, over {fraction:.0%} of its "
-            f"memory limit ({format_bytes(limits[rank])}); the collective cannot spill to disk. Use more workers "
-            "or more memory per worker, or keep dask's rechunk for this array (redist.min-bytes, "
-            "dask_redist.disable())"
-        )
+        return over_memory(plan, ranks, limits, fraction)
 
     async def _choose_engine(self, spec: CollectiveSpec, kind: str, ranks: list[str]) -> tuple[str, str]:
         """The engine for a run and why; asks workers what they can run the first time it matters."""
@@ -274,9 +285,10 @@ class RedistSchedulerPlugin(SchedulerPlugin):
             self._send(run.spec.workers, {"op": "redist-cleanup", "token": token, "run_id": run.spec.run_id})
             self.rechunks[token].restarts = 0
 
-    def _abort(self, token: str, reason: str, *, kind: str) -> None:
-        """Fail the run on every rank with ``reason``, as the error `dask_redist.errors.KINDS` names."""
-        run = self._deactivate(token, "restarted" if kind == "restart" else "failed")
+    def _abort(self, token: str, reason: str, *, kind: str, outcome: str | None = None) -> None:
+        """Fail the run on every rank with ``reason``, as the error `dask_redist.errors.KINDS` names;
+        ``outcome`` for the history (default: restarted or failed, by ``kind``)."""
+        run = self._deactivate(token, outcome or ("restarted" if kind == "restart" else "failed"))
         if run is None:
             return
         logger.debug("aborting %s (%s): %s", run.spec.name(), kind, reason)
@@ -354,8 +366,8 @@ class RedistSchedulerPlugin(SchedulerPlugin):
             self._abort(token, f"output task {key} failed", kind="error")
         elif finish == "forgotten":
             run.pending.discard(key)
-            if not run.pending:
-                self._abort(token, "all outputs forgotten", kind="error")
+            if not run.pending:  # a cancel: nobody waits for any output of the run
+                self._abort(token, "all outputs forgotten", kind="error", outcome="cancelled")
 
     def _barrier_transition(self, token: str, finish: str, stimulus_id: str) -> None:
         rechunk = self.rechunks.get(token)
@@ -368,7 +380,7 @@ class RedistSchedulerPlugin(SchedulerPlugin):
                 self._abort(token, f"barrier {finish} ({stimulus_id})", kind=kind)
             if finish == "forgotten":  # nobody can ask for this rechunk again: workers forget it too
                 self.rechunks.pop(token, None)
-                self._send(list(self.scheduler.workers), {"op": "redist-cleanup", "token": token, "run_id": 2**62})
+                self._send(list(self.scheduler.workers), {"op": "redist-forget", "token": token})
 
     def remove_worker(self, scheduler, worker: str, *, stimulus_id: str, **kwargs) -> None:
         self.engines.worker_left(worker)

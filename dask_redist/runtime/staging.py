@@ -38,6 +38,13 @@ class StagingStore:
             for index in self._by_key.pop((token, tuple(tail)), ()):
                 self._chunks.pop((token, index), None)
 
+    def drop_token(self, token: str) -> None:
+        """Forget every chunk staged for rechunk ``token``."""
+        with self._lock:
+            for key in [k for k in self._by_key if k[0] == token]:
+                for index in self._by_key.pop(key):
+                    self._chunks.pop((token, index), None)
+
     def clear(self) -> None:
         with self._lock:
             self._chunks.clear()

@@ -23,7 +23,7 @@ from distributed.diagnostics.plugin import WorkerPlugin
 
 from dask_redist.core.assemble import Assembly, array_kind
 from dask_redist.core.run import WorkerRun
-from dask_redist.core.spec import CollectiveSpec, RunSpec, Staged
+from dask_redist.core.spec import STAGE_PREFIX, CollectiveSpec, RunSpec, Staged
 from dask_redist.core.wire import Packed
 from dask_redist.engines import BUILTIN, get_engine, loaded_engines
 from dask_redist.errors import KINDS, RedistConsistencyError, RedistError
@@ -37,6 +37,8 @@ logger = logging.getLogger("dask_redist")
 #: (seconds): a run's start follows its peers' within the barrier's round trip, and pieces
 #: for a rechunk that never starts here must not be kept for ever.
 EARLY_TTL_S = 600.0
+#: Tokens whose last ended run a worker remembers, to refuse pieces that arrive late.
+ENDED_KEPT = 100_000
 
 #: Output chunks assembled from pieces up to this size are built on the event loop (a copy of
 #: this size takes well under a millisecond; a hand-off to a thread costs about as much).
@@ -53,6 +55,7 @@ class WorkerState:
         self.runs: dict[str, WorkerRun] = {}
         self.early: dict[tuple[str, int], list] = defaultdict(list)  # pieces for a run not started here yet
         self.early_since: dict[tuple[str, int], float] = {}  # when the first of them arrived
+        self.ended: dict[str, int] = {}  # token -> the last run id that ended here (`_ended`)
         self.executor = RunExecutor(worker, self.mark)
         self.capabilities: dict | None = None
         self.timeline: dict[str, float] = {}  # wall-clock marks of the latest run, for diagnostics
@@ -124,7 +127,21 @@ class WorkerState:
 
         Only the first unpack of a run still in flight waits, in a helper thread;
         outputs that need a large copy to assemble are built off the event loop too.
+
+        A run that is missing here or does not hold the chunk may mean a stale barrier
+        result (see `RedistSchedulerPlugin.stale`): the scheduler then releases the barrier,
+        and this task with it, and its result goes nowhere. Otherwise the error stands.
         """
+        try:
+            return await self._unpack(token, index, run_id)
+        except RedistConsistencyError:
+            answer = await self.worker.scheduler.redist_stale(token=token, run_id=run_id)
+            if answer.get("released"):
+                logger.debug("rechunk %s: unpack of chunk %d had a stale run id %d", token[:8], index, run_id)
+                return None
+            raise
+
+    async def _unpack(self, token: str, index: int, run_id: int):
         self.mark("first unpack", first=True)
         with self._lock:
             run = self.runs.get(token)
@@ -186,6 +203,8 @@ class WorkerState:
                 self.early.pop(key, None)
                 self.early_since.pop(key, None)
             run = self.runs.get(token)
+            if run_id <= self.ended.get(token, 0):  # a late piece of a run that ended here
+                return "OK"
             if run is None or run.run_id < run_id:
                 self.early[(token, run_id)].append((src, first, data))
                 self.early_since.setdefault((token, run_id), now)
@@ -208,17 +227,40 @@ class WorkerState:
     def handle_abort(self, token: str, run_id: int, reason: str, kind: str) -> None:
         with self._lock:
             run = self.runs.get(token)
-            for key in [k for k in self.early if k[0] == token and k[1] <= run_id]:
-                del self.early[key]
-                self.early_since.pop(key, None)
+            self._ended(token, run_id)
         if run is not None and run.run_id == run_id and kind in KINDS:
             run.fail(KINDS[kind](reason))
 
     def handle_cleanup(self, token: str, run_id: int) -> None:
+        """Forget the runs of ``token`` up to ``run_id`` (they are done)."""
         with self._lock:
             run = self.runs.get(token)
+            self._ended(token, run_id)
             if run is not None and run.run_id <= run_id:
                 del self.runs[token]
+
+    def handle_forget(self, token: str) -> None:
+        """The scheduler forgot the rechunk (its barrier task): nothing of it can be used again.
+
+        Staged chunks go too: a stage task that finished after its key was released (a cancel)
+        staged them where the scheduler never heard of it. The rechunk persisted again later
+        stages anew (its tasks reach this worker after this message).
+        """
+        with self._lock:
+            run = self.runs.pop(token, None)
+            known = [k[1] for k in self.early if k[0] == token] + ([run.run_id] if run is not None else [])
+            self._ended(token, max(known, default=0))
+        self.staging.drop_token(token)
+
+    def _ended(self, token: str, run_id: int) -> None:
+        """Runs of ``token`` up to ``run_id`` ended here: drop their early pieces, refuse late ones
+        (run ids only grow per token: the scheduler never reuses one). Under ``self._lock``."""
+        for key in [k for k in self.early if k[0] == token and k[1] <= run_id]:
+            del self.early[key]
+            self.early_since.pop(key, None)
+        self.ended[token] = max(run_id, self.ended.pop(token, 0))  # (moved to the end: the newest)
+        while len(self.ended) > ENDED_KEPT:
+            del self.ended[next(iter(self.ended))]
 
     def handle_drop(self, token: str, index: list) -> None:
         """The scheduler released a stage key: forget the chunks it staged."""
@@ -262,6 +304,7 @@ class RedistWorkerPlugin(WorkerPlugin):
     idempotent = True
 
     def setup(self, worker):
+        self._worker = worker
         state = get_state(worker)
         worker.handlers["redist_receive"] = state.handle_receive
         worker.handlers["redist_capabilities"] = state.handle_capabilities
@@ -271,9 +314,19 @@ class RedistWorkerPlugin(WorkerPlugin):
                 "redist-start": lambda run: state.handle_start(run),
                 "redist-abort": state.handle_abort,
                 "redist-cleanup": state.handle_cleanup,
+                "redist-forget": state.handle_forget,
                 "redist-drop": state.handle_drop,
             }
         )
+
+    def transition(self, key, start, finish, **kwargs):
+        """A stage task whose key was released while it ran (a cancel) staged its chunks all
+        the same once it finished; the scheduler never saw that result, so it will never send
+        `handle_drop` for it: drop them here. (A stage task resubmitted meanwhile is resumed,
+        not finished from ``cancelled``; replicas removed from memory are the scheduler's.)"""
+        if start == "cancelled" and finish in ("memory", "error", "released", "missing", "rescheduled"):
+            if type(key) is tuple and key and type(key[0]) is str and key[0].startswith(STAGE_PREFIX):
+                get_state(self._worker).staging.drop(key[0][len(STAGE_PREFIX) :], tuple(key[1:]))
 
     def teardown(self, worker):
         get_state(worker).close()

@@ -1,0 +1,43 @@
+"""The soak, short: every kind of step (a plain rechunk, a cancel then the same again, a re-submit
+while the last one is released, two clients at once, a worker killed mid-rechunk) over random
+geometries and dtypes, with the invariants of `dask_redist.bench.soak` checked after each step.
+
+A cluster of its own: steps kill workers. ``REDIST_SOAK_STEPS`` and ``REDIST_SOAK_SEED`` make it
+longer or another sequence; a failure names the seed and the step.
+"""
+
+from __future__ import annotations
+
+import os
+
+from conftest import local_cluster
+
+from dask_redist.bench.soak import STEPS, Soak
+
+
+def test_soak_every_step_keeps_every_invariant():
+    from distributed import Client
+
+    seed = int(os.environ.get("REDIST_SOAK_SEED", "20261201"))
+    steps = int(os.environ.get("REDIST_SOAK_STEPS", str(2 * len(STEPS))))
+    with local_cluster(3, threads_per_worker=2) as cluster, Client(cluster) as client:
+        client.wait_for_workers(3)
+        report = Soak(client, seed=seed).run(steps=steps)
+    assert {s.kind for s in report.steps} == set(STEPS)  # every kind ran
+    assert len(report.steps) == steps
+    assert report.problems == [], f"seed {seed}: " + "\n".join(report.problems)
+
+
+def test_soak_command_reports_and_exits_zero(capsys):
+    from dask_redist.cli import main
+
+    assert main(["soak", "--steps", "4", "--workers", "2", "--seed", "7", "--kinds", "rechunk", "again"]) == 0
+    out = capsys.readouterr().out
+    assert "0 problems" in out and "again" in out and "rechunk" in out
+
+
+def test_soak_refuses_unknown_step_kinds():
+    import pytest
+
+    with pytest.raises(ValueError, match="unknown soak steps"):
+        Soak(client=None, steps=("rechunk", "explode"))
