@@ -107,7 +107,7 @@ def bench(args) -> int:
         return 0
     kind = "cupy" if args.gpu and not args.numpy else "numpy"
     plan = _bench_plan(args)
-    ceiling = _ceiling() if args.gpu else None
+    ceiling = _ceiling(host=args.numpy) if args.gpu else None
     stem = os.path.join(args.out, args.name) if args.out else None
     results, env = {}, None
     if args.append and stem and os.path.exists(stem + ".json"):
@@ -187,16 +187,20 @@ def _bench_plan(args) -> list:
     return plan
 
 
-def _ceiling() -> dict | None:
-    from dask_redist.bench.baselines import link_ceiling
+def _ceiling(host: bool = False) -> dict | None:
+    """The peer-copy ceiling (and, for NumPy chunks, the host link's), or None where not measurable."""
+    from dask_redist.bench.baselines import host_ceiling, link_ceiling
 
-    try:
-        ceiling = link_ceiling()
-    except Exception as e:
-        console.print(f"[yellow]no ceiling measured: {type(e).__name__}: {e}[/]")
-        return None
+    ceiling = {}
+    for what, measure in (("peer", link_ceiling), ("host", host_ceiling if host else None)):
+        if measure is None:
+            continue
+        try:
+            ceiling.update(measure())
+        except Exception as e:
+            console.print(f"[yellow]no {what} ceiling measured: {type(e).__name__}: {e}[/]")
     console.print(f"physical ceiling: {ceiling}")
-    return ceiling
+    return ceiling or None
 
 
 def _by_cluster(args, plan) -> list:

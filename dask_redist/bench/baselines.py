@@ -159,3 +159,49 @@ def link_ceiling(nbytes: int = 2**31, reps: int = 5) -> dict:
         "local copy GB/s (read + write)": 2 * nbytes / min(local) / 1e9,
         "bytes per copy": nbytes,
     }
+
+
+def host_ceiling(nbytes: int = 2**30, reps: int = 3, threads: int = 8) -> dict:
+    """GB/s between this process's GPU and host memory: pinned and pageable, each way, and of a
+    host-to-host copy (what packing NumPy parts into a pinned buffer costs), on one thread
+    and on ``threads``.
+
+    NumPy chunks through the GPUs cross this link twice; their copies are judged against it.
+    """
+    import cupy
+    import cupyx
+
+    n = nbytes // 8
+    device = cupy.empty(n)
+    pinned = cupyx.empty_pinned(n)
+    pageable, other = np.ones(n), np.ones(n)
+    stream = cupy.cuda.Stream(non_blocking=True)
+
+    def best(copy) -> float:
+        times = []
+        for _ in range(reps):
+            cupy.cuda.Device().synchronize()
+            start = time.perf_counter()
+            copy()
+            stream.synchronize()
+            times.append(time.perf_counter() - start)
+        return nbytes / min(times) / 1e9
+
+    return {
+        "pinned H2D GB/s": best(lambda: device.set(pinned, stream=stream)),
+        "pinned D2H GB/s": best(lambda: device.get(stream=stream, out=pinned)),
+        "pageable H2D GB/s": best(lambda: device.set(pageable, stream=stream)),
+        "pageable D2H GB/s": best(lambda: device.get(stream=stream, out=pageable)),
+        "host copy GB/s": best(lambda: np.copyto(other, pageable)),
+        "host copy into fresh memory GB/s": best(lambda: pageable.copy()),
+        f"host copy, {threads} threads GB/s": best(lambda: _threaded_copy(other, pageable, threads)),
+        "host bytes per copy": nbytes,
+    }
+
+
+def _threaded_copy(dst: np.ndarray, src: np.ndarray, threads: int) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    bounds = np.linspace(0, len(src), threads + 1).astype(int)
+    with ThreadPoolExecutor(threads) as pool:  # NumPy copies release the GIL
+        list(pool.map(lambda i: np.copyto(dst[bounds[i] : bounds[i + 1]], src[bounds[i] : bounds[i + 1]]), range(threads)))

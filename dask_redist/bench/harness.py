@@ -135,7 +135,7 @@ def run_case(
 
     nworkers = len(client.scheduler_info(n_workers=-1)["workers"])
     ceiling_s = crossing = None
-    if ceiling:
+    if ceiling and "peer GB/s per direction" in ceiling:
         crossing = crossing_bytes(case, nworkers)
         ceiling_s = crossing / (ceiling["peer GB/s per direction"] * 1e9)
     results = []
@@ -273,8 +273,8 @@ def markdown(results: list[Result], env: dict, command: str) -> str:
         f"Date: {env['date']}; machine: {env['machine']}; {env['workers']} workers; "
         + ", ".join(f"{k} {env[k]}" for k in ("dask", "distributed", "numpy", "cupy", "dask_cuda", "nvmath") if k in env),
     ]
-    if "ceiling" in env:
-        c = env["ceiling"]
+    c = env.get("ceiling") or {}
+    if "peer GB/s per direction" in c:
         lines[-1] += "  "
         lines.append(
             f"Physical ceiling, measured in the benchmark process: peer copy {c['peer GB/s per direction']:.0f} GB/s "
@@ -283,6 +283,13 @@ def markdown(results: list[Result], env: dict, command: str) -> str:
             "peer rate, over the median. \"GPU mem +\": the most GPU memory one worker had in use more after the "
             "warm-up run than before it, CuPy's cached blocks freed first (the pool keeps freed blocks, so "
             "temporaries count; the NVSHMEM symmetric heap, reserved once, does not)."
+        )
+    if "pinned H2D GB/s" in c:
+        lines[-1] += "  "
+        lines.append(
+            "Host link, measured in the benchmark process on its GPU (1 thread): "
+            + ", ".join(f"{k.replace(' GB/s', '')} {v:.1f} GB/s" for k, v in c.items() if k.endswith("GB/s") and "peer" not in k and "local" not in k)
+            + "."
         )
     lines += ["", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     lines += ["| " + " | ".join(str(r[h]) for h in head) + " |" for r in rows]

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # On the GPU node, after install.sh: the checks docs/gpu-testing.md records, logs under $OUT.
-#   bash tools/gpu/check.sh [steps...]     steps: versions doctor world gpu bench (default: all)
+#   bash tools/gpu/check.sh [steps...]     steps: versions doctor world gpu bench (default), numpy soak
+#   numpy: NumPy chunks through the GPUs against the dask engine, with the host link measured;
+#   soak: `dask-redist soak` on CuPy chunks with the cufftmp engine for $REDIST_SOAK_MINUTES (20)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 source tools/gpu/env.sh
@@ -11,7 +13,7 @@ step() {  # name command...: run, log to $out/name.log, one summary line
   local name=$1 start rc; shift; start=$(date +%s)
   "$@" > "$out/$name.log" 2>&1; rc=$?
   printf '%-9s rc=%-3s %4ss  %s\n' "$name" "$rc" "$(( $(date +%s) - start ))" \
-    "$(grep -E 'passed|failed|error' "$out/$name.log" | tail -1 | cut -c1-110)" >> "$out/summary.txt"
+    "$(grep -E 'passed|failed|error|problems' "$out/$name.log" | tail -1 | cut -c1-110)" >> "$out/summary.txt"
 }
 steps=${*:-versions doctor world gpu bench}
 date -u +"%Y-%m-%d %H:%M UTC, $(git log -1 --format=%h 2>/dev/null || echo '?')" >> "$out/summary.txt"
@@ -22,5 +24,10 @@ for s in $steps; do case $s in
   gpu) step gpu python3 -m pytest tests/test_gpu.py tests/test_examples.py -m gpu -v -s --timeout 150 ;;
   bench) step bench python3 -m dask_redist.cli bench --gpu --size 8GiB --chunks 16 \
            --methods redist-cufftmp nvmath ceiling --reps 3 --out "$out" --name gpu-8gib-16-resolved ;;
+  numpy) step numpy python3 -m dask_redist.cli bench --gpu --numpy --workers "${REDIST_TEST_GPUS:-2}" --size 2GiB 8GiB \
+           --chunks 16 64 --methods redist-cufftmp redist-dask --reps 3 --out "$out" --name gpu-numpy ;;
+  soak) kinds="rechunk cancel again clients"; [ "${REDIST_TEST_GPUS:-2}" -gt 1 ] && kinds="$kinds kill"
+        step soak python3 -m dask_redist.cli soak --gpu --workers "${REDIST_TEST_GPUS:-2}" --engine cufftmp \
+           --minutes "${REDIST_SOAK_MINUTES:-20}" --max-bytes 64MiB --seed "${REDIST_SOAK_SEED:-1}" --kinds $kinds ;;
 esac; done
 cat "$out/summary.txt"
