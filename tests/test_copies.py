@@ -180,3 +180,36 @@ def test_a_round_of_box_copies_stages_and_unstages_every_chunk_part(shape, data)
         mask = inside[Box(*b).slices()]
         np.testing.assert_array_equal(empty[i][mask], chunks[i][mask])
         assert (empty[i][~mask] == -1).all()
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.data(), threads=st.sampled_from([1, 3]))
+def test_host_copies_on_threads_copy_every_part_exactly(data, threads):
+    """NumPy parts packed into (and scattered from) a staging buffer by `HostLink`'s threads, in
+    slices along the first axis that is not 1: each part equals its source, nothing else written."""
+    import dask_redist.engines.cufftmp.host as host
+
+    original, host.SLICE_BYTES = host.SLICE_BYTES, 64  # many slices even for tiny parts
+    try:
+        parts = []
+        for _ in range(data.draw(st.integers(1, 4))):
+            shape = tuple(data.draw(st.lists(st.integers(1, 9), min_size=1, max_size=4)))
+            whole = np.arange(int(np.prod(shape)) * 3, dtype=np.int32).reshape(*shape[:-1], shape[-1] * 3)
+            parts.append(whole[..., ::3])  # strided, as a chunk's part of a box is
+        offsets, total = host._offsets(parts)
+        assert all(o % host.ALIGN == 0 for o in offsets) and total >= sum(p.nbytes for p in parts)
+        staging = np.full(total, 255, dtype=np.uint8)
+        staged = [host._as(staging, o, p.shape, p.dtype) for o, p in zip(offsets, parts)]
+        host.HostLink(threads=threads)._copy(list(zip(staged, parts)))
+        for s, p in zip(staged, parts):
+            np.testing.assert_array_equal(s, p)
+        untouched = np.ones(total, dtype=bool)
+        for o, p in zip(offsets, parts):
+            untouched[o : o + p.nbytes] = False
+        assert np.all(staging[untouched] == 255)
+        back = [np.zeros_like(p) for p in parts]  # and scattered back into chunks
+        host.HostLink(threads=threads)._copy(list(zip(back, staged)))
+        for b, p in zip(back, parts):
+            np.testing.assert_array_equal(b, p)
+    finally:
+        host.SLICE_BYTES = original

@@ -44,6 +44,9 @@ class FakeScheduler:
         for key, finish in recommendations.items():
             self.tasks[key].state = finish
 
+    def stimulus_queue_slots_maybe_opened(self, stimulus_id):
+        pass
+
 
 def plugin_with_an_active_run() -> RedistSchedulerPlugin:
     plugin = RedistSchedulerPlugin()
@@ -123,19 +126,30 @@ def test_a_forgotten_rechunk_takes_its_staged_chunks_and_runs_with_it():
 
 
 def test_an_unpack_with_a_stale_barrier_result_has_the_barrier_run_again():
-    """The scheduler's answer to an unpack that found its run missing: stale when no run was
-    started for the barrier task as it is now (then the barrier is released to run again)."""
+    """The scheduler's answer to an unpack that found its output missing: stale when no run was
+    started for the barrier task as it is now, or the run did not include that output (the
+    rechunk persisted again onto a live barrier); then the barrier is released to run again."""
     plugin = plugin_with_an_active_run()
     token = next(iter(plugin.rechunks))
-    barrier = SimpleNamespace(key="redist-barrier-" + token, state="memory")
+    barrier = SimpleNamespace(key="redist-barrier-" + token, state="memory", dependents=set())
     plugin.scheduler.tasks[barrier.key] = barrier
-    plugin.rechunks[token].barrier = (barrier, 1)
-    assert plugin.stale(token, 1) == {"stale": False}  # the run started for this task: a real error
+    plugin.rechunks[token].barrier = (barrier, 1, np.array([True, False]))
+    run = plugin.rechunks[token].active
+    run.pending.add(run.spec.collective.output_key(0))
+    assert plugin.stale(token, 1, 0) == {"stale": False}  # owed by the run started for this task: a real error
     assert barrier.state == "memory"
-    assert plugin.stale(token, 0) == {"stale": True, "released": True}  # a re-adopted result
+    run.pending.clear()  # delivered already, its key forgotten and submitted again
+    assert plugin.stale(token, 1, 0) == {"stale": True, "released": True}
+    barrier.state = "memory"
+    plugin.rechunks[token].active = run
+    assert plugin.stale(token, 1, 1) == {"stale": True, "released": True}  # an output the run left out
+    assert barrier.state == "released"
+    assert plugin.scheduler.sent and plugin.scheduler.sent[-1][1]["op"] == "redist-abort"  # the run stops
+    barrier.state = "memory"
+    assert plugin.stale(token, 0, 0) == {"stale": True, "released": True}  # a re-adopted result
     assert barrier.state == "released"
     barrier.state = "processing"  # running again already: nothing to release
-    assert plugin.stale(token, 0) == {"stale": True, "released": False}
+    assert plugin.stale(token, 0, 0) == {"stale": True, "released": False}
     plugin.rechunks.clear()  # forgotten meanwhile, then resubmitted: no run for this task at all
     barrier.state = "memory"
-    assert plugin.stale(token, 1) == {"stale": True, "released": True}
+    assert plugin.stale(token, 1, 0) == {"stale": True, "released": True}

@@ -72,8 +72,9 @@ class Rechunk:
     restarts: int = 0  # restarts since a run last finished (bounded by redist.retries)
     active: ActiveRun | None = None
     pending_restart: PendingRestart | None = None
-    #: (barrier TaskState, run id) of the last run started: a barrier result that is not that run
-    #: is stale (a cancelled execution distributed re-adopted for a resubmitted key)
+    #: (barrier TaskState, run id, needed) of the last run started: a barrier result that is not
+    #: that run is stale (a cancelled execution distributed re-adopted for a resubmitted key), and
+    #: so is one for an output the run did not include (`barrier_is_current`)
     barrier: tuple | None = None
 
     def defer_restart(self, reason: str, stale: list) -> None:
@@ -101,10 +102,25 @@ class RunIds:
         return self._last[token]
 
 
-def barrier_is_current(rechunk: Rechunk | None, ts, run_id: int) -> bool:
-    """Whether run ``run_id`` is the one started for barrier task ``ts`` as it is now; if not, the
-    barrier's result is stale (`RedistSchedulerPlugin.stale`)."""
-    return rechunk is not None and rechunk.barrier == (ts, run_id)
+def barrier_is_current(rechunk: Rechunk | None, ts, run_id: int, index: int) -> bool:
+    """Whether output chunk ``index`` is still owed by run ``run_id``, the run started for barrier
+    task ``ts`` as it is now; if not, the barrier's result is stale for it
+    (`RedistSchedulerPlugin.stale`). It is stale when
+
+    * no run was started for this barrier task (distributed re-adopted a cancelled execution);
+    * the run did not include the output: the rechunk persisted again onto a live barrier task,
+      its outputs released one by one meanwhile, adds outputs that the run does not hold;
+    * the run delivered it already, or has ended: the output task runs again (its key was
+      forgotten and submitted again, or its chunk was lost with a worker).
+    """
+    if rechunk is None or rechunk.barrier is None or rechunk.active is None:
+        return False
+    barrier_ts, barrier_run, needed = rechunk.barrier
+    run = rechunk.active
+    return (
+        barrier_ts is ts and barrier_run == run_id == run.spec.run_id and bool(needed[index])
+        and run.spec.collective.output_key(index) in run.pending
+    )  # fmt: skip
 
 
 def restart_recommendations(tasks: dict, token: str, stale=()) -> dict:

@@ -136,23 +136,21 @@ class RedistSchedulerPlugin(SchedulerPlugin):
         if self.scheduler.tasks.get(ts.key) is not ts or not self._processing(ts):  # released meanwhile
             return {"status": "stale", "message": f"barrier task {ts.key} was released while the run was planned"}
         run = self._start(spec, ranks, plan, needed, engine, kind, reason)
-        self.rechunks[spec.token].barrier = (ts, run.run_id)
+        self.rechunks[spec.token].barrier = (ts, run.run_id, needed)
         return {"status": "OK", "run_id": run.run_id}
 
-    def stale(self, token: str, run_id: int) -> dict:
-        """An unpack task found run ``run_id`` missing or not its own: is its barrier's result stale?
-
-        It is when no run was started for the barrier task as it is now: distributed re-adopted a
-        cancelled execution of the same key (persisted again right after a cancel) and took its
-        result. Then the barrier is released, with its unpack tasks, and runs again.
+    def stale(self, token: str, run_id: int, index: int) -> dict:
+        """An unpack task found output chunk ``index`` of run ``run_id`` missing: is its barrier's
+        result stale (`rechunks.barrier_is_current`)? Then the rechunk is restarted (the barrier
+        released with the unpack tasks not done) and runs again for every output still wanted.
         """
         ts = self.scheduler.tasks.get(BARRIER_PREFIX + token)
-        if barrier_is_current(self.rechunks.get(token), ts, run_id):
+        if barrier_is_current(self.rechunks.get(token), ts, run_id, index):
             return {"stale": False}
         if ts is None or ts.state != "memory":
             return {"stale": True, "released": False}
-        logger.debug("%s: result of run %d is stale (no such run for this task); running it again", ts.key, run_id)
-        self.scheduler.transitions({ts.key: "released"}, stimulus_id=f"redist-stale-{time.time()}")
+        logger.debug("%s: result of run %d is stale for output %d; running it again", ts.key, run_id, index)
+        self._restart(token, f"output chunk {index} is not in run {run_id} (stale barrier result)")
         return {"stale": True, "released": True}
 
     @staticmethod

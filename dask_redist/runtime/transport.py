@@ -17,7 +17,7 @@ from typing import Callable
 
 from distributed.protocol import to_serialize
 
-from dask_redist.errors import RedistTimeoutError
+from dask_redist.errors import RedistConsistencyError, RedistTimeoutError
 
 
 def call_on_loop(worker, coro_fn, timeout: float, what: str):
@@ -39,17 +39,25 @@ class CommsTransport:
         self.worker, self.run = worker, run
 
     def send(self, batches: list) -> None:
+        """A peer that cannot be reached (it is leaving, or gone) fails the run as a restart:
+        the scheduler runs the rechunk again over the workers there are then (`redist.retries`)."""
         run, worker = self.run, self.worker
         by_dst: dict[int, list] = defaultdict(list)
         for dst, first, packed in batches:
             by_dst[dst].append((first, packed))
 
         async def to_peer(dst, items):
-            for first, packed in items:
-                await worker.rpc(run.spec.workers[dst]).redist_receive(
-                    token=run.spec.token, run_id=run.run_id, src=run.rank, first=first,
-                    count=packed.count, data=to_serialize(packed.buffer),
-                )  # fmt: skip
+            address = run.spec.workers[dst]
+            try:
+                for first, packed in items:
+                    await worker.rpc(address).redist_receive(
+                        token=run.spec.token, run_id=run.run_id, src=run.rank, first=first,
+                        count=packed.count, data=to_serialize(packed.buffer),
+                    )  # fmt: skip
+            except OSError as e:  # (CommClosedError too) a peer leaving: the run restarts without it
+                raise RedistConsistencyError(
+                    f"{run.name()} could not send to rank {dst} ({address}): {type(e).__name__}: {e}"
+                ) from e
 
         async def send_all():
             await asyncio.gather(*(to_peer(d, items) for d, items in by_dst.items()))

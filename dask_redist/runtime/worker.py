@@ -129,14 +129,14 @@ class WorkerState:
         outputs that need a large copy to assemble are built off the event loop too.
 
         A run that is missing here or does not hold the chunk may mean a stale barrier
-        result (see `RedistSchedulerPlugin.stale`): the scheduler then releases the barrier,
-        and this task with it, and its result goes nowhere. Otherwise the error stands.
+        result (see `RedistSchedulerPlugin.stale`): the barrier is (or was already) released,
+        and this task with it, so its result goes nowhere. Otherwise the error stands.
         """
         try:
             return await self._unpack(token, index, run_id)
         except RedistConsistencyError:
-            answer = await self.worker.scheduler.redist_stale(token=token, run_id=run_id)
-            if answer.get("released"):
+            answer = await self.worker.scheduler.redist_stale(token=token, run_id=run_id, index=index)
+            if answer.get("stale"):  # released with its barrier: this result goes nowhere
                 logger.debug("rechunk %s: unpack of chunk %d had a stale run id %d", token[:8], index, run_id)
                 return None
             raise

@@ -32,7 +32,7 @@ import numpy as np
 
 from dask_redist.core.assemble import cut
 from dask_redist.engines.cufftmp.copies import BoxCopies, ChunkTable, launch
-from dask_redist.engines.cufftmp.host import HostParts, to_device
+from dask_redist.engines.cufftmp.host import HostLink, HostParts
 from dask_redist.engines.cufftmp.nvshmem import Arena, capabilities
 from dask_redist.engines.cufftmp.world import World
 from dask_redist.engines.protocol import Engine, Health
@@ -92,6 +92,7 @@ class CufftMpEngine(Engine):
         self._marks: list = []
         self._pending: deque = deque()  # (event after a round's reshape, when it was queued)
         self._keep: list = []  # what queued GPU work still reads (copy job tables), until it is done
+        self.host = HostLink()  # pinned staging for NumPy chunks (.host)
         self._able: dict | None = None  # capabilities(), asked at the first run
 
     # -- the protocol --------------------------------------------------------------------
@@ -302,12 +303,14 @@ class CufftMpEngine(Engine):
             if not host:
                 self._direct_round(plan, regions, dtype, (b_in, run.inputs, old_box), (b_out, outputs, new_box), tables)
                 continue
-            self._wait(run)  # host copies only while no NVSHMEM work is queued: see .host
-            up, down = HostParts(run.inputs, old_box, b_in, upload=True), HostParts(outputs, new_box, b_out, upload=False)
+            self._wait(run)  # the staging buffers are free once the last round is done: see .host
+            up = HostParts(self.host, run.inputs, old_box, b_in, upload=True)
+            down = HostParts(self.host, outputs, new_box, b_out, upload=False)
             tables = (ChunkTable.of(up.device, up.box_of, item), ChunkTable.of(down.device, down.box_of, item))
             self._direct_round(plan, regions, dtype, (b_in, up.device, up.box_of), (b_out, down.device, down.box_of), tables)
+            down.downloads.start()
             self._wait(run)
-            down.download()
+            down.downloads.finish()
 
     def _direct_round(self, plan, regions, dtype, stage, unstage, tables) -> None:
         """Queue one round of a direct layout: ``stage`` and ``unstage`` are (this rank's box,
@@ -329,8 +332,6 @@ class CufftMpEngine(Engine):
         self._mark("unstage")
 
     def _packed(self, run, layout: PackedLayout, outputs) -> None:
-        import cupy
-
         spec = run.spec.collective
         dtype, rank, nranks = spec.dtype, run.rank, len(run.spec.workers)
         word = layout.word
@@ -347,35 +348,34 @@ class CufftMpEngine(Engine):
         for rnd, plan in zip(layout.rounds_, plans):
             self._next_round(run)
             if host:
-                self._wait(run)  # host copies only while no NVSHMEM work is queued: see .host
+                self._wait(run)  # the staging buffers are free once the last round is done: see .host
             cols = rnd.columns
             t = rnd.transfers
-            # jobs hold raw pointers: uploads live until the next round has waited for this one
-            copies, uploads, downloads = BoxCopies(self._keep), [], []
-            for i in np.flatnonzero(t.src == rank):
-                f = int(t.old_block[i])
-                piece = cut(run.inputs[f], spec.rechunk.old_box(f)[0], t.lo[i], t.hi[i])
-                if host:
-                    uploads.append(piece := to_device(piece))
+            copies = BoxCopies(self._keep)
+            sent = np.flatnonzero(t.src == rank)
+            pieces = [cut(run.inputs[int(t.old_block[i])], spec.rechunk.old_box(int(t.old_block[i]))[0], t.lo[i], t.hi[i])
+                      for i in sent]  # fmt: skip
+            if host:  # (jobs hold raw pointers: ``pieces`` lives until the next round has waited)
+                pieces = self.host.upload(pieces)
+            for i, piece in zip(sent, pieces):
                 offset = src + int(cols[int(t.dst[i])]) * word + int(rnd.offset[i])
                 copies.add(self.arena.view(offset, piece.shape, dtype), piece)
             copies.launch()
             self.exchange(plan, src, dst, ws)
             width = int(rnd.widths[rank]) * word
-            for i in np.flatnonzero(t.dst == rank):
+            received = np.flatnonzero(t.dst == rank)
+            targets = []
+            for i in received:
                 f = int(t.new_block[i])
                 lower = spec.rechunk.new_box(f)[0]
-                shape = tuple(int(h - l) for l, h in zip(t.lo[i], t.hi[i]))
+                targets.append(outputs[f][tuple(slice(int(l) - o, int(h) - o) for l, h, o in zip(t.lo[i], t.hi[i], lower))])
+            downloads = self.host.downloads(targets) if host and targets else None
+            for i, target in zip(received, downloads.device if downloads else targets):
                 offset = dst + int(t.src[i]) * width + int(rnd.offset[i])
-                part = tuple(slice(int(l) - o, int(h) - o) for l, h, o in zip(t.lo[i], t.hi[i], lower))
-                target = outputs[f][part]
-                if host:  # unstaged on the GPU, then downloaded into the NumPy chunk
-                    downloads.append((target, cupy.empty(shape, dtype)))
-                    target = downloads[-1][1]
-                copies.add(target, self.arena.view(offset, shape, dtype))
+                copies.add(target, self.arena.view(offset, target.shape, dtype))
             copies.launch()
             self._mark("unstage")
-            if downloads:
+            if downloads:  # unstaged on the GPU, then downloaded into the NumPy chunks
+                downloads.start()
                 self._wait(run)
-                for chunk_part, device in downloads:
-                    chunk_part[...] = device.get()
+                downloads.finish()
