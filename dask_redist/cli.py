@@ -206,12 +206,14 @@ def _ceiling(host: bool = False) -> dict | None:
 def _by_cluster(args, plan) -> list:
     """(protocol, [(case, methods)]) per cluster to start: methods named ``-ucx`` get a UCX one.
 
-    With --scheduler every method runs on that cluster, over its own protocol.
+    With --scheduler every method runs on that cluster, over its own protocol; with
+    ``--protocol ucx`` every method runs on a UCX cluster (``-ucx`` names are then redundant).
     """
     if args.scheduler:
         return [(args.protocol, plan)]
     groups = []
-    for protocol, wanted in (("tcp", lambda m: not m.endswith("-ucx")), ("ucx", lambda m: m.endswith("-ucx"))):
+    base = args.protocol  # the cluster of methods not named -ucx
+    for protocol, wanted in ((base, lambda m: not m.endswith("-ucx") or base == "ucx"), ("ucx", lambda m: m.endswith("-ucx") and base != "ucx")):
         todo = [(case, [m for m in methods if wanted(m)]) for case, methods in plan]
         if todo := [(case, methods) for case, methods in todo if methods]:
             groups.append((protocol, todo))

@@ -52,6 +52,10 @@ def _bytes(key, value) -> int:
     return n
 
 
+def _min_bytes(value) -> int | str:
+    return "auto" if value == "auto" else _bytes("min-bytes", value)
+
+
 def _seconds(key, value) -> float:
     try:
         t = parse_timedelta(value, default="s")
@@ -74,7 +78,7 @@ class Settings:
 
     engine: str = "auto"
     chunk_types: tuple[str, ...] = CHUNK_TYPES
-    min_bytes: int = 0
+    min_bytes: int | str = "auto"  # bytes, or "auto": the measured model of planning.cost
     memory_budget: int = 2**30
     size_class_bits: int = 4
     retries: int = 3
@@ -104,7 +108,7 @@ class Settings:
         return cls(
             engine=engine,
             chunk_types=tuple(types),
-            min_bytes=_bytes("min-bytes", _get("min-bytes", config)),
+            min_bytes=_min_bytes(_get("min-bytes", config)),
             memory_budget=budget,
             size_class_bits=_int("size-class-bits", _get("size-class-bits", config)),
             retries=_int("retries", _get("retries", config)),

@@ -110,3 +110,36 @@ def test_the_scale_model_measures_every_part_and_fits_growth(tmp_path):
     assert main(["bench", "--scale", "--ranks", "2", "--scale-chunks", "16", "64", "--cases-scale", "slab",
                  "--reps", "1", "--out", str(tmp_path), "--name", "s"]) == 0  # fmt: skip
     assert "scheduler: owners" in (tmp_path / "s.md").read_text()
+
+
+def test_protocol_ucx_runs_every_method_on_ucx():
+    """`bench --protocol ucx` puts every method on a UCX cluster; by default only ``-ucx`` names go there."""
+    import argparse
+
+    from dask_redist.cli import _by_cluster
+
+    plan = [("case", ["redist-dask", "tasks", "tasks-ucx"])]
+    ucx = _by_cluster(argparse.Namespace(scheduler=None, protocol="ucx"), plan)
+    assert ucx == [("ucx", [("case", ["redist-dask", "tasks", "tasks-ucx"])])]
+    tcp = _by_cluster(argparse.Namespace(scheduler=None, protocol="tcp"), plan)
+    assert tcp == [("tcp", [("case", ["redist-dask", "tasks"])]), ("ucx", [("case", ["tasks-ucx"])])]
+
+
+def test_slopes_and_phases_tables():
+    """The markdown's per-chunk cost (a line through the medians) and per-phase timeline tables."""
+    from dask_redist.bench.harness import Result, markdown, phases, slopes
+
+    results = [
+        Result(f"slab 1.00 MiB {n}->{n} float64", "redist-dask", 2**20, n, n, times=[(10 + 0.5 * n) / 1e3]) for n in (4, 16, 64)
+    ]
+    results[-1].timeline = [(1.0, "worker 0: first stage"), (2.0, "worker 1: first stage"), (5.0, "scheduler: barrier called"),
+                            (9.0, "worker 0: executed"), (12.0, "worker 1: executed"), (20.0, "scheduler: outputs in memory")]  # fmt: skip
+    table = slopes(results)
+    assert table[1][3] == "ms per added chunk"
+    (row,) = table[2:]
+    assert row[:3] == ["slab 1.00 MiB", "redist-dask", "4-64"] and float(row[3]) == 0.5 and float(row[4]) == 10.0
+    (phase_row,) = phases(results)[2:]
+    assert phase_row[2:] == ["1.0", "5.0", "", "12.0", "", "20.0", "42.0"]  # first stage: earliest; executed: latest
+    text = markdown(results, {"date": "d", "machine": "m", "workers": 2}, "cmd")
+    assert "Cost per added chunk" in text and "Where the time goes" in text
+    assert slopes(results[:1]) == [] and phases(results[:1]) == []

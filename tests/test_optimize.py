@@ -6,11 +6,14 @@ import dask
 import dask.array as da
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import dask_redist
 from dask_redist.config import ConfigError, Settings
 from dask_redist.core.spec import BARRIER_PREFIX, STAGE_PREFIX
 from dask_redist.graph.optimize import CollectiveOptimizer, decide, find_rechunks, rewrite
+from dask_redist.planning import RechunkSpec
 
 
 def layers_of(x):
@@ -62,7 +65,7 @@ def test_an_intermediate_that_is_also_wanted_ends_the_chain():
 def test_eligibility(make, reason):
     y = make()
     (chain,) = find_rechunks(y.__dask_graph__(), {y.name})
-    d = decide(y.__dask_graph__(), chain, Settings())
+    d = decide(y.__dask_graph__(), chain, Settings(min_bytes=0))  # (the cost model: tests below)
     if reason is None:
         assert d.collective
     else:
@@ -158,3 +161,64 @@ def test_rewrite_of_a_10000_chunk_rechunk():
     y = x.rechunk((10_000, 1))
     new, (d,) = rewrite(y.__dask_graph__(), [y.__dask_keys__()])
     assert d.collective and len(new.layers[y.name]) == 10_000 + 1 + 100
+
+
+@settings(max_examples=100, deadline=None)
+@given(data=st.data())
+def test_piece_count_is_the_number_of_nonempty_intersections(data):
+    """`planning.cost.piece_count` (a product over axes) against enumerating every piece."""
+    from dask_redist.planning.cost import piece_count
+    from dask_redist.planning.plan import pieces
+
+    ndim = data.draw(st.integers(1, 3))
+    shape = [data.draw(st.integers(0, 12)) for _ in range(ndim)]
+
+    def chunking(n):
+        cuts = sorted(data.draw(st.lists(st.integers(0, n), max_size=4)))
+        bounds = [0, *cuts, n]
+        return tuple(b - a for a, b in zip(bounds[:-1], bounds[1:])) or (0,)
+
+    spec = RechunkSpec(tuple(chunking(n) for n in shape), tuple(chunking(n) for n in shape), 8)
+    old_block, _, lo, hi = pieces(spec)
+    nonempty = int(np.all(hi > lo, axis=1).sum()) if len(old_block) else 0
+    assert piece_count(spec) == nonempty
+
+
+@pytest.mark.parametrize(
+    "old, new, kind, collective",
+    [
+        ((50, 100), (100, 50), "numpy.ndarray", False),  # 2 slabs -> 2 slabs: 4 pieces, Dask is faster
+        ((100, 50), (50, 100), "numpy.ndarray", False),
+        ((34, 100), (100, 34), "numpy.ndarray", True),  # 3 -> 3 slabs: 9 pieces
+        ((10, 100), (100, 10), "numpy.ndarray", True),
+        ((50, 100), (100, 50), "cupy.ndarray", True),  # CuPy: not measured small, the collective
+    ],
+)
+def test_min_bytes_auto_keeps_dask_where_it_was_measured_faster(old, new, kind, collective):
+    from dask_redist.graph.optimize import collective_spec
+
+    old_chunks = tuple(_split(100, c) for c in old)
+    new_chunks = tuple(_split(100, c) for c in new)
+    spec, reason = collective_spec("x", "y", old_chunks, new_chunks, np.dtype("float64"), kind, Settings())
+    assert Settings().min_bytes == "auto"  # the default
+    assert (spec is not None) == collective, reason
+    if not collective:
+        assert "pieces" in reason and "redist.min-bytes: auto" in reason
+    spec, _ = collective_spec("x", "y", old_chunks, new_chunks, np.dtype("float64"), kind, Settings(min_bytes=0))
+    assert spec is not None  # deciding by bytes instead
+
+
+def _split(n: int, size: int) -> tuple[int, ...]:
+    return (size,) * (n // size) + ((n % size,) if n % size else ())
+
+
+def test_min_bytes_auto_is_what_explain_says_and_what_runs(client):
+    """A 2 -> 2 slab rechunk under the default keeps Dask's rechunk, says why, and is right."""
+    a = np.arange(40 * 40, dtype=np.float64).reshape(40, 40)
+    x = da.from_array(a, chunks=(20, 40))
+    with dask.config.set({"redist.min-bytes": "auto"}), dask_redist.enable():
+        y = x.rechunk((40, 20))
+        text = str(dask_redist.explain(y))
+        got = y.compute()
+    np.testing.assert_array_equal(got, a)
+    assert "4 pieces" in text and "min-bytes: auto" in text

@@ -293,7 +293,61 @@ def markdown(results: list[Result], env: dict, command: str) -> str:
         )
     lines += ["", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     lines += ["| " + " | ".join(str(r[h]) for h in head) + " |" for r in rows]
+    for title, table in (("Cost per added chunk", slopes(results)), ("Where the time goes", phases(results))):
+        if table:
+            lines += ["", f"**{title}** " + table[0], "", "| " + " | ".join(table[1]) + " |", "|" + "---|" * len(table[1])]
+            lines += ["| " + " | ".join(map(str, row)) + " |" for row in table[2:]]
     return "\n".join(lines) + "\n"
+
+
+def slopes(results: list[Result]) -> list:
+    """[note, header, rows...]: each method's ms per added chunk over the chunk counts of one
+    case family and size (a least-squares line through the medians), or [] with fewer than two."""
+    groups: dict = {}
+    for r in results:
+        if r.times:
+            groups.setdefault((r.case.split()[0], r.nbytes, r.method), []).append((r.nchunks_in, r.median * 1e3))
+    rows = []
+    for (family, nbytes, method), points in groups.items():
+        if len({c for c, _ in points}) < 2:
+            continue
+        chunks, ms = np.array(points, dtype=float).T
+        slope, intercept = np.polyfit(chunks, ms, 1)
+        rows.append([f"{family} {format_bytes(nbytes)}", method, f"{int(chunks.min())}-{int(chunks.max())}",
+                     f"{slope:.3f}", f"{intercept:.1f}"])  # fmt: skip
+    if not rows:
+        return []
+    return ["(a least-squares line through the medians against the input chunk count):",
+            ["case", "method", "chunks", "ms per added chunk", "ms at 0 chunks"], *rows]  # fmt: skip
+
+
+#: Timeline marks shown per phase: (column, source, event, which of several workers' marks).
+PHASES = (
+    ("stages start", "worker", "first stage", min),
+    ("barrier at scheduler", "scheduler", "barrier called", min),
+    ("start sent", "scheduler", "start sent", min),
+    ("executed", "worker", "executed", max),
+    ("first unpack", "worker", "first unpack", min),
+    ("outputs in memory", "scheduler", "outputs in memory", min),
+)
+
+
+def phases(results: list[Result]) -> list:
+    """[note, header, rows...]: ms after submit at which the last timed run of each collective
+    row reached each phase (`PHASES`), or [] without timelines."""
+    rows = []
+    for r in results:
+        if not r.timeline:
+            continue
+        cells = []
+        for _, source, event, pick in PHASES:
+            found = [t for t, e in r.timeline if e.startswith(source) and e.endswith(": " + event)]
+            cells.append(f"{pick(found):.1f}" if found else "")
+        rows.append([r.case, r.method, *cells, f"{r.times[-1] * 1e3:.1f}" if r.times else ""])
+    if not rows:
+        return []
+    return ["(ms after `persist()` of the last timed run; worker marks: the first worker, or the last for "
+            "\"executed\"):", ["case", "method", *(p[0] for p in PHASES), "end"], *rows]  # fmt: skip
 
 
 def to_json(results: list[Result], env: dict, command: str) -> str:

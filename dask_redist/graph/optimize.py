@@ -30,6 +30,7 @@ from dask_redist.core.spec import BARRIER_PREFIX, CollectiveSpec
 from dask_redist.graph.layer import collective_tasks
 from dask_redist.runtime import ordering
 from dask_redist.planning import PlanError, RechunkSpec
+from dask_redist.planning.cost import dask_is_faster
 
 def is_rechunk_layer(name: str) -> bool:
     return isinstance(name, str) and name.startswith(RECHUNK_PREFIXES)
@@ -115,7 +116,10 @@ def collective_spec(
         rechunk = RechunkSpec(old, new, dtype.itemsize)
     except PlanError as e:
         return None, f"inconsistent chunks: {e}"
-    if rechunk.nbytes < settings.min_bytes:
+    if settings.min_bytes == "auto":
+        if faster := dask_is_faster(rechunk, kind):
+            return None, faster
+    elif rechunk.nbytes < settings.min_bytes:
         return None, f"{rechunk.nbytes} bytes is below redist.min-bytes ({settings.min_bytes})"
     spec = CollectiveSpec(tokenize(output_name), input_name, output_name, rechunk, dtype, settings, kind)
     return spec, "eligible"
