@@ -43,19 +43,28 @@ def _cube(nbytes: int | str, dtype: str) -> tuple[int, int]:
 def slab_case(nbytes: int | str, nchunks: int, dtype: str = "float64") -> Case:
     """A cube split into ``nchunks`` slabs along axis 0, rechunked to slabs along axis 1."""
     nbytes, n = _cube(nbytes, dtype)
-    shape = (n, n, n)
-    old = (da.core.normalize_chunks((math.ceil(n / nchunks), n, n), shape))
-    new = (da.core.normalize_chunks((n, math.ceil(n / nchunks), n), shape))
-    return Case(f"slab {format_bytes(nbytes)} {nchunks}->{nchunks} {dtype}", shape, dtype, old, new)
+    shape, split = (n, n, n), _even(n, nchunks)
+    old, new = (split, (n,), (n,)), ((n,), split, (n,))
+    return Case(f"slab {format_bytes(nbytes)} {len(split)}->{len(split)} {dtype}", shape, dtype, old, new)
 
 
 def pencil_case(nbytes: int | str, per_axis: int, dtype: str = "float64") -> Case:
     """Pencils along axis 2 (chunks on axes 0, 1) to pencils along axis 0 (chunks on 1, 2)."""
     nbytes, n = _cube(nbytes, dtype)
-    shape, c = (n, n, n), math.ceil(n / per_axis)
-    old = da.core.normalize_chunks((c, c, n), shape)
-    new = da.core.normalize_chunks((n, c, c), shape)
-    return Case(f"pencil {format_bytes(nbytes)} {per_axis}x{per_axis} {dtype}", shape, dtype, old, new)
+    shape, split = (n, n, n), _even(n, per_axis)
+    old, new = (split, split, (n,)), ((n,), split, split)
+    return Case(f"pencil {format_bytes(nbytes)} {len(split)}x{len(split)} {dtype}", shape, dtype, old, new)
+
+
+def _even(n: int, parts: int) -> tuple[int, ...]:
+    """``n`` cut into ``parts`` chunks (at most ``n``) whose sizes differ by at most one.
+
+    Until 2026-12-01 05:10 UTC the cases used chunks of ``ceil(n / parts)``, which gives fewer
+    chunks than asked where ``n`` is not a multiple (a 2 GiB cube's side is 645: "1024 chunks"
+    were 645, "256" were 215); the case names now give the chunk count there is.
+    """
+    parts = max(1, min(parts, n))
+    return tuple(int(x) for x in np.diff(np.linspace(0, n, parts + 1).round().astype(np.int64)))
 
 
 def uneven_case(nbytes: int | str, dtype: str = "float64", seed: int = 0) -> Case:

@@ -105,7 +105,8 @@ class Soak:
     def __init__(self, client, seed: int = 0, kind: str = "numpy", max_bytes: int = 2**20, steps=STEPS, **options):
         if unknown := set(steps) - set(STEPS):
             raise ValueError(f"unknown soak steps {sorted(unknown)}; choose from {STEPS}")
-        self.client, self.kind, self.max_bytes, self.options = client, kind, max_bytes, options
+        # every rechunk through the collective, also those `redist.min-bytes: auto` leaves to Dask
+        self.client, self.kind, self.max_bytes, self.options = client, kind, max_bytes, {"min_bytes": 0, **options}
         self.kinds = tuple(steps)
         self.rng = np.random.default_rng(seed)
         self.report = SoakReport(seed)

@@ -6,17 +6,14 @@ rechunk pays per piece (old chunk x new chunk intersection): a task, its schedul
 often a transfer each. So what decides is the number of pieces, not the bytes.
 
 Measured on the CPU machine (2 cores, 2 workers, NumPy, 2026-12-01,
-``dask-redist bench --workers 2 --size 64KiB 1MiB 8MiB 32MiB 256MiB 1GiB --chunks 2 ... 64
---methods redist-dask tasks``, medians of 3-7; docs/benchmarks.md "Small rechunks"):
+``dask-redist bench --workers 2 --size 64KiB 1MiB 8MiB 32MiB --chunks 2 3 4 8 16 64
+--methods redist-dask tasks --reps 5`` and 256 MiB / 1 GiB at 2 chunks; docs/benchmarks.md
+"Small rechunks"):
 
-====================  ==================  =====================
-slab -> slab           pieces             collective vs ``tasks``
-====================  ==================  =====================
-2 -> 2 chunks          4                  27 vs 19 ms (64 KiB), 45 vs 35 ms (32 MiB),
-                                          394 vs 346 ms (1 GiB): ``tasks`` wins at every size
-3 -> 3                 9                  26 vs 27 ms, 37 vs 41 ms (8 MiB): about even
-4 -> 4 and more        16 and more        the collective wins (e.g. 64 -> 64: 36 vs 73 ms)
-====================  ==================  =====================
+* 2 -> 2 slabs, 4 pieces: ``tasks`` wins at every size, 18.8 vs 28.3 ms (64 KiB), 30.7 vs
+  45.5 ms (32 MiB), 346 vs 394 ms (1 GiB);
+* 3 -> 3 slabs, 9 pieces: the collective wins, 28.4 vs 33.6 ms (64 KiB), 48.0 vs 59.1 ms
+  (32 MiB); from 16 pieces on by more (16 -> 16: 35 vs 62 ms at 64 KiB).
 
 So ``auto`` keeps Dask's rechunk for NumPy chunks when a rechunk has at most
 `AUTO_MAX_PIECES` pieces, at any size. CuPy chunks are not measured small: Dask's
