@@ -82,3 +82,43 @@ def test_an_rmm_pool_that_leaves_no_room_for_nvshmem():
         with dask.config.set({"redist.nvshmem.symmetric-size": "4GiB"}):
             dask_redist.bootstrap(client)
             run_case(client, CASES[1], seed=42, engine="auto")
+
+
+def test_two_worker_processes_that_each_see_one_gpu():
+    """As on separate nodes: each worker is its own ``dask cuda worker`` process that sees only
+    its GPU (CUDA_VISIBLE_DEVICES=0 and =1), joined to a scheduler started apart. The rechunk
+    is right either way; it runs on cufftmp if NVSHMEM connects such processes, and otherwise
+    falls back to the dask engine with a reason that names NVSHMEM (never a hang)."""
+    import shutil
+    import subprocess
+    import sys
+
+    cupy = pytest.importorskip("cupy")
+    pytest.importorskip("dask_cuda")
+    pytest.importorskip("nvmath")
+    from distributed import Client, LocalCluster
+
+    if cupy.cuda.runtime.getDeviceCount() < 2:
+        pytest.skip("needs 2 GPUs")
+    dask_cli = shutil.which("dask") or pytest.skip("no `dask` command")
+    env = {**os.environ, "NVSHMEM_SYMMETRIC_SIZE": os.environ.get("NVSHMEM_SYMMETRIC_SIZE", "4G")}
+    with LocalCluster(n_workers=0, dashboard_address=None) as scheduler, Client(scheduler) as client:
+        workers = [
+            subprocess.Popen(
+                [dask_cli, "cuda", "worker", scheduler.scheduler_address, "--nthreads", "1", "--no-dashboard"],
+                env={**env, "CUDA_VISIBLE_DEVICES": str(gpu)}, stdout=sys.stdout, stderr=sys.stderr,
+            )
+            for gpu in (0, 1)
+        ]  # fmt: skip
+        try:
+            client.wait_for_workers(2, timeout=120)
+            assert sorted(client.run(lambda: os.environ["CUDA_VISIBLE_DEVICES"]).values()) == ["0", "1"]
+            record = _rechunk(client, 51, engine="auto")
+            assert record["outcome"] == "done", record
+            assert record["engine"] == "cufftmp" or "NVSHMEM" in record["why"], record
+            print(f"two one-GPU processes: engine {record['engine']} ({record['why']})")
+        finally:
+            for p in workers:
+                p.terminate()
+            for p in workers:
+                p.wait(30)

@@ -165,9 +165,10 @@ def run_case(
             continue
         for rep in range(reps + 1):
             seed = rep + 1
-            x = placed_array(client, case, seed, kind)
+            x = None
             ctx, dask_method = _method_context(method)
             try:
+                x = placed_array(client, case, seed, kind)  # (a failure here fails this row, not the bench)
                 # GPU memory is measured on the warm-up run: freeing CuPy's cached blocks
                 # first would make the timed runs pay for fresh allocations
                 before = None

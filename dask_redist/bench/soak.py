@@ -153,21 +153,19 @@ class Soak:
 
     def _cancel(self, case: Case, step: Step) -> set[str]:
         """Persist, cancel after a random moment, persist the same again (same keys)."""
-        seed = int(self.rng.integers(1 << 16))
-        x = generated(case, seed, self.kind)
-        y = x.rechunk(case.new).persist()
-        time.sleep(float(self.rng.uniform(0, 0.05)))
-        self.client.cancel(y)
-        del y
-        self._persist_and_check(case, step, seed, x)
-        return set()
+        return self._drop_then_again(case, step, cancel=True)
 
     def _again(self, case: Case, step: Step) -> set[str]:
         """The same rechunk submitted again while the last one is being released."""
+        return self._drop_then_again(case, step, cancel=False)
+
+    def _drop_then_again(self, case: Case, step: Step, cancel: bool) -> set[str]:
         seed = int(self.rng.integers(1 << 16))
         x = generated(case, seed, self.kind)
         y = x.rechunk(case.new).persist()
         time.sleep(float(self.rng.uniform(0, 0.05)))
+        if cancel:
+            self.client.cancel(y)
         del y
         self._persist_and_check(case, step, seed, x)
         return set()
