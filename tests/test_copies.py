@@ -213,3 +213,26 @@ def test_host_copies_on_threads_copy_every_part_exactly(data, threads):
             np.testing.assert_array_equal(b, p)
     finally:
         host.SLICE_BYTES = original
+
+
+def test_cufftmp_keeps_the_most_recently_used_plans(monkeypatch):
+    """The engine's reshape plans are bounded: beyond `PLANS_KEPT`, the least recently used
+    are destroyed (with cuFFTMp's destroy, faked here: no GPU)."""
+    import sys
+    import types
+
+    from dask_redist.engines.cufftmp import engine as module
+    from dask_redist.engines.cufftmp.engine import CufftMpEngine, ReshapePlan
+
+    destroyed = []
+    bindings = types.ModuleType("nvmath.bindings")
+    bindings.cufftMp = types.SimpleNamespace(destroy_reshape=destroyed.append)
+    monkeypatch.setitem(sys.modules, "nvmath", types.ModuleType("nvmath"))
+    monkeypatch.setitem(sys.modules, "nvmath.bindings", bindings)
+    monkeypatch.setattr(module, "PLANS_KEPT", 3)
+    engine = CufftMpEngine()
+    for k in range(5):
+        engine.plans[k] = ReshapePlan(handle=100 + k, workspace=0)
+    engine.plans.move_to_end(0)  # plan 0 used again: the most recent
+    engine._forget_plans()
+    assert list(engine.plans) == [3, 4, 0] and destroyed == [101, 102]
