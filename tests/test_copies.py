@@ -1,13 +1,19 @@
-"""The folding of box copies into (rows x contiguous bytes) jobs for the GPU's batched copy.
+"""The cufftmp engine's parts that run without a GPU.
 
-Checked on NumPy views, whose strides mean what CuPy's do: a job replayed byte by byte,
+The folding of box copies into (rows x contiguous bytes) jobs for the GPU's batched copy,
+checked on NumPy views, whose strides mean what CuPy's do: a job replayed byte by byte,
 as the kernel (dask_redist.engines.cufftmp.copies) does, must copy exactly what
-``dst[...] = src`` copies, and touch nothing else.
+``dst[...] = src`` copies, and touch nothing else. Also the threaded host copies of NumPy
+chunks, the bounded plan cache and the drain of an aborted run (cuFFTMp and CuPy faked).
 """
 
 from __future__ import annotations
 
+import math
+import time
+
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -215,24 +221,66 @@ def test_host_copies_on_threads_copy_every_part_exactly(data, threads):
         host.SLICE_BYTES = original
 
 
-def test_cufftmp_keeps_the_most_recently_used_plans(monkeypatch):
-    """The engine's reshape plans are bounded: beyond `PLANS_KEPT`, the least recently used
-    are destroyed (with cuFFTMp's destroy, faked here: no GPU)."""
+def _fake_cufftmp(monkeypatch) -> list:
+    """``nvmath.bindings.cufftMp`` with a ``destroy_reshape`` that records handles (no GPU)."""
     import sys
     import types
-
-    from dask_redist.engines.cufftmp import engine as module
-    from dask_redist.engines.cufftmp.engine import CufftMpEngine, ReshapePlan
 
     destroyed = []
     bindings = types.ModuleType("nvmath.bindings")
     bindings.cufftMp = types.SimpleNamespace(destroy_reshape=destroyed.append)
     monkeypatch.setitem(sys.modules, "nvmath", types.ModuleType("nvmath"))
     monkeypatch.setitem(sys.modules, "nvmath.bindings", bindings)
-    monkeypatch.setattr(module, "PLANS_KEPT", 3)
-    engine = CufftMpEngine()
+    return destroyed
+
+
+def test_cufftmp_keeps_the_most_recently_used_plans(monkeypatch):
+    """Reshape plans are made once per geometry and bounded: beyond ``kept``, the least
+    recently used are destroyed."""
+    from dask_redist.engines.cufftmp.plans import Plans, ReshapePlan
+
+    destroyed = _fake_cufftmp(monkeypatch)
+    stats = {"plans": 0, "plan_s": 0.0}
+    plans = Plans(stats)
     for k in range(5):
-        engine.plans[k] = ReshapePlan(handle=100 + k, workspace=0)
-    engine.plans.move_to_end(0)  # plan 0 used again: the most recent
-    engine._forget_plans()
-    assert list(engine.plans) == [3, 4, 0] and destroyed == [101, 102]
+        plans.get(k, lambda k=k: ReshapePlan(handle=100 + k, workspace=0))
+    assert plans.get(0, lambda: pytest.fail("made twice")).handle == 100  # used again: the most recent
+    plans.forget(3)
+    assert len(plans) == 3 and destroyed == [101, 102] and stats["plans"] == 5
+    assert plans.get(3, lambda: pytest.fail("made twice")).handle == 103
+    plans.forget(0)
+    assert len(plans) == 0 and sorted(destroyed) == [100, 101, 102, 103, 104]
+
+
+class _Event:
+    def __init__(self, done_after: float):
+        self.ready_at = time.monotonic() + done_after
+
+    @property
+    def done(self) -> bool:
+        return time.monotonic() >= self.ready_at
+
+
+@pytest.mark.parametrize("done_after, stuck", [(0.2, False), (math.inf, True)])
+def test_an_aborted_run_drains_its_queued_rounds_before_it_counts_as_stuck(monkeypatch, done_after, stuck):
+    """An abort while rounds are queued on the GPU: if they complete within DRAIN_S (every peer
+    queued them too), the run ends with its error and the engine stays usable; if not, the
+    engine is stuck (the worker then exits, redist.nvshmem.exit-when-stuck)."""
+    import sys
+    import types
+
+    from dask_redist.engines.cufftmp import engine as module
+    from dask_redist.errors import RedistError
+
+    monkeypatch.setattr(module, "DRAIN_S", 0.5)
+    event = _Event(done_after)
+    fake_cupy = types.SimpleNamespace(cuda=types.SimpleNamespace(Event=lambda **kw: types.SimpleNamespace(
+        done=event.done, record=lambda stream: None)))  # fmt: skip
+    monkeypatch.setitem(sys.modules, "cupy", fake_cupy)
+    run = types.SimpleNamespace(state="failed", timeout=60.0, error=RedistError("aborted"), name=lambda: "run 1")
+    engine = module.CufftMpEngine()
+    start = time.monotonic()
+    with pytest.raises(RedistError, match="aborted"):
+        engine._wait(run, event)
+    assert engine.stuck is stuck and (engine.broken is not None) is stuck
+    assert time.monotonic() - start < 5  # never longer than the drain (and the fake's wait)

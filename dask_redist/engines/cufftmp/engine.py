@@ -25,8 +25,7 @@ a reshape waiting for a dead peer could block forever.
 from __future__ import annotations
 
 import time
-from collections import OrderedDict, deque
-from dataclasses import dataclass
+from collections import deque
 
 import numpy as np
 
@@ -34,6 +33,7 @@ from dask_redist.core.assemble import cut
 from dask_redist.engines.cufftmp.copies import BoxCopies, ChunkTable, launch
 from dask_redist.engines.cufftmp.host import HostLink, HostParts
 from dask_redist.engines.cufftmp.nvshmem import Arena, capabilities
+from dask_redist.engines.cufftmp.plans import Plans, ReshapePlan
 from dask_redist.engines.cufftmp.world import World
 from dask_redist.engines.protocol import Engine, Health
 from dask_redist.errors import EngineUnavailableError, RedistError, RedistTimeoutError
@@ -45,11 +45,9 @@ ALIGN = 512
 #: never blocks inside a CUDA call (a launch into a full queue) behind a reshape that waits
 #: for a dead peer: it waits in `CufftMpEngine._wait`, where it sees aborts and timeouts.
 ROUNDS_AHEAD = 4
-#: Reshape plans kept for later runs, the least recently used destroyed first (at the end of a
-#: run, when no GPU work uses them; every rank of a world runs the same runs in the same order
-#: and so keeps the same plans). Measured on one H200 (2026-12-01): a session of random
-#: geometries added a plan per rechunk, 81 after 90 rechunks, unbounded before.
-PLANS_KEPT = 64
+#: Seconds an aborted run's queued rounds may take to complete before the GPU counts as stuck
+#: (shorter than the watchdog's grace, `dask_redist.runtime.collective.STUCK_GRACE_S`).
+DRAIN_S = 5.0
 #: Whether cuFFTMp accepts a rank with an empty box (checked on the GPU node; see docs/gpu-testing.md).
 ALLOW_EMPTY_BOXES = False
 
@@ -74,12 +72,6 @@ def _box_copies(copies: BoxCopies, chunks: dict, box_of, view, box: Box, into_bo
             copies.add(dst, src)
 
 
-@dataclass
-class ReshapePlan:
-    handle: int
-    workspace: int
-
-
 class CufftMpEngine(Engine):
     name = "cufftmp"
     watched = True  # a launch can block behind a reshape that waits for a dead peer
@@ -88,9 +80,9 @@ class CufftMpEngine(Engine):
     def __init__(self):
         self.world = World()
         self.arena = Arena()
-        self.plans: OrderedDict = OrderedDict()  # geometry -> ReshapePlan, least recently used first
         self.stream = None
         self._stats = {"bootstrap_s": None, "plans": 0, "plan_s": 0.0, "runs": 0, "last": None}
+        self.plans = Plans(self._stats)
         self.broken: str | None = None  # why NVSHMEM in this process cannot be trusted any more
         self.stuck = False  # GPU work of an aborted run waits inside NVSHMEM, forever
         self.in_flight_since: float | None = None  # the oldest NVSHMEM work not yet seen done was queued then
@@ -124,33 +116,16 @@ class CufftMpEngine(Engine):
 
     def _release(self) -> None:
         """Destroy the reshape plans and free the arena (before leaving a world)."""
-        from nvmath.bindings import cufftMp
-
-        for plan in self.plans.values():
-            cufftMp.destroy_reshape(plan.handle)
-        self.plans.clear()
+        self.plans.forget(0)
         self.arena.release()
 
     # -- plans -------------------------------------------------------------------------
-
-    def _forget_plans(self, kept: int | None = None) -> None:
-        """Destroy the least recently used plans beyond `PLANS_KEPT` (no GPU work may use them)."""
-        from nvmath.bindings import cufftMp
-
-        kept = PLANS_KEPT if kept is None else kept
-        while len(self.plans) > kept:
-            _, plan = self.plans.popitem(last=False)
-            cufftMp.destroy_reshape(plan.handle)
 
     def plan(self, word: int, boxes_in, boxes_out, rank: int) -> ReshapePlan:
         """The reshape plan for this geometry (all ranks' boxes: the key is the same everywhere)."""
         from nvmath.bindings import cufftMp
 
-        key = (word, *(tuple((tuple(lo), tuple(hi)) for lo, hi in b) for b in (boxes_in, boxes_out)))
-        if key in self.plans:
-            self.plans.move_to_end(key)
-        else:
-            start = time.perf_counter()
+        def make() -> ReshapePlan:
             (lo_in, hi_in), (lo_out, hi_out) = boxes_in[rank], boxes_out[rank]
             handle = cufftMp.create_reshape()
             cufftMp.make_reshape(
@@ -161,11 +136,10 @@ class CufftMpEngine(Engine):
             )  # fmt: skip
             workspace = int(cufftMp.get_reshape_size(handle))
             # symmetric memory is allocated with the same size everywhere: agree on the largest
-            workspace = int(self.world.group.allreduce_object(workspace, op=max))
-            self.plans[key] = ReshapePlan(handle, workspace)
-            self._stats["plans"] += 1
-            self._stats["plan_s"] += time.perf_counter() - start
-        return self.plans[key]
+            return ReshapePlan(handle, int(self.world.group.allreduce_object(workspace, op=max)))
+
+        key = (word, *(tuple((tuple(lo), tuple(hi)) for lo, hi in b) for b in (boxes_in, boxes_out)))
+        return self.plans.get(key, make)
 
     def _mark(self, what: str) -> None:
         """A CUDA event on the engine's stream: timings without host synchronization."""
@@ -234,7 +208,7 @@ class CufftMpEngine(Engine):
                 self._packed(run, layout, outputs)
         self._wait(run)
         self._keep.clear()
-        self._forget_plans()
+        self.plans.forget()
         self._record(layout)
         run.inputs = {}
         run.finish(outputs)
@@ -243,9 +217,12 @@ class CufftMpEngine(Engine):
         """Wait for ``event`` (default: all work queued so far) without blocking in CUDA: a
         dead peer must not hang this thread.
 
-        If the run is aborted or times out while the GPU still waits inside an NVSHMEM
-        collective, that collective can never finish: the engine marks itself broken so
-        that later runs fail fast (the scheduler moves them to the dask engine).
+        An abort lets the rounds already queued drain for `DRAIN_S`: every peer that saw
+        the same abort after queuing them completes them too, and the run ends cleanly. If
+        the GPU still waits inside an NVSHMEM collective then (a peer died, or stopped
+        before queuing a round this rank queued), or the run times out, that collective can
+        never finish: the engine marks itself broken so that later runs fail fast (the
+        scheduler moves them to the dask engine) and stuck (redist.nvshmem.exit-when-stuck).
         """
         import cupy
 
@@ -253,9 +230,12 @@ class CufftMpEngine(Engine):
         if everything:
             event = cupy.cuda.Event(disable_timing=True)
             event.record(self.stream)
-        deadline = time.monotonic() + run.timeout
+        deadline, drained_by = time.monotonic() + run.timeout, None
         while not event.done:
-            if run.state == "failed" or time.monotonic() > deadline:
+            now = time.monotonic()
+            if run.state == "failed" and drained_by is None:
+                drained_by = now + DRAIN_S
+            if (drained_by is not None and now > drained_by) or now > deadline:
                 self.broken = f"{run.name()} was left unfinished on the GPU"
                 self.stuck = True  # that kernel never ends: see redist.nvshmem.exit-when-stuck
                 if run.state == "failed":
