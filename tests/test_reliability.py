@@ -16,7 +16,7 @@ import dask.array as da
 import numpy as np
 import pytest
 from conftest import local_cluster, scheduler_history, worker_leftovers
-from distributed import Client
+from distributed import Client, wait
 
 import dask_redist
 from dask_redist.errors import RedistError, RedistTimeoutError
@@ -78,6 +78,34 @@ def test_worker_killed_mid_exchange(own_cluster):
     np.testing.assert_array_equal(got, a)
     outcomes = [h["outcome"] for h in scheduler_history(client)]
     assert "restarted" in outcomes and outcomes[-1] == "done", outcomes
+
+
+def test_outputs_lost_with_a_worker_after_the_run_are_computed_again(own_cluster):
+    """A worker holding persisted output chunks dies after the run finished: Dask recomputes
+    them, which runs the barrier (released once every output was in memory) and so a new
+    collective run for the lost chunks; the values are right and no error reaches the logs."""
+    cluster, client = own_cluster
+    a = data((60, 40))
+    x = da.from_array(a, chunks=(5, 40))
+    with dask_redist.enable(engine="dask"):
+        y = x.rechunk((60, 4)).persist()
+        wait(y)
+        done = len(scheduler_history(client))
+        held = {w for ws in client.who_has(y).values() for w in ws}
+        victim = sorted(held)[0]
+        pid = client.run(_pid, workers=[victim])[victim]
+        os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 60
+        while victim in client.scheduler_info(n_workers=-1)["workers"] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        got = y.compute()
+    np.testing.assert_array_equal(got, a)
+    history = scheduler_history(client)
+    assert len(history) > done and history[-1]["outcome"] == "done", history[done - 1 :]
+    logs = [m for _, m in client.get_scheduler_logs(n=1000)] + [
+        m for lines in client.get_worker_logs(n=1000).values() for _, m in lines
+    ]
+    assert not [m for m in logs if "RedistConsistencyError" in m], "an unpack error reached the logs"
 
 
 def test_worker_killed_mid_stage(own_cluster):
