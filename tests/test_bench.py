@@ -35,8 +35,11 @@ def test_uneven_case_is_uneven_and_reproducible():
 def test_gpu_suite_covers_the_cases_the_table_promises():
     names = [case.name for case, _ in b.gpu_suite()]
     assert [n for n in names if n.startswith("slab 8.00 GiB") and "float64" in n] == [
-        f"slab 8.00 GiB {n}->{n} float64" for n in (2, 16, 64, 256)
+        f"slab 8.00 GiB {n}->{n} float64" for n in (2, 16, 64, 256, 1024)
     ]
+    assert "pencil 8.00 GiB 64x64 float64" in names  # 4096 chunks
+    ucx = {m for _, ms in b.gpu_suite() for m in ms if m.endswith("-ucx")}
+    assert {"redist-cufftmp-ucx", "redist-dask-ucx", "tasks-ucx"} <= ucx  # the UCX-cluster section
     for part in ("1.00 GiB", "32.00 GiB", "float32", "complex128", "pencil", "uneven", "4-D"):
         assert any(part in n for n in names), part
     for _, methods in b.gpu_suite():
