@@ -11,8 +11,9 @@ after each step checks what the user would notice:
 * no new error in the scheduler's or any worker's log (``Traceback``, ``Exception``, ...);
 * nothing staged, no run and no early piece left on any worker.
 
-Each worker's memory after every step is reported, not checked: a flat line is a judgment
-over a long run, not an assertion a short CI soak could make reliably.
+Each worker's memory after every step is reported, and how much each kind of step grew
+the workers by on average, not checked: a flat line is a judgment over a long run, not an
+assertion a short CI soak could make reliably.
 
 ``tests/test_soak.py`` runs a short version on CPU; ``dask-redist soak`` runs one for
 minutes, with CuPy chunks on a GPU cluster (``--gpu``), and exits 1 on any violation.
@@ -48,6 +49,7 @@ class Step:
     seconds: float = 0.0
     problems: list[str] = field(default_factory=list)
     cancelled_by_dask: int = 0  # re-submits Dask cancelled right after a cancel (not a problem)
+    memory_delta: int = 0  # bytes the workers alive before and after the step grew by, together
 
 
 @dataclass
@@ -112,6 +114,7 @@ class Soak:
         self.report = SoakReport(seed)
         self._log_seen: dict[str, set[str]] = {}
         self._second = None  # the other client of "clients" steps, made once
+        self._memory: dict[str, int] = {}  # each worker's process memory after the last step
 
     def run(self, steps: int | None = None, minutes: float | None = None) -> SoakReport:
         """``steps`` steps, or as many as fit in ``minutes`` (whole cycles of every kind)."""
@@ -253,8 +256,11 @@ class Soak:
         # distributed's own errors about the worker a step killed (its peers' comms to it broke)
         # are what any Dask computation logs when a worker dies: not the collective's
         step.problems += [f"log: {line[:300]}" for line in self._logs_now() if not any(k in line for k in killed)]
-        for w, info in self.client.scheduler_info(n_workers=-1)["workers"].items():
-            self.report.memory.setdefault(w, []).append(int(info.get("metrics", {}).get("memory", 0)))
+        now = {w: int(i.get("metrics", {}).get("memory", 0)) for w, i in self.client.scheduler_info(n_workers=-1)["workers"].items()}
+        for w, nbytes in now.items():
+            self.report.memory.setdefault(w, []).append(nbytes)
+        step.memory_delta = sum(nbytes - self._memory[w] for w, nbytes in now.items() if w in self._memory)
+        self._memory = now
 
     def _logs_now(self) -> list[str]:
         """Problem lines that reached the scheduler's and workers' logs since the last call
