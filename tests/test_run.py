@@ -158,11 +158,23 @@ def test_unpack_waits_at_most_twice_the_timeout_plus_five_seconds():
     assert time.monotonic() - start < 30
 
 
-@settings(max_examples=80, deadline=None)
-@given(rechunk_specs(max_elements=2048), st.integers(1, 4), st.booleans(), st.booleans(), st.integers(1, 8), st.data())
-def test_both_paths_of_the_dask_engine_match_numpy(spec, nranks, box_in, box_out, budget_items, data):
-    """Input chunks cut to output boxes (outputs tiling boxes) or pieces (any placement), any
-    input placement, every budget: the outputs equal NumPy's."""
+@settings(max_examples=120, deadline=None)
+@given(rechunk_specs(max_elements=2048), st.integers(1, 4), st.booleans(), st.booleans(), st.integers(1, 8),
+       st.booleans(), st.data())  # fmt: skip
+def test_both_paths_of_the_dask_engine_match_numpy(spec, nranks, box_in, box_out, budget_items, direct, data):
+    """Input chunks cut to output boxes (outputs tiling boxes; assembled straight into the
+    output chunks or through the box) or pieces (any placement), any input placement, every
+    budget: the outputs equal NumPy's."""
+    import dask_redist.engines.dask as dask_engine
+
+    kept, dask_engine.DIRECT_MAX_PARTS = dask_engine.DIRECT_MAX_PARTS, (10**9 if direct else 0)
+    try:
+        _both_paths(spec, nranks, box_in, box_out, budget_items, data)
+    finally:
+        dask_engine.DIRECT_MAX_PARTS = kept
+
+
+def _both_paths(spec, nranks, box_in, box_out, budget_items, data):
     in_ranks = data.draw(box_placements(spec.old, nranks) if box_in else random_placements(spec.old_grid, nranks))
     out_ranks = data.draw(box_placements(spec.new, nranks) if box_out else random_placements(spec.new_grid, nranks))
     dtype = {1: np.int8, 2: np.float16, 4: np.float32, 8: np.float64, 16: np.complex128}[spec.itemsize]
