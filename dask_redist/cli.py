@@ -261,7 +261,8 @@ def soak(args) -> int:
         {"step": k, "runs": len(v), "with problems": sum(bool(x.problems) for x in v),
          "median s": f"{sorted(x.seconds for x in v)[len(v) // 2]:.2f}", "max s": f"{max(x.seconds for x in v):.2f}",
          "re-submits Dask cancelled": sum(x.cancelled_by_dask for x in v),
-         "memory + MiB per step": f"{sum(x.memory_delta for x in v) / len(v) / 2**20:+.1f}"}
+         "memory + MiB per step": f"{sum(x.memory_delta for x in v) / len(v) / 2**20:+.1f}",
+         "peers exited (stuck GPU)": sum(len(x.exited) for x in v)}
         for k, v in sorted(by_kind.items())
     ]  # fmt: skip
     console.print(_table(rows, f"soak: seed {args.seed}, {len(report.steps)} steps, {kind} chunks"))

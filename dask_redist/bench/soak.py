@@ -7,7 +7,8 @@ random order) over random geometries and dtypes, as a long notebook session woul
 after each step checks what the user would notice:
 
 * the result equals the formula its input was generated from (checked on the workers);
-* no worker left the cluster except the one the step killed;
+* no worker left the cluster except the one the step killed (with CuPy chunks, also its
+  GPU peers, which exit by design when left inside a reshape: counted, not a problem);
 * no new error in the scheduler's or any worker's log (``Traceback``, ``Exception``, ...);
 * nothing staged, no run and no early piece left on any worker.
 
@@ -50,6 +51,7 @@ class Step:
     problems: list[str] = field(default_factory=list)
     cancelled_by_dask: int = 0  # re-submits Dask cancelled right after a cancel (not a problem)
     memory_delta: int = 0  # bytes the workers alive before and after the step grew by, together
+    exited: list[str] = field(default_factory=list)  # GPU peers of a killed worker that exited (by design)
 
 
 @dataclass
@@ -246,7 +248,13 @@ class Soak:
         from dask_redist.api import status
 
         now = set(self.client.scheduler_info(n_workers=-1)["workers"])
-        if lost := sorted(before - now - killed):
+        lost = sorted(before - now - killed)
+        if lost and killed and self.kind == "cupy":
+            # a GPU peer of the killed worker may be left inside a reshape that can never finish:
+            # it exits by design (redist.nvshmem.exit-when-stuck) and its nanny starts a new one
+            step.exited, lost = lost, []
+            killed = killed | set(step.exited)
+        if lost:
             step.problems.append(f"workers left that were not killed: {lost}")
         deadline = time.monotonic() + 10
         while (left := _leftovers(status(self.client))) and time.monotonic() < deadline:
