@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 
 from dask_redist.errors import RedistError
+from dask_redist.planning.boxes import Box
 
 
 def array_kind(x: Any) -> str:
@@ -29,6 +30,16 @@ def array_kind(x: Any) -> str:
 def cut(chunk, chunk_lower: Sequence[int], lower: Sequence[int], upper: Sequence[int]):
     """The part of ``chunk`` (whose first element is global ``chunk_lower``) in [lower, upper)."""
     return chunk[tuple(slice(l - o, u - o) for l, u, o in zip(lower, upper, chunk_lower))]
+
+
+def parts_in(chunks: dict, box_of, box: Box) -> Iterator[tuple[int, Box, Any]]:
+    """(flat index, part, view of it) for every chunk with a part inside ``box``; ``box_of(flat)``
+    gives a chunk's global (lower, upper), as ``RechunkSpec.old_box`` does."""
+    for flat, chunk in chunks.items():
+        bounds = Box(*map(tuple, box_of(flat)))
+        part = bounds.intersect(box)
+        if part.size:
+            yield flat, part, chunk[part.slices(bounds.lower)]
 
 
 def empty(like, shape: Sequence[int], dtype):

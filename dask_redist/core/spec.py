@@ -30,6 +30,13 @@ STAGE_PREFIX = "redist-stage-"
 BARRIER_PREFIX = "redist-barrier-"
 
 
+def stage_token(key) -> str | None:
+    """The rechunk token of a stage task's key ``(STAGE_PREFIX + token, i, ...)``, else None."""
+    if type(key) is tuple and key and type(key[0]) is str and key[0].startswith(STAGE_PREFIX):
+        return key[0][len(STAGE_PREFIX) :]
+    return None
+
+
 @dataclass(frozen=True)
 class CollectiveSpec:
     """Everything the scheduler and workers need to know about one collective rechunk."""

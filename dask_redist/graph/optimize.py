@@ -13,11 +13,9 @@ distributed that hook runs on the scheduler while the graph is materialized.
 
 from __future__ import annotations
 
-import dataclasses
-
 import math
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 from dask.base import tokenize
@@ -203,7 +201,7 @@ def stage_grouping(spec: CollectiveSpec) -> tuple[CollectiveSpec, list | None]:
         _GROUPINGS[spec.token] = (token, groups)
         while len(_GROUPINGS) > GROUPINGS_KEPT:
             del _GROUPINGS[next(iter(_GROUPINGS))]
-    return (spec if token == spec.token else dataclasses.replace(spec, token=token)), groups
+    return (spec if token == spec.token else replace(spec, token=token)), groups
 
 
 def persisted_groups(spec: CollectiveSpec) -> list[list[tuple[int, ...]]] | None:

@@ -36,7 +36,7 @@ from distributed.protocol.pickle import dumps
 from distributed.protocol.serialize import ToPickle
 from distributed.utils import log_errors, offload
 
-from dask_redist.core.spec import BARRIER_PREFIX, STAGE_PREFIX, BarrierTask, CollectiveSpec, RunSpec
+from dask_redist.core.spec import BARRIER_PREFIX, STAGE_PREFIX, BarrierTask, CollectiveSpec, RunSpec, stage_token
 from dask_redist.engines.choice import EngineSelector
 from dask_redist.engines.cufftmp.host import host_dtype_problem
 from dask_redist.errors import KINDS, RedistTimeoutError
@@ -338,18 +338,18 @@ class RedistSchedulerPlugin(SchedulerPlugin):
     # -- scheduler hooks ------------------------------------------------------------------
 
     def transition(self, key, start, finish, *args, stimulus_id: str, **kwargs) -> None:
-        if type(key) is tuple and key and type(key[0]) is str and key[0].startswith(STAGE_PREFIX):
-            self._stage_transition(key, start, finish, kwargs.get("worker"))
+        if (stage := stage_token(key)) is not None:
+            self._stage_transition(stage, key, start, finish, kwargs.get("worker"))
         elif (token := self.by_output.get(key)) is not None:
             self._output_transition(token, key, finish)
         elif type(key) is str and key.startswith(BARRIER_PREFIX):
             self._barrier_transition(key[len(BARRIER_PREFIX) :], finish, stimulus_id)
 
-    def _stage_transition(self, key, start: str, finish: str, worker: str | None) -> None:
+    def _stage_transition(self, token: str, key, start: str, finish: str, worker: str | None) -> None:
         if finish == "memory" and worker is not None:
             self.stage_home[key] = worker
         elif start == "memory" and (home := self.stage_home.pop(key, None)) is not None:
-            self._send([home], {"op": "redist-drop", "token": key[0][len(STAGE_PREFIX) :], "index": key[1:]})
+            self._send([home], {"op": "redist-drop", "token": token, "index": key[1:]})
 
     def _output_transition(self, token: str, key, finish: str) -> None:
         rechunk = self.rechunks.get(token)

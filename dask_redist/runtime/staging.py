@@ -35,15 +35,18 @@ class StagingStore:
     def drop(self, token: str, tail: tuple) -> None:
         """The scheduler released a stage key: forget the chunks it staged."""
         with self._lock:
-            for index in self._by_key.pop((token, tuple(tail)), ()):
-                self._chunks.pop((token, index), None)
+            self._drop((token, tuple(tail)))
 
     def drop_token(self, token: str) -> None:
         """Forget every chunk staged for rechunk ``token``."""
         with self._lock:
             for key in [k for k in self._by_key if k[0] == token]:
-                for index in self._by_key.pop(key):
-                    self._chunks.pop((token, index), None)
+                self._drop(key)
+
+    def _drop(self, key: tuple) -> None:
+        """Forget the chunks staged under stage key ``key`` = (token, tail); under the lock."""
+        for index in self._by_key.pop(key, ()):
+            self._chunks.pop((key[0], index), None)
 
     def clear(self) -> None:
         with self._lock:

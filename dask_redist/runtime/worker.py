@@ -23,7 +23,7 @@ from distributed.diagnostics.plugin import WorkerPlugin
 
 from dask_redist.core.assemble import Assembly, array_kind
 from dask_redist.core.run import WorkerRun
-from dask_redist.core.spec import STAGE_PREFIX, CollectiveSpec, RunSpec, Staged
+from dask_redist.core.spec import CollectiveSpec, RunSpec, Staged, stage_token
 from dask_redist.core.wire import Packed
 from dask_redist.engines import BUILTIN, get_engine, loaded_engines
 from dask_redist.errors import KINDS, RedistConsistencyError, RedistError
@@ -325,8 +325,8 @@ class RedistWorkerPlugin(WorkerPlugin):
         `handle_drop` for it: drop them here. (A stage task resubmitted meanwhile is resumed,
         not finished from ``cancelled``; replicas removed from memory are the scheduler's.)"""
         if start == "cancelled" and finish in ("memory", "error", "released", "missing", "rescheduled"):
-            if type(key) is tuple and key and type(key[0]) is str and key[0].startswith(STAGE_PREFIX):
-                get_state(self._worker).staging.drop(key[0][len(STAGE_PREFIX) :], tuple(key[1:]))
+            if (token := stage_token(key)) is not None:
+                get_state(self._worker).staging.drop(token, tuple(key[1:]))
 
     def teardown(self, worker):
         get_state(worker).close()

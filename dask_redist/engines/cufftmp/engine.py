@@ -29,7 +29,7 @@ from collections import deque
 
 import numpy as np
 
-from dask_redist.core.assemble import cut
+from dask_redist.core.assemble import cut, parts_in
 from dask_redist.engines.cufftmp.copies import BoxCopies, ChunkTable, launch
 from dask_redist.engines.cufftmp.host import HostLink, HostParts
 from dask_redist.engines.cufftmp.nvshmem import Arena, capabilities
@@ -63,13 +63,10 @@ def _strides(lower, upper) -> tuple[int, int, int]:
 
 def _box_copies(copies: BoxCopies, chunks: dict, box_of, view, box: Box, into_box: bool) -> None:
     """Add a copy between each chunk's part of ``box`` and ``view`` (``box`` in the arena)."""
-    for flat, chunk in chunks.items():
-        bounds = Box(*box_of(flat))
-        part = bounds.intersect(box)
-        if part.size:
-            arena, ours = view[part.slices(box.lower)], chunk[part.slices(bounds.lower)]
-            dst, src = (arena, ours) if into_box else (ours, arena)
-            copies.add(dst, src)
+    for _, part, ours in parts_in(chunks, box_of, box):
+        arena = view[part.slices(box.lower)]
+        dst, src = (arena, ours) if into_box else (ours, arena)
+        copies.add(dst, src)
 
 
 class CufftMpEngine(Engine):

@@ -30,6 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+from dask_redist.core.assemble import parts_in
 from dask_redist.planning.boxes import Box
 
 #: Bytes one thread copies at a time; smaller copies are not worth a hand-off.
@@ -85,11 +86,6 @@ class HostLink:
         """Device arrays for ``targets`` (host views) to be filled on the GPU, then downloaded."""
         return Downloads(self, targets)
 
-    def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=False)
-        self._pool, self._pinned = None, {}
-
     def _buffer(self, which: str, nbytes: int) -> np.ndarray:
         import cupyx
 
@@ -124,12 +120,11 @@ class Downloads:
         self.device = [_as(self._device, o, t.shape, t.dtype) for o, t in zip(self.offsets, targets)]
 
     def start(self) -> None:
-        pinned = self.link._buffer("down", self.total)
-        _memcpy(pinned.ctypes.data, self._device.data.ptr, self.total, 2)  # cudaMemcpyDeviceToHost
+        self._pinned = self.link._buffer("down", self.total)
+        _memcpy(self._pinned.ctypes.data, self._device.data.ptr, self.total, 2)  # cudaMemcpyDeviceToHost
 
     def finish(self) -> None:
-        pinned = self.link._pinned["down"]
-        staged = [_as(pinned, o, t.shape, t.dtype) for o, t in zip(self.offsets, self.targets)]
+        staged = [_as(self._pinned, o, t.shape, t.dtype) for o, t in zip(self.offsets, self.targets)]
         self.link._copy(list(zip(self.targets, staged)))
 
 
@@ -143,12 +138,8 @@ class HostParts:
     def __init__(self, link: HostLink, arrays: dict, box_of, box: Box, upload: bool):
         self.host: dict[int, np.ndarray] = {}
         self._bounds: dict[int, tuple] = {}
-        for flat, array in arrays.items():
-            chunk = Box(*map(tuple, box_of(flat)))
-            part = chunk.intersect(box)
-            if not part.size:
-                continue
-            self.host[flat] = array[part.slices(chunk.lower)]
+        for flat, part, view in parts_in(arrays, box_of, box):
+            self.host[flat] = view
             self._bounds[flat] = (part.lower, part.upper)
         views = list(self.host.values())
         self.downloads = None if upload else link.downloads(views)
