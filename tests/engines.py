@@ -148,3 +148,70 @@ class BarrierElsewhereDiesEngine(DaskEngine):
                 time.sleep(0.3)
                 os._exit(1)
         super().execute(run, transport)
+
+
+class LockstepEngine(DaskEngine):
+    """Ranks that must make matching calls, as cufftmp's must: each rank first queues
+    `rounds_per_run` rounds on a stand-in for NVSHMEM shared by the workers of this host
+    (marker files: round k completes once every rank queued it), then the data moves the
+    dask engine's way. Aborts are completed as cufftmp completes them
+    (`dask_redist.engines.rounds`); a rank left waiting is stuck and its worker exits
+    (redist.nvshmem.exit-when-stuck). Ranks run at different speeds, so they see an abort
+    after different numbers of rounds."""
+
+    watched = True
+    completes_aborted_runs = True
+    rounds_per_run = 40
+    pause = 0.01  # per round, times (rank + 1)
+    folder = None  # set on the workers by the test: where the marker files go
+
+    def __init__(self):
+        super().__init__()
+        from dask_redist.engines.rounds import Rounds
+
+        self.rounds = Rounds(lambda: None)
+
+    def health(self) -> Health:
+        return Health(self.rounds.broken, self.rounds.stuck, self.rounds.in_flight_since)
+
+    def execute(self, run, transport):
+        import os
+
+        from dask_redist.engines.rounds import Rounds
+
+        run.phase = "exchange"
+        if run.must_stop():
+            raise run.error
+        folder = os.path.join(self.folder, f"{run.spec.token}-{run.run_id}")
+        os.makedirs(folder, exist_ok=True)
+        n = len(run.spec.workers)
+
+        def complete(rounds):
+            return lambda: all(os.path.exists(os.path.join(folder, f"{k}.{r}")) for k in rounds for r in range(n))
+
+        queued = []
+        self.rounds = Rounds(lambda: _Done(complete(list(queued))))
+        self.rounds.poll_s = 0.005
+
+        def exchange(k):
+            open(os.path.join(folder, f"{k}.{run.rank}"), "w").close()
+            queued.append(k)
+            self.rounds.queued(_Done(complete([k])))
+
+        def work(k, go):
+            time.sleep(self.pause * (run.rank + 1))
+            go()
+
+        self.rounds.run(run, self.rounds_per_run, exchange, work)
+        self.rounds.wait(run)
+        super().execute(run, transport)
+
+
+class _Done:
+    def __init__(self, test):
+        self._test, self._done = test, False
+
+    @property
+    def done(self) -> bool:
+        self._done = self._done or self._test()
+        return self._done

@@ -207,6 +207,42 @@ def _kill_one_worker(client, pick=-1) -> str:
         time.sleep(0.5)
 
 
+def _health() -> dict:
+    from dask_redist.engines import get_engine
+
+    h = get_engine("cufftmp").health()
+    return {"broken": h.broken, "stuck": h.stuck, "in flight": h.in_flight_since is not None}
+
+
+def test_a_cancel_mid_run_is_completed_dry_and_costs_no_worker(gpu_client):
+    """A persist cancelled while its rounds are on the GPUs (1 GiB in 1 MiB rounds): every rank
+    queues the rest of the run's reshapes with their copies skipped (dask_redist.engines.rounds),
+    the run is recorded cancelled, no worker process is replaced, no engine is broken or stuck,
+    and the next rechunk runs on cufftmp, right."""
+    import time
+
+    c = case((512, 512, 512), (64, 512, 512), (512, 64, 512), name="1 GiB in many rounds")
+    x = placed_array(gpu_client, c, 5, kind="cupy")
+    dask_redist.bootstrap(gpu_client)
+    pids = gpu_client.run(_pid)
+    with dask_redist.enable(engine="cufftmp", memory_budget="1MiB"):
+        y = x.rechunk(c.new).persist()
+        deadline = time.monotonic() + 60
+        while not any(h["in flight"] for h in gpu_client.run(_health).values()):
+            assert time.monotonic() < deadline, "the run never had rounds on the GPU"
+            time.sleep(0.001)
+        gpu_client.cancel(y)
+        del y
+        while (scheduler_history(gpu_client) or [{"outcome": None}])[-1]["outcome"] != "cancelled":
+            assert time.monotonic() < deadline, scheduler_history(gpu_client)[-1:]
+            time.sleep(0.05)
+    time.sleep(15)  # past the drain (5 s) and the watchdog's grace (10 s): a stuck worker has exited by now
+    assert gpu_client.run(_pid) == pids
+    assert all(h == {"broken": None, "stuck": False, "in flight": False} for h in gpu_client.run(_health).values())
+    del x
+    run_case(gpu_client, CASES[0], seed=23, engine="cufftmp")
+
+
 def test_worker_loss_then_rebootstrap(gpu_client):
     """A dead PE breaks the NVSHMEM world: later GPU rechunks use the dask engine; bootstrap
     names the stranded survivor, and with restart_broken=True restarts it and forms a new world."""

@@ -35,6 +35,7 @@ class FakeScheduler:
 
     def __init__(self):
         self.tasks, self.sent = {}, []
+        self.workers = dict.fromkeys(WORKERS)
         self.stream_comms = {w: SimpleNamespace(send=lambda msg, w=w: self.sent.append((w, msg))) for w in WORKERS}
 
     def set_restrictions(self, restrictions):
@@ -72,6 +73,25 @@ def test_a_failure_report_from_a_rank_aborts_the_run_everywhere():
     plugin.failed(token, 1, WORKERS[0], "boom", "error")
     assert plugin.rechunks[token].active is None and plugin.history[-1]["outcome"] == "failed"
     assert sorted(w for w, m in plugin.scheduler.sent if m["op"] == "redist-abort") == sorted(WORKERS)
+    assert all(m["gone"] == [] for _, m in plugin.scheduler.sent)  # every rank alive: the run is completed dry
+
+
+def test_an_abort_names_the_ranks_that_left_and_they_stop_the_run_for_good():
+    """A worker that left makes the ranks stop instead of completing the run (nothing would
+    complete the calls they share with it: dask_redist.engines.rounds)."""
+    plugin = plugin_with_an_active_run()
+    token = next(iter(plugin.rechunks))
+    del plugin.scheduler.workers[WORKERS[1]]
+    plugin.failed(token, 1, WORKERS[0], "boom", "error")
+    (message,) = {str(m) for w, m in plugin.scheduler.sent}
+    abort = plugin.scheduler.sent[0][1]
+    assert abort["gone"] == [WORKERS[1]], message
+    state = WorkerState(SimpleNamespace(address=WORKERS[0]))
+    run = WorkerRun(run_spec(), WORKERS[0], {})
+    run.completes_when_aborted = True
+    state.runs[run.spec.token] = run
+    state.handle_abort(run.spec.token, run.run_id, abort["reason"], abort["kind"], abort["gone"])
+    assert run.state == "failed" and run.gone == (WORKERS[1],) and run.must_stop()
 
 
 def test_pieces_from_a_rank_that_cannot_send_them_are_refused():

@@ -19,6 +19,7 @@ from conftest import local_cluster, scheduler_history, worker_leftovers
 from distributed import Client, wait
 
 import dask_redist
+from dask_redist.core.run import WorkerRun
 from dask_redist.errors import RedistError, RedistTimeoutError
 
 
@@ -388,6 +389,39 @@ def test_a_thread_stuck_in_an_aborted_run_is_replaced():
     thread.close()
 
 
+@pytest.mark.parametrize("gone", [(), ("tcp://b",)])
+def test_an_aborted_run_being_completed_keeps_its_thread_unless_a_rank_is_gone(gone):
+    """A run of an engine that completes aborted runs (cufftmp) is still queuing its rounds
+    after the abort: the next run waits for it on the same thread (two threads would queue
+    collective calls at once) unless a rank is gone, when nothing can complete it."""
+    from dask_redist.runtime.collective import CollectiveThread
+
+    release, ran, abandoned = threading.Event(), [], []
+
+    def execute(run):
+        ran.append((run.spec.seq, threading.current_thread()))
+        run.phase = "exchange"
+        if run.spec.seq == 1:
+            release.wait(30)
+
+    thread = CollectiveThread(execute, "test", on_abandon=abandoned.append)
+    first, second = FakeRun(1, completes=True), FakeRun(2, completes=True)
+    thread.submit(first)
+    while not ran:
+        time.sleep(0.01)
+    first.state, first.gone = "failed", gone
+    thread.submit(second)
+    time.sleep(0.3)
+    assert [seq for seq, _ in ran] == ([1, 2] if gone else [1])
+    release.set()
+    deadline = time.monotonic() + 10
+    while len(ran) < 2:
+        assert time.monotonic() < deadline, ran
+        time.sleep(0.01)
+    assert abandoned == ([first] if gone else []) and (ran[0][1] is ran[1][1]) is not bool(gone)
+    thread.close()
+
+
 def test_a_run_aborted_before_it_started_is_not_abandoned():
     """Aborted between leaving the queue and starting, a run returns at once: the next
     run waits for the same thread, and the engine is not told it was abandoned."""
@@ -417,12 +451,15 @@ def test_a_run_aborted_before_it_started_is_not_abandoned():
 
 
 class FakeRun:
-    """What CollectiveThread reads of a WorkerRun."""
+    """What CollectiveThread reads of a WorkerRun (its ``must_stop`` is the real one)."""
 
-    def __init__(self, seq):
+    must_stop = WorkerRun.must_stop
+
+    def __init__(self, seq, completes=False):
         self.spec = type("Spec", (), {"seq": seq})()
         self.state = "queued"
         self.phase = "queued"
+        self.gone, self.completes_when_aborted = (), completes
 
 
 def _slow_first_block(block, block_info=None):
@@ -579,3 +616,45 @@ def test_exit_when_stuck_can_be_turned_off():
     with dask.config.set({"redist.nvshmem.exit-when-stuck": "yes"}):
         with pytest.raises(dask_redist.ConfigError, match="redist.nvshmem.exit-when-stuck"):
             Settings.from_config()
+
+
+def _lockstep_folder(folder):
+    import engines
+
+    engines.LockstepEngine.folder = folder
+
+
+def test_a_cancel_mid_run_costs_no_worker_when_ranks_must_make_matching_calls(own_cluster, tmp_path):
+    """The ranks of an engine whose calls must match (LockstepEngine: cufftmp's rounds on a
+    stand-in for NVSHMEM) see a cancel after different numbers of rounds: each completes
+    the run dry, every round queued by every rank, so none is left waiting and no worker
+    exits; the next rechunk runs on the same processes."""
+    _, client = own_cluster
+    client.wait_for_workers(3)
+    client.run(_lockstep_folder, str(tmp_path))
+    before = client.run(_pid)
+    a = data((60, 60), seed=11)
+    with dask_redist.enable(engine="engines:LockstepEngine"):
+        x = client.persist(da.from_array(a, chunks=(6, 60)))
+        wait(x)
+        y = x.rechunk((60, 6)).persist()
+        deadline = time.monotonic() + 30
+        while not list(tmp_path.glob("*/*")) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        time.sleep(0.3)  # some rounds in: the fast rank is ahead of the slow ones
+        client.cancel(y)
+        del y
+        while time.monotonic() < deadline and (not scheduler_history(client) or scheduler_history(client)[-1]["outcome"] != "cancelled"):  # fmt: skip
+            time.sleep(0.05)
+        assert scheduler_history(client)[-1]["outcome"] == "cancelled", scheduler_history(client)[-1]
+        (folder,) = tmp_path.iterdir()
+        ranks = {p.name.split(".")[1] for p in folder.iterdir()}
+        settle = time.monotonic() + 15  # every rank completes its rounds; a stuck one would exit by now
+        while len(list(folder.iterdir())) < 40 * len(ranks) and time.monotonic() < settle:
+            time.sleep(0.05)
+        assert len(ranks) >= 2 and len(list(folder.iterdir())) == 40 * len(ranks)
+        time.sleep(max(0.0, settle - time.monotonic()))
+        assert client.run(_pid) == before  # no worker exited
+        got = x.rechunk((60, 6)).compute()
+    np.testing.assert_array_equal(got, a)
+    assert scheduler_history(client)[-1]["outcome"] == "done" and client.run(_pid) == before

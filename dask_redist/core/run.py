@@ -44,6 +44,9 @@ class WorkerRun:
         self.phase = "queued"
         self.error: BaseException | None = None
         self.failed_at: float | None = None  # time.monotonic() of the abort
+        self.gone: tuple[str, ...] = ()  # ranks the scheduler saw leave, as of the abort
+        #: set by an engine whose ranks must make matching calls (``completes_aborted_runs``)
+        self.completes_when_aborted = False
         self.outputs: dict[int, Any] = {}
         self.started = time.time()
         self._inbox: list[tuple[int, int, list]] = []  # pieces as they arrive, sorted out later
@@ -71,9 +74,11 @@ class WorkerRun:
                 self._inbox.append((src, first, arrays))
                 self._cond.notify_all()
 
-    def fail(self, error: BaseException) -> None:
-        """Abort the run: every wait on it raises ``error`` from now on."""
+    def fail(self, error: BaseException, gone=()) -> None:
+        """Abort the run: every wait on it raises ``error`` from now on. ``gone``: ranks that left
+        (a later abort of the same run may add to them)."""
         with self._cond:
+            self.gone = tuple(sorted(set(self.gone) | set(gone)))
             if self.state == "failed":
                 return
             self.state = "failed"
@@ -83,6 +88,11 @@ class WorkerRun:
             self._inbox = []
             self.outputs = {}
             self._cond.notify_all()
+
+    def must_stop(self) -> bool:
+        """Aborted, and not to be completed: its engine needs no completion, or a rank is gone
+        (nothing could complete the calls it shares with that rank)."""
+        return self.state == "failed" and (bool(self.gone) or not self.completes_when_aborted)
 
     # -- collective thread side ---------------------------------------------------------
 

@@ -56,6 +56,10 @@ class Engine:
     name: str = ""
     #: whether ``execute`` can block behind work only peers can complete (then a watchdog runs)
     watched: bool = False
+    #: whether every rank must make the same sequence of calls (NVSHMEM collectives): then a run
+    #: whose start reached this rank is executed to its end even when aborted, its copies
+    #: skipped (`WorkerRun.must_stop` says when not: a rank is gone)
+    completes_aborted_runs: bool = False
 
     def execute(self, run: WorkerRun, transport: Transport) -> None:
         raise NotImplementedError

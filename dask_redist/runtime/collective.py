@@ -65,7 +65,7 @@ class CollectiveThread:
                 return
             heapq.heappush(self._heap, (run.spec.seq, next(self._tie), run))
             current = self._current  # (one aborted before it started returns at once)
-            if current is not None and current.state == "failed" and current.phase != "queued":
+            if current is not None and current.must_stop() and current.phase != "queued":
                 abandoned, self._current, self._thread = current, None, None
             if self._thread is None:
                 self._thread = threading.Thread(target=self._loop, name=self._name, daemon=True)
@@ -116,10 +116,11 @@ class RunExecutor:
         self.thread.close()
 
     def _execute(self, run: WorkerRun) -> None:
-        if not run.start():
+        engine = get_engine(run.spec.engine)
+        run.completes_when_aborted = engine.completes_aborted_runs
+        if not run.start() and run.must_stop():  # (else aborted before it started: completed, dry)
             return
         self._mark("execute")
-        engine = get_engine(run.spec.engine)
         returned = threading.Event()
         if run.spec.collective.settings.exit_when_stuck and engine.watched:
             watch = threading.Thread(target=self._watch, args=(run, engine, returned), name="redist-watchdog")
@@ -151,7 +152,7 @@ class RunExecutor:
         """
         while not returned.wait(0.5):
             now, since = time.monotonic(), engine.health().in_flight_since
-            aborted = run.failed_at is not None and now - run.failed_at > STUCK_GRACE_S
+            aborted = run.must_stop() and now - run.failed_at > STUCK_GRACE_S  # (a completing run: its rounds' age)
             if aborted or (since is not None and now - since > run.timeout + STUCK_GRACE_S):
                 self._exit_stuck(run, f" (its thread, in phase {run.phase!r}, did not return: watchdog)")
 

@@ -290,9 +290,10 @@ class RedistSchedulerPlugin(SchedulerPlugin):
         if run is None:
             return
         logger.debug("aborting %s (%s): %s", run.spec.name(), kind, reason)
+        gone = [w for w in run.spec.workers if w not in self.scheduler.workers]  # (their calls never come)
         self._send(
             run.spec.workers,
-            {"op": "redist-abort", "token": token, "run_id": run.spec.run_id, "reason": reason, "kind": kind},
+            {"op": "redist-abort", "token": token, "run_id": run.spec.run_id, "reason": reason, "kind": kind, "gone": gone},
         )
 
     def _restart(self, token: str, reason: str, stale: list = (), settings=None) -> None:

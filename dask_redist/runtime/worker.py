@@ -224,12 +224,12 @@ class WorkerState:
         logger.debug("%s: refused pieces claiming to come from rank %r", run.name(), src)
         return False
 
-    def handle_abort(self, token: str, run_id: int, reason: str, kind: str) -> None:
+    def handle_abort(self, token: str, run_id: int, reason: str, kind: str, gone=()) -> None:
         with self._lock:
             run = self.runs.get(token)
             self._ended(token, run_id)
         if run is not None and run.run_id == run_id and kind in KINDS:
-            run.fail(KINDS[kind](reason))
+            run.fail(KINDS[kind](reason), gone=[w for w in gone if isinstance(w, str)])
 
     def handle_cleanup(self, token: str, run_id: int) -> None:
         """Forget the runs of ``token`` up to ``run_id`` (they are done)."""

@@ -17,15 +17,12 @@ layout from the same plan, so all of them make the same collective calls in
 the same order, which NVSHMEM requires. Each round: stage the local chunks
 into the arena, sync, reshape, sync, copy the output boxes out.
 
-At most `ROUNDS_AHEAD` rounds are queued on the GPU; the engine's thread waits by
-polling CUDA events, where it sees aborts and timeouts, never inside a CUDA call that
-a reshape waiting for a dead peer could block forever.
+Rounds are queued asynchronously and waited for by polling (`dask_redist.engines.rounds`),
+where the engine sees aborts and timeouts; an aborted run is completed dry there, so that
+every rank makes the same NVSHMEM calls and no worker is lost to a cancel.
 """
 
 from __future__ import annotations
-
-import time
-from collections import deque
 
 import numpy as np
 
@@ -36,18 +33,12 @@ from dask_redist.engines.cufftmp.nvshmem import Arena, capabilities
 from dask_redist.engines.cufftmp.plans import Plans, ReshapePlan
 from dask_redist.engines.cufftmp.world import World
 from dask_redist.engines.protocol import Engine, Health
-from dask_redist.errors import EngineUnavailableError, RedistError, RedistTimeoutError
+from dask_redist.engines.rounds import Rounds
+from dask_redist.errors import EngineUnavailableError, RedistError
 from dask_redist.planning.boxes import Box
 from dask_redist.planning.layout import DirectLayout, PackedLayout, choose_layout
 
 ALIGN = 512
-#: Rounds queued on the GPU ahead of the one it runs. Bounded so that the engine's thread
-#: never blocks inside a CUDA call (a launch into a full queue) behind a reshape that waits
-#: for a dead peer: it waits in `CufftMpEngine._wait`, where it sees aborts and timeouts.
-ROUNDS_AHEAD = 4
-#: Seconds an aborted run's queued rounds may take to complete before the GPU counts as stuck
-#: (shorter than the watchdog's grace, `dask_redist.runtime.collective.STUCK_GRACE_S`).
-DRAIN_S = 5.0
 #: Whether cuFFTMp accepts a rank with an empty box (checked on the GPU node; see docs/gpu-testing.md).
 ALLOW_EMPTY_BOXES = False
 
@@ -72,6 +63,7 @@ def _box_copies(copies: BoxCopies, chunks: dict, box_of, view, box: Box, into_bo
 class CufftMpEngine(Engine):
     name = "cufftmp"
     watched = True  # a launch can block behind a reshape that waits for a dead peer
+    completes_aborted_runs = True  # every rank must make the same NVSHMEM calls
     capabilities = staticmethod(capabilities)
 
     def __init__(self):
@@ -81,10 +73,8 @@ class CufftMpEngine(Engine):
         self._stats = {"bootstrap_s": None, "plans": 0, "plan_s": 0.0, "runs": 0, "last": None}
         self.plans = Plans(self._stats)
         self.broken: str | None = None  # why NVSHMEM in this process cannot be trusted any more
-        self.stuck = False  # GPU work of an aborted run waits inside NVSHMEM, forever
-        self.in_flight_since: float | None = None  # the oldest NVSHMEM work not yet seen done was queued then
+        self.rounds = Rounds(self._everything)  # what is queued on the GPU; stuck if it never ends
         self._marks: list = []
-        self._pending: deque = deque()  # (event after a round's reshape, when it was queued)
         self._keep: list = []  # what queued GPU work still reads (copy job tables), until it is done
         self.host = HostLink()  # pinned staging for NumPy chunks (.host)
         self._able: dict | None = None  # capabilities(), asked at the first run
@@ -92,7 +82,8 @@ class CufftMpEngine(Engine):
     # -- the protocol --------------------------------------------------------------------
 
     def health(self) -> Health:
-        return Health(self.broken or self.world.broken, self.stuck, self.in_flight_since)
+        broken = self.broken or self.rounds.broken or self.world.broken
+        return Health(broken, self.rounds.stuck, self.rounds.in_flight_since)
 
     def stats(self) -> dict:
         return dict(self._stats)
@@ -146,27 +137,30 @@ class CufftMpEngine(Engine):
         event.record(self.stream)
         self._marks.append((what, event))
 
+    def _everything(self):
+        """A CUDA event after all work queued on the engine's stream so far."""
+        import cupy
+
+        event = cupy.cuda.Event(disable_timing=True)
+        event.record(self.stream)
+        return event
+
     def exchange(self, plan: ReshapePlan, src_offset: int, dst_offset: int, ws_offset: int) -> None:
         from nvmath.bindings import cufftMp, nvshmem
 
         s = self.stream.ptr
         base = self.arena.ptr
         self._mark("stage")
-        queued = time.monotonic()
-        if self.in_flight_since is None:
-            self.in_flight_since = queued
         nvshmem.sync_all_on_stream(s)  # every rank has staged
         cufftMp.exec_reshape_async(plan.handle, base + dst_offset, base + src_offset, base + ws_offset, s)
         nvshmem.sync_all_on_stream(s)  # nobody reads our input any more: the arena is free again
         self._mark("reshape")
-        self._pending.append((self._marks[-1][1], queued))
+        self.rounds.queued(self._marks[-1][1])
 
-    def _next_round(self, run) -> None:
-        """Before queuing a round: stop if the run was aborted; keep `ROUNDS_AHEAD` at most queued."""
-        if run.state == "failed":
-            self._wait(run)  # raises, and marks the engine stuck if the GPU still waits on a peer
-        while len(self._pending) >= ROUNDS_AHEAD:
-            self._wait(run, self._pending[0][0])
+    def _phase(self, run, phase: str) -> None:
+        run.phase = phase
+        if run.must_stop():
+            raise run.error
 
     # -- a run -------------------------------------------------------------------------
 
@@ -180,75 +174,34 @@ class CufftMpEngine(Engine):
         if broken := self.health().broken:
             raise RedistError(f"{run.name()}: NVSHMEM is unusable in this worker: {broken}")
         cupy.cuda.Device().synchronize()  # inputs may come from kernels still in flight
-        self.in_flight_since = None  # (and an earlier run that raised has drained by now)
-        run.set_phase("bootstrap")
+        self.rounds.reset()
+        self._phase(run, "bootstrap")  # (an aborted run goes on, dry: see .rounds)
         self.bootstrap(run, transport.exchange_factory)
         settings = run.spec.collective.settings
-        run.set_phase("plan")
+        self._phase(run, "plan")
         layout, _ = choose_layout(
             run.plan, settings.memory_budget, size_class_bits=settings.size_class_bits, allow_empty=ALLOW_EMPTY_BOXES
         )
         spec = run.spec.collective
         xp = np if run.spec.kind == "numpy" else cupy  # NumPy in, NumPy out: see .host
         outputs = {}
-        for flat in run.plan.owned(run.rank):
+        for flat in run.plan.owned(run.rank) if run.state != "failed" else ():
             lo, hi = spec.rechunk.new_box(flat)
             outputs[flat] = xp.empty(tuple(h - l for l, h in zip(lo, hi)), dtype=spec.dtype)
-        run.set_phase("exchange")
+        self._phase(run, "exchange")
         self._marks = []
-        self._pending.clear()
         with self.stream:
             self._mark("start")
             if isinstance(layout, DirectLayout):
                 self._direct(run, layout, outputs)
             else:
                 self._packed(run, layout, outputs)
-        self._wait(run)
+        self.rounds.wait(run)  # (raises an abort's error once every round is done: see .rounds)
         self._keep.clear()
         self.plans.forget()
         self._record(layout)
         run.inputs = {}
         run.finish(outputs)
-
-    def _wait(self, run, event=None) -> None:
-        """Wait for ``event`` (default: all work queued so far) without blocking in CUDA: a
-        dead peer must not hang this thread.
-
-        An abort lets the rounds already queued drain for `DRAIN_S`: every peer that saw
-        the same abort after queuing them completes them too, and the run ends cleanly. If
-        the GPU still waits inside an NVSHMEM collective then (a peer died, or stopped
-        before queuing a round this rank queued), or the run times out, that collective can
-        never finish: the engine marks itself broken so that later runs fail fast (the
-        scheduler moves them to the dask engine) and stuck (redist.nvshmem.exit-when-stuck).
-        """
-        import cupy
-
-        everything = event is None
-        if everything:
-            event = cupy.cuda.Event(disable_timing=True)
-            event.record(self.stream)
-        deadline, drained_by = time.monotonic() + run.timeout, None
-        while not event.done:
-            now = time.monotonic()
-            if run.state == "failed" and drained_by is None:
-                drained_by = now + DRAIN_S
-            if (drained_by is not None and now > drained_by) or now > deadline:
-                self.broken = f"{run.name()} was left unfinished on the GPU"
-                self.stuck = True  # that kernel never ends: see redist.nvshmem.exit-when-stuck
-                if run.state == "failed":
-                    raise run.error
-                raise RedistTimeoutError(
-                    f"{run.name()} timed out after {run.timeout:g}s in phase 'exchange' on the GPU "
-                    "(a peer never joined the reshape); raise redist.timeouts.collective if it is just slow"
-                )
-            time.sleep(0.0001)
-        if run.state == "failed":
-            if not everything:  # rounds queued after ``event`` may still wait for a peer
-                self._wait(run)  # (raises)
-            raise run.error
-        while self._pending and self._pending[0][0].done:
-            self._pending.popleft()
-        self.in_flight_since = self._pending[0][1] if self._pending else None
 
     def _record(self, layout) -> None:
         """Milliseconds spent staging, reshaping (syncs included) and unstaging, over all rounds."""
@@ -290,37 +243,40 @@ class CufftMpEngine(Engine):
         old_box, new_box = spec.rechunk.old_box, spec.rechunk.new_box
         host = run.spec.kind == "numpy"
         tables = None if host else (ChunkTable.of(run.inputs, old_box, item), ChunkTable.of(outputs, new_box, item))
-        for k, plan in enumerate(plans):
-            self._next_round(run)
+
+        def work(k, exchange):
             ins, outs = layout.boxes(k)
             b_in, b_out = ins[rank], outs[rank]
             if not host:
-                self._direct_round(plan, regions, dtype, (b_in, run.inputs, old_box), (b_out, outputs, new_box), tables)
-                continue
-            self._wait(run)  # the staging buffers are free once the last round is done: see .host
+                self._direct_round(exchange, regions, dtype, (b_in, run.inputs, old_box), (b_out, outputs, new_box), tables)
+                return
+            self.rounds.wait(run, dry=True)  # the staging buffers are free once the last round is done: see .host
             up = HostParts(self.host, run.inputs, old_box, b_in, upload=True)
             down = HostParts(self.host, outputs, new_box, b_out, upload=False)
-            tables = (ChunkTable.of(up.device, up.box_of, item), ChunkTable.of(down.device, down.box_of, item))
-            self._direct_round(plan, regions, dtype, (b_in, up.device, up.box_of), (b_out, down.device, down.box_of), tables)
+            local = (ChunkTable.of(up.device, up.box_of, item), ChunkTable.of(down.device, down.box_of, item))
+            self._direct_round(exchange, regions, dtype, (b_in, up.device, up.box_of), (b_out, down.device, down.box_of), local)
             down.downloads.start()
-            self._wait(run)
+            self.rounds.wait(run, dry=True)
             down.downloads.finish()
 
-    def _direct_round(self, plan, regions, dtype, stage, unstage, tables) -> None:
-        """Queue one round of a direct layout: ``stage`` and ``unstage`` are (this rank's box,
-        chunks, their bounds by flat index); ``tables`` their `ChunkTable` (None: one copy each)."""
-        src, dst, ws = regions
+        self.rounds.run(run, len(plans), lambda k: self.exchange(plans[k], *regions), work)
+
+    def _direct_round(self, exchange, regions, dtype, stage, unstage, tables) -> None:
+        """Queue one round of a direct layout around ``exchange()`` (its reshape): ``stage`` and ``unstage`` are
+        (this rank's box, chunks, their bounds by flat index); ``tables`` their `ChunkTable`
+        (None: one copy each)."""
+        src, dst, _ = regions
         (b_in, inputs, in_box), (b_out, outputs, out_box) = stage, unstage
         if tables[0] is not None and tables[1] is not None:  # every copy of a stage in one launch
             launch(tables[0].jobs(b_in.lower, b_in.upper, self.arena.ptr + src, into_box=True), self._keep)
-            self.exchange(plan, src, dst, ws)
+            exchange()
             launch(tables[1].jobs(b_out.lower, b_out.upper, self.arena.ptr + dst, into_box=False), self._keep)
             self._mark("unstage")
             return
         copies = BoxCopies(self._keep)
         _box_copies(copies, inputs, in_box, self.arena.view(src, b_in.shape, dtype), b_in, into_box=True)
         copies.launch()
-        self.exchange(plan, src, dst, ws)
+        exchange()
         _box_copies(copies, outputs, out_box, self.arena.view(dst, b_out.shape, dtype), b_out, into_box=False)
         copies.launch()
         self._mark("unstage")
@@ -337,12 +293,15 @@ class CufftMpEngine(Engine):
             boxes_in = [([0, s, 0], [1, s + 1, rnd.row_words]) for s in range(nranks)]
             boxes_out = [([0, 0, int(cols[d])], [1, nranks, int(cols[d + 1])]) for d in range(nranks)]
             plans.append(self.plan(word, boxes_in, boxes_out, rank))
-        src, dst, ws = self._regions(in_max, out_max, plans)
+        regions = self._regions(in_max, out_max, plans)
+        src, dst, _ = regions
         host = run.spec.kind == "numpy"
-        for rnd, plan in zip(layout.rounds_, plans):
-            self._next_round(run)
+        uploaded = []  # the last round's uploaded pieces: queued copies read them until the next wait
+
+        def work(k, exchange):
+            rnd = layout.rounds_[k]
             if host:
-                self._wait(run)  # the staging buffers are free once the last round is done: see .host
+                self.rounds.wait(run, dry=True)  # the staging buffers are free once the last round is done: see .host
             cols = rnd.columns
             t = rnd.transfers
             copies = BoxCopies(self._keep)
@@ -350,12 +309,12 @@ class CufftMpEngine(Engine):
             pieces = [cut(run.inputs[int(t.old_block[i])], spec.rechunk.old_box(int(t.old_block[i]))[0], t.lo[i], t.hi[i])
                       for i in sent]  # fmt: skip
             if host:  # (jobs hold raw pointers: ``pieces`` lives until the next round has waited)
-                pieces = self.host.upload(pieces)
+                pieces = uploaded[:] = self.host.upload(pieces)
             for i, piece in zip(sent, pieces):
                 offset = src + int(cols[int(t.dst[i])]) * word + int(rnd.offset[i])
                 copies.add(self.arena.view(offset, piece.shape, dtype), piece)
             copies.launch()
-            self.exchange(plan, src, dst, ws)
+            exchange()
             width = int(rnd.widths[rank]) * word
             received = np.flatnonzero(t.dst == rank)
             targets = []
@@ -371,5 +330,7 @@ class CufftMpEngine(Engine):
             self._mark("unstage")
             if downloads:  # unstaged on the GPU, then downloaded into the NumPy chunks
                 downloads.start()
-                self._wait(run)
+                self.rounds.wait(run, dry=True)
                 downloads.finish()
+
+        self.rounds.run(run, len(plans), lambda k: self.exchange(plans[k], *regions), work)
