@@ -238,7 +238,8 @@ def test_a_cancel_mid_run_is_completed_dry_and_costs_no_worker(gpu_client):
             time.sleep(0.05)
     time.sleep(15)  # past the drain (5 s) and the watchdog's grace (10 s): a stuck worker has exited by now
     assert gpu_client.run(_pid) == pids
-    assert all(h == {"broken": None, "stuck": False, "in flight": False} for h in gpu_client.run(_health).values())
+    health = gpu_client.run(_health)
+    assert all(h == {"broken": None, "stuck": False, "in flight": False} for h in health.values()), health
     del x
     run_case(gpu_client, CASES[0], seed=23, engine="cufftmp")
 

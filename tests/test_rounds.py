@@ -91,7 +91,7 @@ def rank_thread(fabric: Fabric, run: Run, outcome: dict, on_round=None):
             rounds.wait(run)
         except Exception as e:
             error = e
-        outcome[run.rank] = {"error": error, "copied": copied, "stuck": rounds.stuck}
+        outcome[run.rank] = {"error": error, "copied": copied, "stuck": rounds.stuck, "in flight": rounds.in_flight_since}
 
     return threading.Thread(target=body, daemon=True)
 
@@ -121,6 +121,7 @@ def test_ranks_that_see_an_abort_at_different_rounds_all_complete_it():
         assert isinstance(got["error"], RedistError) and "cancelled" in str(got["error"]), got
         assert not got["stuck"]
         assert got["copied"] == list(range(abort_at[rank] + 1))  # copies stop at the abort
+        assert got["in flight"] is None  # nothing left queued
     assert all(fabric.queued[k] == {0, 1, 2} for k in range(ROUNDS))  # every reshape queued by all
 
 

@@ -131,10 +131,10 @@ class Rounds:
                     "(a peer never joined the reshape); raise redist.timeouts.collective if it is just slow"
                 )
             time.sleep(self.poll_s)
+        while self.pending and self.pending[0][0].done:
+            self.pending.popleft()
+        self.in_flight_since = self.pending[0][1] if self.pending else None
         if run.state == "failed" and (not dry or run.must_stop()):
             if not everything:  # rounds queued after ``event`` may still wait for a peer
                 self.wait(run)  # (raises)
             raise run.error
-        while self.pending and self.pending[0][0].done:
-            self.pending.popleft()
-        self.in_flight_since = self.pending[0][1] if self.pending else None
