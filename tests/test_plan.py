@@ -272,7 +272,45 @@ def test_flat_indices_and_boxes_agree_with_the_grid(spec):
 
 
 @FAST
-@given(plans(partial=True))
+@given(st.one_of(plans(partial=True), plans(boxes=True)), st.randoms(use_true_random=False))
+def test_outer_blocks_answer_as_their_dense_arrays(plan, rnd):
+    """A rank holding a whole box of old chunks keeps its bytes as per-axis vectors
+    (`Outer`): box sums, kept bytes, traffic, pairs, totals and triples equal those of the
+    same blocks made dense."""
+    from dask_redist.planning.local import Local, Outer
+
+    local = plan.local
+    dense = Local(tuple((r, lo, b.array() if isinstance(b, Outer) else b) for r, lo, b in local.blocks), local.grid, local.nranks)
+    grid = plan.spec.new_grid
+    boxes = []
+    for _ in range(8):
+        box = []
+        for g in grid:
+            a = rnd.randint(0, g)
+            box.append((a, rnd.randint(a, g)))
+        boxes.append(box)
+    boxes.append(None)
+    np.testing.assert_array_equal(local.box_sums(boxes), dense.box_sums(boxes))
+    owners = np.array([rnd.randrange(plan.nranks) for _ in range(math.prod(grid))], dtype=np.int64)
+    assert local.kept(owners) == dense.kept(owners)
+    np.testing.assert_array_equal(local.traffic(owners), dense.traffic(owners))
+    assert (local.pairs, local.total) == (dense.pairs, dense.total)
+    for got, want in zip(local.triples, dense.triples):
+        np.testing.assert_array_equal(got, want)
+
+
+def test_slabs_in_contiguous_blocks_are_kept_as_outer_blocks():
+    from dask_redist.planning.local import Outer
+
+    spec = RechunkSpec(((4,) * 64, (256,)), ((256,), (4,) * 64), 8)
+    in_ranks = np.repeat(np.arange(8), 8).reshape(64, 1)
+    plan = make_plan(spec, in_ranks, 8)
+    assert all(isinstance(b, Outer) for _, _, b in plan.local.blocks)
+    assert plan.local.dense().sum() == 256 * 256 * 8
+
+
+@FAST
+@given(st.one_of(plans(partial=True), plans(boxes=True)))
 def test_what_is_computed_without_pieces_equals_the_pieces(plan):
     """Local bytes, traffic, totals and the piece count, computed axis by axis, equal what
     the enumerated pieces give."""

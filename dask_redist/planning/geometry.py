@@ -174,7 +174,9 @@ def axis_segments(old: Sequence[int], new: Sequence[int]) -> AxisSegments:
     """Segments where old and new chunks of one axis overlap (empty chunks have none)."""
     old_bounds = np.concatenate([[0], np.cumsum(old, dtype=np.int64)])
     new_bounds = np.concatenate([[0], np.cumsum(new, dtype=np.int64)])
-    cuts = np.union1d(old_bounds, new_bounds)
+    cuts = np.concatenate([old_bounds, new_bounds])  # both sorted: a merge, then the repeats out
+    cuts.sort(kind="stable")
+    cuts = cuts[np.concatenate([[True], cuts[1:] != cuts[:-1]])]
     start, stop = cuts[:-1], cuts[1:]
     # The chunk containing [start, stop) is the last one starting at or before start;
     # side="right" skips zero-length chunks that start at the same position.

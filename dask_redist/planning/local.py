@@ -12,13 +12,21 @@ the box's size. Where every rank holds part of every new chunk (slabs across the
 the blocks hold ranks x new chunks values, and box sums keep the candidates from
 walking them again. Only the greedy candidate needs the values one by one (`triples`),
 and it is tried only while they are few (`dask_redist.planning.owners.GREEDY_MAX_PAIRS`).
+
+A rank holding a whole box of old chunks (slabs and pencils placed in contiguous blocks),
+when every new chunk is needed, holds of each new chunk the product of per-axis overlaps:
+its block is an `Outer` product of one vector per axis, kept as the vectors. Its box sums
+are products of per-axis prefix sums, and the dense block exists only while `kept` or
+`traffic` walk it. For slabs across the grid on 256 ranks and 10^5 chunks this took the
+scheduler's owner choice from 0.98 s (0.55 s building the (rank, chunk) table, 0.29 s its
+summed-area tables) to the figure in docs/scale.md.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from functools import cached_property
+from functools import cached_property, reduce
 from typing import Sequence
 
 import numpy as np
@@ -27,17 +35,53 @@ from dask_redist.planning.geometry import RechunkSpec, axis_segments
 
 
 @dataclass(frozen=True, eq=False)
+class Outer:
+    """A block that is the outer product of one vector per axis (bytes along the first)."""
+
+    factors: tuple[np.ndarray, ...]
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(len(f) for f in self.factors)
+
+    def array(self) -> np.ndarray:
+        return reduce(np.multiply.outer, self.factors)
+
+    def count_nonzero(self) -> int:
+        return math.prod(int(np.count_nonzero(f)) for f in self.factors)
+
+    def sum(self) -> int:
+        return math.prod(int(f.sum()) for f in self.factors)
+
+    def box_sums(self, a: np.ndarray, z: np.ndarray) -> np.ndarray:
+        """Sums over the boxes ``[a, z)`` (one per row, clipped to the block)."""
+        total = np.ones(len(a), dtype=np.int64)
+        for axis, f in enumerate(self.factors):
+            c = np.concatenate([[0], np.cumsum(f)])
+            total *= c[z[:, axis]] - c[a[:, axis]]
+        return total
+
+
+def _array(block) -> np.ndarray:
+    return block.array() if isinstance(block, Outer) else block
+
+
+def _count_nonzero(block) -> int:
+    return block.count_nonzero() if isinstance(block, Outer) else int(np.count_nonzero(block))
+
+
+@dataclass(frozen=True, eq=False)
 class Local:
     """Per rank, the bytes it holds of each new chunk in a box of the new grid (needed chunks only)."""
 
-    blocks: tuple[tuple[int, tuple[int, ...], np.ndarray], ...]  # (rank, lower grid index, bytes block)
+    blocks: tuple[tuple[int, tuple[int, ...], np.ndarray | Outer], ...]  # (rank, lower grid index, bytes block)
     grid: tuple[int, ...]  # the new chunk grid
     nranks: int
 
     @cached_property
     def pairs(self) -> int:
         """How many (chunk, rank) pairs hold bytes."""
-        return sum(int(np.count_nonzero(b)) for _, _, b in self.blocks)
+        return sum(_count_nonzero(b) for _, _, b in self.blocks)
 
     @property
     def total(self) -> int:
@@ -48,6 +92,7 @@ class Local:
         """(flat new chunk, rank, bytes) of every pair holding bytes."""
         parts = []
         for r, lower, b in self.blocks:
+            b = _array(b)
             idx = np.nonzero(b)
             flat = np.ravel_multi_index(tuple(i + lo for i, lo in zip(idx, lower)), self.grid)
             parts.append((flat, np.full(len(flat), r, np.int64), b[idx]))
@@ -68,20 +113,25 @@ class Local:
 
     def kept(self, owners: np.ndarray) -> int:
         """Bytes that stay where they are when ``owners[j]`` owns new chunk ``j`` (flat)."""
-        return sum(int(b[self._region(lower, b, owners) == r].sum()) for r, lower, b in self.blocks)
+        return sum(int(_array(b)[self._region(lower, b, owners) == r].sum()) for r, lower, b in self.blocks)
 
     def traffic(self, owners: np.ndarray) -> np.ndarray:
         """Bytes sent from rank s to rank d when ``owners[j]`` owns new chunk ``j`` (flat)."""
         out = np.zeros((self.nranks, self.nranks), dtype=np.int64)
         for r, lower, b in self.blocks:
-            out[r] += np.bincount(self._region(lower, b, owners).ravel(), weights=b.ravel(), minlength=self.nranks).astype(np.int64)
+            weights = _array(b).ravel()
+            out[r] += np.bincount(self._region(lower, b, owners).ravel(), weights=weights, minlength=self.nranks).astype(np.int64)
         return out
 
     @cached_property
-    def _tables(self) -> list[np.ndarray]:
-        """A summed-area table per block: ``S[i...] = sum of block[:i, ...]`` (one zero row in front)."""
+    def _tables(self) -> list[np.ndarray | None]:
+        """A summed-area table per dense block: ``S[i...] = sum of block[:i, ...]`` (one zero row
+        in front); None for an `Outer` block (its sums come from its factors)."""
         tables = []
         for _, _, b in self.blocks:
+            if isinstance(b, Outer):
+                tables.append(None)
+                continue
             s = np.zeros([n + 1 for n in b.shape], dtype=np.int64)
             s[tuple(slice(1, None) for _ in b.shape)] = b
             for axis in range(b.ndim):
@@ -102,6 +152,9 @@ class Local:
             a = np.clip(lo - np.array(lower), 0, shape)
             z = np.clip(hi - np.array(lower), 0, shape)
             empty = np.any(z <= a, axis=1)
+            if table is None:
+                out[:, r] += np.where(empty, 0, b.box_sums(a, z))
+                continue
             total = np.zeros(len(lo), dtype=np.int64)
             for corner in range(1 << ndim):  # inclusion-exclusion over the box's corners
                 pick = [(corner >> axis) & 1 for axis in range(ndim)]
@@ -114,6 +167,8 @@ class Local:
 def local_bytes(spec: RechunkSpec, in_ranks: np.ndarray, nranks: int, needed: np.ndarray) -> Local:
     """Bytes of every needed new chunk held by every rank (the module docstring says how)."""
     segments = [axis_segments(o, n) for o, n in zip(spec.old, spec.new)]
+    all_needed = bool(needed.all())
+    memo: dict = {}
     blocks = []
     flat_ranks = in_ranks.ravel()
     order = np.argsort(flat_ranks, kind="stable")
@@ -123,6 +178,11 @@ def local_bytes(spec: RechunkSpec, in_ranks: np.ndarray, nranks: int, needed: np
         box = tuple(slice(int(w.min()), int(w.max()) + 1) for w in where)
         m = np.zeros([s.stop - s.start for s in box], dtype=np.int64)
         m[tuple(w - s.start for w, s in zip(where, box))] = 1
+        if all_needed and len(mine) == m.size:  # a whole box: one vector per axis (module docstring)
+            block = _outer_block(spec, segments, box, memo)
+            if block is not None:
+                blocks.append((r, *block))
+            continue
         lower = []
         for axis, seg in enumerate(segments):
             take = (seg.old >= box[axis].start) & (seg.old < box[axis].stop)
@@ -135,6 +195,30 @@ def local_bytes(spec: RechunkSpec, in_ranks: np.ndarray, nranks: int, needed: np
             m *= spec.itemsize * needed[tuple(slice(lo, lo + n) for lo, n in zip(lower, m.shape))]
             blocks.append((r, tuple(lower), m))
     return Local(tuple(blocks), spec.new_grid, nranks)
+
+
+def _outer_block(spec: RechunkSpec, segments, box, memo: dict) -> tuple[tuple[int, ...], Outer] | None:
+    """(lower grid index, `Outer` block) of a rank holding the whole ``box`` of old chunks; None
+    if it holds only empty chunks along some axis. ``memo``: factors by (axis, old range), which
+    ranks share (slabs: every rank spans the whole of the other axes)."""
+    lower, factors = [], []
+    for axis, seg in enumerate(segments):
+        key = (axis, box[axis].start, box[axis].stop)
+        if key not in memo:  # segments come in increasing position: their old chunks never decrease
+            a, z = np.searchsorted(seg.old, [box[axis].start, box[axis].stop])
+            if a == z:
+                memo[key] = None
+            else:
+                new = seg.new[a:z]
+                ones = np.ones(box[axis].stop - box[axis].start, dtype=np.int64)
+                n_new = int(new[-1] - new[0] + 1)
+                f = _mode_product(ones, 0, seg.old[a:z] - box[axis].start, new - new[0], seg.stop[a:z] - seg.start[a:z], n_new)
+                memo[key] = (int(new[0]), f * (spec.itemsize if axis == 0 else 1))
+        if memo[key] is None:
+            return None
+        lower.append(memo[key][0])
+        factors.append(memo[key][1])
+    return tuple(lower), Outer(tuple(factors))
 
 
 def _mode_product(m: np.ndarray, axis: int, old: np.ndarray, new: np.ndarray, length: np.ndarray, n_new: int):
