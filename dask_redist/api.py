@@ -9,6 +9,7 @@ import dask
 import numpy as np
 
 from dask_redist.config import Settings
+from dask_redist.core.assemble import converted
 from dask_redist.errors import NotEligibleError, RedistError
 from dask_redist.graph.optimize import CollectiveOptimizer, decide, find_rechunks, rewrite
 
@@ -103,7 +104,13 @@ def rechunk(x, chunks="auto", *, threshold=None, block_size_limit=None, balance=
     if not decision.collective:
         raise NotEligibleError(decision.reason)
     graph, _ = rewrite(graph, [], settings, only=[decision])
-    return Array(graph, y.name, y.chunks, meta=y._meta)
+    meta = y._meta
+    if settings.output_type != "same":  # (x.rechunk under enable() keeps x's meta: the graph changes, not x)
+        try:
+            meta = converted(meta, settings.output_type)
+        except RedistError:  # no CuPy here, only on the workers: the chunks are still CuPy
+            pass
+    return Array(graph, y.name, y.chunks, meta=meta)
 
 
 def status(client=None) -> dict:

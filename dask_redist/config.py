@@ -21,6 +21,7 @@ dask.config.update_defaults(DEFAULTS)
 
 ENGINES = ("auto", "dask", "cufftmp")
 CHUNK_TYPES = ("numpy", "cupy")
+OUTPUT_TYPES = ("same", "numpy", "cupy")
 
 
 class ConfigError(ValueError):
@@ -78,6 +79,7 @@ class Settings:
 
     engine: str = "auto"
     chunk_types: tuple[str, ...] = CHUNK_TYPES
+    output_type: str = "same"  # or a chunk type every input chunk is converted to when staged
     min_bytes: int | str = "auto"  # bytes, or "auto": the measured model of planning.cost
     memory_budget: int = 2**30
     size_class_bits: int = 4
@@ -101,6 +103,9 @@ class Settings:
             types = [types]
         if not isinstance(types, (list, tuple)) or not set(types) <= set(CHUNK_TYPES):
             raise ConfigError(f"redist.chunk-types must be a list drawn from {list(CHUNK_TYPES)}, got {types!r}")
+        output_type = _get("output-type", config)
+        if output_type not in OUTPUT_TYPES:
+            raise ConfigError(f"redist.output-type must be one of {', '.join(OUTPUT_TYPES)}, got {output_type!r}")
         sym = _get("nvshmem.symmetric-size", config)
         budget = _bytes("memory-budget", _get("memory-budget", config))
         if budget == 0:
@@ -108,6 +113,7 @@ class Settings:
         return cls(
             engine=engine,
             chunk_types=tuple(types),
+            output_type=output_type,
             min_bytes=_min_bytes(_get("min-bytes", config)),
             memory_budget=budget,
             size_class_bits=_int("size-class-bits", _get("size-class-bits", config)),

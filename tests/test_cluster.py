@@ -226,6 +226,29 @@ def test_cufftmp_asked_for_where_it_cannot_run_says_why(client):
         np.testing.assert_array_equal(x.rechunk((32, 4)).compute(), x.compute())
 
 
+def test_output_type(client):
+    """redist.output-type: numpy on NumPy chunks changes nothing; cupy where the workers have
+    no CuPy fails naming the key; a bad value is refused naming it. (Conversions between
+    NumPy and CuPy chunks, and mixed inputs converted: tests/test_gpu.py.)"""
+    a = data_for((32, 32), "float64")
+    x = da.from_array(a, chunks=(4, 32))
+    with dask_redist.enable(engine="dask", output_type="numpy"):
+        assert dask_redist.explain(x.rechunk((32, 4)))[0].reason == "eligible"
+        got = x.rechunk((32, 4)).compute()
+    np.testing.assert_array_equal(got, a)
+    y = dask_redist.rechunk(x, (32, 4), engine="dask", output_type="numpy")
+    assert type(y._meta) is np.ndarray
+    np.testing.assert_array_equal(y.compute(), a)
+    with pytest.raises(dask_redist.ConfigError, match="redist.output-type"):
+        dask_redist.enable(output_type="torch")
+    if importlib.util.find_spec("cupy") is not None:
+        return
+    with dask_redist.enable(engine="dask", output_type="cupy"):
+        assert "converted to cupy" in dask_redist.explain(x.rechunk((32, 4)))[0].reason
+        with pytest.raises(dask_redist.RedistError, match="redist.output-type is cupy but CuPy cannot be imported"):
+            x.rechunk((32, 4)).compute()
+
+
 def test_no_state_left_behind(client, enabled):
     a = data_for((16, 16), "float64")
     da.from_array(a, chunks=(2, 16)).rechunk((16, 2)).compute()

@@ -169,6 +169,33 @@ def test_mixed_numpy_and_cupy_chunks_fail_clearly(gpu_client):
         x.rechunk((16, 4)).compute()
 
 
+@pytest.mark.parametrize("inputs, output_type", [("mixed", "numpy"), ("mixed", "cupy"), ("numpy", "cupy"), ("cupy", "numpy")])
+def test_output_type_converts_the_chunks(gpu_client, inputs, output_type):
+    """redist.output-type: every input chunk converted when staged, mixed inputs included; the
+    outputs are of that type and equal; dask_redist.rechunk gives the array that meta."""
+    import cupy
+
+    def placed(block, block_id=None):
+        on_gpu = inputs == "cupy" or (inputs == "mixed" and block_id[0] % 2)
+        return cupy.asarray(block) if on_gpu else block
+
+    a = np.arange(64 * 48, dtype="float64").reshape(64, 48)
+    x = da.from_array(a, chunks=(8, 48)).map_blocks(placed, dtype=float).persist()
+    wait(x)
+    xp = cupy if output_type == "cupy" else np
+    with dask_redist.enable(engine="auto", output_type=output_type):
+        y = x.rechunk((64, 6)).persist()
+        wait(y)
+    from distributed import futures_of
+
+    blocks = gpu_client.gather(futures_of(y))
+    assert {type(b) for b in blocks} == {xp.ndarray}, {type(b) for b in blocks}
+    got = y.compute()
+    np.testing.assert_array_equal(cupy.asnumpy(got) if output_type == "cupy" else got, a)
+    z = dask_redist.rechunk(x, (64, 6), output_type=output_type)
+    assert type(z._meta) is xp.ndarray
+
+
 def test_raw_redistribute_and_the_link_ceiling(gpu_client):
     """The benchmark's reference points work: nvmath's own Redistribute, and the peer-copy ceiling."""
     two_workers(gpu_client)

@@ -27,6 +27,23 @@ def array_kind(x: Any) -> str:
     return f"{t.__module__}.{t.__qualname__}"
 
 
+def converted(x: Any, to: str, what: str = "a chunk"):
+    """``x`` as a ``to`` ("numpy" or "cupy") array, or as it is for "same" and for arrays of
+    other types (they fail the chunk-type check with their own name) (``redist.output-type``)."""
+    kind = array_kind(x)
+    if to == "same" or kind == to or kind not in ("numpy", "cupy"):
+        return x
+    if to == "numpy":
+        return x.get()  # (a CuPy array: device to host)
+    try:
+        import cupy
+    except ImportError:
+        from dask_redist.errors import RedistError
+
+        raise RedistError(f"redist.output-type is cupy but CuPy cannot be imported for {what}") from None
+    return cupy.asarray(x)
+
+
 def cut(chunk, chunk_lower: Sequence[int], lower: Sequence[int], upper: Sequence[int]):
     """The part of ``chunk`` (whose first element is global ``chunk_lower``) in [lower, upper)."""
     return chunk[tuple(slice(l - o, u - o) for l, u, o in zip(lower, upper, chunk_lower))]

@@ -55,7 +55,7 @@ def collective_tasks(spec: CollectiveSpec, groups: list[list[tuple[int, ...]]] |
         shapes = [tuple(c[i] for c, i in zip(old, idx)) for idx in group]
         inputs = [TaskRef((spec.input_name, *idx)) for idx in group]
         indices = [flat_index(i, spec.rechunk.old_grid) for i in group]
-        dsk[key] = CollectiveTask(key, stage, spec.token, tail, indices, shapes, *inputs)
+        dsk[key] = CollectiveTask(key, stage, spec.token, tail, indices, shapes, spec.settings.output_type, *inputs)
         stage_refs.append(TaskRef(key))
     dsk[spec.barrier_key] = BarrierTask(spec.barrier_key, barrier, DataNode(None, spec), *stage_refs, spec=spec)
     barrier_ref = TaskRef(spec.barrier_key)

@@ -110,6 +110,8 @@ def collective_spec(
         return None, f"chunk type {chunk_type or 'unknown'} is not in redist.chunk-types {list(settings.chunk_types)}"
     if len(old) == 0:
         return None, "0-d arrays have nothing to rechunk"
+    converts = settings.output_type not in ("same", kind)
+    kind = kind if settings.output_type == "same" else settings.output_type  # what the run moves
     try:
         rechunk = RechunkSpec(old, new, dtype.itemsize)
     except PlanError as e:
@@ -120,7 +122,7 @@ def collective_spec(
     elif rechunk.nbytes < settings.min_bytes:
         return None, f"{rechunk.nbytes} bytes is below redist.min-bytes ({settings.min_bytes})"
     spec = CollectiveSpec(tokenize(output_name), input_name, output_name, rechunk, dtype, settings, kind)
-    return spec, "eligible"
+    return spec, f"eligible; chunks converted to {kind} when staged (redist.output-type)" if converts else "eligible"
 
 
 def decide(hlg: HighLevelGraph, chain: RechunkChain, settings: Settings) -> Decision:

@@ -26,8 +26,8 @@ from dask_redist.runtime.worker import RedistWorkerPlugin, get_state
 _registered: set[str] = set()  # scheduler addresses where this process registered the plugins
 
 
-def stage(token: str, tail: tuple, indices: list[int], shapes: list, *chunks) -> list[Staged]:
-    return get_state(_worker()).stage(token, tail, indices, shapes, chunks)
+def stage(token: str, tail: tuple, indices: list[int], shapes: list, output_type: str, *chunks) -> list[Staged]:
+    return get_state(_worker()).stage(token, tail, indices, shapes, chunks, output_type)
 
 
 def barrier(spec: CollectiveSpec, *markers) -> int:

@@ -21,7 +21,7 @@ from dataclasses import asdict
 import numpy as np
 from distributed.diagnostics.plugin import WorkerPlugin
 
-from dask_redist.core.assemble import Assembly, array_kind
+from dask_redist.core.assemble import Assembly, array_kind, converted
 from dask_redist.core.run import WorkerRun
 from dask_redist.core.spec import CollectiveSpec, RunSpec, Staged, stage_token
 from dask_redist.core.wire import Packed
@@ -72,10 +72,11 @@ class WorkerState:
 
     # -- task bodies (dask_redist.runtime.tasks) ------------------------------------------
 
-    def stage(self, token: str, tail: tuple, indices: list[int], shapes: list, chunks) -> list[Staged]:
+    def stage(self, token: str, tail: tuple, indices: list[int], shapes: list, chunks, output_type="same") -> list[Staged]:
         if "start message" in self.timeline:  # those marks are of a run that started: a new one stages
             self.timeline = {}
         markers = []
+        chunks = [converted(c, output_type, f"input chunk {i} on {self.address}") for i, c in zip(indices, chunks)]
         for index, shape, chunk in zip(indices, shapes, chunks):
             kind = array_kind(chunk)
             if kind not in ("numpy", "cupy"):
@@ -98,7 +99,10 @@ class WorkerState:
         markers = [m for group in groups for m in group]
         kinds = {m.kind for m in markers}
         if len(kinds) > 1:
-            raise TypeError(f"{spec.describe()}: input chunks of mixed types {sorted(kinds)}; convert them to one type first")
+            raise TypeError(
+                f"{spec.describe()}: input chunks of mixed types {sorted(kinds)}; convert them to one type "
+                "first, or set redist.output-type to numpy or cupy"
+            )
         workers = sorted({m.address for m in markers})
         position = {w: i for i, w in enumerate(workers)}
         holders = np.zeros(len(markers), dtype=np.int64)
