@@ -49,6 +49,25 @@ def local_cluster(n_workers: int, **kwargs):
     return LocalCluster(n_workers=n_workers, **{**options, **kwargs})
 
 
+def gpu_client(**cluster_options):
+    """A Client on a LocalCUDACluster of ``REDIST_TEST_GPUS`` (default 2) workers, one per GPU;
+    skips where the GPUs or the GPU packages are missing. A generator: ``yield from`` it."""
+    cupy = pytest.importorskip("cupy")
+    pytest.importorskip("dask_cuda")
+    pytest.importorskip("nvmath")
+    from dask_cuda import LocalCUDACluster
+    from distributed import Client
+
+    # REDIST_TEST_GPUS=1 runs what one GPU can (a world of one PE); the tests that need peers skip
+    want = int(os.environ.get("REDIST_TEST_GPUS", "2"))
+    n = min(want, cupy.cuda.runtime.getDeviceCount())
+    if n < want or n < 1:
+        pytest.skip(f"needs {want} GPUs")
+    os.environ.setdefault("NVSHMEM_SYMMETRIC_SIZE", "4G")  # inherited by the workers
+    with LocalCUDACluster(n_workers=n, dashboard_address=None, **cluster_options) as cluster, Client(cluster) as client:
+        yield client
+
+
 @pytest.fixture(scope="session")
 def cluster():
     """One LocalCluster of worker processes for the whole session (starting one costs seconds)."""

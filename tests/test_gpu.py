@@ -14,6 +14,7 @@ import os
 import dask.array as da
 import numpy as np
 import pytest
+import conftest
 from conftest import scheduler_history
 from distributed import wait
 
@@ -25,19 +26,7 @@ pytestmark = pytest.mark.gpu
 
 @pytest.fixture(scope="module")
 def gpu_client():
-    cupy = pytest.importorskip("cupy")
-    pytest.importorskip("dask_cuda")
-    pytest.importorskip("nvmath")
-    from dask_cuda import LocalCUDACluster
-    from distributed import Client
-
-    # REDIST_TEST_GPUS=1 runs what one GPU can (a world of one PE); the tests that need peers skip
-    n = min(int(os.environ.get("REDIST_TEST_GPUS", "2")), cupy.cuda.runtime.getDeviceCount())
-    if n < int(os.environ.get("REDIST_TEST_GPUS", "2")) or n < 1:
-        pytest.skip(f"needs {os.environ.get('REDIST_TEST_GPUS', '2')} GPUs")
-    os.environ.setdefault("NVSHMEM_SYMMETRIC_SIZE", "4G")  # inherited by the workers
-    with LocalCUDACluster(n_workers=n, dashboard_address=None) as cluster, Client(cluster) as client:
-        yield client
+    yield from conftest.gpu_client()
 
 
 def run_case(client, case: Case, placement=contiguous, seed=1, kind="cupy", **options):

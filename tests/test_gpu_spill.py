@@ -9,10 +9,9 @@ yet"). dask-cuda's JIT-unspill (proxies) was removed in RAPIDS 26.06 and has no 
 
 from __future__ import annotations
 
-import os
-
 import dask.array as da
 import pytest
+import conftest
 from conftest import scheduler_history
 from distributed import wait
 
@@ -24,19 +23,7 @@ pytestmark = pytest.mark.gpu
 
 @pytest.fixture(scope="module")
 def spilling_client():
-    cupy = pytest.importorskip("cupy")
-    pytest.importorskip("dask_cuda")
-    pytest.importorskip("nvmath")
-    from dask_cuda import LocalCUDACluster
-    from distributed import Client
-
-    n = min(int(os.environ.get("REDIST_TEST_GPUS", "2")), cupy.cuda.runtime.getDeviceCount())
-    if n < 1:
-        pytest.skip("needs a GPU")
-    os.environ.setdefault("NVSHMEM_SYMMETRIC_SIZE", "4G")
-    with LocalCUDACluster(n_workers=n, device_memory_limit="256MiB", dashboard_address=None) as cluster:
-        with Client(cluster) as client:
-            yield client
+    yield from conftest.gpu_client(device_memory_limit="256MiB")
 
 
 def _held(dask_worker) -> tuple[int, int]:
