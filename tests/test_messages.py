@@ -173,3 +173,41 @@ def test_an_unpack_with_a_stale_barrier_result_has_the_barrier_run_again():
     plugin.rechunks.clear()  # forgotten meanwhile, then resubmitted: no run for this task at all
     barrier.state = "memory"
     assert plugin.stale(token, 1, 0) == {"stale": True, "released": True}
+
+
+class _DeviceArray:
+    """Stands for a CuPy array (what `array_kind` and the staging store read of one)."""
+
+    def __init__(self, n: int):
+        self.host = np.arange(n, dtype=np.uint8)
+        self.nbytes = n
+
+    def get(self) -> np.ndarray:
+        return self.host
+
+
+_DeviceArray.__module__, _DeviceArray.__name__ = "cupy", "ndarray"
+
+
+def test_chunks_staged_past_the_device_share_of_a_spilling_worker_are_kept_on_host():
+    """On a worker whose chunks dask-cuda spills (a device memory limit), staged CuPy chunks stay
+    on the GPU up to DEVICE_SHARE of the limit, the rest as host copies; dropping them frees
+    the share; a worker without a limit keeps every chunk as it came."""
+    from dask_redist.runtime.staging import DEVICE_SHARE, StagingStore, device_limit
+
+    spilling = SimpleNamespace(data=SimpleNamespace(device_buffer=SimpleNamespace(n=200)))
+    assert device_limit(spilling) == 200 and device_limit(SimpleNamespace(data={})) is None
+    store = StagingStore()
+    chunks = {i: _DeviceArray(40) for i in range(4)}
+    store.put("t", (0,), chunks, gpu_limit=device_limit(spilling))
+    kept = store.get("t", range(4))
+    on_gpu = [i for i, c in kept.items() if isinstance(c, _DeviceArray)]
+    assert len(on_gpu) == int(200 * DEVICE_SHARE // 40) and store.on_host() == 4 - len(on_gpu)
+    for i, c in kept.items():
+        np.testing.assert_array_equal(c.get() if isinstance(c, _DeviceArray) else c, chunks[i].host)
+    store.drop("t", (0,))
+    store.put("t", (1,), {9: _DeviceArray(40)}, gpu_limit=200)
+    assert isinstance(store.get("t", [9])[9], _DeviceArray)  # the share was freed with the drop
+    plain = StagingStore()
+    plain.put("t", (0,), chunks, gpu_limit=None)
+    assert all(isinstance(c, _DeviceArray) for c in plain.get("t", range(4)).values()) and plain.on_host() == 0
