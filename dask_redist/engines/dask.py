@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from dask_redist.core.assemble import Assembly, converted, cut, empty
+from dask_redist.core.assemble import Assembly, cut, empty
 from dask_redist.core.wire import Packed, batches, pack
 from dask_redist.engines.protocol import Engine
 from dask_redist.errors import RedistError
@@ -93,8 +93,6 @@ class DaskEngine(Engine):
     name = "dask"
 
     def execute(self, run, transport) -> None:
-        if run.spec.kind == "cupy":  # chunks staged as host copies on a spilling worker go back
-            run.inputs = {f: converted(c, "cupy") for f, c in run.inputs.items()}
         blocks = box_transfers_of(run)
         transfers = run.plan.transfers if blocks is None else blocks
         sends = transfers.take(transfers.src == run.rank)

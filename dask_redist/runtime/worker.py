@@ -28,7 +28,7 @@ from dask_redist.core.wire import Packed
 from dask_redist.engines import BUILTIN, get_engine, loaded_engines
 from dask_redist.errors import KINDS, RedistConsistencyError, RedistError
 from dask_redist.runtime.collective import RunExecutor
-from dask_redist.runtime.staging import StagingStore, device_limit
+from dask_redist.runtime.staging import StagingStore
 from dask_redist.runtime.transport import call_on_loop
 
 logger = logging.getLogger("dask_redist")
@@ -89,7 +89,7 @@ class WorkerState:
                     f"input chunk {index} has shape {tuple(chunk.shape)} but the array's chunks say {tuple(shape)}"
                 )
             markers.append(Staged(self.address, int(chunk.nbytes), kind, int(index), tuple(tail)))
-        self.staging.put(token, tail, {int(i): c for i, c in zip(indices, chunks)}, device_limit(self.worker))
+        self.staging.put(token, tail, {int(i): c for i, c in zip(indices, chunks)})
         self.mark("first stage", first=True)
         return markers
 
@@ -275,8 +275,7 @@ class WorkerState:
         with self._lock:
             held = {"runs": {run.name(): run.phase for run in self.runs.values()}, "early pieces": len(self.early)}
         engines = {name: {**asdict(e.health()), "stats": e.stats()} for name, e in loaded_engines().items()}
-        staged = {**self.staging.counts(), "CuPy chunks staged on host": self.staging.on_host()}
-        return {**staged, **held, "timeline": dict(self.timeline), "engines": engines}
+        return {**self.staging.counts(), **held, "timeline": dict(self.timeline), "engines": engines}
 
     def close(self) -> None:
         self.executor.close()

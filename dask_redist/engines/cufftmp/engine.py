@@ -52,12 +52,6 @@ def _strides(lower, upper) -> tuple[int, int, int]:
     return (e[1] * e[2], e[2], 1)
 
 
-def _by_residence(chunks: dict) -> tuple[dict, dict]:
-    """``chunks`` split into those on the GPU and those in host memory."""
-    on_host = {f: c for f, c in chunks.items() if isinstance(c, np.ndarray)}
-    return {f: c for f, c in chunks.items() if f not in on_host}, on_host
-
-
 def _box_copies(copies: BoxCopies, chunks: dict, box_of, view, box: Box, into_box: bool) -> None:
     """Add a copy between each chunk's part of ``box`` and ``view`` (``box`` in the arena)."""
     for _, part, ours in parts_in(chunks, box_of, box):
@@ -248,18 +242,13 @@ class CufftMpEngine(Engine):
         regions = self._regions(in_max, out_max, plans)
         old_box, new_box = spec.rechunk.old_box, spec.rechunk.new_box
         host = run.spec.kind == "numpy"
-        on_gpu, on_host = _by_residence(run.inputs)  # (CuPy chunks staged on host: runtime.staging)
-        tables = None if host else (ChunkTable.of(on_gpu, old_box, item), ChunkTable.of(outputs, new_box, item))
-        uploaded = []  # the last round's uploaded parts: queued copies read them until the next wait
+        tables = None if host else (ChunkTable.of(run.inputs, old_box, item), ChunkTable.of(outputs, new_box, item))
 
         def work(k, exchange):
             ins, outs = layout.boxes(k)
             b_in, b_out = ins[rank], outs[rank]
             if not host:
-                if on_host:
-                    self.rounds.wait(run, dry=True)  # the pinned buffer is free once the last round is done
-                    uploaded[:] = [self._stage_host_parts(on_host, old_box, b_in, regions[0], dtype, item)]
-                self._direct_round(exchange, regions, dtype, (b_in, on_gpu, old_box), (b_out, outputs, new_box), tables)
+                self._direct_round(exchange, regions, dtype, (b_in, run.inputs, old_box), (b_out, outputs, new_box), tables)
                 return
             self.rounds.wait(run, dry=True)  # the staging buffers are free once the last round is done: see .host
             up = HostParts(self.host, run.inputs, old_box, b_in, upload=True)
@@ -271,18 +260,6 @@ class CufftMpEngine(Engine):
             down.downloads.finish()
 
         self.rounds.run(run, len(plans), lambda k: self.exchange(plans[k], *regions), work)
-
-    def _stage_host_parts(self, chunks: dict, box_of, box: Box, offset: int, dtype, item: int) -> HostParts:
-        """Queue the upload of host ``chunks``' parts inside ``box`` and their copy into the arena."""
-        up = HostParts(self.host, chunks, box_of, box, upload=True)
-        table = ChunkTable.of(up.device, up.box_of, item)
-        if table is not None:
-            launch(table.jobs(box.lower, box.upper, self.arena.ptr + offset, into_box=True), self._keep)
-        else:
-            copies = BoxCopies(self._keep)
-            _box_copies(copies, up.device, up.box_of, self.arena.view(offset, box.shape, dtype), box, into_box=True)
-            copies.launch()
-        return up
 
     def _direct_round(self, exchange, regions, dtype, stage, unstage, tables) -> None:
         """Queue one round of a direct layout around ``exchange()`` (its reshape): ``stage`` and ``unstage`` are
@@ -331,13 +308,8 @@ class CufftMpEngine(Engine):
             sent = np.flatnonzero(t.src == rank)
             pieces = [cut(run.inputs[int(t.old_block[i])], spec.rechunk.old_box(int(t.old_block[i]))[0], t.lo[i], t.hi[i])
                       for i in sent]  # fmt: skip
-            from_host = [j for j, p in enumerate(pieces) if isinstance(p, np.ndarray)]  # (NumPy, or staged on host)
-            if from_host:  # (jobs hold raw pointers: ``pieces`` lives until the next round has waited)
-                if not host:
-                    self.rounds.wait(run, dry=True)  # the pinned buffer is free once the last round is done
-                uploaded[:] = self.host.upload([pieces[j] for j in from_host])
-                for j, piece in zip(from_host, uploaded):
-                    pieces[j] = piece
+            if host:  # (jobs hold raw pointers: ``pieces`` lives until the next round has waited)
+                pieces = uploaded[:] = self.host.upload(pieces)
             for i, piece in zip(sent, pieces):
                 offset = src + int(cols[int(t.dst[i])]) * word + int(rnd.offset[i])
                 copies.add(self.arena.view(offset, piece.shape, dtype), piece)
