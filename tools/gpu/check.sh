@@ -16,7 +16,11 @@ step() {  # name command...: run, log to $out/name.log, one summary line
     "$(grep -E 'passed|failed|error|problems' "$out/$name.log" | tail -1 | cut -c1-110)" >> "$out/summary.txt"
 }
 steps=${*:-versions doctor world gpu bench}
-date -u +"%Y-%m-%d %H:%M UTC, $(git log -1 --format=%h 2>/dev/null || echo '?')" >> "$out/summary.txt"
+# the node's git metadata may lag the tree it was sent: name the tree by its content instead
+# (the same command on the development machine, in the commit to compare, gives the same hash)
+tree=$(find dask_redist tests tools -type f \( -name '*.py' -o -name '*.sh' -o -name '*.yaml' \) -print0 \
+  | LC_ALL=C sort -z | xargs -0 sha1sum | sha1sum | cut -c1-10)
+date -u +"%Y-%m-%d %H:%M UTC, tree $tree" >> "$out/summary.txt"
 for s in $steps; do case $s in
   versions) step versions python3 -m pip list --format=freeze ;;
   doctor) step doctor python3 -m dask_redist.cli doctor --gpu --workers "${REDIST_TEST_GPUS:-2}" ;;
