@@ -299,6 +299,38 @@ def test_outer_blocks_answer_as_their_dense_arrays(plan, rnd):
         np.testing.assert_array_equal(got, want)
 
 
+@FAST
+@given(st.lists(st.integers(1, 4), min_size=1, max_size=3).flatmap(
+    lambda shape: st.lists(st.booleans(), min_size=math.prod(shape), max_size=math.prod(shape)).map(
+        lambda cells: np.array(cells, dtype=bool).reshape(shape))))  # fmt: skip
+def test_a_mask_cut_into_boxes_is_covered_exactly_once(mask):
+    from dask_redist.planning.local import _boxes
+
+    boxes = _boxes(mask, 1000)
+    covered = np.zeros(mask.shape, dtype=np.int64)
+    for b in boxes:
+        covered[b] += 1
+    np.testing.assert_array_equal(covered, mask.astype(np.int64))
+    assert _boxes(mask, 1) is None or len(_boxes(mask, 1)) <= 1
+
+
+@FAST
+@given(st.lists(st.integers(1, 6), min_size=1, max_size=4), st.data())
+def test_a_c_ordered_run_of_a_grid_is_a_few_boxes(shape, data):
+    """What a rank holds when chunks are placed in contiguous blocks: at most 2 x ndim - 1 boxes."""
+    from dask_redist.planning.local import _boxes
+
+    n = math.prod(shape)
+    a = data.draw(st.integers(0, n - 1))
+    b = data.draw(st.integers(a + 1, n))
+    where = np.unravel_index(np.arange(a, b), shape)
+    lo = [int(w.min()) for w in where]
+    mask = np.zeros([int(w.max()) + 1 - l for w, l in zip(where, lo)], dtype=bool)
+    mask[tuple(w - l for w, l in zip(where, lo))] = True
+    boxes = _boxes(mask, 2 * len(shape) - 1)
+    assert boxes is not None and sum(int(np.prod([s.stop - s.start for s in box])) for box in boxes) == b - a
+
+
 def test_slabs_in_contiguous_blocks_are_kept_as_outer_blocks():
     from dask_redist.planning.local import Outer
 
