@@ -31,6 +31,7 @@ from dask_redist.core.spec import CollectiveSpec, RunSpec
 from dask_redist.planning import RechunkSpec, make_plan
 from dask_redist.planning.boxes import box_transfers
 from dask_redist.planning.layout import choose_layout, direct_layout
+from dask_redist.planning.local import held_as_boxes
 from dask_redist.planning.owners import is_box_placement
 
 #: Parts that enumerate pieces (the packed cufftmp layout; the dask engine where the outputs do
@@ -118,8 +119,8 @@ def measure(kind: str, ranks: int, chunks: int, reps: int = 2, skip: set = froze
         return value
 
     n_new = math.prod(spec.new_grid)
-    # (where every rank holds a box of old chunks the pairs are never stored: planning.local.Outer)
-    too_many = ranks * n_new > MAX_PAIRS and not is_box_placement(spec.old, in_ranks, ranks)
+    # (where every rank holds a few boxes of old chunks the pairs are never stored: planning.local.Outer)
+    too_many = ranks * n_new > MAX_PAIRS and not held_as_boxes(in_ranks)
     if too_many:
         skip = skip | {"scheduler: owners"}
     plan = record("scheduler: owners", lambda: make_plan(spec, in_ranks, ranks))

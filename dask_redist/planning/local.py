@@ -182,15 +182,9 @@ def local_bytes(spec: RechunkSpec, in_ranks: np.ndarray, nranks: int, needed: np
     all_needed = bool(needed.all())
     memo: dict = {}
     blocks = []
-    flat_ranks = in_ranks.ravel()
-    order = np.argsort(flat_ranks, kind="stable")
-    ranks, starts = np.unique(flat_ranks[order], return_index=True)
-    for r, mine in zip(ranks.tolist(), np.split(order, starts[1:])):
-        where = np.unravel_index(mine, in_ranks.shape)
-        box = tuple(slice(int(w.min()), int(w.max()) + 1) for w in where)
-        m = np.zeros([s.stop - s.start for s in box], dtype=np.int64)
-        m[tuple(w - s.start for w, s in zip(where, box))] = 1
-        parts = _boxes(m.astype(bool), MAX_BOXES) if all_needed else None
+    for r, box, mask in _rank_masks(in_ranks):
+        m = mask.astype(np.int64)
+        parts = _boxes(mask, MAX_BOXES) if all_needed else None
         if parts is not None:  # a few whole boxes: one vector per axis each (module docstring)
             for part in parts:
                 sub = tuple(slice(b.start + p.start, b.start + p.stop) for b, p in zip(box, part))
@@ -209,6 +203,25 @@ def local_bytes(spec: RechunkSpec, in_ranks: np.ndarray, nranks: int, needed: np
             m *= spec.itemsize * needed[tuple(slice(lo, lo + n) for lo, n in zip(lower, m.shape))]
             blocks.append((r, tuple(lower), m))
     return Local(tuple(blocks), spec.new_grid, nranks)
+
+
+def _rank_masks(in_ranks: np.ndarray):
+    """(rank, bounding box of its old chunks, which of the box's chunks it holds) per rank."""
+    flat_ranks = in_ranks.ravel()
+    order = np.argsort(flat_ranks, kind="stable")
+    ranks, starts = np.unique(flat_ranks[order], return_index=True)
+    for r, mine in zip(ranks.tolist(), np.split(order, starts[1:])):
+        where = np.unravel_index(mine, in_ranks.shape)
+        box = tuple(slice(int(w.min()), int(w.max()) + 1) for w in where)
+        mask = np.zeros([s.stop - s.start for s in box], dtype=bool)
+        mask[tuple(w - s.start for w, s in zip(where, box))] = True
+        yield r, box, mask
+
+
+def held_as_boxes(in_ranks: np.ndarray) -> bool:
+    """Does every rank hold at most `MAX_BOXES` boxes of old chunks? Then, when every new chunk
+    is needed, no (rank, new chunk) table is kept (`Outer` blocks)."""
+    return all(_boxes(mask, MAX_BOXES) is not None for _, _, mask in _rank_masks(in_ranks))
 
 
 def _boxes(mask: np.ndarray, limit: int) -> list[tuple[slice, ...]] | None:
