@@ -154,10 +154,10 @@ class LockstepEngine(DaskEngine):
     """Ranks that must make matching calls, as cufftmp's must: each rank first queues
     `rounds_per_run` rounds on a stand-in for NVSHMEM shared by the workers of this host
     (marker files: round k completes once every rank queued it), then the data moves the
-    dask engine's way. Aborts are completed as cufftmp completes them
-    (`dask_redist.engines.rounds`); a rank left waiting is stuck and its worker exits
-    (redist.nvshmem.exit-when-stuck). Ranks run at different speeds, so they see an abort
-    after different numbers of rounds."""
+    dask engine's way. Aborts are completed as cufftmp completes them, with one `Rounds`
+    per engine as cufftmp keeps (`dask_redist.engines.rounds`); a rank left waiting is
+    stuck and its worker exits (redist.nvshmem.exit-when-stuck). Ranks run at different
+    speeds, so they see an abort after different numbers of rounds."""
 
     watched = True
     completes_aborted_runs = True
@@ -169,16 +169,25 @@ class LockstepEngine(DaskEngine):
         super().__init__()
         from dask_redist.engines.rounds import Rounds
 
-        self.rounds = Rounds(lambda: None)
+        self.rounds = Rounds(lambda: _Done(self._complete(list(self._queued))))
+        self.rounds.poll_s = 0.005
+        self._queued: list = []
+        self._complete = None
+        self.broken = None
 
     def health(self) -> Health:
-        return Health(self.rounds.broken, self.rounds.stuck, self.rounds.in_flight_since)
+        return Health(self.broken or self.rounds.broken, self.rounds.stuck, self.rounds.in_flight_since)
+
+    def abandoned(self, run) -> None:
+        self.broken = f"{run.name()} was abandoned"
 
     def execute(self, run, transport):
         import os
 
-        from dask_redist.engines.rounds import Rounds
+        from dask_redist.errors import RedistError
 
+        if self.health().broken:
+            raise RedistError(f"{run.name()}: {self.health().broken}")
         run.phase = "exchange"
         if run.must_stop():
             raise run.error
@@ -189,9 +198,9 @@ class LockstepEngine(DaskEngine):
         def complete(rounds):
             return lambda: all(os.path.exists(os.path.join(folder, f"{k}.{r}")) for k in rounds for r in range(n))
 
-        queued = []
-        self.rounds = Rounds(lambda: _Done(complete(list(queued))))
-        self.rounds.poll_s = 0.005
+        self.rounds.reset()
+        self._queued, self._complete = [], complete
+        queued = self._queued
 
         def exchange(k):
             open(os.path.join(folder, f"{k}.{run.rank}"), "w").close()

@@ -14,6 +14,7 @@ import pytest
 from dask_redist.config import Settings
 from dask_redist.core.run import WorkerRun
 from dask_redist.core.spec import CollectiveSpec, RunSpec
+from dask_redist.errors import RedistError
 from dask_redist.planning import RechunkSpec, make_plan
 from dask_redist.runtime import worker as worker_module
 from dask_redist.runtime.rechunks import ActiveRun, Rechunk
@@ -23,10 +24,10 @@ from dask_redist.runtime.worker import WorkerState
 WORKERS = ("tcp://a:1", "tcp://b:1")
 
 
-def run_spec(run_id: int = 1) -> RunSpec:
+def run_spec(run_id: int = 1, token: str = "t" * 32) -> RunSpec:
     rechunk = RechunkSpec(((2, 2), (4,)), ((4,), (2, 2)), 8)
     plan = make_plan(rechunk, [0, 1], 2)
-    spec = CollectiveSpec("t" * 32, "x", "y", rechunk, np.dtype("float64"), Settings())
+    spec = CollectiveSpec(token, "x", "y", rechunk, np.dtype("float64"), Settings())
     return RunSpec(spec, run_id, 1, WORKERS, plan.in_ranks, plan.out_ranks, plan.needed, "dask")
 
 
@@ -173,3 +174,19 @@ def test_an_unpack_with_a_stale_barrier_result_has_the_barrier_run_again():
     plugin.rechunks.clear()  # forgotten meanwhile, then resubmitted: no run for this task at all
     barrier.state = "memory"
     assert plugin.stale(token, 1, 0) == {"stale": True, "released": True}
+
+
+def test_a_worker_leaving_stops_the_completion_of_runs_aborted_before():
+    """A run aborted by a cancel is being completed (every rank alive); when a rank then dies,
+    the scheduler's redist-gone makes it stop for good instead of waiting for the dead rank's
+    calls until the collective timeout. Runs still running learn it from their own abort."""
+    state = WorkerState(SimpleNamespace(address=WORKERS[0]))
+    aborted, running = WorkerRun(run_spec(), WORKERS[0], {}), WorkerRun(run_spec(token="other"), WORKERS[0], {})
+    for run in (aborted, running):
+        run.completes_when_aborted = True
+        state.runs[run.spec.token] = run
+    aborted.fail(RedistError("all outputs forgotten"))
+    assert not aborted.must_stop()
+    state.handle_gone(WORKERS[1])
+    assert aborted.must_stop() and aborted.gone == (WORKERS[1],)
+    assert running.state != "failed" and running.gone == ()

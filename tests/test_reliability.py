@@ -6,6 +6,7 @@ Faults are injected with the test engines in tests/engines.py.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import threading
@@ -658,3 +659,43 @@ def test_a_cancel_mid_run_costs_no_worker_when_ranks_must_make_matching_calls(ow
         got = x.rechunk((60, 6)).compute()
     np.testing.assert_array_equal(got, a)
     assert scheduler_history(client)[-1]["outcome"] == "done" and client.run(_pid) == before
+
+
+def test_a_rank_killed_mid_run_leaves_the_others_stuck_only_then(own_cluster, tmp_path):
+    """The other side of completing aborted runs: when a rank DIES mid-run (LockstepEngine), the
+    scheduler's abort names it gone and the survivors stop instead of completing (nothing
+    would match their rounds); those that queued rounds the dead rank never queued drain,
+    count as stuck and exit (redist.nvshmem.exit-when-stuck), and the nannies restart them.
+    (The restarted run may fail where a survivor's engine is broken, as cufftmp's would be;
+    under engine=auto the scheduler then moves the rechunk to the dask engine.)"""
+    _, client = own_cluster
+    client.wait_for_workers(3)
+    client.run(_lockstep_folder, str(tmp_path))
+    client.run(_short_drain)
+    before = client.run(_pid)
+    a = data((60, 60), seed=12)
+    x = client.persist(da.from_array(a, chunks=(6, 60)))
+    wait(x)
+    victim, killer = kill_one_worker(client, lambda: len(list(tmp_path.glob("*/*"))) > 6)
+    with dask_redist.enable(engine="engines:LockstepEngine"), contextlib.suppress(RedistError):
+        x.rechunk((60, 6)).compute()
+    killer.join()
+    (first, *_) = sorted(tmp_path.iterdir())
+    held = {r: sum(1 for p in first.iterdir() if p.name.endswith(f".{r}")) for r in range(3)}
+    assert held[2] < max(held.values()), held  # the dead rank (the slowest) queued fewest rounds
+    deadline, replaced = time.monotonic() + 60, set()
+    while len(replaced) < 2 and time.monotonic() < deadline:
+        time.sleep(0.2)
+        with contextlib.suppress(OSError):  # (a worker exiting while asked)
+            replaced = set(before.values()) - set(client.run(_pid, on_error="ignore").values())
+    assert len(replaced) >= 2, replaced  # the victim, and a survivor stuck behind it
+    assert scheduler_history(client)[-1]["outcome"] in ("done", "failed")
+    client.wait_for_workers(3)
+    with dask_redist.enable(engine="dask"):
+        np.testing.assert_array_equal(x.rechunk((60, 6)).compute(), a)
+
+
+def _short_drain(dask_worker):
+    from dask_redist.engines import rounds
+
+    rounds.DRAIN_S = 0.5

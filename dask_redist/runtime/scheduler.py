@@ -383,6 +383,7 @@ class RedistSchedulerPlugin(SchedulerPlugin):
 
     def remove_worker(self, scheduler, worker: str, *, stimulus_id: str, **kwargs) -> None:
         self.engines.worker_left(worker)
+        self._send(list(self.scheduler.workers), {"op": "redist-gone", "worker": worker})  # (aborted runs stop completing)
         # its staged chunks are gone, while copies of their stage markers may live on
         stale = [k for k, w in self.stage_home.items() if w == worker]
         for key in stale:

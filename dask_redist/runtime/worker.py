@@ -235,6 +235,14 @@ class WorkerState:
         if run is not None and run.run_id == run_id and kind in KINDS:
             run.fail(KINDS[kind](reason), gone=[w for w in gone if isinstance(w, str)])
 
+    def handle_gone(self, worker: str) -> None:
+        """``worker`` left: a run already aborted that it was a rank of cannot be completed any more
+        (`WorkerRun.must_stop`); one still running learns it from the abort that follows."""
+        with self._lock:
+            runs = [r for r in self.runs.values() if worker in r.spec.workers and r.state == "failed"]
+        for run in runs:
+            run.fail(run.error, gone=[worker])
+
     def handle_cleanup(self, token: str, run_id: int) -> None:
         """Forget the runs of ``token`` up to ``run_id`` (they are done)."""
         with self._lock:
@@ -317,6 +325,7 @@ class RedistWorkerPlugin(WorkerPlugin):
             {
                 "redist-start": lambda run: state.handle_start(run),
                 "redist-abort": state.handle_abort,
+                "redist-gone": state.handle_gone,
                 "redist-cleanup": state.handle_cleanup,
                 "redist-forget": state.handle_forget,
                 "redist-drop": state.handle_drop,
