@@ -15,8 +15,8 @@ superseded run, or this rank's own work failing) each rank still queues the resh
 every remaining round, its copies skipped, and a run aborted before its rank started it
 is executed the same way (`dask_redist.runtime.collective.RunExecutor`); then every
 rank raises. An aborted run costs at most its own exchange time, and no worker. Only
-when a rank is gone (`WorkerRun.must_stop`: the scheduler saw it leave) can nothing
-complete those calls: the queued rounds get `DRAIN_S`, then the device counts as
+when a rank is gone (`WorkerRun.must_stop`: the scheduler saw it leave, in the abort or
+in a ``redist-gone`` message for runs aborted before) can nothing complete those calls: the queued rounds get `DRAIN_S`, then the device counts as
 stuck (``redist.nvshmem.exit-when-stuck``).
 
 Before (2026-12-01 03:47 UTC to this change) an abort stopped each rank at its next
