@@ -249,6 +249,19 @@ def test_output_type(client):
             x.rechunk((32, 4)).compute()
 
 
+def test_an_engine_the_workers_cannot_load_fails_the_rechunk_not_the_workers(client):
+    """redist.engine naming a module the workers cannot import: the rechunk fails naming the engine,
+    and the workers' collective threads live on (the next rechunk runs)."""
+    a = data_for((32, 32), "float64")
+    x = da.from_array(a, chunks=(4, 32))
+    timeouts = {"collective": "20s", "barrier": "20s"}
+    with dask_redist.enable(engine="no_such_module:Engine", timeouts=timeouts):
+        with pytest.raises(dask_redist.RedistError, match="cannot load engine 'no_such_module:Engine'"):
+            x.rechunk((32, 4)).compute()
+    with dask_redist.enable(engine="dask", timeouts=timeouts):
+        np.testing.assert_array_equal(x.rechunk((32, 4)).compute(), a)
+
+
 def test_no_state_left_behind(client, enabled):
     a = data_for((16, 16), "float64")
     da.from_array(a, chunks=(2, 16)).rechunk((16, 2)).compute()

@@ -116,7 +116,13 @@ class RunExecutor:
         self.thread.close()
 
     def _execute(self, run: WorkerRun) -> None:
-        engine = get_engine(run.spec.engine)
+        try:
+            engine = get_engine(run.spec.engine)
+        except Exception as e:  # noqa: BLE001 - an engine this worker cannot load fails the run, not this thread
+            if run.start():
+                what = f"{type(e).__name__}: {e}"
+                self.fail(run, EngineUnavailableError(f"{run.name()}: cannot load engine {run.spec.engine!r} here: {what}"))
+            return
         run.completes_when_aborted = engine.completes_aborted_runs
         if not run.start() and run.must_stop():  # (else aborted before it started: completed, dry)
             return
