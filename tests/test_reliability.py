@@ -461,6 +461,35 @@ class FakeRun:
         self.state = "queued"
         self.phase = "queued"
         self.gone, self.completes_when_aborted = (), completes
+        self.error = None
+
+    def name(self) -> str:
+        return f"run {self.spec.seq}"
+
+    def fail(self, error, gone=()):
+        self.state, self.error = "failed", error
+
+
+def test_a_bug_in_one_run_does_not_stop_the_runs_after_it():
+    from dask_redist.runtime.collective import CollectiveThread
+
+    ran = []
+
+    def execute(run):
+        ran.append(run.spec.seq)
+        if run.spec.seq == 1:
+            raise KeyError("a bug")
+
+    thread = CollectiveThread(execute, "test")
+    first, second = FakeRun(1), FakeRun(2)
+    thread.submit(first)
+    thread.submit(second)
+    deadline = time.monotonic() + 10
+    while ran != [1, 2]:
+        assert time.monotonic() < deadline, ran
+        time.sleep(0.01)
+    assert first.state == "failed" and "KeyError" in str(first.error)
+    thread.close()
 
 
 def _slow_first_block(block, block_info=None):

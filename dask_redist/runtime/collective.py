@@ -84,7 +84,11 @@ class CollectiveThread:
                     return
                 _, _, run = heapq.heappop(self._heap)
                 self._current = run
-            self._execute(run)
+            try:
+                self._execute(run)
+            except Exception as e:  # noqa: BLE001 - one run's bug must not stop the runs after it
+                logger.exception("%s: the collective thread caught an error", run.name())
+                run.fail(RedistError(f"{run.name()}: {type(e).__name__}: {e}"))
             with self._cond:
                 if self._thread is me:
                     self._current = None
