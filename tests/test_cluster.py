@@ -258,8 +258,8 @@ def test_an_engine_the_workers_cannot_load_fails_the_rechunk_not_the_workers(cli
     with dask_redist.enable(engine="no_such_module:Engine", timeouts=timeouts):
         with pytest.raises(dask_redist.RedistError, match="cannot load engine 'no_such_module:Engine'"):
             x.rechunk((32, 4)).compute()
-    with dask_redist.enable(engine="dask", timeouts=timeouts):
-        np.testing.assert_array_equal(x.rechunk((32, 4)).compute(), a)
+    with dask_redist.enable(engine="dask", timeouts=timeouts):  # (other keys: the erred ones may linger a moment)
+        np.testing.assert_array_equal(x.rechunk((32, 8)).compute(), a)
 
 
 def test_no_state_left_behind(client, enabled):
