@@ -38,8 +38,6 @@ def converted(x: Any, to: str, what: str = "a chunk"):
     try:
         import cupy
     except ImportError:
-        from dask_redist.errors import RedistError
-
         raise RedistError(f"redist.output-type is cupy but CuPy cannot be imported for {what}") from None
     return cupy.asarray(x)
 

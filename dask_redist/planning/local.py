@@ -17,9 +17,8 @@ A rank holding a whole box of old chunks (slabs placed in contiguous blocks), wh
 new chunk is needed, holds of each new chunk the product of per-axis overlaps: its block
 is an `Outer` product of one vector per axis, kept as the vectors. A rank holding a few
 boxes (a contiguous run of a grid in C order: a partial row, whole rows, a partial row;
-at most `MAX_BOXES`) gets one `Outer` block per box. Its box sums
-are products of per-axis prefix sums, and the dense block exists only while `kept` or
-`traffic` walk it. For slabs across the grid on 256 ranks and 10^5 chunks this took the
+at most `MAX_BOXES`) gets one `Outer` block per box. Their box sums are products of
+per-axis prefix sums, and a dense block exists only while `kept` or `traffic` walk it. For slabs across the grid on 256 ranks and 10^5 chunks this took the
 scheduler's owner choice from 0.98 s (0.55 s building the (rank, chunk) table, 0.29 s its
 summed-area tables) to the figure in docs/scale.md.
 """
@@ -183,7 +182,6 @@ def local_bytes(spec: RechunkSpec, in_ranks: np.ndarray, nranks: int, needed: np
     memo: dict = {}
     blocks = []
     for r, box, mask in _rank_masks(in_ranks):
-        m = mask.astype(np.int64)
         parts = _boxes(mask, MAX_BOXES) if all_needed else None
         if parts is not None:  # a few whole boxes: one vector per axis each (module docstring)
             for part in parts:
@@ -191,14 +189,12 @@ def local_bytes(spec: RechunkSpec, in_ranks: np.ndarray, nranks: int, needed: np
                 if (block := _outer_block(spec, segments, sub, memo)) is not None:
                     blocks.append((r, *block))
             continue
-        lower = []
+        m, lower = mask.astype(np.int64), []
         for axis, seg in enumerate(segments):
-            take = (seg.old >= box[axis].start) & (seg.old < box[axis].stop)
-            if not take.any():  # only empty chunks along this axis
+            if (mapped := _axis_map(seg, box[axis])) is None:  # only empty chunks along this axis
                 break
-            new = seg.new[take]
-            lower.append(int(new.min()))
-            m = _mode_product(m, axis, seg.old[take] - box[axis].start, new - new.min(), seg.stop[take] - seg.start[take], int(new.max() - new.min() + 1))
+            lower.append(mapped[0])
+            m = _mode_product(m, axis, *mapped[1])
         else:
             m *= spec.itemsize * needed[tuple(slice(lo, lo + n) for lo, n in zip(lower, m.shape))]
             blocks.append((r, tuple(lower), m))
@@ -260,21 +256,30 @@ def _outer_block(spec: RechunkSpec, segments, box, memo: dict) -> tuple[tuple[in
     lower, factors = [], []
     for axis, seg in enumerate(segments):
         key = (axis, box[axis].start, box[axis].stop)
-        if key not in memo:  # segments come in increasing position: their old chunks never decrease
-            a, z = np.searchsorted(seg.old, [box[axis].start, box[axis].stop])
-            if a == z:
+        if key not in memo:
+            mapped = _axis_map(seg, box[axis])
+            if mapped is None:
                 memo[key] = None
             else:
-                new = seg.new[a:z]
-                ones = np.ones(box[axis].stop - box[axis].start, dtype=np.int64)
-                n_new = int(new[-1] - new[0] + 1)
-                f = _mode_product(ones, 0, seg.old[a:z] - box[axis].start, new - new[0], seg.stop[a:z] - seg.start[a:z], n_new)
-                memo[key] = (int(new[0]), f * (spec.itemsize if axis == 0 else 1))
+                f = _mode_product(np.ones(box[axis].stop - box[axis].start, dtype=np.int64), 0, *mapped[1])
+                memo[key] = (mapped[0], f * (spec.itemsize if axis == 0 else 1))
         if memo[key] is None:
             return None
         lower.append(memo[key][0])
         factors.append(memo[key][1])
     return tuple(lower), Outer(tuple(factors))
+
+
+def _axis_map(seg, old: slice):
+    """How one axis maps the old chunks ``old`` (a range of old chunk indices) to new chunks:
+    (first new chunk, the `_mode_product` arguments old, new, length, n_new relative to the
+    ranges' starts), or None if they hold nothing (only empty chunks). Segments come in
+    increasing position, so their old and new chunks never decrease."""
+    a, z = np.searchsorted(seg.old, [old.start, old.stop])
+    if a == z:
+        return None
+    new = seg.new[a:z]
+    return int(new[0]), (seg.old[a:z] - old.start, new - new[0], seg.stop[a:z] - seg.start[a:z], int(new[-1] - new[0] + 1))
 
 
 def _mode_product(m: np.ndarray, axis: int, old: np.ndarray, new: np.ndarray, length: np.ndarray, n_new: int):
