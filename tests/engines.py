@@ -188,9 +188,7 @@ class LockstepEngine(DaskEngine):
 
         if self.health().broken:
             raise RedistError(f"{run.name()}: {self.health().broken}")
-        run.phase = "exchange"
-        if run.must_stop():
-            raise run.error
+        run.set_phase("exchange")
         folder = os.path.join(self.folder, f"{run.spec.token}-{run.run_id}")
         os.makedirs(folder, exist_ok=True)
         n = len(run.spec.workers)

@@ -190,3 +190,16 @@ def test_a_worker_leaving_stops_the_completion_of_runs_aborted_before():
     state.handle_gone(WORKERS[1])
     assert aborted.must_stop() and aborted.gone == (WORKERS[1],)
     assert running.state != "failed" and running.gone == ()
+
+
+def test_set_phase_raises_an_abort_unless_the_run_is_being_completed():
+    for completes, gone, raises in [(False, (), True), (True, (), False), (True, (WORKERS[1],), True)]:
+        run = WorkerRun(run_spec(), WORKERS[0], {})
+        run.completes_when_aborted = completes
+        run.fail(RedistError("cancelled"), gone=gone)
+        if raises:
+            with pytest.raises(RedistError, match="cancelled"):
+                run.set_phase("exchange")
+        else:
+            run.set_phase("exchange")
+        assert run.phase == "exchange"

@@ -106,8 +106,10 @@ class WorkerRun:
             return True
 
     def set_phase(self, phase: str) -> None:
+        """Enter ``phase``; raises the abort's error unless the run is being completed (`must_stop`)."""
         self.phase = phase
-        self._raise_if_failed()
+        if self.must_stop():
+            raise self.error
 
     def _raise_if_failed(self):
         if self.state == "failed":

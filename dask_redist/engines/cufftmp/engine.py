@@ -157,11 +157,6 @@ class CufftMpEngine(Engine):
         self._mark("reshape")
         self.rounds.queued(self._marks[-1][1])
 
-    def _phase(self, run, phase: str) -> None:
-        run.phase = phase
-        if run.must_stop():
-            raise run.error
-
     # -- a run -------------------------------------------------------------------------
 
     def execute(self, run, transport) -> None:
@@ -175,10 +170,10 @@ class CufftMpEngine(Engine):
             raise RedistError(f"{run.name()}: NVSHMEM is unusable in this worker: {broken}")
         cupy.cuda.Device().synchronize()  # inputs may come from kernels still in flight
         self.rounds.reset()
-        self._phase(run, "bootstrap")  # (an aborted run goes on, dry: see .rounds)
+        run.set_phase("bootstrap")  # (an aborted run goes on, dry: see .rounds)
         self.bootstrap(run, transport.exchange_factory)
         settings = run.spec.collective.settings
-        self._phase(run, "plan")
+        run.set_phase("plan")
         layout, _ = choose_layout(
             run.plan, settings.memory_budget, size_class_bits=settings.size_class_bits, allow_empty=ALLOW_EMPTY_BOXES
         )
@@ -188,7 +183,7 @@ class CufftMpEngine(Engine):
         for flat in run.plan.owned(run.rank) if run.state != "failed" else ():
             lo, hi = spec.rechunk.new_box(flat)
             outputs[flat] = xp.empty(tuple(h - l for l, h in zip(lo, hi)), dtype=spec.dtype)
-        self._phase(run, "exchange")
+        run.set_phase("exchange")
         self._marks = []
         with self.stream:
             self._mark("start")
