@@ -57,6 +57,10 @@ def _min_bytes(value) -> int | str:
     return "auto" if value == "auto" else _bytes("min-bytes", value)
 
 
+def _size_or_off(key, value) -> int | None:
+    return None if value is False or value is None else _bytes(key, value)
+
+
 def _seconds(key, value) -> float:
     try:
         t = parse_timedelta(value, default="s")
@@ -81,6 +85,7 @@ class Settings:
     chunk_types: tuple[str, ...] = CHUNK_TYPES
     output_type: str = "same"  # or a chunk type every input chunk is converted to when staged
     min_bytes: int | str = "auto"  # bytes, or "auto": the measured model of planning.cost
+    numpy_via_gpus: int | None = 256 << 20  # NumPy rechunks this large go through the GPUs under auto
     memory_budget: int = 2**30
     size_class_bits: int = 4
     retries: int = 3
@@ -115,6 +120,7 @@ class Settings:
             chunk_types=tuple(types),
             output_type=output_type,
             min_bytes=_min_bytes(_get("min-bytes", config)),
+            numpy_via_gpus=_size_or_off("numpy-via-gpus", _get("numpy-via-gpus", config)),
             memory_budget=budget,
             size_class_bits=_int("size-class-bits", _get("size-class-bits", config)),
             retries=_int("retries", _get("retries", config)),

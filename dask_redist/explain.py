@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from dask_redist.config import Settings
-from dask_redist.engines.choice import choose_engine
+from dask_redist.engines.choice import choose_engine, numpy_stays_on_host
 from dask_redist.graph.optimize import decide, find_rechunks
 from dask_redist.planning import make_plan
 from dask_redist.planning.layout import choose_layout
@@ -139,7 +139,8 @@ def _placement(spec, x, client, nworkers: int) -> tuple[np.ndarray, str]:
 
 def _engine(settings: Settings, spec, client) -> tuple[str, str]:
     """The engine a run would use and why, decided as the scheduler decides it."""
-    if settings.engine == "auto" and spec.kind == "cupy":
+    numpy_reason = numpy_stays_on_host(settings, spec.rechunk.nbytes, spec.dtype) if spec.kind != "cupy" else None
+    if settings.engine == "auto" and not numpy_reason:
         if client is None:
             return "cufftmp", "if every worker can run it; no Client to ask"
         from dask_redist.api import status
@@ -149,8 +150,8 @@ def _engine(settings: Settings, spec, client) -> tuple[str, str]:
         workers = sorted(client.scheduler_info(n_workers=-1)["workers"])
         if not all(w in caps for w in workers):  # explain does not probe the workers itself
             return "cufftmp", "if every worker can run it: not checked yet, see dask_redist.doctor(client)"
-        return choose_engine(settings.engine, spec.kind, caps, workers, world, broken)
-    return choose_engine(settings.engine, spec.kind, {}, [])
+        return choose_engine(settings.engine, spec.kind, caps, workers, world, broken, numpy_reason)
+    return choose_engine(settings.engine, spec.kind, {}, [], numpy_reason=numpy_reason)
 
 
 def _decisions(x, settings: Settings) -> list[tuple[str, str, object, str]]:

@@ -226,6 +226,27 @@ def test_cufftmp_asked_for_where_it_cannot_run_says_why(client):
         np.testing.assert_array_equal(x.rechunk((32, 4)).compute(), x.compute())
 
 
+def test_auto_asks_the_workers_before_taking_numpy_chunks_through_gpus(client):
+    """NumPy rechunks from redist.numpy-via-gpus bytes on would go through the GPUs under auto:
+    on workers without them, the scheduler asks, keeps the dask engine and says why; below the
+    size it does not ask. explain() gives the same reasons."""
+    if importlib.util.find_spec("cupy") is not None:
+        pytest.skip("CuPy is installed here: the workers may well run cufftmp")
+    a = data_for((256, 256), "float64")  # 512 KiB
+    x = da.from_array(a, chunks=(32, 256))
+    before = len(scheduler_history(client))
+    with dask_redist.enable(engine="auto", numpy_via_gpus="256KiB", min_bytes=0):
+        np.testing.assert_array_equal(x.rechunk((256, 32)).compute(), a)
+        said = dask_redist.explain(x.rechunk((256, 16)))[0].engine
+    with dask_redist.enable(engine="auto", numpy_via_gpus="1MiB", min_bytes=0):
+        np.testing.assert_array_equal(x.rechunk((256, 64)).compute(), a)
+        said_small = dask_redist.explain(x.rechunk((256, 16)))[0].engine
+    big, small = scheduler_history(client)[before:]
+    assert big["engine"] == "dask" and "cufftmp unusable on" in big["why"], big
+    assert small["engine"] == "dask" and "below redist.numpy-via-gpus (1.00 MiB)" in small["why"], small
+    assert "cufftmp unusable on" in said and "below redist.numpy-via-gpus" in said_small, (said, said_small)
+
+
 def test_output_type(client):
     """redist.output-type: numpy on NumPy chunks changes nothing; cupy where the workers have
     no CuPy fails naming the key; a bad value is refused naming it. (Conversions between

@@ -95,6 +95,22 @@ def test_numpy_chunks_through_the_gpus(gpu_client, c):
     assert type(y.blocks[(0,) * y.ndim].compute()) is np.ndarray
 
 
+def test_auto_takes_numpy_chunks_through_the_gpus_from_a_size_on(gpu_client):
+    """redist.engine=auto: NumPy chunks of at least redist.numpy-via-gpus go through cufftmp
+    (NumPy out), smaller ones take the dask engine; the history says why."""
+    c = CASES[0]  # 768 KiB
+    y = run_case(gpu_client, c, seed=5, kind="numpy", engine="auto", numpy_via_gpus="512KiB")
+    assert type(y.blocks[(0,) * y.ndim].compute()) is np.ndarray
+    assert "NumPy chunks of at least redist.numpy-via-gpus" in scheduler_history(gpu_client)[-1]["why"]
+    x = placed_array(gpu_client, c, 6, kind="numpy")
+    with dask_redist.enable(engine="auto", numpy_via_gpus="1MiB"):
+        y = x.rechunk(c.new).persist()
+        wait(y)
+    assert check(y, c, 6)
+    last = scheduler_history(gpu_client)[-1]
+    assert last["engine"] == "dask" and "below redist.numpy-via-gpus" in last["why"], last
+
+
 def test_numpy_chunks_in_rounds_keep_gpu_memory_to_a_round(gpu_client):
     """A 32 MiB NumPy array in 1 MiB rounds: CuPy's pool never holds more than a fraction of it
     (each round uploads only its parts), direct and packed; results equal."""

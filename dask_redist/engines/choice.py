@@ -4,26 +4,59 @@
 worker reported (``Engine.capabilities``, asked once per worker), the record of the
 NVSHMEM world (`dask_redist.engines.cufftmp.world.WorldRecord`), and `choose_engine`,
 the pure rule ``redist.engine: auto`` follows (``explain`` applies the same rule).
+
+NumPy chunks go through the GPUs under ``auto`` from ``redist.numpy-via-gpus`` bytes on
+(`numpy_stays_on_host`), where every worker can run cufftmp. That size is where the GPU
+path was measured to win on ONE H200, a world in which the dask engine sends nothing over
+the network; across GPUs the dask engine also pays the network, so the GPU path can only
+gain (docs/benchmarks.md, "NumPy chunks through the GPUs").
 """
 
 from __future__ import annotations
 
+from dask.utils import format_bytes
+
+from dask_redist.config import Settings
+from dask_redist.core.spec import CollectiveSpec
+from dask_redist.engines.cufftmp.host import host_dtype_problem
 from dask_redist.engines.cufftmp.world import WorldRecord
+
+#: What ``choose_engine`` is told about NumPy chunks when nobody asked ``numpy_stays_on_host``.
+NUMPY_ON_HOST = "NumPy chunks (redist.engine=cufftmp takes them through the GPUs)"
+
+
+def numpy_stays_on_host(settings: Settings, nbytes: int, dtype) -> str | None:
+    """Why ``auto`` keeps a NumPy rechunk of ``nbytes`` on the dask engine, or None where it may
+    go through the GPUs (if every worker can run cufftmp: `choose_engine` decides that)."""
+    limit = settings.numpy_via_gpus
+    if limit is None:
+        return "NumPy chunks (redist.numpy-via-gpus is false)"
+    if nbytes < limit:
+        return f"NumPy chunks, {format_bytes(nbytes)} is below redist.numpy-via-gpus ({format_bytes(limit)})"
+    if host_dtype_problem(dtype):
+        return f"NumPy chunks of {dtype}, which only the dask engine moves"
+    return None
 
 
 def choose_engine(
-    setting: str, kind: str, capabilities: dict, workers, world=None, world_broken: str | None = None
+    setting: str,
+    kind: str,
+    capabilities: dict,
+    workers,
+    world=None,
+    world_broken: str | None = None,
+    numpy_reason: str | None = NUMPY_ON_HOST,
 ) -> tuple[str, str]:
-    """The engine for a run over ``workers`` and why: ``auto`` takes cufftmp for CuPy chunks where it can.
+    """The engine for a run over ``workers`` and why: ``auto`` takes cufftmp for CuPy chunks where
+    it can, and for NumPy chunks where ``numpy_reason`` (`numpy_stays_on_host`) is None too.
 
     ``capabilities`` maps each worker to what it reported (``{"cufftmp": {"ok": ..., "reason": ...}}``);
     ``world`` is the worker set NVSHMEM was bootstrapped over, ``world_broken`` why it can no longer be used.
     """
     if setting != "auto":
         return setting, "set by redist.engine"
-    if kind != "cupy":
-        # through the GPUs on request only (redist.engine=cufftmp): not measured on 2 GPUs yet
-        return "dask", "NumPy chunks (redist.engine=cufftmp takes them through the GPUs)"
+    if kind != "cupy" and numpy_reason:
+        return "dask", numpy_reason
     bad = [w for w in workers if not capabilities.get(w, {}).get("cufftmp", {}).get("ok")]
     if bad:
         why = capabilities.get(bad[0], {}).get("cufftmp", {}).get("reason", "no answer")
@@ -32,7 +65,13 @@ def choose_engine(
         return "dask", f"NVSHMEM needs a new bootstrap ({world_broken}); see dask_redist.bootstrap"
     if world is not None and tuple(world) != tuple(workers):
         return "dask", "the worker set changed since NVSHMEM was bootstrapped; see dask_redist.bootstrap"
+    if kind != "cupy":
+        return "cufftmp", "NumPy chunks of at least redist.numpy-via-gpus, and every worker can run cuFFTMp: through the GPUs"
     return "cufftmp", "CuPy chunks, and every worker can run cuFFTMp over NVSHMEM"
+
+
+def _numpy_reason(spec: CollectiveSpec, kind: str) -> str | None:
+    return numpy_stays_on_host(spec.settings, spec.rechunk.nbytes, spec.dtype) if kind != "cupy" else None
 
 
 class EngineSelector:
@@ -42,9 +81,9 @@ class EngineSelector:
         self.capabilities: dict[str, dict] = {}  # worker -> {engine name: {"ok": ..., "reason": ...}}
         self.world = WorldRecord()
 
-    def needs_probe(self, setting: str, kind: str, workers) -> list[str]:
-        """Workers whose capabilities the choice needs and nobody asked yet."""
-        if setting != "auto" or kind != "cupy":
+    def needs_probe(self, spec: CollectiveSpec, kind: str, workers) -> list[str]:
+        """Workers whose capabilities the choice for ``spec`` needs and nobody asked yet."""
+        if spec.settings.engine != "auto" or (kind != "cupy" and _numpy_reason(spec, kind)):
             return []
         return [w for w in workers if w not in self.capabilities]
 
@@ -52,8 +91,17 @@ class EngineSelector:
         """Capabilities as workers answered (anything but a dict: no answer, asked again next time)."""
         self.capabilities.update({w: a for w, a in answers.items() if isinstance(a, dict)})
 
-    def choose(self, setting: str, kind: str, workers) -> tuple[str, str]:
-        return choose_engine(setting, kind, self.capabilities, workers, self.world.members, self.world.broken)
+    def choose(self, spec: CollectiveSpec, kind: str, workers) -> tuple[str, str]:
+        """The engine for a run of ``spec`` over ``workers``, whose staged chunks are of ``kind``."""
+        return choose_engine(
+            spec.settings.engine,
+            kind,
+            self.capabilities,
+            workers,
+            self.world.members,
+            self.world.broken,
+            _numpy_reason(spec, kind),
+        )
 
     def run_started(self, engine: str, workers) -> None:
         if engine == "cufftmp":

@@ -208,10 +208,10 @@ class RedistSchedulerPlugin(SchedulerPlugin):
 
     async def _choose_engine(self, spec: CollectiveSpec, kind: str, ranks: list[str]) -> tuple[str, str]:
         """The engine for a run and why; asks workers what they can run the first time it matters."""
-        if missing := self.engines.needs_probe(spec.settings.engine, kind, ranks):
+        if missing := self.engines.needs_probe(spec, kind, ranks):
             answers = await self.scheduler.broadcast(msg={"op": "redist_capabilities"}, workers=missing, on_error="return")
             self.engines.learn(answers)
-        return self.engines.choose(spec.settings.engine, kind, ranks)
+        return self.engines.choose(spec, kind, ranks)
 
     async def allgather(self, tag: str, rank: int, nranks: int, payload: bytes, timeout: float) -> dict:
         try:
