@@ -302,10 +302,10 @@ def test_under_auto_an_engine_that_cannot_start_falls_back_to_dask(own_cluster, 
 
     real = choice.choose_engine
 
-    def choose(setting, kind, caps, ranks, world, world_broken):  # as for CuPy chunks on able workers
+    def choose(setting, kind, caps, ranks, world, world_broken, numpy_reason=None):  # as for CuPy chunks on able workers
         if setting == "auto" and not world_broken:
             return "engines:UnavailableEngine", "standing in for cufftmp"
-        return real(setting, "cupy", {w: {"cufftmp": {"ok": True}} for w in ranks}, ranks, world, world_broken)
+        return real(setting, "cupy", {w: {"cufftmp": {"ok": True}} for w in ranks}, ranks, world, world_broken, None)
 
     monkeypatch.setattr(choice, "choose_engine", choose)
     _, client = own_cluster

@@ -91,7 +91,11 @@ class HostLink:
 
         buf = self._pinned.get(which)
         if buf is None or buf.nbytes < nbytes:  # grow (pinning is slow: not per round)
-            self._pinned[which] = buf = cupyx.empty_pinned(max(nbytes, 2 * (0 if buf is None else buf.nbytes)), np.uint8)
+            size = max(nbytes, 2 * (0 if buf is None else buf.nbytes))
+            if buf is not None:  # CuPy's pinned pool would keep the smaller one: every size grown through
+                del self._pinned[which], buf
+                _release_pinned()
+            self._pinned[which] = buf = cupyx.empty_pinned(size, np.uint8)
         return buf
 
     def _copy(self, pairs: list[tuple[np.ndarray, np.ndarray]]) -> None:
@@ -149,6 +153,13 @@ class HostParts:
     def box_of(self, flat: int) -> tuple:
         """Global bounds of the part of chunk ``flat`` (as ``RechunkSpec.old_box`` gives a chunk's)."""
         return self._bounds[flat]
+
+
+def _release_pinned() -> None:
+    """Hand CuPy's cached, unused pinned host blocks back to the system (those in use stay)."""
+    import cupy
+
+    cupy.get_default_pinned_memory_pool().free_all_blocks()
 
 
 def _as(buffer, offset: int, shape, dtype):
