@@ -8,6 +8,7 @@ from __future__ import annotations
 import dask
 import numpy as np
 
+from dask_redist.compat import keep_annotations_current
 from dask_redist.config import Settings
 from dask_redist.core.assemble import converted
 from dask_redist.errors import NotEligibleError, RedistError
@@ -58,12 +59,15 @@ def enable(**options) -> Enabled:
     cfg = {"array_optimize": CollectiveOptimizer(chain=current), **_overrides(options)}
     handle = Enabled(dask.config.set(cfg))
     _enabled.append(handle)
-    _expression_mode(True)
+    _patches(True)
     return handle
 
 
-def _expression_mode(on: bool) -> None:
-    """Expression mode has no optimize hook: swap its rechunk expression instead."""
+def _patches(on: bool) -> None:
+    """What dask needs changed beyond its optimize hook while enabled: the chunk sizes that
+    ``compute_chunk_sizes()`` finds kept where the graph rewrite reads them, and in expression
+    mode (no optimize hook) the rechunk expression swapped."""
+    keep_annotations_current(on)
     try:
         from dask_redist.graph import expr
     except ImportError:  # pragma: no cover - a dask without array expressions
@@ -79,7 +83,7 @@ def disable(handle: Enabled | None = None) -> None:
         if handle is None or h is handle:
             break
     if not _enabled:
-        _expression_mode(False)
+        _patches(False)
 
 
 def rechunk(x, chunks="auto", *, threshold=None, block_size_limit=None, balance=False, **options):
@@ -100,7 +104,7 @@ def rechunk(x, chunks="auto", *, threshold=None, block_size_limit=None, balance=
         settings = Settings.from_config()
     graph = y.__dask_graph__()
     (chain,) = [c for c in find_rechunks(graph, {y.name}) if c.output == y.name]
-    decision = decide(graph, chain, settings)
+    decision = decide(graph, chain, settings, old=x.chunks)
     if not decision.collective:
         raise NotEligibleError(decision.reason)
     graph, _ = rewrite(graph, [], settings, only=[decision])

@@ -22,7 +22,11 @@ What is relied on, and where:
 * ``dask.order.order``, looked up on the module by the scheduler for every graph:
   wrapped by runtime.ordering;
 * expression mode: ``ArrayExpr.rechunk``, ``Rechunk`` and ``TasksRechunk`` in
-  ``dask.array._array_expr`` (graph.expr).
+  ``dask.array._array_expr`` (graph.expr);
+* a layer's ``collection_annotations["chunks"]``: the input chunks of a rechunk as the
+  graph knows them (graph.optimize). ``Array.compute_chunk_sizes`` updates the array, not
+  the annotation, so while dask-redist is enabled it is wrapped to update both
+  (`keep_annotations_current`).
 """
 
 from __future__ import annotations
@@ -36,7 +40,10 @@ TESTED_DASK = ("2026.7.1", "2026.8.0")
 RECHUNK_PREFIXES = ("rechunk-merge-", "rechunk-split-", "rechunk-p2p-")
 P2P_PREFIX = "rechunk-p2p-"
 
-__all__ = ["DataNode", "P2P_PREFIX", "RECHUNK_PREFIXES", "TESTED_DASK", "Task", "TaskRef", "array_expr"]
+__all__ = [
+    "DataNode", "P2P_PREFIX", "RECHUNK_PREFIXES", "TESTED_DASK", "Task", "TaskRef", "array_expr",
+    "keep_annotations_current",
+]  # fmt: skip
 
 
 def array_expr():
@@ -45,3 +52,29 @@ def array_expr():
     from dask.array._array_expr._rechunk import Rechunk, TasksRechunk
 
     return ArrayExpr, Rechunk, TasksRechunk
+
+
+def _compute_chunk_sizes(self):
+    x = _original_compute_chunk_sizes(self)
+    layer = x.dask.layers.get(x.name) if hasattr(x.dask, "layers") else None
+    if layer is not None and layer.collection_annotations is not None:
+        layer.collection_annotations.update(chunks=x.chunks, shape=x.shape, chunksize=x.chunksize)
+    return x
+
+
+def keep_annotations_current(on: bool) -> None:
+    """While on, ``x.compute_chunk_sizes()`` also writes the sizes into the annotation of
+    ``x``'s layer, where a later rechunk's graph finds its input chunks (dask leaves the
+    annotation as the layer was built: NaN, or chunks of an earlier array of that name)."""
+    from dask.array import Array
+
+    Array.compute_chunk_sizes = _compute_chunk_sizes if on else _original_compute_chunk_sizes
+
+
+def _original():
+    from dask.array import Array
+
+    return Array.compute_chunk_sizes
+
+
+_original_compute_chunk_sizes = _original()

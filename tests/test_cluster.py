@@ -126,6 +126,31 @@ def test_persist_then_compute(client, enabled):
     assert worker_leftovers(client) == {}
 
 
+def test_a_persisted_rechunk_rechunked_again_is_a_collective(client, enabled):
+    """``x.rechunk(a).persist().rechunk(b)`` (xarray: ``ds.chunk(a).persist().chunk(b)``)."""
+    a = data_for((48, 40), "float64")
+    y = da.from_array(a, chunks=(8, 40)).rechunk((48, 8)).persist()
+    wait(y)
+    before = runs_done(client)
+    for method in ("tasks", "p2p"):
+        z = y.rechunk((12, 40), method=method)
+        assert dask_redist.explain(z)[0].runs == "collective", dask_redist.explain(z)
+        np.testing.assert_array_equal(z.compute(), a)
+    assert runs_done(client) - before == 2
+
+
+def test_sizes_from_compute_chunk_sizes(client, enabled):
+    """The fix dask (and explain) suggests for unknown chunk sizes makes the rechunk a collective."""
+    a = data_for((400, 6), "float64")
+    x = da.from_array(a, chunks=(40, 6))
+    x = x[x[:, 0] > 0].compute_chunk_sizes()
+    expected = a[a[:, 0] > 0]
+    before = runs_done(client)
+    np.testing.assert_array_equal(x.rechunk((x.shape[0], 2)).compute(), expected)
+    np.testing.assert_array_equal(dask_redist.rechunk(x, (x.shape[0], 3)).compute(), expected)
+    assert runs_done(client) - before == 2
+
+
 def test_only_needed_outputs_are_moved(client, enabled):
     a = data_for((64, 64), "float64")
     x = da.from_array(a, chunks=(8, 64))

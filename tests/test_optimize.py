@@ -55,6 +55,43 @@ def test_an_intermediate_that_is_also_wanted_ends_the_chain():
     assert chain.source == x.name
 
 
+@pytest.mark.parametrize("method", ["tasks", "p2p"])
+def test_a_rechunk_of_a_persisted_rechunk_is_found(method):
+    """A persisted rechunk's layer holds data (no dependencies): the next rechunk starts from it."""
+    x = da.ones((16, 16), chunks=(4, 16))
+    (y,) = dask.persist(x.rechunk((16, 4), method="tasks"), scheduler="sync")
+    z = y.rechunk((4, 16), method=method)
+    (chain,) = find_rechunks(z.__dask_graph__(), {z.name})
+    assert chain.source == y.name and chain.output == z.name
+    assert decide(z.__dask_graph__(), chain, Settings(min_bytes=0)).collective
+
+
+def _known_after_indexing():
+    a = np.arange(400.0).reshape(100, 4)
+    x = da.from_array(a, chunks=(10, 4))
+    return a[a[:, 0] % 8 < 3], x[x[:, 0] % 8 < 3].compute_chunk_sizes()
+
+
+@pytest.mark.parametrize("method", ["tasks", "p2p"])
+def test_chunks_filled_in_by_compute_chunk_sizes(method):
+    """dask keeps the chunks a layer was built with in the graph and compute_chunk_sizes() changes
+    only the array: while enabled it updates the graph too; sizes found before say why not."""
+    expected, x = _known_after_indexing()  # (not enabled)
+    new = (x.shape[0], 2)
+    y = x.rechunk(new, method=method)
+    (chain,) = find_rechunks(y.__dask_graph__(), {y.name})
+    d = decide(y.__dask_graph__(), chain, Settings(min_bytes=0))
+    assert not d.collective and "compute_chunk_sizes" in d.reason and "persist the input" in d.reason, d.reason
+    z = dask_redist.rechunk(x, new, min_bytes=0)  # the explicit form reads the array's own chunks
+    assert z.chunks == ((len(expected),), (2, 2))  # (its values: test_cluster.py, on a cluster)
+    with dask_redist.enable():
+        _, x = _known_after_indexing()
+        y = x.rechunk(new, method=method)
+    (chain,) = find_rechunks(y.__dask_graph__(), {y.name})
+    d = decide(y.__dask_graph__(), chain, Settings(min_bytes=0))
+    assert d.collective and d.spec.rechunk.old == x.chunks, d.reason
+
+
 @pytest.mark.parametrize(
     "make, reason",
     [

@@ -67,7 +67,12 @@ def find_rechunks(hlg: HighLevelGraph, requested: set[str] = frozenset()) -> lis
 
     def absorbed(name):  # an intermediate step of a longer chain
         after = dependents.get(name, set())
-        return len(after) == 1 and is_rechunk_layer(next(iter(after))) and name not in requested
+        return (
+            len(after) == 1
+            and is_rechunk_layer(next(iter(after)))
+            and name not in requested
+            and bool(deps.get(name))  # (a layer of data, e.g. a persisted rechunk's, is a source)
+        )
 
     chains = []
     for name in hlg.layers:
@@ -125,14 +130,47 @@ def collective_spec(
     return spec, f"eligible; chunks converted to {kind} when staged (redist.output-type)" if converts else "eligible"
 
 
-def decide(hlg: HighLevelGraph, chain: RechunkChain, settings: Settings) -> Decision:
-    """Turn a chain into a `CollectiveSpec`, or say why it keeps dask's rechunk."""
+def input_chunks(hlg: HighLevelGraph, chain: RechunkChain):
+    """The chunks of the chain's input, or None if the graph does not know them.
+
+    A p2p layer first in the chain records them as its input had them. Otherwise only the
+    input layer's annotation holds them, which dask writes when the layer is built: an array
+    whose sizes ``compute_chunk_sizes()`` filled in later keeps the old ones there.
+    """
+    first = hlg.layers.get(chain.layers[0])
+    given = getattr(first, "chunks_input", None)
+    if given is not None:
+        return tuple(map(tuple, given))
+    return (getattr(hlg.layers.get(chain.source), "collection_annotations", None) or {}).get("chunks")
+
+
+def stale_chunks(old, new) -> str | None:
+    """Why ``old`` chunks cannot be the input of a rechunk to ``new`` chunks, or None."""
+    if old is None or new is None or any(isinstance(c, float) for axis in tuple(old) + tuple(new) for c in axis):
+        return None  # (collective_spec names missing metadata and unknown sizes)
+    if len(old) == len(new) and all(sum(a) == sum(b) for a, b in zip(old, new)):
+        return None
+    return (
+        f"the graph records the input's chunks as of shape {tuple(sum(a) for a in old)}, not the rechunk's "
+        f"{tuple(sum(b) for b in new)} (dask keeps the chunks a layer was built with: compute_chunk_sizes() "
+        "updates the array only); persist the input first, or use dask_redist.rechunk(x, chunks)"
+    )
+
+
+def decide(hlg: HighLevelGraph, chain: RechunkChain, settings: Settings, old=None) -> Decision:
+    """Turn a chain into a `CollectiveSpec`, or say why it keeps dask's rechunk.
+
+    ``old``: the input's chunks where the caller knows them (from the array itself); else
+    from the graph (`input_chunks`).
+    """
     method = _method(chain)
     source = hlg.layers.get(chain.source)
-    src_ann = getattr(source, "collection_annotations", None) or {}
     out_ann = hlg.layers[chain.output].collection_annotations or {}
+    old = input_chunks(hlg, chain) if old is None else old
+    if stale := stale_chunks(old, out_ann.get("chunks")):
+        return Decision(chain, None, stale, method)
     spec, reason = collective_spec(
-        chain.source, chain.output, src_ann.get("chunks"), out_ann.get("chunks"),
+        chain.source, chain.output, old, out_ann.get("chunks"),
         out_ann.get("dtype"), str(out_ann.get("chunk_type", "")), settings,
     )  # fmt: skip
     if spec is not None and (chain.source,) + (0,) * spec.rechunk.ndim not in source.get_output_keys():
