@@ -5,16 +5,17 @@ Nothing here imports the benchmark harness (``dask_redist.bench``).
 
 from __future__ import annotations
 
+import difflib
+import threading
+
 import dask
 import numpy as np
 
 from dask_redist.compat import keep_annotations_current
-from dask_redist.config import Settings
+from dask_redist.config import DEFAULTS, ConfigError, Settings
 from dask_redist.core.assemble import converted
 from dask_redist.errors import NotEligibleError, RedistError
 from dask_redist.graph.optimize import CollectiveOptimizer, decide, find_rechunks, rewrite
-
-_enabled: list = []
 
 
 def _flatten(options: dict, prefix: str = "redist") -> dict:
@@ -28,16 +29,21 @@ def _flatten(options: dict, prefix: str = "redist") -> dict:
 def _overrides(options: dict) -> dict:
     """``redist.*`` config keys from keyword options (nested dicts allowed), checked now."""
     cfg = _flatten(options)
+    known = _flatten(DEFAULTS["redist"])
+    if unknown := sorted(k for k in cfg if k not in known):
+        near = {k: difflib.get_close_matches(k, known, n=1) for k in unknown}
+        hints = "; ".join(f"{k}" + (f" (did you mean {m[0]}?)" if m else "") for k, m in near.items())
+        raise ConfigError(f"unknown option {hints}: the redist.* keys are listed in docs/configuration.md")
     with dask.config.set(cfg):
         Settings.from_config()  # fail here, naming the key, not later on the scheduler
     return cfg
 
 
 class Enabled:
-    """Returned by `enable`; leaving its ``with`` block disables again."""
+    """Returned by `enable`; leaving its ``with`` block disables it (and only it) again."""
 
-    def __init__(self, handle):
-        self._handle = handle
+    def __init__(self, options: dict):
+        self.options = options  # the redist.* keys it sets
 
     def __enter__(self):
         return self
@@ -46,20 +52,41 @@ class Enabled:
         disable(self)
 
 
+#: What is enabled, oldest first, and the one ``dask.config.set`` that applies all of it. Handles
+#: end in any order (a preload's Client closes while a later one lives), so the config is not
+#: nested per handle: it is set again from the handles left whenever one ends.
+_enabled: list[Enabled] = []
+_applied: list = []
+_lock = threading.RLock()
+
+
+def _apply() -> None:
+    while _applied:  # back to the config from before the first enable()
+        _applied.pop().__exit__(None, None, None)
+    if _enabled:
+        current = dask.config.get("array_optimize", None)
+        if isinstance(current, CollectiveOptimizer):  # (set by hand): not wrapped twice
+            current = current.chain
+        cfg = {"array_optimize": CollectiveOptimizer(chain=current)}
+        for h in _enabled:  # later enable() options win
+            cfg.update(h.options)
+        _applied.append(dask.config.set(cfg))
+    _patches(bool(_enabled))
+
+
 def enable(**options) -> Enabled:
     """Run every eligible ``x.rechunk(...)`` as one collective step.
 
     Installs dask's ``array_optimize`` hook (chaining to whatever was there);
     ``options`` set ``redist.*`` config keys for as long as it stays enabled,
-    e.g. ``enable(engine="dask", memory_budget="2GiB")``. Also a context manager.
+    e.g. ``enable(engine="dask", memory_budget="2GiB")`` (an unknown key is a ``ConfigError``).
+    Also a context manager. Calling it again (a notebook cell run twice) adds a handle:
+    ``disable()`` turns every one off, ``disable(handle)`` or leaving its ``with`` only that one.
     """
-    current = dask.config.get("array_optimize", None)
-    if isinstance(current, CollectiveOptimizer):
-        current = current.chain
-    cfg = {"array_optimize": CollectiveOptimizer(chain=current), **_overrides(options)}
-    handle = Enabled(dask.config.set(cfg))
-    _enabled.append(handle)
-    _patches(True)
+    handle = Enabled(_overrides(options))
+    with _lock:
+        _enabled.append(handle)
+        _apply()
     return handle
 
 
@@ -76,14 +103,16 @@ def _patches(on: bool) -> None:
 
 
 def disable(handle: Enabled | None = None) -> None:
-    """Undo `enable` (the latest one, or ``handle`` and everything enabled after it)."""
-    while _enabled:
-        h = _enabled.pop()
-        h._handle.__exit__(None, None, None)
-        if handle is None or h is handle:
-            break
-    if not _enabled:
-        _patches(False)
+    """Turn the collective off: every `enable` so far, or only ``handle`` (what leaving its
+    ``with`` block does; the others stay, with their options)."""
+    with _lock:
+        if handle is None:
+            _enabled.clear()
+        elif handle in _enabled:
+            _enabled.remove(handle)
+        else:
+            return  # (ended already)
+        _apply()
 
 
 def rechunk(x, chunks="auto", *, threshold=None, block_size_limit=None, balance=False, **options):
@@ -120,7 +149,8 @@ def rechunk(x, chunks="auto", *, threshold=None, block_size_limit=None, balance=
 def status(client=None) -> dict:
     """What the collective has done and holds on ``client``'s cluster (asks the scheduler once).
 
-    ``history``: the runs finished (engine, why, bytes, seconds, outcome), oldest first;
+    ``history``: the runs finished (engine, why, bytes, seconds, outcome), oldest first (the
+    scheduler keeps the latest 200);
     ``active``: runs in flight; ``timeline``: the scheduler's marks of the latest run;
     ``engines``: what the choice of engine depends on (capabilities, the NVSHMEM world);
     ``workers``: per worker, the chunks staged, runs and early pieces held, its timeline,

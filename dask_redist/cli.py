@@ -29,7 +29,14 @@ def _client(args):
     from distributed import Client, LocalCluster
 
     if args.scheduler:
-        with Client(args.scheduler) as client:
+        try:
+            connected = Client(args.scheduler, timeout=args.wait_workers)
+        except OSError as e:  # (TimeoutError too)
+            raise SystemExit(
+                f"dask-redist: could not reach a scheduler at {args.scheduler} within {args.wait_workers:g}s "
+                f"({type(e).__name__}: {e}); check the address (e.g. tcp://host:8786) and that it is running"
+            ) from None
+        with connected as client:
             try:
                 client.wait_for_workers(1, timeout=args.wait_workers)
             except TimeoutError:
@@ -57,7 +64,7 @@ def _cluster_args(p: argparse.ArgumentParser, workers: int = 2):
     p.add_argument("--scheduler", help="address of a running scheduler (default: start a local cluster)")
     p.add_argument(
         "--wait-workers", type=float, default=60.0, metavar="SECONDS",
-        help="with --scheduler: how long to wait for the first worker (default 60)",
+        help="with --scheduler: how long to wait for the scheduler, then for its first worker (default 60)",
     )  # fmt: skip
     p.add_argument("--workers", type=int, default=workers, help="workers of the local cluster")
     p.add_argument("--threads", type=int, default=1, help="threads per worker of the local CPU cluster")

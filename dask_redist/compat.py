@@ -68,13 +68,14 @@ def keep_annotations_current(on: bool) -> None:
     annotation as the layer was built: NaN, or chunks of an earlier array of that name)."""
     from dask.array import Array
 
-    Array.compute_chunk_sizes = _compute_chunk_sizes if on else _original_compute_chunk_sizes
+    if _original_compute_chunk_sizes is not None:  # (expression mode's Array has no graph layers to keep)
+        Array.compute_chunk_sizes = _compute_chunk_sizes if on else _original_compute_chunk_sizes
 
 
 def _original():
     from dask.array import Array
 
-    return Array.compute_chunk_sizes
+    return getattr(Array, "compute_chunk_sizes", None)
 
 
 _original_compute_chunk_sizes = _original()

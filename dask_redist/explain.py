@@ -143,13 +143,12 @@ def _engine(settings: Settings, spec, client) -> tuple[str, str]:
     if settings.engine == "auto" and not numpy_reason:
         if client is None:
             return "cufftmp", "if every worker can run it; no Client to ask"
-        from dask_redist.api import status
+        from dask_redist.api import _ensure_scheduler_plugin
 
-        state = status(client)["engines"]
+        _ensure_scheduler_plugin(client)
+        state = client.sync(client.scheduler.redist_probe)  # (asks the workers the scheduler has not asked yet)
         caps, world, broken = state["capabilities"], state["world"], state["world broken"]
         workers = sorted(client.scheduler_info(n_workers=-1)["workers"])
-        if not all(w in caps for w in workers):  # explain does not probe the workers itself
-            return "cufftmp", "if every worker can run it: not checked yet, see dask_redist.doctor(client)"
         return choose_engine(settings.engine, spec.kind, caps, workers, world, broken, numpy_reason)
     return choose_engine(settings.engine, spec.kind, {}, [], numpy_reason=numpy_reason)
 
@@ -209,9 +208,10 @@ def explain(x, *, nworkers: int | None = None, settings: Settings | None = None)
             mapping, padding, rounds = f"{layout.kind} ({why})", layout.padding, layout.rounds
         else:
             t = plan.traffic
-            largest = int((t - np.diag(np.diag(t))).max(initial=0))
-            mapping, padding = "pieces over dask comms, packed per peer", 0
-            rounds = max(1, math.ceil(largest / settings.memory_budget))
+            largest = int((t - np.diag(np.diag(t))).max(initial=0))  # (between two ranks)
+            messages = max(1, math.ceil(largest / settings.memory_budget))
+            mapping = f"pieces over dask comms, packed per peer (up to {messages} message(s) per peer, all sent at once)"
+            padding, rounds = 0, 1
         entries.append(
             Entry(
                 output,

@@ -100,6 +100,16 @@ def test_cli_against_a_scheduler_without_workers_says_so():
             assert cluster.scheduler_address in str(info.value) and "--wait-workers" in str(info.value)
 
 
+def test_cli_against_an_address_where_no_scheduler_is_says_so():
+    import socket
+
+    with socket.socket() as s:  # a free port, nobody listening
+        s.bind(("127.0.0.1", 0))
+        address = f"tcp://127.0.0.1:{s.getsockname()[1]}"
+    with pytest.raises(SystemExit, match="could not reach a scheduler at " + address):
+        main(["doctor", "--scheduler", address, "--wait-workers", "1"])
+
+
 def test_the_scale_model_measures_every_part_and_fits_growth(tmp_path):
     from dask_redist.bench import scale
 

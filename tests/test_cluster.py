@@ -272,6 +272,22 @@ def test_auto_asks_the_workers_before_taking_numpy_chunks_through_gpus(client):
     assert "cufftmp unusable on" in said and "below redist.numpy-via-gpus" in said_small, (said, said_small)
 
 
+def test_explain_asks_the_workers_before_any_run():
+    """On a new cluster explain() names the engine the first run would use, not 'not checked'."""
+    if importlib.util.find_spec("cupy") is not None:
+        pytest.skip("CuPy is installed here: the workers may well run cufftmp")
+    from distributed import Client
+
+    x = da.from_array(data_for((256, 256), "float64"), chunks=(32, 256))
+    with local_cluster(2, processes=False) as cluster, Client(cluster) as c:
+        c.wait_for_workers(2)
+        with dask_redist.enable(engine="auto", numpy_via_gpus="256KiB", min_bytes=0):
+            entry = dask_redist.explain(x.rechunk((256, 32)))[0]
+        assert entry.engine.startswith("dask (cufftmp unusable on"), entry.engine
+        assert "message(s) per peer" in entry.mapping and entry.rounds == 1, entry
+        assert scheduler_history(c) == []  # (nothing ran: explain only asked)
+
+
 def test_output_type(client):
     """redist.output-type: numpy on NumPy chunks changes nothing; cupy where the workers have
     no CuPy fails naming the key; a bad value is refused naming it. (Conversions between
@@ -465,6 +481,26 @@ def test_an_operator_turns_it_on_for_every_session_from_configuration(cluster):
             before = len(dask_redist.status(c)["history"])
             np.testing.assert_array_equal(da.from_array(a, chunks=(6, 48)).rechunk((48, 6)).compute(), a)
             assert len(dask_redist.status(c)["history"]) == before  # dask's own rechunk
+
+
+def test_a_session_preloaded_client_closing_leaves_the_others_on(cluster):
+    """Clients close in any order: the first one closing neither turns the collective off for a
+    later one nor undoes the user's own enable()."""
+    from distributed import Client
+
+    with dask.config.set({"distributed.client.preload": ["dask_redist.preload"]}):
+        first = Client(cluster, set_as_default=False)
+        second = Client(cluster, set_as_default=False)
+        first.close()
+        assert isinstance(dask.config.get("array_optimize", None), CollectiveOptimizer)
+        third = Client(cluster, set_as_default=False)
+        mine = dask_redist.enable(engine="dask")
+        third.close()
+        assert dask.config.get("redist.engine") == "dask"
+        second.close()
+        assert isinstance(dask.config.get("array_optimize", None), CollectiveOptimizer)  # (mine)
+        dask_redist.disable(mine)
+    assert not isinstance(dask.config.get("array_optimize", None), CollectiveOptimizer)
 
 
 def _has_plugin(dask_scheduler):

@@ -169,9 +169,35 @@ def test_enable_and_disable_without_with():
     dask_redist.enable()  # idempotent: does not wrap itself twice
     hook = dask.config.get("array_optimize")
     assert isinstance(hook, CollectiveOptimizer) and not isinstance(hook.chain, CollectiveOptimizer)
-    dask_redist.disable()
-    dask_redist.disable()
+    dask_redist.disable()  # every enable() so far
     assert dask.config.get("array_optimize", None) is before
+    dask_redist.disable()  # (nothing left: no-op)
+    assert dask.config.get("array_optimize", None) is before
+
+
+def test_handles_end_in_any_order():
+    """A preload's handle ends when its Client closes, other enables may outlive it: ending one
+    leaves the others on, with their options (the later one's winning where both set a key)."""
+    before = dask.config.get("array_optimize", None)
+    first = dask_redist.enable(engine="dask", memory_budget="2GiB")
+    second = dask_redist.enable(memory_budget="3GiB")
+    assert dask.config.get("redist.memory-budget") == "3GiB" and dask.config.get("redist.engine") == "dask"
+    dask_redist.disable(first)
+    assert isinstance(dask.config.get("array_optimize"), CollectiveOptimizer)
+    assert dask.config.get("redist.engine") == "auto" and dask.config.get("redist.memory-budget") == "3GiB"
+    dask_redist.disable(first)  # ended already: changes nothing
+    assert isinstance(dask.config.get("array_optimize"), CollectiveOptimizer)
+    with dask_redist.enable(engine="dask"):
+        assert dask.config.get("redist.engine") == "dask"
+    assert dask.config.get("redist.engine") == "auto" and dask.config.get("redist.memory-budget") == "3GiB"
+    dask_redist.disable(second)
+    assert dask.config.get("array_optimize", None) is before and dask.config.get("redist.memory-budget") == "1GiB"
+
+
+def test_enable_rejects_options_it_does_not_know():
+    with pytest.raises(ConfigError, match="did you mean redist.memory-budget"):
+        dask_redist.enable(memory_bugdet="2GiB")
+    assert not isinstance(dask.config.get("array_optimize", None), CollectiveOptimizer)
 
 
 def test_enable_rejects_bad_config_naming_the_key():

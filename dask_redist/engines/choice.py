@@ -6,10 +6,11 @@ NVSHMEM world (`dask_redist.engines.cufftmp.world.WorldRecord`), and `choose_eng
 the pure rule ``redist.engine: auto`` follows (``explain`` applies the same rule).
 
 NumPy chunks go through the GPUs under ``auto`` from ``redist.numpy-via-gpus`` bytes on
-(`numpy_stays_on_host`), where every worker can run cufftmp. That size is where the GPU
-path was measured to win on ONE H200, a world in which the dask engine sends nothing over
-the network; across GPUs the dask engine also pays the network, so the GPU path can only
-gain (docs/benchmarks.md, "NumPy chunks through the GPUs").
+(`numpy_stays_on_host`), where every worker can run cufftmp. On ONE H200 (where the dask
+engine sends nothing over the network) the GPU path won from 32 MiB up, the smallest size
+measured; the default (256 MiB) is higher because a session's first GPU run bootstraps
+NVSHMEM and reserves its heap on every GPU (docs/benchmarks.md, "Where `auto` starts
+taking NumPy chunks through the GPUs").
 """
 
 from __future__ import annotations

@@ -21,6 +21,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+import dask
 import numpy as np
 from dask.utils import format_bytes
 
@@ -143,10 +144,13 @@ def ranks_of(workers: list[str], holders: list[int], alive) -> tuple[list[str], 
     return ranks, np.array([position[workers[h]] for h in holders], dtype=np.int64)
 
 
-def over_memory(plan: Plan, ranks: list[str], limits: list[int], fraction: float) -> str | None:
-    """Why the run cannot fit: the first rank whose inputs and outputs at once exceed ``fraction``
-    of its memory limit (0: no limit), or None. A collective holds both and cannot spill them;
-    rather than have the nanny kill the worker, the run fails with the numbers."""
+def over_memory(plan: Plan, ranks: list[str], workers: dict) -> str | None:
+    """Why the run cannot fit: the first rank whose inputs and outputs at once exceed the pause
+    fraction of its memory limit (``workers``: the scheduler's states; no limit: fits), or None.
+    A collective holds both and cannot spill them; rather than have the nanny kill the worker,
+    the run fails with the numbers."""
+    fraction = dask.config.get("distributed.worker.memory.pause") or 0.8
+    limits = [getattr(workers.get(w), "memory_limit", 0) or 0 for w in ranks]
     in_bytes = np.bincount(
         plan.in_ranks.ravel(), weights=chunk_nbytes(plan.spec.old, plan.spec.itemsize).ravel(), minlength=plan.nranks
     )

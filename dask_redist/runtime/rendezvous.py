@@ -39,3 +39,10 @@ class Rendezvous:
         if slot["served"] == nranks:
             self._slots.pop(tag, None)
         return [slot["values"][r] for r in range(nranks)]
+
+    async def handle(self, tag: str, rank: int, nranks: int, payload: bytes, timeout: float) -> dict:
+        """The ``redist_allgather`` handler: every rank's payload, or the timeout's message."""
+        try:
+            return {"status": "OK", "values": await self.gather(tag, rank, nranks, payload, timeout)}
+        except RedistTimeoutError as e:
+            return {"status": "error", "message": str(e)}

@@ -29,8 +29,8 @@ import logging
 import time
 from collections import deque
 
-import dask
 import numpy as np
+from distributed.comm import CommClosedError
 from distributed.diagnostics.plugin import SchedulerPlugin
 from distributed.protocol.pickle import dumps
 from distributed.protocol.serialize import ToPickle
@@ -39,7 +39,7 @@ from distributed.utils import log_errors, offload
 from dask_redist.core.spec import BARRIER_PREFIX, STAGE_PREFIX, BarrierTask, CollectiveSpec, RunSpec, stage_token
 from dask_redist.engines.choice import EngineSelector
 from dask_redist.engines.cufftmp.host import host_dtype_problem
-from dask_redist.errors import KINDS, RedistTimeoutError
+from dask_redist.errors import KINDS
 from dask_redist.planning import make_plan
 from dask_redist.runtime import ordering
 from dask_redist.runtime.rechunks import (
@@ -48,6 +48,7 @@ from dask_redist.runtime.rechunks import (
 from dask_redist.runtime.rendezvous import Rendezvous
 
 logger = logging.getLogger("dask_redist")
+HISTORY_KEPT = 200  # finished runs kept for status()/explain(), newest last
 
 
 class RedistSchedulerPlugin(SchedulerPlugin):
@@ -61,7 +62,7 @@ class RedistSchedulerPlugin(SchedulerPlugin):
         self.run_ids = RunIds()
         self.by_output: dict = {}  # output key of an active run -> its token
         self.stage_home: dict = {}  # stage key -> worker holding its chunks
-        self.history: deque = deque(maxlen=200)
+        self.history: deque = deque(maxlen=HISTORY_KEPT)
         self.engines = EngineSelector()
         self.rendezvous = Rendezvous()
         self.timeline: dict[str, float] = {}  # wall-clock marks of the latest run, for diagnostics
@@ -82,14 +83,14 @@ class RedistSchedulerPlugin(SchedulerPlugin):
                 "redist_history": self.get_history,
                 "redist_status": self.get_status,
                 "redist_forget_world": self.forget_world,
-                "redist_allgather": self.allgather,
+                "redist_allgather": self.rendezvous.handle,
+                "redist_probe": self.probe,
                 "redist_stale": self.stale,
             }
         )
         if self.worker_plugin is not None:
-            # what Scheduler.register_worker_plugin does, except that a worker dying right
-            # now must not fail the registration: workers that join later get the plugin
-            # from scheduler.worker_plugins anyway
+            # Scheduler.register_worker_plugin, except that a worker dying now does not fail it
+            # (workers that join later get the plugin from scheduler.worker_plugins anyway)
             plugin = dumps(self.worker_plugin)
             scheduler.worker_plugins[self.worker_plugin.name] = plugin
             await scheduler.broadcast(
@@ -110,17 +111,14 @@ class RedistSchedulerPlugin(SchedulerPlugin):
         spec: CollectiveSpec = ts.run_spec.spec
         if lost := self._lost(workers, homes, spec, "holding staged inputs left before the run started"):
             return lost
-        # the plugin may have been registered by this very barrier, after the stage
-        # tasks finished: learn where their chunks are from the markers
+        # (the plugin may have been registered by this barrier, after the stage tasks: learn from the markers)
         for tail, h in homes:
             self.stage_home.setdefault((spec.stage_name, *tail), workers[h])
         ranks, in_ranks = ranks_of(workers, holders, self.scheduler.workers)
         tasks = self.scheduler.tasks
         # outputs of this graph only: an output key resubmitted with another grouping belongs to another barrier
-        needed = np.array(
-            [(k in tasks and tasks[k].state != "memory" and ts in tasks[k].dependencies) for k in spec.output_keys()],
-            dtype=bool,
-        )
+        wanted = (k in tasks and tasks[k].state != "memory" and ts in tasks[k].dependencies for k in spec.output_keys())
+        needed = np.fromiter(wanted, dtype=bool)
         if not needed.any():  # every output was released (a cancel) or is in memory already
             self.history.append({"token": token, "outcome": "cancelled", "why": "no output of it is wanted"})
             return {"status": "OK", "run_id": 0}
@@ -129,7 +127,7 @@ class RedistSchedulerPlugin(SchedulerPlugin):
             return {"status": "error", "fatal": True, "message": problem}
         self.engines.run_started(engine, ranks)  # (a worker leaving while we plan breaks that world)
         plan = await offload(make_plan, spec.rechunk, in_ranks, len(ranks), needed=needed)
-        if kind == "numpy" and (too_big := self._over_memory(plan, ranks)):
+        if kind == "numpy" and (too_big := over_memory(plan, ranks, self.scheduler.workers)):
             return {"status": "error", "fatal": True, "message": too_big}
         if lost := self._lost(ranks, homes, spec, "left while the run was planned", workers):
             return lost
@@ -192,33 +190,27 @@ class RedistSchedulerPlugin(SchedulerPlugin):
         self.scheduler.set_restrictions(pins)
         rechunk.active = ActiveRun(run, pending, restrictions, plan.nbytes, plan.moved_bytes)
         message = {"op": "redist-start", "run": ToPickle(run)}
-        for w in ranks:  # no await since the sequence number: starts leave in seq order
-            self.scheduler.stream_comms[w].send(message)
+        self._send(ranks, message)  # no await since the sequence number: starts leave in seq order
         self.timeline["start sent"] = time.time()
         logger.debug("started %s on %d workers (engine %s)", run.name(), len(ranks), engine)
         if not pending:
             self._finish(spec.token)
         return run
 
-    def _over_memory(self, plan, ranks) -> str | None:
-        """Why the run cannot fit a worker's memory limit (NumPy), or None (`rechunks.over_memory`)."""
-        fraction = dask.config.get("distributed.worker.memory.pause") or 0.8
-        limits = [getattr(self.scheduler.workers.get(w), "memory_limit", 0) or 0 for w in ranks]
-        return over_memory(plan, ranks, limits, fraction)
-
     async def _choose_engine(self, spec: CollectiveSpec, kind: str, ranks: list[str]) -> tuple[str, str]:
         """The engine for a run and why; asks workers what they can run the first time it matters."""
-        if missing := self.engines.needs_probe(spec, kind, ranks):
-            answers = await self.scheduler.broadcast(msg={"op": "redist_capabilities"}, workers=missing, on_error="return")
-            self.engines.learn(answers)
+        await self._learn(self.engines.needs_probe(spec, kind, ranks))
         return self.engines.choose(spec, kind, ranks)
 
-    async def allgather(self, tag: str, rank: int, nranks: int, payload: bytes, timeout: float) -> dict:
-        try:
-            values = await self.rendezvous.gather(tag, rank, nranks, payload, timeout)
-        except RedistTimeoutError as e:
-            return {"status": "error", "message": str(e)}
-        return {"status": "OK", "values": values}
+    async def _learn(self, workers: list[str]) -> None:
+        if workers:
+            answers = await self.scheduler.broadcast(msg={"op": "redist_capabilities"}, workers=workers, on_error="return")
+            self.engines.learn(answers)
+
+    async def probe(self) -> dict:
+        """The engines' state once every worker said what it can run (for ``explain``)."""
+        await self._learn([w for w in self.scheduler.workers if w not in self.engines.capabilities])
+        return self.engines.state()
 
     @log_errors
     def failed(self, token: str, run_id: int, address: str, message: str, kind: str) -> None:
@@ -260,9 +252,13 @@ class RedistSchedulerPlugin(SchedulerPlugin):
     # -- run lifecycle ----------------------------------------------------------------
 
     def _send(self, workers, message) -> None:
+        """To each of ``workers`` still connected (remove_worker restarts what a leaving one was in)."""
         for w in workers:
             if (comm := self.scheduler.stream_comms.get(w)) is not None:
-                comm.send(message)
+                try:
+                    comm.send(message)
+                except CommClosedError:
+                    logger.debug("%s: not sent to %s, which is leaving", message["op"], w)
 
     def _deactivate(self, token: str, outcome: str) -> ActiveRun | None:
         rechunk = self.rechunks.get(token)

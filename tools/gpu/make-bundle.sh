@@ -5,6 +5,9 @@
 #
 #   bash tools/gpu/make-bundle.sh            # [gpu] plus rmm (for the RMM-pool test)
 #   WITH_UCX=1 bash tools/gpu/make-bundle.sh # [gpu,ucx]: also distributed-ucxx and libucx
+#   SKIP="numpy pandas" XZ_OPTS=-9e PART_MB=61 bash tools/gpu/make-bundle.sh
+#     fewer parts (each a call, and device time): leave out packages the node has at another
+#     version (install.sh says MISSING for them: the node's own version is used), compress harder
 #
 # 1. resolve '.[gpu,ucx]' in a fresh Python 3.12 venv (pip's report: the exact set users get);
 # 2. download those wheels (cached in $REDIST_GPU_CACHE), except those node-image.txt lists;
@@ -19,7 +22,8 @@ grep -qx '/.gpu/' .git/info/exclude 2>/dev/null || echo '/.gpu/' >> .git/info/ex
 cache=${REDIST_GPU_CACHE:-/tmp/redist-gpu-cache}
 py=${PYTHON312:-$(command -v python3.12)}
 part_mb=${PART_MB:-56}
-mkdir -p "$cache/wheels" "$cache/xz"
+xzopts=${XZ_OPTS:--6}; xzdir=$cache/xz${XZ_OPTS:+-${XZ_OPTS//[^0-9a-z]/}}
+mkdir -p "$cache/wheels" "$xzdir"
 
 venv=$(mktemp -d)/venv
 "$py" -m venv "$venv" && "$venv/bin/pip" install -q -U pip
@@ -37,7 +41,8 @@ ucx='^(distributed-ucxx|ucxx|libucxx|libucx)-cu13=='
 skip=$(grep -Eo '^[^ #]+' "$here/node-image.txt" | paste -sd'|' | sed 's/[.]/[.]/g')
 if [ "${WITH_UCX:-0}" = 1 ]; then cp "$cache/resolved.txt" "$cache/wanted.txt"
 else grep -Ev "$ucx" "$cache/resolved.txt" > "$cache/wanted.txt"; fi
-[ -z "$skip" ] || { grep -Evx "$skip" "$cache/wanted.txt" > "$cache/wanted.tmp" || true; mv "$cache/wanted.tmp" "$cache/wanted.txt"; }
+[ -z "${SKIP:-}" ] || skip="${skip:+$skip|}$(for n in $SKIP; do printf '%s==.*|' "$n"; done | sed 's/|$//')"
+[ -z "$skip" ] || { grep -Eivx "$skip" "$cache/wanted.txt" > "$cache/wanted.tmp" || true; mv "$cache/wanted.tmp" "$cache/wanted.txt"; }
 "$venv/bin/pip" download -q --no-deps --only-binary=:all: -d "$cache/wheels" -r "$cache/wanted.txt"
 
 stage=$(mktemp -d); mkdir -p "$stage/wheels" "$stage/xz"
@@ -46,9 +51,9 @@ while read -r pin; do
   whl=$(ls "$cache/wheels/$(echo "$name" | tr - _)-$version-"*.whl 2>/dev/null | head -1 || true)
   [ -n "$whl" ] || whl=$(ls "$cache/wheels/"*"-$version-"*.whl | grep -i "/$(echo "$name" | tr - _)-" | head -1)
   if [ "$(stat -c %s "$whl")" -gt 20000000 ]; then
-    xz="$cache/xz/$(basename "$whl").tar.xz"
+    xz="$xzdir/$(basename "$whl").tar.xz"
     if [ ! -f "$xz" ]; then
-      tmp=$(mktemp -d); (cd "$tmp" && unzip -q "$whl" && tar cf - . | xz -T0 -6 > "$xz.tmp" && mv "$xz.tmp" "$xz"); rm -rf "$tmp"
+      tmp=$(mktemp -d); (cd "$tmp" && unzip -q "$whl" && tar cf - . | xz -T0 "$xzopts" > "$xz.tmp" && mv "$xz.tmp" "$xz"); rm -rf "$tmp"
     fi
     cp "$xz" "$stage/xz/"
   else
