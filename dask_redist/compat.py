@@ -31,7 +31,7 @@ What is relied on, and where:
 
 from __future__ import annotations
 
-from dask._task_spec import DataNode, Task, TaskRef
+from dask._task_spec import DataNode, GraphNode, Task, TaskRef
 
 #: dask/distributed versions the test suite ran on (see the module docstring).
 TESTED_DASK = ("2026.7.1", "2026.8.0")
@@ -41,7 +41,7 @@ RECHUNK_PREFIXES = ("rechunk-merge-", "rechunk-split-", "rechunk-p2p-")
 P2P_PREFIX = "rechunk-p2p-"
 
 __all__ = [
-    "DataNode", "P2P_PREFIX", "RECHUNK_PREFIXES", "TESTED_DASK", "Task", "TaskRef", "array_expr",
+    "DataNode", "GraphNode", "P2P_PREFIX", "RECHUNK_PREFIXES", "TESTED_DASK", "Task", "TaskRef", "array_expr",
     "keep_annotations_current",
 ]  # fmt: skip
 

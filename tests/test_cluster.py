@@ -151,6 +151,18 @@ def test_sizes_from_compute_chunk_sizes(client, enabled):
     assert runs_done(client) - before == 2
 
 
+def test_inputs_computed_inside_the_stage_tasks(client, enabled):
+    """Input chunks nothing else needs are computed by the stage tasks; where something else needs
+    them too (here a reduction of the same array), they are computed once and staged."""
+    x = da.random.default_rng(3).random((60, 40), chunks=(4, 40))
+    expected = x.compute()
+    np.testing.assert_array_equal(x.rechunk((60, 4)).compute(), expected)
+    got, total = dask.compute(x.rechunk((60, 5)), x.sum())
+    np.testing.assert_array_equal(got, expected)
+    assert total == pytest.approx(expected.sum())
+    assert worker_leftovers(client) == {}
+
+
 def test_only_needed_outputs_are_moved(client, enabled):
     a = data_for((64, 64), "float64")
     x = da.from_array(a, chunks=(8, 64))

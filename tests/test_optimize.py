@@ -28,7 +28,7 @@ def test_tasks_chain_becomes_one_collective_with_the_same_output_keys():
     new, decisions = rewrite(graph, [y.__dask_keys__()])
     (d,) = decisions
     assert d.collective and d.method == "tasks (2 steps)" and d.chain.source == x.name
-    assert set(new.layers) == {x.name, y.name}
+    assert set(new.layers) == {y.name}  # (x's chunks are computed by the stage tasks: test below)
     keys = set(new.layers[y.name])
     assert set(dask.core.flatten(y.__dask_keys__())) <= keys
     assert sum(isinstance(k, tuple) and k[0] == STAGE_PREFIX + d.spec.token for k in keys) == 8
@@ -64,6 +64,23 @@ def test_a_rechunk_of_a_persisted_rechunk_is_found(method):
     (chain,) = find_rechunks(z.__dask_graph__(), {z.name})
     assert chain.source == y.name and chain.output == z.name
     assert decide(z.__dask_graph__(), chain, Settings(min_bytes=0)).collective
+
+
+def test_input_tasks_run_inside_the_stage_tasks_where_nothing_else_needs_them():
+    """One task per input chunk instead of two (dask's cost per task dominates small chunks)."""
+    x = da.random.default_rng(0).random((12, 8), chunks=(2, 8))
+    y = x.rechunk((12, 2), method="tasks")
+    new, (d,) = rewrite(y.__dask_graph__(), [y.__dask_keys__()], Settings(min_bytes=0))
+    assert set(new.layers) == {y.name}, set(new.layers)  # the input layer went into the stage tasks
+    stages = [t for k, t in new.layers[y.name].items() if isinstance(k, tuple) and k[0] == d.spec.stage_name]
+    assert len(stages) == 6 and all(not t.dependencies for t in stages)
+    both = dask.highlevelgraph.HighLevelGraph.merge(x.__dask_graph__(), y.__dask_graph__())
+    new, _ = rewrite(both, [x.__dask_keys__(), y.__dask_keys__()], Settings(min_bytes=0))
+    assert x.name in new.layers  # x is wanted too: computed once, staged from its keys
+    z = x + 1
+    w = z.rechunk((12, 2), method="tasks") + z.sum()
+    new, _ = rewrite(w.__dask_graph__(), [w.__dask_keys__()], Settings(min_bytes=0))
+    assert z.name in new.layers  # z has another dependent
 
 
 def _known_after_indexing():

@@ -34,14 +34,18 @@ from dask_redist.planning import flat_index
 from dask_redist.runtime.tasks import barrier, stage, unpack
 
 
-def collective_tasks(spec: CollectiveSpec, groups: list[list[tuple[int, ...]]] | None = None) -> dict:
+def collective_tasks(
+    spec: CollectiveSpec, groups: list[list[tuple[int, ...]]] | None = None, inputs: dict | None = None
+) -> dict:
     """The stage, barrier and unpack tasks of one collective rechunk.
 
     Without ``groups`` there is one stage task per input chunk, keyed like the
     chunk. With ``groups`` (input chunk indices already known to sit together on
     one worker each) there is one stage task per group: far fewer tasks, so less
-    scheduling overhead, when the input is persisted.
+    scheduling overhead, when the input is persisted. ``inputs``: tasks of input
+    chunks the stage tasks run themselves (by key; `graph.optimize.inlined_inputs`).
     """
+    inputs = inputs or {}
     old = spec.rechunk.old
     if groups is None:
         groups = [[idx] for idx in np.ndindex(*spec.rechunk.old_grid)]
@@ -53,9 +57,9 @@ def collective_tasks(spec: CollectiveSpec, groups: list[list[tuple[int, ...]]] |
     for tail, group in zip(tails, groups):
         key = (spec.stage_name, *tail)
         shapes = [tuple(c[i] for c, i in zip(old, idx)) for idx in group]
-        inputs = [TaskRef((spec.input_name, *idx)) for idx in group]
+        args = [inputs.get((spec.input_name, *idx)) or TaskRef((spec.input_name, *idx)) for idx in group]
         indices = [flat_index(i, spec.rechunk.old_grid) for i in group]
-        dsk[key] = CollectiveTask(key, stage, spec.token, tail, indices, shapes, spec.settings.output_type, *inputs)
+        dsk[key] = CollectiveTask(key, stage, spec.token, tail, indices, shapes, spec.settings.output_type, *args)
         stage_refs.append(TaskRef(key))
     dsk[spec.barrier_key] = BarrierTask(spec.barrier_key, barrier, DataNode(None, spec), *stage_refs, spec=spec)
     barrier_ref = TaskRef(spec.barrier_key)

@@ -22,7 +22,7 @@ from dask.base import tokenize
 from dask.core import flatten
 from dask.highlevelgraph import HighLevelGraph, MaterializedLayer
 
-from dask_redist.compat import P2P_PREFIX, RECHUNK_PREFIXES
+from dask_redist.compat import P2P_PREFIX, RECHUNK_PREFIXES, GraphNode, Task
 from dask_redist.config import Settings
 from dask_redist.core.spec import BARRIER_PREFIX, CollectiveSpec
 from dask_redist.graph.layer import collective_tasks
@@ -182,6 +182,7 @@ def rewrite(
     hlg: HighLevelGraph, keys=(), settings: Settings | None = None, *, only: list[Decision] | None = None
 ) -> tuple[HighLevelGraph, list[Decision]]:
     """Replace every eligible rechunk chain in ``hlg`` (or the ``only`` ones) by a collective layer."""
+    requested: set = set()
     if only is not None:
         decisions = only
     else:
@@ -197,14 +198,45 @@ def rewrite(
         for name in d.chain.layers[:-1]:
             del layers[name]
             del deps[name]
-        out = d.chain.output
+        out, source = d.chain.output, d.chain.source
         spec, groups = stage_grouping(d.spec)
+        inline = only is None and groups is None and inlined_inputs(hlg, d.chain, requested, spec.rechunk.old_grid)
         layers[out] = MaterializedLayer(
-            collective_tasks(spec, groups),
+            collective_tasks(spec, groups, inline[0] if inline else None),
             collection_annotations=hlg.layers[out].collection_annotations,
         )
-        deps[out] = {d.chain.source}
+        deps[out] = {source}
+        if inline and inline[1]:  # what the input chunks' tasks depend on inside their layer stays
+            layers[source] = MaterializedLayer(inline[1], collection_annotations=hlg.layers[source].collection_annotations)
+        elif inline:
+            del layers[source]
+            deps[out] = deps.pop(source)
     return HighLevelGraph(layers, deps), decisions
+
+
+def inlined_inputs(hlg: HighLevelGraph, chain: RechunkChain, requested: set, grid) -> tuple[dict, dict] | None:
+    """The tasks of the chain's input chunks, for its stage tasks to run themselves, and the
+    rest of their layer; None where anything else needs those chunks (or they are data).
+
+    A stage task after each input task is one more task per input chunk, and at a few
+    thousand small chunks dask's cost per task is the rechunk's cost (2000 chunks on 2 workers
+    of the CPU machine: 4.7 s for the same graph shape in plain dask, 2.7 s for p2p, whose
+    transfer tasks fuse with their inputs). Dask's own fusion would keep the stage keys as
+    aliases, one task each again, so the rewrite inlines them itself.
+    """
+    name = chain.source
+    if name in requested or hlg.dependents.get(name) != {chain.layers[0]}:
+        return None  # (wanted by something else)
+    rest = dict(hlg.layers[name])
+    chunks = {}
+    for idx in np.ndindex(*grid):
+        task = rest.pop((name, *idx), None)
+        if not isinstance(task, Task) or task.block_fusion:  # (data, an alias, another collective's output)
+            return None
+        chunks[task.key] = task
+    if any(set(t.dependencies) & chunks.keys() for t in rest.values() if isinstance(t, GraphNode)):
+        return None
+    return chunks, rest
 
 
 def _scheduler_in_process():
