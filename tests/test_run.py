@@ -19,7 +19,7 @@ from planning_helpers import box_placements, chunk_box, random_placements, rechu
 
 from dask_redist.core.run import WorkerRun
 from dask_redist.core.spec import CollectiveSpec, RunSpec
-from dask_redist.core.wire import payload, received
+from dask_redist.core.wire import Packed
 from dask_redist.config import Settings
 from dask_redist.engines import get_engine
 from dask_redist.engines.dask import box_transfers_of
@@ -36,11 +36,10 @@ class Loopback:
     def send(self, batches):
         if self.fail:
             raise ConnectionError("peer unreachable")
-        for dst, first, m in batches:
-            count, data = payload(m)
-            arrived = deserialize(*serialize(data))  # through the wire, as Dask's comms do
-            assert arrived is not data
-            self.runs[dst].receive(self.src, first, received(count, arrived))
+        for dst, first, packed in batches:
+            buffer = deserialize(*serialize(packed.buffer))  # through the wire, as Dask's comms do
+            assert buffer is not packed.buffer
+            self.runs[dst].receive(self.src, first, Packed(packed.count, buffer))
 
 
 def make_runs(data, old, new, nranks, in_ranks=None, timeout=30.0, budget=2**20, out_ranks=None):
@@ -161,31 +160,18 @@ def test_unpack_waits_at_most_twice_the_timeout_plus_five_seconds():
 
 @settings(max_examples=120, deadline=None)
 @given(rechunk_specs(max_elements=2048), st.integers(1, 4), st.booleans(), st.booleans(), st.integers(1, 8),
-       st.booleans(), st.booleans(), st.data())  # fmt: skip
-def test_both_paths_of_the_dask_engine_match_numpy(spec, nranks, box_in, box_out, budget_items, direct, lists, data):
+       st.booleans(), st.data())  # fmt: skip
+def test_both_paths_of_the_dask_engine_match_numpy(spec, nranks, box_in, box_out, budget_items, direct, data):
     """Input chunks cut to output boxes (outputs tiling boxes; assembled straight into the
     output chunks or through the box) or pieces (any placement), any input placement, every
-    budget, contiguous pieces sent as lists or everything packed: the outputs equal NumPy's."""
-    import dask_redist.core.wire as wire
+    budget: the outputs equal NumPy's."""
     import dask_redist.engines.dask as dask_engine
 
-    kept = dask_engine.DIRECT_MAX_PARTS, wire.LIST_MAX
-    dask_engine.DIRECT_MAX_PARTS, wire.LIST_MAX = (10**9 if direct else 0), (10**9 if lists else 0)
+    kept, dask_engine.DIRECT_MAX_PARTS = dask_engine.DIRECT_MAX_PARTS, (10**9 if direct else 0)
     try:
         _both_paths(spec, nranks, box_in, box_out, budget_items, data)
     finally:
-        dask_engine.DIRECT_MAX_PARTS, wire.LIST_MAX = kept
-
-
-def test_contiguous_pieces_travel_as_they_are():
-    from dask_redist.core.wire import Packed, message
-
-    a = np.arange(24.0).reshape(4, 6)
-    whole, rows = a, a[1:3]
-    sent = message([whole, rows], np.array([whole.nbytes, rows.nbytes]))
-    assert isinstance(sent, list) and sent[0] is whole and sent[1] is rows  # no copy
-    sent = message([whole, a[:, 1:3]], np.array([whole.nbytes, a[:, 1:3].nbytes]))
-    assert isinstance(sent, Packed) and sent.count == 2  # a column cut is strided: packed
+        dask_engine.DIRECT_MAX_PARTS = kept
 
 
 def _both_paths(spec, nranks, box_in, box_out, budget_items, data):

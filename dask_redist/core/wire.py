@@ -5,11 +5,6 @@ costs a round trip (and, for CuPy over TCP, a device-to-host copy) per piece. So
 pieces for one peer travel packed: one contiguous uint8 buffer per batch of at most
 ``redist.memory-budget`` bytes, each piece starting on a 16-byte boundary. Both ends
 know the pieces' shapes from the plan, so only ``(first piece, count, buffer)`` is sent.
-
-Where a batch is a few pieces that are each contiguous already (whole chunks, or slabs
-cut along their first axis), they travel as a list instead (`message`): Dask's
-serializers send contiguous arrays without a copy, so the sender neither copies them nor
-touches new memory for a buffer.
 """
 
 from __future__ import annotations
@@ -43,28 +38,6 @@ def pack(arrays: list, nbytes: np.ndarray):
     for a, start, n in zip(arrays, offsets[:-1].tolist(), nbytes.tolist()):
         buffer[start : start + n].view(a.dtype).reshape(a.shape)[...] = a
     return buffer
-
-
-#: Most pieces of a batch sent as a list (each serialized on its own) rather than packed.
-LIST_MAX = 256
-
-
-def message(arrays: list, nbytes: np.ndarray) -> Packed | list:
-    """What travels for consecutive ``arrays``: the arrays themselves where each is C-contiguous
-    and there are at most `LIST_MAX`, else one `Packed` buffer (a copy of each)."""
-    if len(arrays) <= LIST_MAX and all(a.flags.c_contiguous for a in arrays):
-        return list(arrays)
-    return Packed(len(arrays), pack(arrays, nbytes))
-
-
-def payload(m: Packed | list) -> tuple[int, Any]:
-    """``(count, what to serialize)`` of a `message`; `received` is its inverse on the other end."""
-    return (len(m), m) if isinstance(m, list) else (m.count, m.buffer)
-
-
-def received(count: int, data) -> Packed | list:
-    """A `message` as it arrived (a list of pieces, or a buffer of ``count`` packed ones)."""
-    return list(data) if isinstance(data, (list, tuple)) else Packed(count, data)
 
 
 def unpack_views(buffer, shapes: list[tuple[int, ...]], dtype) -> list:

@@ -27,7 +27,7 @@ from __future__ import annotations
 import numpy as np
 
 from dask_redist.core.assemble import Assembly, cut, empty
-from dask_redist.core.wire import batches, message
+from dask_redist.core.wire import Packed, batches, pack
 from dask_redist.engines.protocol import Engine
 from dask_redist.errors import RedistError
 from dask_redist.planning import Transfers
@@ -129,8 +129,7 @@ class DaskEngine(Engine):
         return out
 
     def _send(self, run, transport, sends: Transfers) -> None:
-        """Pack what goes to each peer into messages of at most the budget (`wire.message`: as they
-        are where contiguous); keep this rank's own."""
+        """Pack what goes to each peer into buffers of at most the budget; keep this rank's own."""
         budget = run.spec.collective.settings.memory_budget
         nranks = len(run.spec.workers)
         run.set_phase("send")
@@ -143,7 +142,7 @@ class DaskEngine(Engine):
                 run.receive(run.rank, 0, arrays)
             else:
                 outgoing += [
-                    (dst, first, message(arrays[first:stop], t.nbytes[first:stop]))
+                    (dst, first, Packed(stop - first, pack(arrays[first:stop], t.nbytes[first:stop])))
                     for first, stop in batches(t.nbytes, budget)
                 ]
         if outgoing:

@@ -44,8 +44,7 @@ class Transport(Protocol):
     """How an engine reaches the other ranks of a run (injected, so tests can fake it)."""
 
     def send(self, batches: list) -> None:
-        """Deliver ``(dst_rank, first, message)`` batches (`dask_redist.core.wire.message`: a
-        `Packed` buffer or a list of arrays); raise on failure or timeout."""
+        """Deliver ``(dst_rank, first, Packed)`` batches; raise on failure or timeout."""
 
     def exchange_factory(self, rank: int, nranks: int) -> Callable[[str, bytes], list]:
         """An all-gather among the run's ranks (through the scheduler), for bootstraps."""

@@ -17,7 +17,6 @@ from typing import Callable
 
 from distributed.protocol import to_serialize
 
-from dask_redist.core.wire import payload
 from dask_redist.errors import RedistConsistencyError, RedistTimeoutError
 
 
@@ -44,16 +43,16 @@ class CommsTransport:
         the scheduler runs the rechunk again over the workers there are then (`redist.retries`)."""
         run, worker = self.run, self.worker
         by_dst: dict[int, list] = defaultdict(list)
-        for dst, first, m in batches:
-            by_dst[dst].append((first, *payload(m)))
+        for dst, first, packed in batches:
+            by_dst[dst].append((first, packed))
 
         async def to_peer(dst, items):
             address = run.spec.workers[dst]
             try:
-                for first, count, data in items:
+                for first, packed in items:
                     await worker.rpc(address).redist_receive(
                         token=run.spec.token, run_id=run.run_id, src=run.rank, first=first,
-                        count=count, data=to_serialize(data),
+                        count=packed.count, data=to_serialize(packed.buffer),
                     )  # fmt: skip
             except OSError as e:  # (CommClosedError too) a peer leaving: the run restarts without it
                 raise RedistConsistencyError(

@@ -24,7 +24,7 @@ from distributed.diagnostics.plugin import WorkerPlugin
 from dask_redist.core.assemble import Assembly, array_kind, converted
 from dask_redist.core.run import WorkerRun
 from dask_redist.core.spec import CollectiveSpec, RunSpec, Staged, stage_token
-from dask_redist.core.wire import received
+from dask_redist.core.wire import Packed
 from dask_redist.engines import BUILTIN, get_engine, loaded_engines
 from dask_redist.errors import KINDS, RedistConsistencyError, RedistError
 from dask_redist.runtime.collective import RunExecutor
@@ -200,7 +200,7 @@ class WorkerState:
     async def handle_receive(self, token: str, run_id: int, src: int, first: int, count: int, data) -> str:
         """Pieces from rank ``src``; kept for a run whose start has not arrived yet (for at most
         `EARLY_TTL_S`), refused from a sender that cannot be a peer of the run."""
-        data = received(count, data)
+        data = Packed(count, data)
         now = time.monotonic()
         with self._lock:
             for key in [k for k, since in self.early_since.items() if now - since > EARLY_TTL_S]:
