@@ -10,7 +10,7 @@ import numpy as np
 
 from dask_redist.config import Settings
 from dask_redist.engines.choice import choose_engine, numpy_stays_on_host
-from dask_redist.graph.optimize import decide, find_rechunks
+from dask_redist.graph.optimize import decide, find_rechunks, memory_limits
 from dask_redist.planning import make_plan
 from dask_redist.planning.layout import choose_layout
 
@@ -153,7 +153,7 @@ def _engine(settings: Settings, spec, client) -> tuple[str, str]:
     return choose_engine(settings.engine, spec.kind, {}, [], numpy_reason=numpy_reason)
 
 
-def _decisions(x, settings: Settings) -> list[tuple[str, str, object, str]]:
+def _decisions(x, settings: Settings, memory=None) -> list[tuple[str, str, object, str]]:
     """(output name, what dask planned, CollectiveSpec or None, reason) for every rechunk of ``x``."""
     expr = getattr(x, "expr", None)
     if expr is not None:  # expression mode: the rechunks are expressions in the tree
@@ -176,7 +176,7 @@ def _decisions(x, settings: Settings) -> list[tuple[str, str, object, str]]:
     graph = x.__dask_graph__()
     out = []
     for chain in find_rechunks(graph, {x.name}):
-        d = decide(graph, chain, settings)
+        d = decide(graph, chain, settings, memory=memory)
         out.append((chain.output, d.method, d.spec, d.reason))
     return out
 
@@ -194,7 +194,10 @@ def explain(x, *, nworkers: int | None = None, settings: Settings | None = None)
         nworkers = len(client.scheduler_info(n_workers=-1)["workers"]) if client is not None else 2
     nworkers = max(1, nworkers)
     entries = []
-    for output, method, spec, reason in _decisions(x, settings):
+    memory = None
+    if client is not None:  # (as the scheduler decides: from the workers' memory limits)
+        memory = memory_limits(w.get("memory_limit") for w in client.scheduler_info(n_workers=-1)["workers"].values())
+    for output, method, spec, reason in _decisions(x, settings, memory):
         if spec is None:
             entries.append(Entry(output, method, "dask", reason))
             continue

@@ -300,6 +300,17 @@ def test_explain_asks_the_workers_before_any_run():
         assert scheduler_history(c) == []  # (nothing ran: explain only asked)
 
 
+def test_a_rechunk_beyond_the_workers_memory_keeps_dasks_and_explain_says_so():
+    from distributed import Client
+
+    x = da.from_array(data_for((512, 512), "float64"), chunks=(32, 512))  # 2 MiB
+    with local_cluster(2, processes=False, memory_limit="1.5MiB") as cluster, Client(cluster) as c:
+        c.wait_for_workers(2)
+        with dask_redist.enable(engine="dask", min_bytes=0):
+            entry = dask_redist.explain(x.rechunk((512, 32)))[0]
+        assert entry.runs == "dask" and "cannot spill" in entry.reason, entry
+
+
 def test_output_type(client):
     """redist.output-type: numpy on NumPy chunks changes nothing; cupy where the workers have
     no CuPy fails naming the key; a bad value is refused naming it. (Conversions between

@@ -81,6 +81,26 @@ def test_input_tasks_run_inside_the_stage_tasks_where_nothing_else_needs_them():
     w = z.rechunk((12, 2), method="tasks") + z.sum()
     new, _ = rewrite(w.__dask_graph__(), [w.__dask_keys__()], Settings(min_bytes=0))
     assert z.name in new.layers  # z has another dependent
+    with dask.annotate(retries=2):
+        a = da.random.default_rng(1).random((12, 8), chunks=(2, 8))
+    b = a.rechunk((12, 2), method="tasks")
+    new, _ = rewrite(b.__dask_graph__(), [b.__dask_keys__()], Settings(min_bytes=0))
+    assert new.layers[a.name].annotations == {"retries": 2}  # annotated: its tasks stay its own
+
+
+def test_rechunks_beyond_the_workers_memory_keep_dasks():
+    """A run holds inputs and outputs at once and cannot spill (Dask's rechunks can)."""
+    from dask_redist.planning.cost import beyond_memory
+
+    assert beyond_memory(100, [1000, 1000], 0.8) is None
+    assert "cannot spill" in beyond_memory(900, [1000, 1000], 0.8)
+    assert beyond_memory(10**12, [0, 1000], 0.8) is None  # a worker without a limit: not known here
+    x = da.ones((64, 64), chunks=(8, 64))  # 32 KiB
+    y = x.rechunk((64, 8), method="tasks")
+    (chain,) = find_rechunks(y.__dask_graph__(), {y.name})
+    d = decide(y.__dask_graph__(), chain, Settings(min_bytes=0), memory=([20_000, 20_000], 0.8))
+    assert not d.collective and "cannot spill" in d.reason and "Dask's rechunk" in d.reason
+    assert decide(y.__dask_graph__(), chain, Settings(min_bytes=0), memory=([10**6] * 2, 0.8)).collective
 
 
 def _known_after_indexing():

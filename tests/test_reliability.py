@@ -67,6 +67,35 @@ def _in_phase(client, phase):
     return check
 
 
+class _BadChunk(Exception):
+    pass
+
+
+def _fails_at_the_last_chunk(b, block_info=None):
+    if block_info[None]["chunk-location"][0] == 15:
+        time.sleep(0.5)  # (the others are staged by then)
+        raise _BadChunk("chunk 15 is bad")
+    return b
+
+
+@pytest.mark.parametrize("end", ["an input raises", "cancelled"])
+def test_the_first_rechunk_of_a_cluster_ending_before_its_barrier_leaves_nothing_staged(end):
+    """The plugins that drop staged chunks used to register at the first barrier: a first rechunk
+    that failed or was cancelled before it left the chunks already staged held for good."""
+    with local_cluster(2) as cluster, Client(cluster) as client, dask_redist.enable(engine="dask"):
+        x = da.from_array(data((64, 32)), chunks=(4, 32))
+        if end == "an input raises":
+            with pytest.raises(_BadChunk, match="chunk 15 is bad"):
+                x.map_blocks(_fails_at_the_last_chunk, dtype=float).rechunk((64, 4)).compute()
+        else:
+            y = x.map_blocks(lambda b: time.sleep(0.2) or b, dtype=float).rechunk((64, 4)).persist()
+            time.sleep(1)  # some chunks staged, the barrier not run
+            client.cancel(y)
+            del y
+        assert worker_leftovers(client, timeout=15) == {}
+        np.testing.assert_array_equal(x.rechunk((64, 8)).compute(), x.compute())
+
+
 def test_worker_killed_mid_exchange(own_cluster):
     cluster, client = own_cluster
     a = data((60, 40, 8))
@@ -202,12 +231,21 @@ def test_collective_next_to_a_p2p_rechunk_in_one_graph(own_cluster):
     assert len(scheduler_history(client)) == before + 1
 
 
-def test_larger_than_worker_memory_fails_clearly():
-    with local_cluster(2, threads_per_worker=1, memory_limit="200MiB") as cluster, Client(cluster):
-        x = da.zeros((1024, 1024, 64), chunks=(64, 1024, 64))  # 512 MiB, made lazily on the workers
+def test_larger_than_worker_memory_keeps_dasks_rechunk_or_fails_clearly():
+    """A run cannot spill: beyond what the workers hold together Dask's rechunk is kept (it can
+    spill); where it fits in all but one worker would hold too much, the barrier refuses it
+    naming that worker, instead of the nanny killing it."""
+    with local_cluster(2, threads_per_worker=1, memory_limit="200MiB") as cluster, Client(cluster) as client:
+        x = da.zeros((1024, 1024, 64), chunks=(64, 1024, 64))  # 512 MiB (broadcast chunks: no real memory)
         with dask_redist.enable(engine="dask"):
+            entry = dask_redist.explain(x.rechunk((1024, 64, 64)))[0]
+            assert entry.runs == "dask" and "cannot spill" in entry.reason, entry
+            first = sorted(client.scheduler_info()["workers"])[0]
+            with dask.annotate(workers=[first]):
+                y = da.zeros((1024, 1024, 16), chunks=(64, 1024, 16))  # 128 MiB, all on one worker
+            y = y.persist(optimize_graph=False)  # (dask's optimization drops layer annotations)
             with pytest.raises(RedistError, match="memory limit"):
-                x.rechunk((1024, 64, 64)).sum().compute()
+                y.rechunk((1024, 64, 16)).sum().compute()
 
 
 def test_fortran_ordered_and_sliced_chunks(client):

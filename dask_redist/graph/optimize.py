@@ -17,6 +17,7 @@ import math
 import threading
 from dataclasses import dataclass, replace
 
+import dask
 import numpy as np
 from dask.base import tokenize
 from dask.core import flatten
@@ -28,7 +29,7 @@ from dask_redist.core.spec import BARRIER_PREFIX, CollectiveSpec
 from dask_redist.graph.layer import collective_tasks
 from dask_redist.runtime import ordering
 from dask_redist.planning import PlanError, RechunkSpec
-from dask_redist.planning.cost import dask_is_faster
+from dask_redist.planning.cost import beyond_memory, dask_is_faster
 
 def is_rechunk_layer(name: str) -> bool:
     return isinstance(name, str) and name.startswith(RECHUNK_PREFIXES)
@@ -157,11 +158,12 @@ def stale_chunks(old, new) -> str | None:
     )
 
 
-def decide(hlg: HighLevelGraph, chain: RechunkChain, settings: Settings, old=None) -> Decision:
+def decide(hlg: HighLevelGraph, chain: RechunkChain, settings: Settings, old=None, memory=None) -> Decision:
     """Turn a chain into a `CollectiveSpec`, or say why it keeps dask's rechunk.
 
     ``old``: the input's chunks where the caller knows them (from the array itself); else
-    from the graph (`input_chunks`).
+    from the graph (`input_chunks`). ``memory``: the workers' memory limits and pause
+    fraction, where known (`planning.cost.beyond_memory`).
     """
     method = _method(chain)
     source = hlg.layers.get(chain.source)
@@ -175,7 +177,16 @@ def decide(hlg: HighLevelGraph, chain: RechunkChain, settings: Settings, old=Non
     )  # fmt: skip
     if spec is not None and (chain.source,) + (0,) * spec.rechunk.ndim not in source.get_output_keys():
         spec, reason = None, f"input keys of layer {chain.source} are not ({chain.source}, i, j, ...)"
+    if spec is not None and memory is not None and spec.kind == "numpy":
+        if too_big := beyond_memory(spec.rechunk.nbytes, *memory):
+            spec, reason = None, too_big
     return Decision(chain, spec, reason, method)
+
+
+def memory_limits(limits) -> tuple[list[int], float]:
+    """(the workers' memory ``limits``, None read as 0: none, distributed's pause fraction), for `decide`."""
+    fraction = dask.config.get("distributed.worker.memory.pause") or 0.8
+    return [int(m or 0) for m in limits], fraction
 
 
 def rewrite(
@@ -188,7 +199,9 @@ def rewrite(
     else:
         settings = settings or Settings.from_config()
         requested = {k[0] if isinstance(k, tuple) else k for k in flatten(keys)} if keys else set()
-        decisions = [decide(hlg, c, settings) for c in find_rechunks(hlg, requested)]
+        scheduler = _scheduler_in_process()
+        memory = memory_limits(ws.memory_limit for ws in scheduler.workers.values()) if scheduler else None
+        decisions = [decide(hlg, c, settings, memory=memory) for c in find_rechunks(hlg, requested)]
     if not any(d.collective for d in decisions):
         return hlg, decisions
     layers, deps = dict(hlg.layers), {k: set(v) for k, v in hlg.dependencies.items()}
@@ -225,8 +238,8 @@ def inlined_inputs(hlg: HighLevelGraph, chain: RechunkChain, requested: set, gri
     aliases, one task each again, so the rewrite inlines them itself.
     """
     name = chain.source
-    if name in requested or hlg.dependents.get(name) != {chain.layers[0]}:
-        return None  # (wanted by something else)
+    if name in requested or hlg.dependents.get(name) != {chain.layers[0]} or hlg.layers[name].annotations:
+        return None  # (wanted by something else, or annotated: workers, resources, retries... stay its own)
     rest = dict(hlg.layers[name])
     chunks = {}
     for idx in np.ndindex(*grid):

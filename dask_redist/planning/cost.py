@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import math
 
+from dask.utils import format_bytes
+
 from dask_redist.planning.geometry import RechunkSpec, axis_segments
 
 #: Most pieces for which Dask's rechunk of NumPy chunks was measured faster (module docstring).
@@ -47,4 +49,27 @@ def dask_is_faster(spec: RechunkSpec, kind: str) -> str | None:
     return (
         f"{pieces} pieces: Dask's rechunk is faster up to {AUTO_MAX_PIECES} pieces (redist.min-bytes: auto; "
         "set redist.min-bytes to a size, e.g. 0, to decide by bytes instead)"
+    )
+
+
+def beyond_memory(nbytes: int, limits: list[int], fraction: float) -> str | None:
+    """Why a NumPy rechunk of ``nbytes`` cannot run as a collective on workers with memory
+    ``limits`` (bytes; 0: no limit), or None.
+
+    A run holds its inputs and its outputs in worker memory at once and cannot spill them;
+    Dask's rechunks can. Where the two together pass ``fraction`` of the workers' memory
+    (distributed's pause threshold), the workers would pause before the barrier runs (and
+    nothing would time out) or their nannies would restart them: Dask's rechunk is kept.
+    A run that fits in all but is uneven is refused at its barrier instead, naming the worker
+    (`dask_redist.runtime.rechunks.over_memory`).
+    """
+    if not limits or not all(limits):
+        return None
+    room = fraction * sum(limits)
+    if 2 * nbytes <= room:
+        return None
+    return (
+        f"its input and output ({format_bytes(2 * nbytes)}) are more than the workers can hold at once "
+        f"({fraction:.0%} of their memory, {format_bytes(int(room))}) and the collective cannot spill: "
+        "Dask's rechunk, which can, is kept (add workers or memory)"
     )

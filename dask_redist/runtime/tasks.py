@@ -17,6 +17,7 @@ import time
 from distributed import get_worker
 from distributed.protocol.pickle import dumps
 
+from dask_redist.config import Settings
 from dask_redist.core.spec import CollectiveSpec, Staged
 from dask_redist.errors import RedistError
 from dask_redist.runtime.scheduler import RedistSchedulerPlugin
@@ -27,7 +28,11 @@ _registered: set[str] = set()  # scheduler addresses where this process register
 
 
 def stage(token: str, tail: tuple, indices: list[int], shapes: list, output_type: str, *chunks) -> list[Staged]:
-    return get_state(_worker()).stage(token, tail, indices, shapes, chunks, output_type)
+    worker = _worker()
+    # (before the first barrier too: the plugins drop staged chunks whose rechunk fails or is
+    # cancelled before its barrier ran; without them those chunks stayed held for good)
+    ensure_plugins(worker)
+    return get_state(worker).stage(token, tail, indices, shapes, chunks, output_type)
 
 
 def barrier(spec: CollectiveSpec, *markers) -> int:
@@ -50,11 +55,13 @@ def _worker():
         ) from None
 
 
-def ensure_plugins(worker, timeout: float) -> None:
-    """Register the scheduler plugin (which registers the worker plugin) once per scheduler."""
+def ensure_plugins(worker, timeout: float | None = None) -> None:
+    """Register the scheduler plugin (which registers the worker plugin) once per scheduler
+    (``timeout``: this process's ``redist.timeouts.barrier`` unless given)."""
     address = worker.scheduler.address
     if address in _registered:
         return
+    timeout = Settings.from_config().barrier_timeout if timeout is None else timeout
 
     async def register():
         plugin = RedistSchedulerPlugin(worker_plugin=RedistWorkerPlugin())
