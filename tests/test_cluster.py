@@ -163,6 +163,21 @@ def test_inputs_computed_inside_the_stage_tasks(client, enabled):
     assert worker_leftovers(client) == {}
 
 
+def test_a_resubmission_while_the_first_runs_keeps_its_tasks(client, enabled):
+    """The same rechunk submitted again while the first submission is in flight, now with its
+    input wanted too (so not inlined if it were new): its keys get the same tasks as before."""
+    expected = data_for((48, 40), "float64", seed=5)
+    x = da.from_array(expected, chunks=(4, 40)).map_blocks(lambda b: time.sleep(0.1) or b)
+    first = x.rechunk((48, 4)).persist()
+    got, again = dask.compute(x, x.rechunk((48, 4)))
+    wait(first)
+    np.testing.assert_array_equal(got, expected)
+    np.testing.assert_array_equal(again, expected)
+    np.testing.assert_array_equal(first.compute(), expected)
+    logs = "\n".join(line for _, line in client.get_scheduler_logs(n=200))
+    assert "Detected different `run_spec`" not in logs, logs[-2000:]
+
+
 def test_only_needed_outputs_are_moved(client, enabled):
     a = data_for((64, 64), "float64")
     x = da.from_array(a, chunks=(8, 64))

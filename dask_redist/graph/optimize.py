@@ -212,24 +212,32 @@ def rewrite(
             del layers[name]
             del deps[name]
         out, source = d.chain.output, d.chain.source
-        spec, groups = stage_grouping(d.spec)
-        inline = only is None and groups is None and inlined_inputs(hlg, d.chain, requested, spec.rechunk.old_grid)
+        def inline(force: bool, chain=d.chain, grid=d.spec.rechunk.old_grid):
+            return None if only is not None else inlined_inputs(hlg, chain, requested, grid, force=force)
+
+        spec, groups, inputs = stage_grouping(d.spec, inline)
         layers[out] = MaterializedLayer(
-            collective_tasks(spec, groups, inline[0] if inline else None),
+            collective_tasks(spec, groups, inputs[0] if inputs else None),
             collection_annotations=hlg.layers[out].collection_annotations,
         )
-        deps[out] = {source}
-        if inline and inline[1]:  # what the input chunks' tasks depend on inside their layer stays
-            layers[source] = MaterializedLayer(inline[1], collection_annotations=hlg.layers[source].collection_annotations)
-        elif inline:
-            del layers[source]
-            deps[out] = deps.pop(source)
+        deps[out] = {source} | (deps[source] if inputs else set())
+        if inputs and inputs[2]:  # nothing else needs the input chunks: their tasks leave the layer
+            if inputs[1]:  # (what they depend on inside it stays)
+                annotations = hlg.layers[source].collection_annotations
+                layers[source] = MaterializedLayer(inputs[1], collection_annotations=annotations)
+            else:
+                del layers[source]
+                deps[out] = deps.pop(source)
     return HighLevelGraph(layers, deps), decisions
 
 
-def inlined_inputs(hlg: HighLevelGraph, chain: RechunkChain, requested: set, grid) -> tuple[dict, dict] | None:
-    """The tasks of the chain's input chunks, for its stage tasks to run themselves, and the
-    rest of their layer; None where anything else needs those chunks (or they are data).
+def inlined_inputs(
+    hlg: HighLevelGraph, chain: RechunkChain, requested: set, grid, force: bool = False
+) -> tuple[dict, dict, bool] | None:
+    """The tasks of the chain's input chunks, for its stage tasks to run themselves, the rest of
+    their layer, and whether nothing else needs them; None where something else needs them
+    (unless ``force``: an earlier submission of these keys inlined them), they are data, or
+    their layer is annotated.
 
     A stage task after each input task is one more task per input chunk, and at a few
     thousand small chunks dask's cost per task is the rechunk's cost (2000 chunks on 2 workers
@@ -238,7 +246,8 @@ def inlined_inputs(hlg: HighLevelGraph, chain: RechunkChain, requested: set, gri
     aliases, one task each again, so the rewrite inlines them itself.
     """
     name = chain.source
-    if name in requested or hlg.dependents.get(name) != {chain.layers[0]} or hlg.layers[name].annotations:
+    exclusive = name not in requested and hlg.dependents.get(name) == {chain.layers[0]}
+    if not (exclusive or force) or hlg.layers[name].annotations:
         return None  # (wanted by something else, or annotated: workers, resources, retries... stay its own)
     rest = dict(hlg.layers[name])
     chunks = {}
@@ -249,7 +258,7 @@ def inlined_inputs(hlg: HighLevelGraph, chain: RechunkChain, requested: set, gri
         chunks[task.key] = task
     if any(set(t.dependencies) & chunks.keys() for t in rest.values() if isinstance(t, GraphNode)):
         return None
-    return chunks, rest
+    return chunks, rest, exclusive
 
 
 def _scheduler_in_process():
@@ -261,32 +270,39 @@ def _scheduler_in_process():
     return running[0] if len(running) == 1 else None
 
 
-#: The stage grouping each rechunk (by its plain token) got last on this scheduler.
-_GROUPINGS: dict[str, tuple[str, list | None]] = {}
+#: The stage grouping each rechunk (by its plain token) got last on this scheduler, and
+#: whether its stage tasks ran their input chunks' tasks.
+_GROUPINGS: dict[str, tuple[str, list | None, bool]] = {}
 GROUPINGS_KEPT = 10_000
 
 
-def stage_grouping(spec: CollectiveSpec) -> tuple[CollectiveSpec, list | None]:
-    """The spec and stage groups of a rechunk's graph; same keys always mean the same tasks.
+def stage_grouping(spec: CollectiveSpec, inline=lambda force: None) -> tuple[CollectiveSpec, list | None, tuple | None]:
+    """The spec, stage groups and inlined inputs (``inline(force)``: `inlined_inputs`) of a
+    rechunk's graph; same keys always mean the same tasks.
 
     Grouping depends on where the input is, which changes (a worker died, the input was
     persisted again): a grouped graph gets a token of its own, so its stage and barrier keys
     are its own. While the tasks of an earlier submission are still known to the scheduler,
-    the same rechunk gets that graph again, so that its output keys keep their dependency
-    (distributed warns about a key resubmitted with other dependencies, and keeps the old).
+    the same rechunk gets that graph again, inlined inputs as before included, so that its
+    keys keep their tasks (distributed warns about a key resubmitted with other dependencies,
+    and keeps the old).
     """
     scheduler = _scheduler_in_process()
     earlier = _GROUPINGS.get(spec.token)
     if earlier is not None and scheduler is not None and BARRIER_PREFIX + earlier[0] in scheduler.tasks:
-        token, groups = earlier
+        token, groups, inlined = earlier
+        inputs = inline(True) if inlined else None
+        if inlined and inputs is None:  # (cannot be built as before: keys of its own)
+            token = tokenize(token, "inputs not inlined")
     else:
         groups = persisted_groups(spec)
+        inputs = inline(False) if groups is None else None
         token = spec.token if groups is None else tokenize(spec.token, groups)
         _GROUPINGS.pop(spec.token, None)
-        _GROUPINGS[spec.token] = (token, groups)
+        _GROUPINGS[spec.token] = (token, groups, inputs is not None)
         while len(_GROUPINGS) > GROUPINGS_KEPT:
             del _GROUPINGS[next(iter(_GROUPINGS))]
-    return (spec if token == spec.token else replace(spec, token=token)), groups
+    return (spec if token == spec.token else replace(spec, token=token)), groups, inputs
 
 
 def persisted_groups(spec: CollectiveSpec) -> list[list[tuple[int, ...]]] | None:
