@@ -244,6 +244,7 @@ def test_larger_than_worker_memory_keeps_dasks_rechunk_or_fails_clearly():
             with dask.annotate(workers=[first]):
                 y = da.zeros((1024, 1024, 16), chunks=(64, 1024, 16))  # 128 MiB, all on one worker
             y = y.persist(optimize_graph=False)  # (dask's optimization drops layer annotations)
+            wait(y)  # (in memory: staged where it is, by one stage task)
             with pytest.raises(RedistError, match="memory limit"):
                 y.rechunk((1024, 64, 16)).sum().compute()
 
