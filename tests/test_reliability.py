@@ -17,10 +17,11 @@ import dask.array as da
 import numpy as np
 import pytest
 from conftest import local_cluster, scheduler_history, worker_leftovers
-from distributed import Client, wait
+from distributed import Client, Scheduler, SchedulerPlugin, wait
 
 import dask_redist
 from dask_redist.core.run import WorkerRun
+from dask_redist.core.spec import STAGE_PREFIX
 from dask_redist.errors import RedistError, RedistTimeoutError
 
 
@@ -231,10 +232,40 @@ def test_collective_next_to_a_p2p_rechunk_in_one_graph(own_cluster):
     assert len(scheduler_history(client)) == before + 1
 
 
-def test_larger_than_worker_memory_keeps_dasks_rechunk_or_fails_clearly():
+class StageKeys(SchedulerPlugin):
+    """Counts the stage tasks of each graph the scheduler is given."""
+
+    name = "test-stage-keys"
+
+    def __init__(self):
+        self.counts = []
+
+    def update_graph(self, scheduler, *, keys, tasks=(), **kwargs):
+        self.counts.append(sum(isinstance(k, tuple) and str(k[0]).startswith(STAGE_PREFIX) for k in tasks))
+
+
+def test_persisted_input_is_staged_by_one_task_per_worker_beside_another_scheduler(cluster):
+    """Several schedulers in one process (two LocalClusters in a notebook, the session cluster
+    of these tests): the rewrite reads the state of the scheduler building the graph. It read
+    none, so a persisted input got one stage task per chunk, which work stealing spread."""
+    a = data((64, 48, 8))
+    with local_cluster(2, threads_per_worker=1) as other, Client(other) as client:
+        assert len([s for s in Scheduler._instances if s.status.name == "running"]) == 2
+        x = client.persist(da.from_array(a, chunks=(4, 48, 8)))  # 16 chunks on 2 workers
+        wait(x)
+        client.run_on_scheduler(lambda dask_scheduler: dask_scheduler.add_plugin(StageKeys()))
+        with dask_redist.enable(engine="dask"):
+            np.testing.assert_array_equal(x.rechunk((64, 4, 8)).compute(), a)
+        counts = client.run_on_scheduler(lambda dask_scheduler: dask_scheduler.plugins["test-stage-keys"].counts)
+        holders = len({w for ws in client.who_has(x).values() for w in ws})
+        assert counts == [holders], counts
+
+
+def test_larger_than_worker_memory_keeps_dasks_rechunk_or_fails_clearly(cluster):
     """A run cannot spill: beyond what the workers hold together Dask's rechunk is kept (it can
     spill); where it fits in all but one worker would hold too much, the barrier refuses it
-    naming that worker, instead of the nanny killing it."""
+    naming that worker, instead of the nanny killing it. (``cluster``: with another scheduler
+    running in this process, as in the whole suite.)"""
     with local_cluster(2, threads_per_worker=1, memory_limit="200MiB") as cluster, Client(cluster) as client:
         x = da.zeros((1024, 1024, 64), chunks=(64, 1024, 64))  # 512 MiB (broadcast chunks: no real memory)
         with dask_redist.enable(engine="dask"):

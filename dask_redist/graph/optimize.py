@@ -262,11 +262,17 @@ def inlined_inputs(
 
 
 def _scheduler_in_process():
+    """The scheduler building this graph, or None where that is unclear. Several can run in one
+    process (two LocalClusters in a notebook); the one building a graph counts it in
+    ``_active_graph_updates`` (distributed's, private: missing, and only a lone scheduler is
+    taken)."""
     try:
         from distributed import Scheduler
     except ImportError:  # pragma: no cover - distributed is a dependency
         return None
     running = [s for s in list(Scheduler._instances) if s.status.name == "running"]
+    if len(running) > 1:  # (several in one process: the one whose graph is being built now)
+        running = [s for s in running if getattr(s, "_active_graph_updates", 0) > 0]
     return running[0] if len(running) == 1 else None
 
 
