@@ -24,12 +24,15 @@ What is relied on, and where:
 * expression mode: ``ArrayExpr.rechunk``, ``Rechunk`` and ``TasksRechunk`` in
   ``dask.array._array_expr`` (graph.expr);
 * a layer's ``collection_annotations["chunks"]``: the input chunks of a rechunk as the
-  graph knows them (graph.optimize). ``Array.compute_chunk_sizes`` updates the array, not
-  the annotation, so while dask-redist is enabled it is wrapped to update both
-  (`keep_annotations_current`).
+  graph knows them (graph.optimize). ``Array.compute_chunk_sizes`` (and several dask
+  functions that set ``Array._chunks`` after building) update the array, not the
+  annotation, so while dask-redist is enabled ``compute_chunk_sizes`` and ``Array.rechunk``
+  are wrapped to update both (`keep_annotations_current`).
 """
 
 from __future__ import annotations
+
+import math
 
 from dask._task_spec import DataNode, GraphNode, Task, TaskRef
 
@@ -54,28 +57,44 @@ def array_expr():
     return ArrayExpr, Rechunk, TasksRechunk
 
 
+def _annotate_chunks(x) -> None:
+    """Write ``x``'s chunks into its layer's annotation where that says otherwise."""
+    layer = x.dask.layers.get(x.name) if hasattr(x.dask, "layers") else None
+    annotations = getattr(layer, "collection_annotations", None)
+    if annotations is not None and "chunks" in annotations and not any(math.isnan(c) for c in x.shape):
+        if annotations["chunks"] != x.chunks:
+            annotations.update(chunks=x.chunks, shape=x.shape, chunksize=x.chunksize)
+
+
 def _compute_chunk_sizes(self):
     x = _original_compute_chunk_sizes(self)
-    layer = x.dask.layers.get(x.name) if hasattr(x.dask, "layers") else None
-    if layer is not None and layer.collection_annotations is not None:
-        layer.collection_annotations.update(chunks=x.chunks, shape=x.shape, chunksize=x.chunksize)
+    _annotate_chunks(x)
     return x
 
 
+def _rechunk(self, *args, **kwargs):
+    _annotate_chunks(self)
+    return _original_rechunk(self, *args, **kwargs)
+
+
 def keep_annotations_current(on: bool) -> None:
-    """While on, ``x.compute_chunk_sizes()`` also writes the sizes into the annotation of
-    ``x``'s layer, where a later rechunk's graph finds its input chunks (dask leaves the
-    annotation as the layer was built: NaN, or chunks of an earlier array of that name)."""
+    """While on, ``x.compute_chunk_sizes()`` and ``x.rechunk(...)`` write ``x``'s chunks into the
+    annotation of its layer, where a later rechunk's graph finds its input chunks. Dask leaves
+    the annotation as the layer was built, and several of its own functions set an array's
+    chunks afterwards: ``compute_chunk_sizes()``, ``to_dask_array(lengths=True)``,
+    ``da.topk``, ``da.bincount`` (the annotation says NaN, or chunks of the array before)."""
     from dask.array import Array
 
     if _original_compute_chunk_sizes is not None:  # (expression mode's Array has no graph layers to keep)
         Array.compute_chunk_sizes = _compute_chunk_sizes if on else _original_compute_chunk_sizes
+        Array.rechunk = _rechunk if on else _original_rechunk
 
 
-def _original():
+def _original(name: str):
     from dask.array import Array
 
-    return getattr(Array, "compute_chunk_sizes", None)
+    return getattr(Array, name, None)
 
 
-_original_compute_chunk_sizes = _original()
+_original_compute_chunk_sizes = _original("compute_chunk_sizes")
+_original_rechunk = _original("rechunk")

@@ -151,6 +151,15 @@ def test_sizes_from_compute_chunk_sizes(client, enabled):
     assert runs_done(client) - before == 2
 
 
+def test_chunks_set_after_the_layer_was_built(client, enabled):
+    """da.topk sets its chunks after building its layer: its rechunk is a collective too."""
+    a = data_for((400, 6), "float64")
+    top = da.topk(da.from_array(a, chunks=(40, 6)), 5, axis=0)
+    before = runs_done(client)
+    np.testing.assert_array_equal(top.rechunk((5, 2)).compute(), -np.sort(-a, axis=0)[:5])
+    assert runs_done(client) - before == 1
+
+
 def test_inputs_computed_inside_the_stage_tasks(client, enabled):
     """Input chunks nothing else needs are computed by the stage tasks; where something else needs
     them too (here a reduction of the same array), they are computed once and staged."""

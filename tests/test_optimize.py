@@ -129,6 +129,24 @@ def test_chunks_filled_in_by_compute_chunk_sizes(method):
     assert d.collective and d.spec.rechunk.old == x.chunks, d.reason
 
 
+def test_chunks_dask_sets_after_building_a_layer_are_read():
+    """Dask's own topk (like bincount and a dataframe's to_dask_array(lengths=True)) builds its
+    layer with one chunk size and sets the array's chunks after: while enabled, rechunking it
+    writes the array's chunks into the graph, so that the rewrite reads the right ones."""
+    x = da.from_array(np.arange(4000.0).reshape(100, 40), chunks=(10, 40))
+    top = da.topk(x, 5, axis=0)
+    annotated = top.__dask_graph__().layers[top.name].collection_annotations["chunks"]
+    assert annotated != top.chunks  # (what dask records; if this fails, dask fixed it)
+    y = top.rechunk((5, 4))
+    (chain,) = find_rechunks(y.__dask_graph__(), {y.name})
+    assert "records the input's chunks" in decide(y.__dask_graph__(), chain, Settings(min_bytes=0)).reason
+    with dask_redist.enable():
+        y = da.topk(x, 5, axis=0).rechunk((5, 4))
+    (chain,) = find_rechunks(y.__dask_graph__(), {y.name})
+    d = decide(y.__dask_graph__(), chain, Settings(min_bytes=0))
+    assert d.collective and d.spec.rechunk.old == ((5,), (40,)), d.reason
+
+
 @pytest.mark.parametrize(
     "make, reason",
     [
