@@ -55,6 +55,7 @@ class Run:
     """What `Rounds` reads of a `WorkerRun` (its ``must_stop`` is the real one)."""
 
     must_stop = WorkerRun.must_stop
+    failure = WorkerRun.failure
 
     def __init__(self, rank: int):
         self.rank, self.state, self.error, self.gone = rank, "running", None, ()

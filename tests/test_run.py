@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import threading
 import time
+import traceback
 
 import numpy as np
 import pytest
@@ -147,6 +148,23 @@ def test_abort_releases_a_waiting_unpack_at_once():
     t.join(5)
     assert time.monotonic() - start < 2
     assert "rank 1 failed" in str(got["error"])
+
+
+def test_every_unpack_of_a_failed_run_raises_a_traceback_of_its_own():
+    """One stored error raised by every unpack task gathered every raise's frames (a worker logged
+    tracebacks of hundreds of frames after a peer was killed): each raise is a new exception."""
+    data = np.arange(64.0).reshape(8, 8)
+    run = make_runs(data, ((4, 4), (8,)), ((8,), (1,) * 8), 2)[0]
+    cause = RedistTimeoutError("rank 1 (w1) left in phase 'exchange'")
+    run.fail(cause)
+    depths = []
+    for index in range(8):
+        with pytest.raises(RedistTimeoutError, match="left in phase 'exchange'") as info:
+            run.take_output(index)
+        assert info.value is not cause and info.value.__cause__ is cause
+        depths.append(len(traceback.extract_tb(info.value.__traceback__)))
+    assert len(set(depths)) == 1, depths
+    assert cause.__traceback__ is None  # (the stored one is never raised itself)
 
 
 def test_unpack_waits_at_most_twice_the_timeout_plus_five_seconds():

@@ -17,6 +17,7 @@ wait on it has a timeout.
 
 from __future__ import annotations
 
+import copy
 import threading
 import time
 from typing import Any
@@ -109,11 +110,25 @@ class WorkerRun:
         """Enter ``phase``; raises the abort's error unless the run is being completed (`must_stop`)."""
         self.phase = phase
         if self.must_stop():
-            raise self.error
+            raise self.failure()
+
+    def failure(self) -> BaseException:
+        """The abort's error to raise, a new exception each time (caused by the one stored).
+        Every unpack task of a failed run raises it: one object raised again and again gathers
+        every raise's frames (the 512th task of a run of 512 chunks logged a traceback of
+        hundreds of frames)."""
+        try:
+            error = copy.copy(self.error)
+        except Exception:  # (an exception type that cannot be rebuilt from its args)
+            return self.error
+        if type(error) is not type(self.error) or error is self.error:
+            return self.error
+        error.__cause__ = self.error
+        return error
 
     def _raise_if_failed(self):
         if self.state == "failed":
-            raise self.error
+            raise self.failure()
 
     def wait_received(self, recv: Transfers | None = None) -> dict[int, list]:
         """Block until every expected piece arrived; the pieces by source rank.

@@ -125,7 +125,7 @@ class Rounds:
                 self.broken = f"{run.name()} was left unfinished on the GPU"
                 self.stuck = True  # that kernel never ends: see redist.nvshmem.exit-when-stuck
                 if run.state == "failed":
-                    raise run.error
+                    raise run.failure()
                 raise RedistTimeoutError(
                     f"{run.name()} timed out after {run.timeout:g}s in phase 'exchange' on the GPU "
                     "(a peer never joined the reshape); raise redist.timeouts.collective if it is just slow"
@@ -137,4 +137,4 @@ class Rounds:
         if run.state == "failed" and (not dry or run.must_stop()):
             if not everything:  # rounds queued after ``event`` may still wait for a peer
                 self.wait(run)  # (raises)
-            raise run.error
+            raise run.failure()
