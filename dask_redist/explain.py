@@ -201,8 +201,12 @@ def explain(x, *, nworkers: int | None = None, settings: Settings | None = None)
         if spec is None:
             entries.append(Entry(output, method, "dask", reason))
             continue
+        runs = "collective"
         if client is None:
-            reason = "eligible, but no distributed Client: dask's rechunk runs on local schedulers"
+            reason, runs = "eligible, but no distributed Client: dask's rechunk runs on local schedulers", "dask"
+        elif not enabled:
+            reason = f"dask_redist is not enabled: dask's rechunk runs; enable() would run a collective ({reason})"
+            runs = "dask"
         in_ranks, where = _placement(spec, x, client, nworkers)
         plan = make_plan(spec.rechunk, in_ranks, nworkers)
         engine, engine_why = _engine(settings, spec, client)
@@ -219,7 +223,7 @@ def explain(x, *, nworkers: int | None = None, settings: Settings | None = None)
             Entry(
                 output,
                 method,
-                "collective" if client is not None else "dask",
+                runs,
                 reason,
                 chunks=f"{_grid(spec.rechunk.old)} -> {_grid(spec.rechunk.new)} chunks, {spec.dtype}",
                 engine=f"{engine} ({engine_why})",

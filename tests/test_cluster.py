@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import logging
 import os
@@ -391,6 +392,24 @@ def test_doctor_reports_every_worker_and_the_engine(client):
         assert diagnosis.fixes and "dask-redist[gpu]" in " ".join(diagnosis.fixes)
     text, page = str(diagnosis), diagnosis._repr_html_()
     assert "auto" in text and "<table>" in page
+
+
+def test_explain_says_what_runs_when_not_enabled(client):
+    """Before enable() (or after disable()) explain shows what enable() would do, and says that
+    dask's rechunk runs: its entries said 'collective', 'eligible'."""
+    a = data_for((64, 64), "float64")
+    x = da.from_array(a, chunks=(8, 64))
+    before = runs_done(client)
+    for ctx in (contextlib.nullcontext, lambda: dask_redist.enable(engine="dask")):
+        with ctx():
+            entry = dask_redist.explain(x.rechunk((64, 8)))[0]
+            np.testing.assert_array_equal(x.rechunk((64, 8)).compute(), a)
+        ran = runs_done(client) - before
+        if ran:
+            assert entry.runs == "collective" and entry.reason == "eligible", entry
+        else:
+            assert entry.runs == "dask" and "not enabled" in entry.reason and entry.engine.startswith("dask"), entry
+    assert ran == 1
 
 
 def test_explain_renders_text_and_html(client, enabled):
