@@ -154,7 +154,8 @@ def status(client=None) -> dict:
     ``active``: runs in flight; ``timeline``: the scheduler's marks of the latest run;
     ``engines``: what the choice of engine depends on (capabilities, the NVSHMEM world);
     ``workers``: per worker, the chunks staged, runs and early pieces held, its timeline,
-    and its engines' health and statistics.
+    and its engines' health and statistics; ``unanswered``: the workers that gave no answer
+    within 10 s (stopped, or their event loop blocked) or failed, and why.
     """
     from distributed import default_client
 

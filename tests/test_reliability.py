@@ -232,6 +232,24 @@ def test_collective_next_to_a_p2p_rechunk_in_one_graph(own_cluster):
     assert len(scheduler_history(client)) == before + 1
 
 
+def test_status_answers_while_a_worker_is_stopped():
+    """A worker stopped (SIGSTOP) held status() until it was resumed: it is named instead."""
+    with local_cluster(2, threads_per_worker=1) as cluster, Client(cluster) as client:
+        dask_redist.status(client)  # (the plugins registered, as after a first rechunk)
+        pids = client.run(os.getpid)
+        stopped = sorted(pids)[0]
+        os.kill(pids[stopped], signal.SIGSTOP)
+        try:
+            start = time.monotonic()
+            state = dask_redist.status(client)
+            took = time.monotonic() - start
+        finally:
+            os.kill(pids[stopped], signal.SIGCONT)
+        assert took < 30 and "no answer" in state["unanswered"][stopped], state["unanswered"]
+        assert list(state["workers"]) == [w for w in pids if w != stopped]
+        assert dask_redist.status(client)["unanswered"] == {}
+
+
 class StageKeys(SchedulerPlugin):
     """Counts the stage tasks of each graph the scheduler is given."""
 

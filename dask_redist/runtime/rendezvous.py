@@ -1,4 +1,5 @@
-"""The scheduler's side of the all-gather that NVSHMEM's bootstrap runs through.
+"""The scheduler's side of the all-gather that NVSHMEM's bootstrap runs through, and of
+questions put to every worker (`ask_each`).
 
 nvmath bootstraps NVSHMEM (and plans some operations) with a handful of tiny
 collectives. Dask workers have no MPI communicator, but they all reach the
@@ -46,3 +47,22 @@ class Rendezvous:
             return {"status": "OK", "values": await self.gather(tag, rank, nranks, payload, timeout)}
         except RedistTimeoutError as e:
             return {"status": "error", "message": str(e)}
+
+
+async def ask_each(scheduler, msg: dict, workers, timeout: float) -> dict:
+    """Each worker's answer to ``msg``, asked at once. A worker that fails, or gives no answer
+    within ``timeout`` (stopped, or its event loop blocked), gets a string saying so instead of
+    holding up the rest: `Scheduler.broadcast` waits for every worker, and one stopped with
+    SIGSTOP held ``dask_redist.status`` until it was resumed."""
+
+    async def one(worker: str):
+        try:
+            answers = await asyncio.wait_for(scheduler.broadcast(msg=msg, workers=[worker]), timeout)
+        except asyncio.TimeoutError:
+            return f"no answer within {timeout:g}s (the worker is stopped or busy)"
+        except Exception as e:  # (it left, or the handler failed)
+            return f"{type(e).__name__}: {e}"
+        return answers.get(worker)
+
+    workers = list(workers)
+    return dict(zip(workers, await asyncio.gather(*map(one, workers))))

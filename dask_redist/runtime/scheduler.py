@@ -36,6 +36,7 @@ from distributed.protocol.pickle import dumps
 from distributed.protocol.serialize import ToPickle
 from distributed.utils import log_errors, offload
 
+from dask_redist.config import Settings
 from dask_redist.core.spec import BARRIER_PREFIX, STAGE_PREFIX, BarrierTask, CollectiveSpec, RunSpec, stage_token
 from dask_redist.engines.choice import EngineSelector
 from dask_redist.engines.cufftmp.host import host_dtype_problem
@@ -45,10 +46,11 @@ from dask_redist.runtime import ordering
 from dask_redist.runtime.rechunks import (
     ActiveRun, Rechunk, RunIds, barrier_is_current, over_memory, ranks_of, restart_recommendations,
 )  # fmt: skip
-from dask_redist.runtime.rendezvous import Rendezvous
+from dask_redist.runtime.rendezvous import Rendezvous, ask_each
 
 logger = logging.getLogger("dask_redist")
 HISTORY_KEPT = 200  # finished runs kept for status()/explain(), newest last
+STATUS_TIMEOUT_S = 10.0  # for each worker's answer to status()
 
 
 class RedistSchedulerPlugin(SchedulerPlugin):
@@ -89,13 +91,12 @@ class RedistSchedulerPlugin(SchedulerPlugin):
             }
         )
         if self.worker_plugin is not None:
-            # Scheduler.register_worker_plugin, except that a worker dying now does not fail it
-            # (workers that join later get the plugin from scheduler.worker_plugins anyway)
+            # Scheduler.register_worker_plugin, except that a worker dying (or stopped) now does not
+            # fail it or hold it (workers that join later get it from scheduler.worker_plugins)
             plugin = dumps(self.worker_plugin)
             scheduler.worker_plugins[self.worker_plugin.name] = plugin
-            await scheduler.broadcast(
-                msg={"op": "plugin-add", "plugin": plugin, "name": self.worker_plugin.name}, on_error="return"
-            )
+            msg = {"op": "plugin-add", "plugin": plugin, "name": self.worker_plugin.name}
+            await ask_each(scheduler, msg, scheduler.workers, Settings.from_config().barrier_timeout)
         self._ready.set()
 
     # -- handlers -------------------------------------------------------------------
@@ -204,7 +205,8 @@ class RedistSchedulerPlugin(SchedulerPlugin):
 
     async def _learn(self, workers: list[str]) -> None:
         if workers:
-            answers = await self.scheduler.broadcast(msg={"op": "redist_capabilities"}, workers=workers, on_error="return")
+            timeout = Settings.from_config().barrier_timeout  # (probing imports CuPy and nvmath: seconds)
+            answers = await ask_each(self.scheduler, {"op": "redist_capabilities"}, workers, timeout)
             self.engines.learn(answers)
 
     async def probe(self) -> dict:
@@ -240,13 +242,14 @@ class RedistSchedulerPlugin(SchedulerPlugin):
 
     async def get_status(self) -> dict:
         """Runs finished, runs active, the engines' state, and what every worker holds."""
-        answers = await self.scheduler.broadcast(msg={"op": "redist_status"}, on_error="return")
+        answers = await ask_each(self.scheduler, {"op": "redist_status"}, self.scheduler.workers, STATUS_TIMEOUT_S)
         return {
             "history": list(self.history),
             "active": [r.active.spec.name() for r in self.rechunks.values() if r.active is not None],
             "timeline": dict(self.timeline),
             "engines": self.engines.state(),
             "workers": {w: a for w, a in answers.items() if isinstance(a, dict)},
+            "unanswered": {w: str(a) for w, a in answers.items() if not isinstance(a, dict)},
         }
 
     # -- run lifecycle ----------------------------------------------------------------
