@@ -46,6 +46,8 @@ class CommsTransport:
         for dst, first, packed in batches:
             by_dst[dst].append((first, packed))
 
+        unsent = set(by_dst)  # (peers not done yet: the timeout names them)
+
         async def to_peer(dst, items):
             address = run.spec.workers[dst]
             try:
@@ -54,6 +56,7 @@ class CommsTransport:
                         token=run.spec.token, run_id=run.run_id, src=run.rank, first=first,
                         count=packed.count, data=to_serialize(packed.buffer),
                     )  # fmt: skip
+                unsent.discard(dst)
             except OSError as e:  # (CommClosedError too) a peer leaving: the run restarts without it
                 raise RedistConsistencyError(
                     f"{run.name()} could not send to rank {dst} ({address}): {type(e).__name__}: {e}"
@@ -62,7 +65,11 @@ class CommsTransport:
         async def send_all():
             await asyncio.gather(*(to_peer(d, items) for d, items in by_dst.items()))
 
-        call_on_loop(worker, send_all, run.timeout, f"{run.name()} phase 'send'")
+        try:
+            call_on_loop(worker, send_all, run.timeout, f"{run.name()} phase 'send'")
+        except RedistTimeoutError as e:
+            peers = ", ".join(f"{d} ({run.spec.workers[d]})" for d in sorted(unsent))
+            raise RedistTimeoutError(f"{e}: ranks {peers} did not take their pieces (stopped or busy?)") from None
 
     def exchange_factory(self, rank: int, nranks: int) -> Callable[[str, bytes], list]:
         """The all-gather of a process group over the scheduler, for NVSHMEM's bootstrap."""
