@@ -66,6 +66,21 @@ def test_a_rechunk_of_a_persisted_rechunk_is_found(method):
     assert decide(z.__dask_graph__(), chain, Settings(min_bytes=0)).collective
 
 
+def test_chunks_embedded_by_from_array_are_carried_by_the_stage_tasks():
+    """from_array of a NumPy array embeds each chunk in the graph: a key per chunk, then a stage
+    task per chunk. 10 000 chunks took 32 s against 16 s for dask's tasks rechunk on 2 workers
+    of the CPU machine; carried by the stage tasks, 16.3 s against 15.5 s."""
+    a = np.arange(96.0).reshape(12, 8)
+    x = da.from_array(a, chunks=(2, 8))
+    y = x.rechunk((12, 2), method="tasks")
+    new, (d,) = rewrite(y.__dask_graph__(), [y.__dask_keys__()], Settings(min_bytes=0))
+    assert set(new.layers) == {y.name}, set(new.layers)
+    stages = [t for k, t in new.layers[y.name].items() if isinstance(k, tuple) and k[0] == d.spec.stage_name]
+    assert len(stages) == 6 and all(not t.dependencies for t in stages)
+    carried = [t.args[-1].value for t in sorted(stages, key=lambda t: t.key)]  # (each its chunk)
+    np.testing.assert_array_equal(np.concatenate(carried), a)
+
+
 def test_input_tasks_run_inside_the_stage_tasks_where_nothing_else_needs_them():
     """One task per input chunk instead of two (dask's cost per task dominates small chunks)."""
     x = da.random.default_rng(0).random((12, 8), chunks=(2, 8))

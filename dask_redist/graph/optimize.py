@@ -23,7 +23,7 @@ from dask.base import tokenize
 from dask.core import flatten
 from dask.highlevelgraph import HighLevelGraph, MaterializedLayer
 
-from dask_redist.compat import P2P_PREFIX, RECHUNK_PREFIXES, GraphNode, Task
+from dask_redist.compat import P2P_PREFIX, RECHUNK_PREFIXES, DataNode, GraphNode, Task
 from dask_redist.config import Settings
 from dask_redist.core.spec import BARRIER_PREFIX, CollectiveSpec
 from dask_redist.graph.layer import collective_tasks
@@ -231,13 +231,18 @@ def rewrite(
     return HighLevelGraph(layers, deps), decisions
 
 
+def _is_array(value) -> bool:
+    return not isinstance(value, GraphNode) and hasattr(value, "shape") and hasattr(value, "dtype")
+
+
 def inlined_inputs(
     hlg: HighLevelGraph, chain: RechunkChain, requested: set, grid, force: bool = False
 ) -> tuple[dict, dict, bool] | None:
     """The tasks of the chain's input chunks, for its stage tasks to run themselves, the rest of
     their layer, and whether nothing else needs them; None where something else needs them
-    (unless ``force``: an earlier submission of these keys inlined them), they are data, or
-    their layer is annotated.
+    (unless ``force``: an earlier submission of these keys inlined them), they are Futures
+    or aliases, or their layer is annotated. Chunks that are data (``da.from_array`` of a
+    NumPy array embeds them) are carried by their stage tasks.
 
     A stage task after each input task is one more task per input chunk, and at a few
     thousand small chunks dask's cost per task is the rechunk's cost (2000 chunks on 2 workers
@@ -252,10 +257,13 @@ def inlined_inputs(
     rest = dict(hlg.layers[name])
     chunks = {}
     for idx in np.ndindex(*grid):
-        task = rest.pop((name, *idx), None)
-        if not isinstance(task, Task) or task.block_fusion:  # (data, an alias, another collective's output)
-            return None
-        chunks[task.key] = task
+        key = (name, *idx)
+        task = rest.pop(key, None)
+        if _is_array(task):  # (embedded by from_array: the stage task carries it)
+            task = DataNode(key, task)
+        if isinstance(task, Task) and task.block_fusion or not isinstance(task, (Task, DataNode)):
+            return None  # (an alias, a Future, another collective's output)
+        chunks[key] = task
     if any(set(t.dependencies) & chunks.keys() for t in rest.values() if isinstance(t, GraphNode)):
         return None
     return chunks, rest, exclusive
