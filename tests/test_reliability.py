@@ -250,38 +250,6 @@ def test_status_answers_while_a_worker_is_stopped():
         assert dask_redist.status(client)["unanswered"] == {}
 
 
-def test_a_worker_stopped_mid_run_is_named_by_the_timeout():
-    """A worker stopped (SIGSTOP) while a run is active: the run times out naming it, whichever
-    phase its peers were in (a 'send' timeout named only the rank that waited), and after
-    SIGCONT the cluster rechunks again."""
-    with local_cluster(3, threads_per_worker=1) as cluster, Client(cluster) as client:
-        handle = dask_redist.enable(engine="dask", retries=0, timeouts={"collective": "5s"})
-        x = da.random.default_rng(0).random((512, 512, 256), chunks=(16, 512, 256))  # 512 MiB
-        pids = client.run(os.getpid)
-        victim = sorted(pids)[1]
-        stopped = threading.Event()
-
-        def stop_when_active():
-            deadline = time.monotonic() + 60
-            while time.monotonic() < deadline and not dask_redist.status(client)["active"]:
-                time.sleep(0.01)
-            os.kill(pids[victim], signal.SIGSTOP)
-            stopped.set()
-
-        thread = threading.Thread(target=stop_when_active, daemon=True)
-        thread.start()
-        try:
-            with pytest.raises(RedistTimeoutError) as info:
-                x.rechunk((512, 16, 256)).sum(axis=(0, 2)).compute()
-        finally:
-            thread.join(70)
-            os.kill(pids[victim], signal.SIGCONT)
-        assert stopped.is_set() and victim in str(info.value), str(info.value)
-        a = data((64, 64, 8))
-        np.testing.assert_array_equal(da.from_array(a, chunks=(8, 64, 8)).rechunk((64, 8, 8)).compute(), a)
-        dask_redist.disable(handle)
-
-
 class StageKeys(SchedulerPlugin):
     """Counts the stage tasks of each graph the scheduler is given."""
 
