@@ -61,9 +61,9 @@ def _annotate_chunks(x) -> None:
     """Write ``x``'s chunks into its layer's annotation where that says otherwise."""
     layer = x.dask.layers.get(x.name) if hasattr(x.dask, "layers") else None
     annotations = getattr(layer, "collection_annotations", None)
-    if annotations is not None and "chunks" in annotations and not any(math.isnan(c) for c in x.shape):
-        if annotations["chunks"] != x.chunks:
-            annotations.update(chunks=x.chunks, shape=x.shape, chunksize=x.chunksize)
+    known = not any(math.isnan(c) for c in x.shape)
+    if known and annotations is not None and annotations.get("chunks", x.chunks) != x.chunks:
+        annotations.update(chunks=x.chunks, shape=x.shape, chunksize=x.chunksize)
 
 
 def _compute_chunk_sizes(self):

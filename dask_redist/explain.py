@@ -190,13 +190,14 @@ def explain(x, *, nworkers: int | None = None, settings: Settings | None = None)
     settings = settings or Settings.from_config()
     enabled = isinstance(dask.config.get("array_optimize", None), CollectiveOptimizer)
     client = _client()
+    workers = client.scheduler_info(n_workers=-1)["workers"] if client is not None else None
     if nworkers is None:
-        nworkers = len(client.scheduler_info(n_workers=-1)["workers"]) if client is not None else 2
+        nworkers = len(workers) if workers is not None else 2
     nworkers = max(1, nworkers)
     entries = []
     memory = None
-    if client is not None:  # (as the scheduler decides: from the workers' memory limits)
-        memory = memory_limits(w.get("memory_limit") for w in client.scheduler_info(n_workers=-1)["workers"].values())
+    if workers is not None:  # (as the scheduler decides: from the workers' memory limits)
+        memory = memory_limits(w.get("memory_limit") for w in workers.values())
     for output, method, spec, reason in _decisions(x, settings, memory):
         if spec is None:
             entries.append(Entry(output, method, "dask", reason))

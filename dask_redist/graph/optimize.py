@@ -17,7 +17,6 @@ import math
 import threading
 from dataclasses import dataclass, replace
 
-import dask
 import numpy as np
 from dask.base import tokenize
 from dask.core import flatten
@@ -29,7 +28,7 @@ from dask_redist.core.spec import BARRIER_PREFIX, CollectiveSpec
 from dask_redist.graph.layer import collective_tasks
 from dask_redist.runtime import ordering
 from dask_redist.planning import PlanError, RechunkSpec
-from dask_redist.planning.cost import beyond_memory, dask_is_faster
+from dask_redist.planning.cost import beyond_memory, dask_is_faster, pause_fraction
 
 def is_rechunk_layer(name: str) -> bool:
     return isinstance(name, str) and name.startswith(RECHUNK_PREFIXES)
@@ -185,8 +184,7 @@ def decide(hlg: HighLevelGraph, chain: RechunkChain, settings: Settings, old=Non
 
 def memory_limits(limits) -> tuple[list[int], float]:
     """(the workers' memory ``limits``, None read as 0: none, distributed's pause fraction), for `decide`."""
-    fraction = dask.config.get("distributed.worker.memory.pause") or 0.8
-    return [int(m or 0) for m in limits], fraction
+    return [int(m or 0) for m in limits], pause_fraction()
 
 
 def rewrite(

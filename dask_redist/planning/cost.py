@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 
+import dask
 from dask.utils import format_bytes
 
 from dask_redist.planning.geometry import RechunkSpec, axis_segments
@@ -50,6 +51,11 @@ def dask_is_faster(spec: RechunkSpec, kind: str) -> str | None:
         f"{pieces} pieces: Dask's rechunk is faster up to {AUTO_MAX_PIECES} pieces (redist.min-bytes: auto; "
         "set redist.min-bytes to a size, e.g. 0, to decide by bytes instead)"
     )
+
+
+def pause_fraction() -> float:
+    """The share of a worker's memory limit at which distributed pauses it (its default where unset)."""
+    return dask.config.get("distributed.worker.memory.pause") or 0.8
 
 
 def beyond_memory(nbytes: int, limits: list[int], fraction: float) -> str | None:

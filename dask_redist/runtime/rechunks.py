@@ -21,12 +21,12 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-import dask
 import numpy as np
 from dask.utils import format_bytes
 
 from dask_redist.core.spec import BARRIER_PREFIX, RunSpec
 from dask_redist.planning import Plan
+from dask_redist.planning.cost import pause_fraction
 from dask_redist.planning.geometry import chunk_nbytes
 
 
@@ -149,7 +149,7 @@ def over_memory(plan: Plan, ranks: list[str], workers: dict) -> str | None:
     fraction of its memory limit (``workers``: the scheduler's states; no limit: fits), or None.
     A collective holds both and cannot spill them; rather than have the nanny kill the worker,
     the run fails with the numbers."""
-    fraction = dask.config.get("distributed.worker.memory.pause") or 0.8
+    fraction = pause_fraction()
     limits = [getattr(workers.get(w), "memory_limit", 0) or 0 for w in ranks]
     in_bytes = np.bincount(
         plan.in_ranks.ravel(), weights=chunk_nbytes(plan.spec.old, plan.spec.itemsize).ravel(), minlength=plan.nranks
