@@ -14,7 +14,7 @@ import numpy as np
 from dask_redist.compat import keep_annotations_current
 from dask_redist.config import DEFAULTS, ConfigError, Settings
 from dask_redist.core.assemble import converted
-from dask_redist.errors import NotEligibleError, RedistError
+from dask_redist.errors import NotEligibleError, RedistError, RedistTimeoutError
 from dask_redist.graph.optimize import CollectiveOptimizer, decide, find_rechunks, rewrite
 
 
@@ -159,9 +159,18 @@ def status(client=None) -> dict:
     """
     from distributed import default_client
 
+    from dask_redist.runtime.scheduler import STATUS_TIMEOUT_S
+
     client = client or default_client()
     _ensure_scheduler_plugin(client)
-    return client.sync(client.scheduler.redist_status)
+    limit = STATUS_TIMEOUT_S + 20  # the scheduler gives each worker STATUS_TIMEOUT_S; its own answer is quick
+    try:
+        return client.sync(client.scheduler.redist_status, callback_timeout=limit)
+    except TimeoutError as e:
+        raise RedistTimeoutError(
+            f"the scheduler at {client.scheduler.address} did not answer dask_redist.status() within {limit:g}s "
+            "(its event loop is blocked, or it is gone)"
+        ) from e
 
 
 def _ensure_scheduler_plugin(client) -> None:

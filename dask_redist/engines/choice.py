@@ -104,6 +104,26 @@ class EngineSelector:
             _numpy_reason(spec, kind),
         )
 
+    def refusal(self, engine: str, workers, kind: str, dtype) -> str | None:
+        """Why a run on ``engine`` over ``workers`` of ``kind`` chunks of ``dtype`` must not start, or None.
+
+        NumPy chunks of dtypes only the dask engine moves. Workers stranded in an NVSHMEM world that lost a PE cannot leave it (NVSHMEM's frees and
+        finalize wait for the dead PE, holding the process): asked to form a new world they would
+        never return. ``auto`` never picks cufftmp then; ``redist.engine: cufftmp`` is refused here.
+        """
+        if engine != "cufftmp":
+            return None
+        if kind == "numpy" and (problem := host_dtype_problem(dtype)):
+            return problem
+        if not (stranded := sorted(set(self.world.stranded) & set(workers))):
+            return None
+        return (
+            f"redist.engine is cufftmp, but workers {stranded} are stranded in an NVSHMEM world that cannot be "
+            f"left ({self.world.broken}). Call dask_redist.bootstrap(client, restart_broken=True) to restart them "
+            "(their data is lost), or restart them yourself; meanwhile redist.engine: auto runs GPU rechunks on "
+            "the dask engine"
+        )
+
     def run_started(self, engine: str, workers) -> None:
         if engine == "cufftmp":
             self.world.members = tuple(workers)  # the workers bootstrap over this set if they have not yet

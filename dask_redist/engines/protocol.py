@@ -6,6 +6,8 @@ An engine moves one rank's pieces of a run. The worker side of the runtime asks 
   and finish it with its output chunks; raise to fail it;
 * ``abandoned(run)``: ``run`` was aborted while ``execute`` was inside a call that ignores
   aborts, and later runs go on without it;
+* ``worker_left(address)``: a worker of the cluster left (died or retired); an engine that
+  keeps a world spanning it learns that the world cannot be left normally any more;
 * ``health()``: whether it can still run here (`Health`): read after every run, and by the
   watchdog while a run is in flight;
 * ``stats()``: counters for benchmarks and ``bootstrap()``;
@@ -66,6 +68,9 @@ class Engine:
 
     def abandoned(self, run: WorkerRun) -> None:
         """``run`` was aborted but ``execute`` never returned; later runs use a new thread."""
+
+    def worker_left(self, address: str) -> None:
+        """The worker at ``address`` left the cluster (called on the worker's event loop: be quick)."""
 
     def health(self) -> Health:
         return Health()

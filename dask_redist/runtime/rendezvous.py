@@ -56,13 +56,24 @@ async def ask_each(scheduler, msg: dict, workers, timeout: float) -> dict:
     SIGSTOP held ``dask_redist.status`` until it was resumed."""
 
     async def one(worker: str):
-        try:
-            answers = await asyncio.wait_for(scheduler.broadcast(msg=msg, workers=[worker]), timeout)
-        except asyncio.TimeoutError:
+        # not asyncio.wait_for: it returns only once the cancelled call has unwound, and a call
+        # to a worker whose process is frozen need not unwind promptly
+        call = asyncio.ensure_future(scheduler.broadcast(msg=msg, workers=[worker]))
+        done, _ = await asyncio.wait([call], timeout=timeout)
+        if not done:
+            call.cancel()
+            call.add_done_callback(_retrieve)
             return f"no answer within {timeout:g}s (the worker is stopped or busy)"
+        try:
+            return call.result().get(worker)
         except Exception as e:  # (it left, or the handler failed)
             return f"{type(e).__name__}: {e}"
-        return answers.get(worker)
 
     workers = list(workers)
     return dict(zip(workers, await asyncio.gather(*map(one, workers))))
+
+
+def _retrieve(call: asyncio.Future) -> None:
+    """Consume the outcome of a call given up on (asyncio would log it as never retrieved)."""
+    if not call.cancelled():
+        call.exception()

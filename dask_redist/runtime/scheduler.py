@@ -39,7 +39,6 @@ from distributed.utils import log_errors, offload
 from dask_redist.config import Settings
 from dask_redist.core.spec import BARRIER_PREFIX, STAGE_PREFIX, BarrierTask, CollectiveSpec, RunSpec, stage_token
 from dask_redist.engines.choice import EngineSelector
-from dask_redist.engines.cufftmp.host import host_dtype_problem
 from dask_redist.errors import KINDS
 from dask_redist.planning import make_plan
 from dask_redist.runtime import ordering
@@ -124,7 +123,7 @@ class RedistSchedulerPlugin(SchedulerPlugin):
             self.history.append({"token": token, "outcome": "cancelled", "why": "no output of it is wanted"})
             return {"status": "OK", "run_id": 0}
         engine, reason = await self._choose_engine(spec, kind, ranks)
-        if engine == "cufftmp" and kind == "numpy" and (problem := host_dtype_problem(spec.dtype)):
+        if problem := self.engines.refusal(engine, ranks, kind, spec.dtype):
             return {"status": "error", "fatal": True, "message": problem}
         self.engines.run_started(engine, ranks)  # (a worker leaving while we plan breaks that world)
         plan = await offload(make_plan, spec.rechunk, in_ranks, len(ranks), needed=needed)

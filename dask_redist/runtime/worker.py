@@ -237,11 +237,14 @@ class WorkerState:
 
     def handle_gone(self, worker: str) -> None:
         """``worker`` left: a run already aborted that it was a rank of cannot be completed any more
-        (`WorkerRun.must_stop`); one still running learns it from the abort that follows."""
+        (`WorkerRun.must_stop`); one still running learns it from the abort that follows. Engines
+        hear of it too (a world spanning it cannot be left normally any more)."""
         with self._lock:
             runs = [r for r in self.runs.values() if worker in r.spec.workers and r.state == "failed"]
         for run in runs:
             run.fail(run.error, gone=[worker])
+        for engine in loaded_engines().values():
+            engine.worker_left(worker)
 
     def handle_cleanup(self, token: str, run_id: int) -> None:
         """Forget the runs of ``token`` up to ``run_id`` (they are done)."""

@@ -92,6 +92,9 @@ class CufftMpEngine(Engine):
         """``run`` was aborted while inside NVSHMEM (its bootstrap, or a GPU wait) and never returned."""
         self.broken = f"{run.name()} was aborted inside NVSHMEM (phase {run.phase!r}) and never returned"
 
+    def worker_left(self, address: str) -> None:
+        self.world.member_left(address)
+
     # -- world -------------------------------------------------------------------------
 
     def bootstrap(self, run, exchange_factory) -> None:

@@ -139,6 +139,17 @@ class World:
         logger.info("NVSHMEM bootstrapped over %d workers in %.2fs", len(workers), self.bootstrap_s)
         return True
 
+    def member_left(self, address: str) -> None:
+        """A worker of this world left: the world can never be left normally (NVSHMEM's frees and
+        finalize wait for every PE), so this process refuses cufftmp runs until it is restarted,
+        at once and saying so, instead of blocking inside NVSHMEM when asked to form a new world."""
+        if self.members is not None and address in self.members and self.broken is None:
+            self.broken = (
+                f"worker {address} of this worker's NVSHMEM world left, and NVSHMEM cannot leave a world that lost "
+                "a PE (its frees and finalize wait for that PE forever); restart this worker: "
+                "dask_redist.bootstrap(client, restart_broken=True)"
+            )
+
     @staticmethod
     def _heap_problem() -> str | None:
         try:

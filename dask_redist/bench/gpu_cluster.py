@@ -1,0 +1,120 @@
+"""A local GPU cluster of N worker processes over fewer GPUs: several NVSHMEM PEs per GPU.
+
+`LocalCUDACluster` gives each worker a GPU of its own and refuses a device twice ("Can not
+scale beyond visible devices"). NVSHMEM itself lets several processes share a GPU, so a
+scheduler and N ``dask cuda worker`` processes, each started with ``CUDA_VISIBLE_DEVICES`` set
+to one GPU, form one NVSHMEM world of N PEs on fewer GPUs: what a user gets by starting the
+workers by hand. On such a world values, aborts, restarts, stranded peers and memory per PE
+behave as on separate GPUs; speed does not (the PEs share one GPU's bandwidth and time-slice).
+The GPU tests (``REDIST_TEST_PES``) and ``dask-redist ... --gpu --pes-per-gpu N`` use it.
+
+The workers are real ``dask cuda worker`` processes under their nannies (a worker killed is
+restarted by its nanny, as in any deployment), in a process group of their own so that
+closing the cluster ends every one of them.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+
+#: NVSHMEM's symmetric heap per PE where nobody set one: room for N PEs on one 141 GB H200
+#: next to their CuPy pools (8 GiB at up to 4 PEs per GPU, 4 GiB beyond).
+HEAP_PER_PE = {4: "8G", 8: "4G"}
+
+
+def visible_gpus() -> list[str]:
+    """The GPUs this process may use, as ``CUDA_VISIBLE_DEVICES`` entries."""
+    if visible := os.environ.get("CUDA_VISIBLE_DEVICES"):
+        return [d.strip() for d in visible.split(",") if d.strip()]
+    import cupy
+
+    return [str(i) for i in range(cupy.cuda.runtime.getDeviceCount())]
+
+
+def heap_per_pe(pes_per_gpu: int) -> str:
+    """NVSHMEM_SYMMETRIC_SIZE for ``pes_per_gpu`` PEs sharing a GPU (the environment's, if set)."""
+    if size := os.environ.get("NVSHMEM_SYMMETRIC_SIZE"):
+        return size
+    return next((size for most, size in sorted(HEAP_PER_PE.items()) if pes_per_gpu <= most), "2G")
+
+
+class SharedGPUCluster:
+    """A scheduler in this process and ``workers`` ``dask cuda worker`` processes, ``pes_per_gpu``
+    on each GPU in turn (worker i on GPU i // pes_per_gpu). A context manager; ``scheduler_address``.
+
+    ``env``: more environment for the workers (``redist.*`` settings as ``DASK_REDIST__...``).
+    """
+
+    def __init__(self, workers: int, pes_per_gpu: int, *, protocol: str = "tcp", env: dict | None = None,
+                 timeout: float = 180.0):  # fmt: skip
+        gpus = visible_gpus()
+        if pes_per_gpu < 1 or workers < 1:
+            raise ValueError(f"workers ({workers}) and pes_per_gpu ({pes_per_gpu}) must be at least 1")
+        if workers > pes_per_gpu * len(gpus):
+            raise ValueError(
+                f"{workers} workers do not fit {len(gpus)} visible GPU(s) at {pes_per_gpu} per GPU; "
+                "raise --pes-per-gpu or lower --workers"
+            )
+        self.devices = [gpus[i // pes_per_gpu] for i in range(workers)]
+        self.pes_per_gpu = pes_per_gpu
+        self.protocol = protocol
+        self.env = {"NVSHMEM_SYMMETRIC_SIZE": heap_per_pe(pes_per_gpu), **(env or {})}
+        self.timeout = timeout
+        self.scheduler = None
+        self.processes: list[subprocess.Popen] = []
+
+    @property
+    def scheduler_address(self) -> str:
+        return self.scheduler.scheduler_address
+
+    def __enter__(self) -> SharedGPUCluster:
+        from distributed import Client, LocalCluster
+
+        self.scheduler = LocalCluster(n_workers=0, protocol=self.protocol, dashboard_address=None)
+        try:
+            for device in self.devices:
+                self.processes.append(self._start_worker(device))
+            with Client(self.scheduler_address, set_as_default=False) as client:
+                client.wait_for_workers(len(self.devices), timeout=self.timeout)
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _start_worker(self, device: str) -> subprocess.Popen:
+        dask = shutil.which("dask", path=os.path.dirname(sys.executable)) or shutil.which("dask")
+        if dask is None:
+            raise RuntimeError("no `dask` command next to this Python: install distributed (and dask-cuda) here")
+        command = [dask, "cuda", "worker", self.scheduler_address, "--nthreads", "1", "--no-dashboard",
+                   "--death-timeout", "60"]  # fmt: skip
+        env = {**os.environ, **self.env, "CUDA_VISIBLE_DEVICES": device}
+        # a session of its own: closing the cluster signals the nanny and its worker together
+        return subprocess.Popen(command, env=env, start_new_session=True)
+
+    def close(self) -> None:
+        for p in self.processes:
+            _signal_group(p, signal.SIGTERM)
+        for p in self.processes:
+            try:
+                p.wait(30)
+            except subprocess.TimeoutExpired:
+                _signal_group(p, signal.SIGKILL)
+                p.wait(10)
+        self.processes = []
+        if self.scheduler is not None:
+            self.scheduler.close()
+            self.scheduler = None
+
+
+def _signal_group(process: subprocess.Popen, sig: int) -> None:
+    try:
+        os.killpg(process.pid, sig)
+    except ProcessLookupError:
+        pass

@@ -1,0 +1,99 @@
+"""Survivors of an NVSHMEM world that lost a PE: refused at once, never asked to leave it.
+
+NVSHMEM's frees and finalize wait for every PE of the world; in a survivor whose peer died they
+never return and hold the process (seen on the GPU node: a soak with `redist.engine: cufftmp`
+stalled for minutes after its first kill). So the scheduler refuses cufftmp runs over stranded
+workers with the remedy, and each worker's engine, told that a member of its world left,
+refuses to touch that world again. On CPU the world is pretended (the scheduler's record, the
+engine's members); the messages and refusals are the real ones.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import dask.array as da
+import numpy as np
+import pytest
+from conftest import local_cluster
+from distributed import Client
+
+import dask_redist
+from dask_redist.engines.cufftmp.world import World
+from dask_redist.errors import RedistError
+
+
+@pytest.fixture
+def own_cluster():
+    with local_cluster(3) as cluster, Client(cluster) as client:
+        client.wait_for_workers(3)
+        yield client
+
+
+def _pretend_world_on_scheduler(dask_scheduler):
+    world = dask_scheduler.plugins["redist"].engines.world
+    world.members = tuple(sorted(dask_scheduler.workers))
+    return world.members
+
+
+def _pretend_world_on_worker(members):
+    from dask_redist.engines import get_engine
+
+    get_engine("cufftmp").world.members = tuple(members)
+
+
+def _cufftmp_broken():
+    from dask_redist.engines import get_engine
+
+    return get_engine("cufftmp").health().broken
+
+
+def _kill(client, victim: str) -> None:
+    pid = client.run(os.getpid, workers=[victim])[victim]
+    os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 60
+    while victim in client.scheduler_info()["workers"]:
+        assert time.monotonic() < deadline, "the killed worker never left"
+        time.sleep(0.1)
+
+
+def test_a_world_member_leaving_breaks_the_world_with_the_remedy():
+    world = World()
+    world.member_left("tcp://10.0.0.9:1")  # no world yet: nothing to break
+    assert world.broken is None
+    world.members = ("tcp://10.0.0.1:1", "tcp://10.0.0.2:1")
+    world.member_left("tcp://10.0.0.9:1")  # not a member
+    assert world.broken is None
+    world.member_left("tcp://10.0.0.2:1")
+    assert "tcp://10.0.0.2:1" in world.broken and "restart_broken=True" in world.broken
+
+
+def test_forced_cufftmp_over_stranded_survivors_fails_at_once_with_the_remedy(own_cluster):
+    client = own_cluster
+    x = da.from_array(np.arange(32 * 32.0).reshape(32, 32), chunks=(8, 32))
+    with dask_redist.enable(engine="dask"):
+        x.rechunk((32, 8)).compute()  # registers the plugins
+    members = client.run_on_scheduler(_pretend_world_on_scheduler)
+    client.run(_pretend_world_on_worker, members)
+    victim = members[0]
+    _kill(client, victim)
+
+    # every survivor's engine heard that its world lost a PE (the scheduler's redist-gone)
+    survivors = [w for w in members if w != victim]
+    deadline = time.monotonic() + 30
+    while not all(client.run(_cufftmp_broken, workers=survivors).values()):
+        assert time.monotonic() < deadline, client.run(_cufftmp_broken, workers=survivors)
+        time.sleep(0.1)
+    assert all(victim in why for why in client.run(_cufftmp_broken, workers=survivors).values())
+
+    start = time.monotonic()
+    with dask_redist.enable(engine="cufftmp", timeouts={"collective": "120s", "bootstrap": "120s"}):
+        with pytest.raises(RedistError, match="stranded") as info:
+            x.rechunk((32, 8)).compute()
+    assert time.monotonic() - start < 30  # refused at the barrier, not after a timeout
+    assert "restart_broken=True" in str(info.value)
+    assert any(w in str(info.value) for w in survivors)
+    # the status of every worker still answers (nothing blocked behind the refused run)
+    assert dask_redist.status(client)["unanswered"] == {}
