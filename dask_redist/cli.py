@@ -26,6 +26,7 @@ def _table(rows: list[dict], title: str = "") -> Table:
 @contextlib.contextmanager
 def _client(args):
     """A Client to ``--scheduler``, or to a local cluster started here (CUDA with --gpu)."""
+    import dask
     from distributed import Client, LocalCluster
 
     if args.scheduler:
@@ -46,18 +47,29 @@ def _client(args):
                 ) from None
             yield client
         return
-    if args.gpu:
-        from dask_cuda import LocalCUDACluster
+    # A worker killed (the soak's kills, a crash) is restarted by its nanny; on a loaded machine that
+    # can take longer than the 15 s after which LocalCluster closes the nanny of a lost worker name
+    # (distributed.deploy.lost-worker-timeout), shrinking the cluster for good.
+    with dask.config.set({"distributed.deploy.lost-worker-timeout": "1h"}):
+        if args.gpu and args.pes_per_gpu:
+            from dask_redist.bench.gpu_cluster import SharedGPUCluster
 
-        cluster = LocalCUDACluster(n_workers=args.workers, dashboard_address=None, protocol=args.protocol)
-    else:
-        cluster = LocalCluster(
-            n_workers=args.workers, threads_per_worker=args.threads, processes=True, dashboard_address=None,
-            protocol=args.protocol,
-        )  # fmt: skip
-    with cluster, Client(cluster) as client:
-        client.wait_for_workers(args.workers)
-        yield client
+            with SharedGPUCluster(args.workers, args.pes_per_gpu, protocol=args.protocol) as shared:
+                with Client(shared.scheduler_address) as client:
+                    yield client
+            return
+        if args.gpu:
+            from dask_cuda import LocalCUDACluster
+
+            cluster = LocalCUDACluster(n_workers=args.workers, dashboard_address=None, protocol=args.protocol)
+        else:
+            cluster = LocalCluster(
+                n_workers=args.workers, threads_per_worker=args.threads, processes=True, dashboard_address=None,
+                protocol=args.protocol,
+            )  # fmt: skip
+        with cluster, Client(cluster) as client:
+            client.wait_for_workers(args.workers)
+            yield client
 
 
 def _cluster_args(p: argparse.ArgumentParser, workers: int = 2):
@@ -69,6 +81,11 @@ def _cluster_args(p: argparse.ArgumentParser, workers: int = 2):
     p.add_argument("--workers", type=int, default=workers, help="workers of the local cluster")
     p.add_argument("--threads", type=int, default=1, help="threads per worker of the local CPU cluster")
     p.add_argument("--gpu", action="store_true", help="LocalCUDACluster and CuPy chunks")
+    p.add_argument(
+        "--pes-per-gpu", type=int, metavar="N",
+        help="with --gpu: start --workers `dask cuda worker` processes, N sharing each GPU (one NVSHMEM PE each): "
+        "values, faults and restarts as on separate GPUs, but not their speed",
+    )  # fmt: skip
     p.add_argument("--protocol", default="tcp", help="tcp or ucx (local cluster)")
 
 
@@ -258,8 +275,13 @@ def soak(args) -> int:
 
     kind = "cupy" if args.gpu and not args.numpy else "numpy"
     options = {"engine": args.engine} if args.engine else {}
+
+    def progress(line: str) -> None:  # as it goes: a stall shows where it stopped
+        console.print(line, markup=False, highlight=False, soft_wrap=True)
+
     with _client(args) as client:
-        s = Soak(client, seed=args.seed, kind=kind, max_bytes=parse_bytes(args.max_bytes), steps=args.kinds, **options)
+        s = Soak(client, seed=args.seed, kind=kind, max_bytes=parse_bytes(args.max_bytes), steps=args.kinds,
+                 gpu=args.gpu, progress=progress, **options)  # fmt: skip
         report = s.run(steps=args.steps, minutes=None if args.steps else args.minutes)
     by_kind = collections.defaultdict(list)
     for step in report.steps:

@@ -3,6 +3,7 @@
     python examples/quickstart.py                  # CPU: LocalCluster of 2 worker processes, NumPy chunks
     python examples/quickstart.py --size 1GiB      # a bigger array
     python examples/quickstart.py --gpu            # dask-cuda LocalCUDACluster (one worker per GPU), CuPy chunks
+    python examples/quickstart.py --gpu --scheduler tcp://host:8786   # workers you started (`dask cuda worker`)
 
 A random (n, n, n) float64 array in slabs along axis 0 is rechunked to slabs along
 axis 1 with a plain ``x.rechunk(...)`` under ``dask_redist.enable()``; a reduction
@@ -14,6 +15,7 @@ not a benchmark (``dask-redist bench`` is the benchmark).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import math
 import time
@@ -37,6 +39,20 @@ def start_cluster(args):
         processes=True,
         dashboard_address=":0",
     )
+
+
+@contextlib.contextmanager
+def connect(args):
+    """A Client to ``--scheduler`` (workers you started, e.g. ``dask cuda worker`` processes), or to a
+    local cluster started here."""
+    if args.scheduler:
+        with Client(args.scheduler) as client:
+            client.wait_for_workers(1, timeout=60)
+            yield client
+        return
+    with start_cluster(args) as cluster, Client(cluster) as client:
+        client.wait_for_workers(len(cluster.workers))
+        yield client
 
 
 def random_array(n: int, nslabs: int, seed: int, gpu: bool) -> da.Array:
@@ -85,6 +101,7 @@ def main(argv=None) -> int:
     )
     p.add_argument("--threads", type=int, default=1, help="threads per CPU worker (default 1)")
     p.add_argument("--gpu", action="store_true", help="LocalCUDACluster and CuPy chunks")
+    p.add_argument("--scheduler", help="address of a running cluster's scheduler instead of a local cluster")
     args = p.parse_args(argv)
     logging.getLogger("distributed.shuffle").setLevel(logging.ERROR)  # p2p's per-run notices
 
@@ -95,9 +112,8 @@ def main(argv=None) -> int:
     else:
         import numpy as xp
 
-    with start_cluster(args) as cluster, Client(cluster) as client:
-        nworkers = len(cluster.workers)
-        client.wait_for_workers(nworkers)
+    with connect(args) as client:
+        nworkers = len(client.scheduler_info()["workers"])
         kind = "CuPy" if args.gpu else "NumPy"
         print(f"cluster: {nworkers} workers ({'dask-cuda' if args.gpu else 'processes'}), {kind} chunks")
 

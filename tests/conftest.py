@@ -49,20 +49,34 @@ def local_cluster(n_workers: int, **kwargs):
     return LocalCluster(n_workers=n_workers, **{**options, **kwargs})
 
 
+def gpu_layout() -> tuple[int, int]:
+    """(GPUs, workers per GPU) the GPU tests use: ``REDIST_TEST_GPUS`` (default 2) and
+    ``REDIST_TEST_PES`` (default 1; more: that many `dask cuda worker` processes share each GPU,
+    one NVSHMEM PE each, as `dask_redist.bench.gpu_cluster` starts them)."""
+    return int(os.environ.get("REDIST_TEST_GPUS", "2")), int(os.environ.get("REDIST_TEST_PES", "1"))
+
+
 def gpu_client(**cluster_options):
-    """A Client on a LocalCUDACluster of ``REDIST_TEST_GPUS`` (default 2) workers, one per GPU;
-    skips where the GPUs or the GPU packages are missing. A generator: ``yield from`` it."""
+    """A Client on ``REDIST_TEST_GPUS`` GPUs with ``REDIST_TEST_PES`` workers each (`gpu_layout`):
+    a LocalCUDACluster at one per GPU, else a `SharedGPUCluster`; skips where the GPUs or the GPU
+    packages are missing. A generator: ``yield from`` it."""
     cupy = pytest.importorskip("cupy")
     pytest.importorskip("dask_cuda")
     pytest.importorskip("nvmath")
     from dask_cuda import LocalCUDACluster
     from distributed import Client
 
-    # REDIST_TEST_GPUS=1 runs what one GPU can (a world of one PE); the tests that need peers skip
-    want = int(os.environ.get("REDIST_TEST_GPUS", "2"))
+    # REDIST_TEST_GPUS=1 runs what one GPU can (a world of one PE); REDIST_TEST_PES=2 gives it peers
+    want, pes = gpu_layout()
     n = min(want, cupy.cuda.runtime.getDeviceCount())
     if n < want or n < 1:
         pytest.skip(f"needs {want} GPUs")
+    if pes > 1:
+        from dask_redist.bench.gpu_cluster import SharedGPUCluster
+
+        with SharedGPUCluster(n * pes, pes, **cluster_options) as shared, Client(shared.scheduler_address) as client:
+            yield client
+        return
     os.environ.setdefault("NVSHMEM_SYMMETRIC_SIZE", "4G")  # inherited by the workers
     with LocalCUDACluster(n_workers=n, dashboard_address=None, **cluster_options) as cluster, Client(cluster) as client:
         yield client

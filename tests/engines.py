@@ -222,3 +222,14 @@ class _Done:
     def done(self) -> bool:
         self._done = self._done or self._test()
         return self._done
+
+
+class SleepingEngine(DaskEngine):
+    """Every rank sleeps through its run, deaf to aborts, as ranks held inside a native call are."""
+
+    pause = 8.0
+
+    def execute(self, run, transport):
+        run.set_phase("asleep")
+        time.sleep(self.pause)
+        super().execute(run, transport)

@@ -3,6 +3,7 @@ through nbclient (skipped where nbclient is not installed). GPU variants carry t
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -52,24 +53,39 @@ def test_fft_pipeline():
     assert "equals numpy.fft.fftn" in out
 
 
-def _two_gpus():
+@contextlib.contextmanager
+def gpu_workers():
+    """``--workers 2`` on 2 GPUs, or ``--scheduler`` of 2 `dask cuda worker` processes sharing GPUs
+    (``REDIST_TEST_PES`` > 1): the command-line arguments that give an example two GPU workers."""
     cupy = pytest.importorskip("cupy")
     pytest.importorskip("dask_cuda")
+    from conftest import gpu_layout
+
+    _, pes = gpu_layout()
+    if pes > 1:
+        from dask_redist.bench.gpu_cluster import SharedGPUCluster
+
+        with SharedGPUCluster(2, pes) as cluster:
+            yield ["--scheduler", cluster.scheduler_address]
+        return
     if cupy.cuda.runtime.getDeviceCount() < 2:
-        pytest.skip("needs 2 GPUs")
+        pytest.skip("needs 2 GPUs, or REDIST_TEST_PES=2 to share one")
+    yield ["--workers", "2"]
 
 
 @pytest.mark.gpu
 def test_quickstart_gpu():
-    _two_gpus()
-    out = run_example("quickstart.py", "--gpu", "--workers", "2", "--size", "16MiB", "--slabs", "4")
+    with gpu_workers() as where:
+        out = run_example("quickstart.py", "--gpu", *where, "--size", "16MiB", "--slabs", "4")
     assert "collective run: engine" in out
 
 
 @pytest.mark.gpu
 def test_fft_pipeline_gpu():
-    _two_gpus()
-    out = run_example("fft_pipeline.py", "--gpu", "--workers", "2", "--n", "64", "--slabs", "4")
+    with gpu_workers() as where:
+        if where[0] == "--scheduler":
+            pytest.skip("examples/fft_pipeline.py starts its own cluster")
+        out = run_example("fft_pipeline.py", "--gpu", *where, "--n", "64", "--slabs", "4")
     assert "collective run: engine cufftmp" in out
     assert "equals cupy.fft.fftn" in out
 
@@ -97,10 +113,10 @@ def test_notebook(tmp_path):
 
 @pytest.mark.gpu
 def test_doctor_cli_gpu():
-    """`dask-redist doctor --gpu` on a LocalCUDACluster: every piece found, auto picks cufftmp."""
-    _two_gpus()
-    out = subprocess.run(
-        [sys.executable, "-m", "dask_redist.cli", "doctor", "--gpu", "--workers", "2"],
-        capture_output=True, text=True, timeout=300, check=True,
-    ).stdout  # fmt: skip
+    """`dask-redist doctor --gpu` on two GPU workers: every piece found, auto picks cufftmp."""
+    with gpu_workers() as where:
+        out = subprocess.run(
+            [sys.executable, "-m", "dask_redist.cli", "doctor", "--gpu", *where],
+            capture_output=True, text=True, timeout=300, check=True,
+        ).stdout  # fmt: skip
     assert "engine `auto` picks for CuPy chunks: cufftmp" in out, out

@@ -1,7 +1,9 @@
-"""The NVSHMEM world as the cluster changes (marker ``gpu``; skipped without 2 GPUs).
+"""The NVSHMEM world as the cluster changes (marker ``gpu``; needs 2 GPUs, or ``REDIST_TEST_PES=2``).
 
-Each test starts a LocalCUDACluster of its own (after tests/test_gpu.py let go of
-the GPUs): one that grows from one worker to two, one whose GPUs an RMM pool holds.
+Each test starts a cluster of its own (after tests/test_gpu.py let go of the GPUs): one that
+grows from one worker to two, one whose GPUs an RMM pool holds, one of `dask cuda worker`
+processes started apart. A LocalCUDACluster on 2 GPUs, or with ``REDIST_TEST_PES`` > 1 worker
+processes sharing the GPUs (`dask_redist.bench.gpu_cluster`).
 """
 
 from __future__ import annotations
@@ -10,26 +12,30 @@ import os
 
 import dask
 import pytest
-from conftest import scheduler_history
+from conftest import gpu_layout, scheduler_history
 from distributed import wait
 
 import dask_redist
 from dask_redist.bench import check, placed_array
+from dask_redist.bench.gpu_cluster import SharedGPUCluster
 from test_gpu import CASES, run_case
 
 pytestmark = pytest.mark.gpu
 
 
-def _cluster(**kwargs):
+def _cluster(n_workers: int, **kwargs):
     cupy = pytest.importorskip("cupy")
     pytest.importorskip("dask_cuda")
     pytest.importorskip("nvmath")
     from dask_cuda import LocalCUDACluster
 
+    _, pes = gpu_layout()
+    if pes > 1:
+        return SharedGPUCluster(n_workers, pes, **kwargs)
     if cupy.cuda.runtime.getDeviceCount() < 2:
-        pytest.skip("needs 2 GPUs")
+        pytest.skip("needs 2 GPUs, or REDIST_TEST_PES=2 to share one")
     os.environ.setdefault("NVSHMEM_SYMMETRIC_SIZE", "4G")
-    return LocalCUDACluster(dashboard_address=None, CUDA_VISIBLE_DEVICES="0,1", **kwargs)
+    return LocalCUDACluster(n_workers=n_workers, dashboard_address=None, CUDA_VISIBLE_DEVICES="0,1", **kwargs)
 
 
 def _rechunk(client, seed, **options):
@@ -47,7 +53,7 @@ def test_a_worker_joins_then_bootstrap_reforms_the_world():
     GPU rechunks run on the dask engine (never a hang) until bootstrap forms the new world."""
     from distributed import Client
 
-    with _cluster(n_workers=1) as cluster, Client(cluster) as client:
+    with _cluster(1) as cluster, Client(cluster.scheduler_address) as client:
         first = _rechunk(client, 31, engine="cufftmp")  # an NVSHMEM world of one PE
         assert first["engine"] == "cufftmp" and first["outcome"] == "done", first
         pids = client.run(os.getpid)
@@ -71,8 +77,9 @@ def test_an_rmm_pool_that_leaves_no_room_for_nvshmem():
     from distributed import Client
 
     free, total = cupy.cuda.runtime.memGetInfo()
-    pool = (total - 12 * 2**30) // 2**20 * 2**20  # leaves about 12 GiB, less the CUDA contexts
-    with _cluster(n_workers=2, rmm_pool_size=pool) as cluster, Client(cluster) as client:
+    _, pes = gpu_layout()
+    pool = (total - 12 * 2**30) // pes // 2**20 * 2**20  # leaves about 12 GiB per GPU, less the CUDA contexts
+    with _cluster(2, rmm_pool_size=pool) as cluster, Client(cluster.scheduler_address) as client:
         with dask.config.set({"redist.nvshmem.symmetric-size": "32GiB"}):
             fell_back = _rechunk(client, 41, engine="auto")
             assert fell_back["engine"] == "dask" and "redist.nvshmem.symmetric-size" in fell_back["why"], fell_back
@@ -86,39 +93,22 @@ def test_an_rmm_pool_that_leaves_no_room_for_nvshmem():
 
 def test_two_worker_processes_that_each_see_one_gpu():
     """As on separate nodes: each worker is its own ``dask cuda worker`` process that sees only
-    its GPU (CUDA_VISIBLE_DEVICES=0 and =1), joined to a scheduler started apart. The rechunk
-    is right either way; it runs on cufftmp if NVSHMEM connects such processes, and otherwise
-    falls back to the dask engine with a reason that names NVSHMEM (never a hang)."""
-    import shutil
-    import subprocess
-    import sys
-
+    its GPU (CUDA_VISIBLE_DEVICES=0 and =1, or both =0 with REDIST_TEST_PES=2), joined to a
+    scheduler started apart. The rechunk is right either way; it runs on cufftmp if NVSHMEM
+    connects such processes, and otherwise falls back to the dask engine with a reason that
+    names NVSHMEM (never a hang)."""
     cupy = pytest.importorskip("cupy")
     pytest.importorskip("dask_cuda")
     pytest.importorskip("nvmath")
-    from distributed import Client, LocalCluster
+    from distributed import Client
 
-    if cupy.cuda.runtime.getDeviceCount() < 2:
-        pytest.skip("needs 2 GPUs")
-    dask_cli = shutil.which("dask") or pytest.skip("no `dask` command")
-    env = {**os.environ, "NVSHMEM_SYMMETRIC_SIZE": os.environ.get("NVSHMEM_SYMMETRIC_SIZE", "4G")}
-    with LocalCluster(n_workers=0, dashboard_address=None) as scheduler, Client(scheduler) as client:
-        workers = [
-            subprocess.Popen(
-                [dask_cli, "cuda", "worker", scheduler.scheduler_address, "--nthreads", "1", "--no-dashboard"],
-                env={**env, "CUDA_VISIBLE_DEVICES": str(gpu)}, stdout=sys.stdout, stderr=sys.stderr,
-            )
-            for gpu in (0, 1)
-        ]  # fmt: skip
-        try:
-            client.wait_for_workers(2, timeout=120)
-            assert sorted(client.run(lambda: os.environ["CUDA_VISIBLE_DEVICES"]).values()) == ["0", "1"]
-            record = _rechunk(client, 51, engine="auto")
-            assert record["outcome"] == "done", record
-            assert record["engine"] == "cufftmp" or "NVSHMEM" in record["why"], record
-            print(f"two one-GPU processes: engine {record['engine']} ({record['why']})")
-        finally:
-            for p in workers:
-                p.terminate()
-            for p in workers:
-                p.wait(30)
+    _, pes = gpu_layout()
+    if cupy.cuda.runtime.getDeviceCount() * pes < 2:
+        pytest.skip("needs 2 GPUs, or REDIST_TEST_PES=2 to share one")
+    with SharedGPUCluster(2, pes) as cluster, Client(cluster.scheduler_address) as client:
+        seen = sorted(client.run(lambda: os.environ["CUDA_VISIBLE_DEVICES"]).values())
+        assert seen == sorted(cluster.gpus[i // pes] for i in range(2))
+        record = _rechunk(client, 51, engine="auto")
+        assert record["outcome"] == "done", record
+        assert record["engine"] == "cufftmp" or "NVSHMEM" in record["why"], record
+        print(f"two `dask cuda worker` processes on GPUs {seen}: engine {record['engine']} ({record['why']})")

@@ -34,6 +34,26 @@ def test_soak_command_reports_and_exits_zero(capsys):
     assert main(["soak", "--steps", "4", "--workers", "2", "--seed", "7", "--kinds", "rechunk", "again"]) == 0
     out = capsys.readouterr().out
     assert "0 problems" in out and "again" in out and "rechunk" in out
+    # one line per step as it goes, naming the engine that ran
+    assert [line.split()[1] for line in out.splitlines() if line.startswith("step ")] == ["0", "1", "2", "3"]
+    assert "engines dask" in out
+
+
+def test_a_stalled_step_is_reported_with_the_workers_stacks():
+    """A step still running past redist.timeouts.collective (+ the grace) is a problem at once, with
+    every worker's thread stacks, also of a rank that no abort reaches (here asleep in its engine)."""
+    from distributed import Client
+
+    lines = []
+    with local_cluster(2, threads_per_worker=2) as cluster, Client(cluster) as client:
+        client.wait_for_workers(2)
+        soak = Soak(client, seed=3, steps=("rechunk",), progress=lines.append, stall_grace=1.0,
+                    engine="engines:SleepingEngine", timeouts={"collective": "1s"})  # fmt: skip
+        report = soak.run(steps=1)
+    assert any("still running after 2s" in p for p in report.problems), report.problems
+    dumped = "\n".join(lines)
+    assert "Thread" in dumped and "engines.py" in dumped and "in execute" in dumped, dumped[-3000:]
+    assert lines[-1].startswith("step    0 rechunk"), lines[-1]
 
 
 def test_soak_refuses_unknown_step_kinds():

@@ -26,7 +26,7 @@ def _slab_boxes(shape, rank: int, nranks: int):
 
 
 def _redistribute_rank(rank: int, nranks: int, port: int, shape, dtype: str, seed: int, reps: int, queue) -> None:
-    """One process of the raw measurement: GPU ``rank``, NVSHMEM bootstrapped through torch's gloo group."""
+    """One process of the raw measurement: GPU ``rank`` (modulo the GPUs visible), NVSHMEM bootstrapped through torch's gloo group."""
     import os
     import pickle
 
@@ -40,13 +40,14 @@ def _redistribute_rank(rank: int, nranks: int, port: int, shape, dtype: str, see
         from dask_redist.bench.cases import expected_block
 
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-        cupy.cuda.Device(rank).use()
+        device = rank % cupy.cuda.runtime.getDeviceCount()  # (several ranks share a GPU where fewer are visible)
+        cupy.cuda.Device(device).use()
         dist.init_process_group("gloo", rank=rank, world_size=nranks)
         group = nd.TorchProcessGroup(device_id="cpu")
         reduce = group.allreduce_object
         # nvmath's Box reducer mutates its first argument: hand it a copy
         group.allreduce_object = lambda obj, *, op: reduce(pickle.loads(pickle.dumps(obj)), op=op)
-        nd.initialize(rank, group, ["nvshmem"])
+        nd.initialize(device, group, ["nvshmem"])
         (lo_in, hi_in), (lo_out, hi_out) = _slab_boxes(shape, rank, nranks)
         a = nd.allocate_symmetric_memory(tuple(h - l for l, h in zip(lo_in, hi_in)), cupy, dtype=dtype)
         a[...] = expected_block(dtype, seed, a.shape, lo_in, shape, xp=cupy)

@@ -4,7 +4,8 @@ Placement is controlled: input chunk ``i`` of ``n`` (C order) is created on
 worker ``i * W // n`` of the ``W`` workers sorted by address (contiguous
 blocks, the layout the design figures use), by a task pinned there. Values
 follow a formula of the global position (`expected_block`), so every result is
-checked on the workers without gathering it.
+checked on the workers without gathering it. The soak draws random cases
+(`random_case`) and builds their inputs wherever Dask puts them (`generated`).
 """
 
 from __future__ import annotations
@@ -199,3 +200,45 @@ def check(y: da.Array, case: Case, seed: int) -> bool:
         _check_block, case.dtype, seed, case.shape, dtype=bool, chunks=(1,) * y.ndim, meta=np.empty((0,) * y.ndim, bool)
     )
     return bool(flags.all().compute())
+
+
+#: dtypes of the soak's random cases
+DTYPES = ("float64", "float32", "int8", "complex128", "float16", "bool")
+
+
+def random_case(rng: np.random.Generator, max_bytes: int) -> Case:
+    """A random geometry (1-3 axes, uneven chunks) of at most ``max_bytes``, old and new chunks differing."""
+    dtype = str(rng.choice(DTYPES))
+    ndim = int(rng.integers(1, 4))
+    side = max(2, int((max_bytes / np.dtype(dtype).itemsize) ** (1 / ndim)))
+    shape = tuple(int(rng.integers(2, side + 1)) for _ in range(ndim))
+
+    def chunks():
+        return tuple(_split(rng, n) for n in shape)
+
+    old, new = chunks(), chunks()
+    while new == old:
+        new = chunks()
+    return Case(f"{shape} {dtype} {tuple(map(len, old))}->{tuple(map(len, new))} chunks", shape, dtype, old, new)
+
+
+def _split(rng: np.random.Generator, n: int) -> tuple[int, ...]:
+    parts = int(rng.integers(1, min(n, 8) + 1))
+    cuts = np.sort(rng.choice(np.arange(1, n), parts - 1, replace=False)) if parts > 1 else np.array([], int)
+    return tuple(int(c) for c in np.diff(np.concatenate([[0], cuts, [n]])))
+
+
+def generated(case: Case, seed: int, kind: str) -> da.Array:
+    """The case's input, persisted wherever Dask puts it (recomputable if its worker dies)."""
+    meta = np.empty((0,) * len(case.shape), dtype=case.dtype)
+    if kind == "cupy":
+        import cupy
+
+        meta = cupy.empty((0,) * len(case.shape), dtype=case.dtype)
+    template = da.zeros(case.shape, chunks=case.old, dtype=np.int8)
+    return template.map_blocks(_block, case.dtype, seed, case.shape, kind, dtype=case.dtype, meta=meta).persist()
+
+
+def _block(template, dtype, seed, global_shape, kind, block_info=None):
+    lower = [lo for lo, _ in block_info[0]["array-location"]]
+    return make_block(dtype, seed, template.shape, lower, global_shape, kind)

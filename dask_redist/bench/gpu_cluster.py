@@ -46,44 +46,56 @@ class SharedGPUCluster:
     """A scheduler in this process and ``workers`` ``dask cuda worker`` processes, ``pes_per_gpu``
     on each GPU in turn (worker i on GPU i // pes_per_gpu). A context manager; ``scheduler_address``.
 
-    ``env``: more environment for the workers (``redist.*`` settings as ``DASK_REDIST__...``).
+    ``env``: more environment for the workers (``redist.*`` settings as ``DASK_REDIST__...``);
+    ``worker_options``: ``dask cuda worker`` options, e.g. ``device_memory_limit="256MiB"``.
     """
 
     def __init__(self, workers: int, pes_per_gpu: int, *, protocol: str = "tcp", env: dict | None = None,
-                 timeout: float = 180.0):  # fmt: skip
-        gpus = visible_gpus()
+                 timeout: float = 180.0, **worker_options):  # fmt: skip
+        self.gpus = visible_gpus()
         if pes_per_gpu < 1 or workers < 1:
             raise ValueError(f"workers ({workers}) and pes_per_gpu ({pes_per_gpu}) must be at least 1")
-        if workers > pes_per_gpu * len(gpus):
-            raise ValueError(
-                f"{workers} workers do not fit {len(gpus)} visible GPU(s) at {pes_per_gpu} per GPU; "
-                "raise --pes-per-gpu or lower --workers"
-            )
-        self.devices = [gpus[i // pes_per_gpu] for i in range(workers)]
-        self.pes_per_gpu = pes_per_gpu
+        self.workers, self.pes_per_gpu = workers, pes_per_gpu
+        self._device(workers - 1)  # (refuses more workers than the GPUs take)
         self.protocol = protocol
         self.env = {"NVSHMEM_SYMMETRIC_SIZE": heap_per_pe(pes_per_gpu), **(env or {})}
+        self.options = [a for k, v in worker_options.items() for a in (f"--{k.replace('_', '-')}", str(v))]
         self.timeout = timeout
         self.scheduler = None
         self.processes: list[subprocess.Popen] = []
+
+    def _device(self, i: int) -> str:
+        """The GPU of worker ``i``."""
+        if i >= self.pes_per_gpu * len(self.gpus):
+            raise ValueError(
+                f"{i + 1} workers do not fit {len(self.gpus)} visible GPU(s) at {self.pes_per_gpu} per GPU; "
+                "raise --pes-per-gpu or lower --workers"
+            )
+        return self.gpus[i // self.pes_per_gpu]
 
     @property
     def scheduler_address(self) -> str:
         return self.scheduler.scheduler_address
 
     def __enter__(self) -> SharedGPUCluster:
-        from distributed import Client, LocalCluster
+        from distributed import LocalCluster
 
         self.scheduler = LocalCluster(n_workers=0, protocol=self.protocol, dashboard_address=None)
         try:
-            for device in self.devices:
-                self.processes.append(self._start_worker(device))
-            with Client(self.scheduler_address, set_as_default=False) as client:
-                client.wait_for_workers(len(self.devices), timeout=self.timeout)
+            self.scale(self.workers)
         except BaseException:
             self.close()
             raise
         return self
+
+    def scale(self, workers: int) -> None:
+        """Start worker processes until there are ``workers`` (never stops any); wait for them."""
+        from distributed import Client
+
+        devices = [self._device(i) for i in range(len(self.processes), workers)]
+        self.processes += [self._start_worker(device) for device in devices]
+        with Client(self.scheduler_address, set_as_default=False) as client:
+            client.wait_for_workers(len(self.processes), timeout=self.timeout)
 
     def __exit__(self, *exc) -> None:
         self.close()
@@ -93,7 +105,7 @@ class SharedGPUCluster:
         if dask is None:
             raise RuntimeError("no `dask` command next to this Python: install distributed (and dask-cuda) here")
         command = [dask, "cuda", "worker", self.scheduler_address, "--nthreads", "1", "--no-dashboard",
-                   "--death-timeout", "60"]  # fmt: skip
+                   "--death-timeout", "60", *self.options]  # fmt: skip
         env = {**os.environ, **self.env, "CUDA_VISIBLE_DEVICES": device}
         # a session of its own: closing the cluster signals the nanny and its worker together
         return subprocess.Popen(command, env=env, start_new_session=True)

@@ -16,30 +16,44 @@ Each worker's memory after every step is reported, and how much each kind of ste
 the workers by on average, not checked: a flat line is a judgment over a long run, not an
 assertion a short CI soak could make reliably.
 
+Every step reports one line as it ends (``progress``): what ran, on which engines, how long,
+its problems; so a stall shows where it stopped. A step still running ``redist.timeouts.collective``
++ 30 s after it began is a problem of its own, reported at once with every worker's thread
+stacks (dumped by `faulthandler` on a signal the worker's nanny sends, so a worker whose
+interpreter is held inside a native call dumps them too). Every question the soak puts to the
+cluster has a timeout. On GPUs a kill leaves the survivors stranded in an NVSHMEM world that
+lost a PE; the step then does what a user is told to do, ``bootstrap(restart_broken=True)``, and
+counts the restarted survivors as exited by design.
+
 ``tests/test_soak.py`` runs a short version on CPU; ``dask-redist soak`` runs one for
 minutes, with CuPy chunks on a GPU cluster (``--gpu``), and exits 1 on any violation.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import signal
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import Callable
 
-import dask.array as da
 import numpy as np
 
-from dask_redist.bench.cases import Case, make_block, check
+from dask_redist.bench.cases import Case, check, generated, random_case
+from dask_redist.bench.watch import StackDumps, stacks, within
 
 STEPS = ("rechunk", "cancel", "again", "clients", "kill")
-DTYPES = ("float64", "float32", "int8", "complex128", "float16", "bool")
 #: Words in a worker's log that a user would take for a failure.
 PROBLEMS = ("Traceback", "Exception", "Compute Failed", "KeyError")
 #: Seconds any one wait of a step may take before the step counts as hung.
 WAIT_S = 120.0
+#: Seconds a question to the cluster (status, logs, stacks) may take.
+ASK_S = 60.0
+#: Seconds a step may run past ``redist.timeouts.collective`` before it is reported as stalled.
+STALL_GRACE_S = 30.0
 
 
 @dataclass
@@ -50,8 +64,15 @@ class Step:
     seconds: float = 0.0
     problems: list[str] = field(default_factory=list)
     cancelled_by_dask: int = 0  # re-submits Dask cancelled right after a cancel (not a problem)
+    engines: list[str] = field(default_factory=list)  # the engine of each collective run the step ended
     memory_delta: int = 0  # bytes the workers alive before and after the step grew by, together
     exited: list[str] = field(default_factory=list)  # GPU peers of a killed worker that exited (by design)
+
+    def line(self) -> str:
+        """One line for the soak's progress: what ran, on which engines, how long, its problems."""
+        engines = ",".join(sorted(set(self.engines))) or "-"
+        outcome = "; ".join(self.problems) if self.problems else "ok"
+        return f"step {self.index:4d} {self.kind:8s} {self.seconds:7.2f}s  engines {engines:13s} {self.case}: {outcome}"
 
 
 @dataclass
@@ -65,56 +86,28 @@ class SoakReport:
         return [f"step {s.index} ({s.kind}, {s.case}): {p}" for s in self.steps for p in s.problems]
 
 
-def random_case(rng: np.random.Generator, max_bytes: int) -> Case:
-    """A random geometry (1-3 axes, uneven chunks) of at most ``max_bytes``, old and new chunks differing."""
-    dtype = str(rng.choice(DTYPES))
-    ndim = int(rng.integers(1, 4))
-    side = max(2, int((max_bytes / np.dtype(dtype).itemsize) ** (1 / ndim)))
-    shape = tuple(int(rng.integers(2, side + 1)) for _ in range(ndim))
-
-    def chunks():
-        return tuple(_split(rng, n) for n in shape)
-
-    old, new = chunks(), chunks()
-    while new == old:
-        new = chunks()
-    return Case(f"{shape} {dtype} {tuple(map(len, old))}->{tuple(map(len, new))} chunks", shape, dtype, old, new)
-
-
-def _split(rng: np.random.Generator, n: int) -> tuple[int, ...]:
-    parts = int(rng.integers(1, min(n, 8) + 1))
-    cuts = np.sort(rng.choice(np.arange(1, n), parts - 1, replace=False)) if parts > 1 else np.array([], int)
-    return tuple(int(c) for c in np.diff(np.concatenate([[0], cuts, [n]])))
-
-
-def generated(case: Case, seed: int, kind: str) -> da.Array:
-    """The case's input, persisted wherever Dask puts it (recomputable if its worker dies)."""
-    meta = np.empty((0,) * len(case.shape), dtype=case.dtype)
-    if kind == "cupy":
-        import cupy
-
-        meta = cupy.empty((0,) * len(case.shape), dtype=case.dtype)
-    template = da.zeros(case.shape, chunks=case.old, dtype=np.int8)
-    return template.map_blocks(_block, case.dtype, seed, case.shape, kind, dtype=case.dtype, meta=meta).persist()
-
-
-def _block(template, dtype, seed, global_shape, kind, block_info=None):
-    lower = [lo for lo, _ in block_info[0]["array-location"]]
-    return make_block(dtype, seed, template.shape, lower, global_shape, kind)
-
-
 class Soak:
-    """Steps on ``client``'s cluster; ``options`` go to `dask_redist.enable` for every rechunk."""
+    """Steps on ``client``'s cluster; ``options`` go to `dask_redist.enable` for every rechunk.
 
-    def __init__(self, client, seed: int = 0, kind: str = "numpy", max_bytes: int = 2**20, steps=STEPS, **options):
+    ``gpu``: the workers run the cufftmp engine (a kill strands its NVSHMEM peers); ``progress``
+    is called with one line per step as it ends, and with the stacks of a stalled step.
+    """
+
+    def __init__(self, client, seed: int = 0, kind: str = "numpy", max_bytes: int = 2**20, steps=STEPS,
+                 gpu: bool = False, progress: Callable[[str], None] | None = None, stall_grace: float = STALL_GRACE_S,
+                 **options):  # fmt: skip
         if unknown := set(steps) - set(STEPS):
             raise ValueError(f"unknown soak steps {sorted(unknown)}; choose from {STEPS}")
         # every rechunk through the collective, also those `redist.min-bytes: auto` leaves to Dask
         self.client, self.kind, self.max_bytes, self.options = client, kind, max_bytes, {"min_bytes": 0, **options}
         self.kinds = tuple(steps)
+        self.gpu = gpu
+        self.progress = progress or (lambda line: None)
+        self.stall_grace = stall_grace
         self.rng = np.random.default_rng(seed)
         self.report = SoakReport(seed)
         self._log_seen: dict[str, set[str]] = {}
+        self._runs_seen: set = set()  # the scheduler's history entries counted by earlier steps
         self._second = None  # the other client of "clients" steps, made once
         self._memory: dict[str, int] = {}  # each worker's process memory after the last step
 
@@ -122,6 +115,8 @@ class Soak:
         """``steps`` steps, or as many as fit in ``minutes`` (whole cycles of every kind)."""
         deadline = time.monotonic() + 60 * minutes if minutes else math.inf
         self._logs_now()  # what the logs held before: not this soak's
+        self._runs_now()
+        within(ASK_S, self.client.register_plugin, StackDumps())
         order: list[str] = []
         try:
             while (steps is None or len(self.report.steps) < steps) and time.monotonic() < deadline:
@@ -130,6 +125,8 @@ class Soak:
         finally:
             if self._second is not None:
                 self._second.close()
+            with contextlib.suppress(Exception):
+                within(ASK_S, self.client.unregister_worker_plugin, StackDumps.name)
         return self.report
 
     def step(self, kind: str) -> Step:
@@ -141,14 +138,42 @@ class Soak:
         before = set(self.client.scheduler_info(n_workers=-1)["workers"])
         start = time.perf_counter()
         killed: set[str] = set()
-        try:
-            with dask_redist.enable(**self.options):
+        with dask_redist.enable(**self.options):
+            limit = self._stall_after()
+            stall = threading.Timer(limit, self._stalled, args=(step, limit))
+            stall.daemon = True
+            stall.start()
+            try:
                 killed = getattr(self, "_" + kind)(case, step)
-        except Exception as e:
-            step.problems.append(f"{type(e).__name__}: {e}".splitlines()[0][:300])
+            except Exception as e:
+                step.problems.append(f"{type(e).__name__}: {e}".splitlines()[0][:300])
+            finally:
+                stall.cancel()
         step.seconds = time.perf_counter() - start
         self._invariants(step, before, killed)
+        self.progress(step.line())
         return step
+
+    def _stall_after(self) -> float:
+        """Seconds a step may take before it counts as stalled (under the soak's settings)."""
+        from dask_redist.config import Settings
+
+        return Settings.from_config().collective_timeout + self.stall_grace
+
+    def _stalled(self, step: Step, limit: float) -> None:
+        """The step made no progress past the collective timeout: say so now, with every worker's stacks."""
+        step.problems.append(f"still running after {limit:g}s (redist.timeouts.collective + {self.stall_grace:g}s)")
+        stacks = self._stacks()
+        self.progress(f"step {step.index} ({step.kind}, {step.case}) still running after {limit:g}s; stacks:")
+        for worker, text in stacks.items():
+            self.progress(f"--- {worker}\n{text}")
+
+    def _stacks(self) -> dict[str, str]:
+        """Every worker's thread stacks, dumped on a signal from its nanny (`dask_redist.bench.watch`)."""
+        try:
+            return stacks(self.client, ASK_S)
+        except Exception as e:
+            return {"(no worker)": f"stacks not collected: {type(e).__name__}: {e}"}
 
     # -- the steps: each returns the workers it killed ----------------------------------
 
@@ -216,8 +241,35 @@ class Soak:
         time.sleep(float(self.rng.uniform(0, 0.3)))
         self.client.run(_die, workers=[victim], wait=False)
         self._wait_and_check(y, case, step, seed)
-        self.client.wait_for_workers(len(workers), timeout=WAIT_S)
-        return {victim}
+        self._wait_for_replacement(victim, len(workers), step)
+        return {victim} | (self._reform_world(step) if self.gpu else set())
+
+    def _wait_for_replacement(self, victim: str, n: int, step: Step) -> None:
+        """Until the killed worker is gone from the scheduler and its nanny's new process joined.
+
+        On a loaded machine a restart can take many seconds: that is slow, not lost; the step
+        then waits (up to three waits' worth) rather than start the next step with the dead
+        worker still listed, which then counted as "left that was not killed"."""
+        deadline = time.monotonic() + 3 * WAIT_S
+        while time.monotonic() < deadline:
+            workers = self.client.scheduler_info(n_workers=-1)["workers"]
+            if victim not in workers and len(workers) >= n:
+                return
+            time.sleep(0.2)
+        step.problems.append(f"the nanny of killed worker {victim} did not bring a new one within {3 * WAIT_S:g}s")
+
+    def _reform_world(self, step: Step) -> set[str]:
+        """After a kill on GPUs the survivors are stranded in a world that lost a PE: do what a user
+        is told to, ``bootstrap(restart_broken=True)``. Returns the workers it restarted."""
+        import dask_redist
+        from dask_redist.config import Settings
+
+        before = set(self.client.scheduler_info(n_workers=-1)["workers"])
+        limit = 2 * Settings.from_config().bootstrap_timeout + ASK_S
+        within(limit, dask_redist.bootstrap, self.client, restart_broken=True)
+        restarted = before - set(self.client.scheduler_info(n_workers=-1)["workers"])
+        step.exited += sorted(restarted)
+        return restarted
 
     # -- checks ------------------------------------------------------------------------
 
@@ -267,24 +319,40 @@ class Soak:
         if lost:
             step.problems.append(f"workers left that were not killed: {lost}")
         deadline = time.monotonic() + 10
-        while (left := _leftovers(status(self.client))) and time.monotonic() < deadline:
+        while (left := _leftovers(state := status(self.client))) and time.monotonic() < deadline:
             time.sleep(0.05)
         if left:
             step.problems.append(f"left behind: {left}")
+        if state["unanswered"]:
+            step.problems.append(f"workers gave no status: {state['unanswered']}")
+        step.engines = [r.get("engine", "-") for r in self._runs_now(state["history"])]
         # distributed's own errors about the worker a step killed (its peers' comms to it broke)
         # are what any Dask computation logs when a worker dies: not the collective's
-        step.problems += [f"log: {line[:300]}" for line in self._logs_now() if not any(k in line for k in killed)]
+        try:
+            step.problems += [f"log: {line[:300]}" for line in self._logs_now() if not any(k in line for k in killed)]
+        except TimeoutError as e:
+            step.problems.append(f"logs not read: {e}")
         now = {w: int(i.get("metrics", {}).get("memory", 0)) for w, i in self.client.scheduler_info(n_workers=-1)["workers"].items()}
         for w, nbytes in now.items():
             self.report.memory.setdefault(w, []).append(nbytes)
         step.memory_delta = sum(nbytes - self._memory[w] for w, nbytes in now.items() if w in self._memory)
         self._memory = now
 
+    def _runs_now(self, history: list[dict] | None = None) -> list[dict]:
+        """The scheduler's history entries (runs ended) not seen by an earlier call."""
+        if history is None:
+            from dask_redist.api import status
+
+            history = status(self.client)["history"]
+        new = [r for r in history if (r.get("token"), r.get("run"), r.get("outcome")) not in self._runs_seen]
+        self._runs_seen.update((r.get("token"), r.get("run"), r.get("outcome")) for r in new)
+        return new
+
     def _logs_now(self) -> list[str]:
         """Problem lines that reached the scheduler's and workers' logs since the last call
         (lines carry their time, so a line seen once is not counted again)."""
-        logs = {"scheduler": self.client.get_scheduler_logs(n=10_000)}
-        logs.update(self.client.get_worker_logs(n=10_000))
+        logs = {"scheduler": within(ASK_S, self.client.get_scheduler_logs, n=10_000)}
+        logs.update(within(ASK_S, self.client.get_worker_logs, n=10_000))
         new = []
         for source, lines in logs.items():
             seen = self._log_seen.setdefault(source, set())
