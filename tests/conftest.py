@@ -74,7 +74,9 @@ def gpu_client(**cluster_options):
     if pes > 1:
         from dask_redist.bench.gpu_cluster import SharedGPUCluster
 
-        with SharedGPUCluster(n * pes, pes, **cluster_options) as shared, Client(shared.scheduler_address) as client:
+        tests = os.path.dirname(os.path.abspath(__file__))  # (functions the tests run there live here)
+        env = {"PYTHONPATH": os.pathsep.join(filter(None, [tests, os.environ.get("PYTHONPATH")]))}
+        with SharedGPUCluster(n * pes, pes, env=env, **cluster_options) as shared, Client(shared.scheduler_address) as client:
             yield client
         return
     os.environ.setdefault("NVSHMEM_SYMMETRIC_SIZE", "4G")  # inherited by the workers

@@ -88,3 +88,22 @@ def test_the_scheduler_asks_workers_only_when_the_answer_matters():
     selector.run_started("cufftmp", ["a", "b"])
     engine, why = selector.choose(big, "numpy", ["a"])  # not the world NVSHMEM was bootstrapped over
     assert engine == "dask" and "worker set changed" in why
+
+
+def test_stranded_workers_refuse_a_forced_cufftmp_run_but_a_restart_finishes_on_dask():
+    """After a PE died: a new rechunk forced onto cufftmp over its stranded survivors is refused with
+    the remedy; the restart of a rechunk that lost the worker finishes on the dask engine instead."""
+    selector = EngineSelector()
+    workers = ["tcp://a:1", "tcp://b:1"]
+    selector.learn({w: ABLE for w in workers + ["tcp://c:1"]})
+    selector.world.members = ("tcp://a:1", "tcp://c:1")
+    selector.worker_left("tcp://c:1")  # a's peer died: a is stranded
+    forced = spec(64 * MiB, engine="cufftmp")
+    assert selector.choose(forced, "cupy", workers) == ("cufftmp", "set by redist.engine")
+    refused = selector.refusal("cufftmp", workers, "cupy", np.dtype("float64"))
+    assert "['tcp://a:1']" in refused and "restart_broken=True" in refused
+    engine, why = selector.choose(forced, "cupy", workers, restarting=True)
+    assert engine == "dask" and "restarted after a worker left" in why and "tcp://a:1" in why
+    assert selector.refusal("dask", workers, "cupy", np.dtype("float64")) is None
+    # workers outside the dead world are not stranded
+    assert selector.refusal("cufftmp", ["tcp://b:1", "tcp://d:1"], "cupy", np.dtype("float64")) is None

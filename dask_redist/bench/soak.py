@@ -66,7 +66,8 @@ class Step:
     cancelled_by_dask: int = 0  # re-submits Dask cancelled right after a cancel (not a problem)
     engines: list[str] = field(default_factory=list)  # the engine of each collective run the step ended
     memory_delta: int = 0  # bytes the workers alive before and after the step grew by, together
-    exited: list[str] = field(default_factory=list)  # GPU peers of a killed worker that exited (by design)
+    killed: list[str] = field(default_factory=list)  # the worker the step killed
+    exited: list[str] = field(default_factory=list)  # GPU peers of a killed worker that exited or were restarted
 
     def line(self) -> str:
         """One line for the soak's progress: what ran, on which engines, how long, its problems."""
@@ -137,20 +138,19 @@ class Soak:
         self.report.steps.append(step)
         before = set(self.client.scheduler_info(n_workers=-1)["workers"])
         start = time.perf_counter()
-        killed: set[str] = set()
         with dask_redist.enable(**self.options):
             limit = self._stall_after()
             stall = threading.Timer(limit, self._stalled, args=(step, limit))
             stall.daemon = True
             stall.start()
             try:
-                killed = getattr(self, "_" + kind)(case, step)
+                getattr(self, "_" + kind)(case, step)
             except Exception as e:
                 step.problems.append(f"{type(e).__name__}: {e}".splitlines()[0][:300])
             finally:
                 stall.cancel()
         step.seconds = time.perf_counter() - start
-        self._invariants(step, before, killed)
+        self._invariants(step, before, set(step.killed) | set(step.exited))
         self.progress(step.line())
         return step
 
@@ -175,21 +175,20 @@ class Soak:
         except Exception as e:
             return {"(no worker)": f"stacks not collected: {type(e).__name__}: {e}"}
 
-    # -- the steps: each returns the workers it killed ----------------------------------
+    # -- the steps (a kill records its victims in the step) ------------------------------
 
-    def _rechunk(self, case: Case, step: Step) -> set[str]:
+    def _rechunk(self, case: Case, step: Step) -> None:
         self._persist_and_check(case, step, seed=int(self.rng.integers(1 << 16)))
-        return set()
 
-    def _cancel(self, case: Case, step: Step) -> set[str]:
+    def _cancel(self, case: Case, step: Step) -> None:
         """Persist, cancel after a random moment, persist the same again (same keys)."""
-        return self._drop_then_again(case, step, cancel=True)
+        self._drop_then_again(case, step, cancel=True)
 
-    def _again(self, case: Case, step: Step) -> set[str]:
+    def _again(self, case: Case, step: Step) -> None:
         """The same rechunk submitted again while the last one is being released."""
-        return self._drop_then_again(case, step, cancel=False)
+        self._drop_then_again(case, step, cancel=False)
 
-    def _drop_then_again(self, case: Case, step: Step, cancel: bool) -> set[str]:
+    def _drop_then_again(self, case: Case, step: Step, cancel: bool) -> None:
         seed = int(self.rng.integers(1 << 16))
         x = generated(case, seed, self.kind)
         y = x.rechunk(case.new).persist()
@@ -198,9 +197,8 @@ class Soak:
             self.client.cancel(y)
         del y
         self._persist_and_check(case, step, seed, x)
-        return set()
 
-    def _clients(self, case: Case, step: Step) -> set[str]:
+    def _clients(self, case: Case, step: Step) -> None:
         """Two clients rechunk at once (the second its own geometry)."""
         from distributed import Client
 
@@ -226,23 +224,26 @@ class Soak:
         self._persist_and_check(case, step, seeds[0])
         t.join(WAIT_S)
         step.problems += errors + (["second client hung"] if t.is_alive() else [])
-        return set()
 
-    def _kill(self, case: Case, step: Step) -> set[str]:
+    def _kill(self, case: Case, step: Step) -> None:
         """A worker killed (SIGKILL, its nanny starts another) at a random moment of a rechunk."""
         workers = sorted(self.client.scheduler_info(n_workers=-1)["workers"])
         if len(workers) < 2:
             step.problems.append("a kill needs two workers")
-            return set()
+            return
         victim = workers[int(self.rng.integers(len(workers)))]
         seed = int(self.rng.integers(1 << 16))
         x = generated(case, seed, self.kind)
         y = x.rechunk(case.new).persist()
         time.sleep(float(self.rng.uniform(0, 0.3)))
         self.client.run(_die, workers=[victim], wait=False)
-        self._wait_and_check(y, case, step, seed)
-        self._wait_for_replacement(victim, len(workers), step)
-        return {victim} | (self._reform_world(step) if self.gpu else set())
+        step.killed.append(victim)
+        try:
+            self._wait_and_check(y, case, step, seed)
+        finally:  # (a failed rechunk too: the next steps need the cluster and its world back)
+            self._wait_for_replacement(victim, len(workers), step)
+            if self.gpu:
+                self._reform_world(step)
 
     def _wait_for_replacement(self, victim: str, n: int, step: Step) -> None:
         """Until the killed worker is gone from the scheduler and its nanny's new process joined.
@@ -258,18 +259,16 @@ class Soak:
             time.sleep(0.2)
         step.problems.append(f"the nanny of killed worker {victim} did not bring a new one within {3 * WAIT_S:g}s")
 
-    def _reform_world(self, step: Step) -> set[str]:
+    def _reform_world(self, step: Step) -> None:
         """After a kill on GPUs the survivors are stranded in a world that lost a PE: do what a user
-        is told to, ``bootstrap(restart_broken=True)``. Returns the workers it restarted."""
+        is told to, ``bootstrap(restart_broken=True)``; the workers it restarted exited by design."""
         import dask_redist
         from dask_redist.config import Settings
 
         before = set(self.client.scheduler_info(n_workers=-1)["workers"])
         limit = 2 * Settings.from_config().bootstrap_timeout + ASK_S
         within(limit, dask_redist.bootstrap, self.client, restart_broken=True)
-        restarted = before - set(self.client.scheduler_info(n_workers=-1)["workers"])
-        step.exited += sorted(restarted)
-        return restarted
+        step.exited += sorted(before - set(self.client.scheduler_info(n_workers=-1)["workers"]))
 
     # -- checks ------------------------------------------------------------------------
 
@@ -311,10 +310,10 @@ class Soak:
 
         now = set(self.client.scheduler_info(n_workers=-1)["workers"])
         lost = sorted(before - now - killed)
-        if lost and killed and self.kind == "cupy":
+        if lost and killed and self.gpu:
             # a GPU peer of the killed worker may be left inside a reshape that can never finish:
             # it exits by design (redist.nvshmem.exit-when-stuck) and its nanny starts a new one
-            step.exited, lost = lost, []
+            step.exited, lost = step.exited + lost, []
             killed = killed | set(step.exited)
         if lost:
             step.problems.append(f"workers left that were not killed: {lost}")

@@ -92,9 +92,14 @@ class EngineSelector:
         """Capabilities as workers answered (anything but a dict: no answer, asked again next time)."""
         self.capabilities.update({w: a for w, a in answers.items() if isinstance(a, dict)})
 
-    def choose(self, spec: CollectiveSpec, kind: str, workers) -> tuple[str, str]:
-        """The engine for a run of ``spec`` over ``workers``, whose staged chunks are of ``kind``."""
-        return choose_engine(
+    def choose(self, spec: CollectiveSpec, kind: str, workers, restarting: bool = False) -> tuple[str, str]:
+        """The engine for a run of ``spec`` over ``workers``, whose staged chunks are of ``kind``.
+
+        A run restarted after a worker left (``restarting``) finishes on the dask engine where
+        cufftmp would need workers stranded in the world that lost it, even under
+        ``redist.engine: cufftmp``: nothing the user asked for is lost to the recovery.
+        """
+        engine, reason = choose_engine(
             spec.settings.engine,
             kind,
             self.capabilities,
@@ -103,19 +108,30 @@ class EngineSelector:
             self.world.broken,
             _numpy_reason(spec, kind),
         )
+        if restarting and engine == "cufftmp" and (stranded := self._stranded(workers)):
+            return "dask", (
+                f"restarted after a worker left; {stranded} are stranded in the NVSHMEM world it left, so the dask "
+                "engine finishes this rechunk (cufftmp again once dask_redist.bootstrap(client, restart_broken=True) "
+                "re-formed the world)"
+            )
+        return engine, reason
+
+    def _stranded(self, workers) -> list[str]:
+        return sorted(set(self.world.stranded) & set(workers))
 
     def refusal(self, engine: str, workers, kind: str, dtype) -> str | None:
         """Why a run on ``engine`` over ``workers`` of ``kind`` chunks of ``dtype`` must not start, or None.
 
-        NumPy chunks of dtypes only the dask engine moves. Workers stranded in an NVSHMEM world that lost a PE cannot leave it (NVSHMEM's frees and
-        finalize wait for the dead PE, holding the process): asked to form a new world they would
-        never return. ``auto`` never picks cufftmp then; ``redist.engine: cufftmp`` is refused here.
+        NumPy chunks of dtypes only the dask engine moves. Workers stranded in an NVSHMEM world
+        that lost a PE cannot leave it (NVSHMEM's frees and finalize wait for the dead PE, holding
+        the process): asked to form a new world they would never return. ``auto`` never picks
+        cufftmp then; ``redist.engine: cufftmp`` is refused here, with the remedy.
         """
         if engine != "cufftmp":
             return None
         if kind == "numpy" and (problem := host_dtype_problem(dtype)):
             return problem
-        if not (stranded := sorted(set(self.world.stranded) & set(workers))):
+        if not (stranded := self._stranded(workers)):
             return None
         return (
             f"redist.engine is cufftmp, but workers {stranded} are stranded in an NVSHMEM world that cannot be "

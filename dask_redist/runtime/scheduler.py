@@ -200,7 +200,8 @@ class RedistSchedulerPlugin(SchedulerPlugin):
     async def _choose_engine(self, spec: CollectiveSpec, kind: str, ranks: list[str]) -> tuple[str, str]:
         """The engine for a run and why; asks workers what they can run the first time it matters."""
         await self._learn(self.engines.needs_probe(spec, kind, ranks))
-        return self.engines.choose(spec, kind, ranks)
+        restarting = getattr(self.rechunks.get(spec.token), "restarts", 0) > 0
+        return self.engines.choose(spec, kind, ranks, restarting)
 
     async def _learn(self, workers: list[str]) -> None:
         if workers:
