@@ -224,6 +224,46 @@ def test_the_link_ceiling():
     assert ceiling["peer GB/s per direction"] > 0 and ceiling["local copy GB/s (read + write)"] > 0
 
 
+def _pool_held(drain: bool = False) -> int:
+    """Bytes CuPy's pool holds in this worker process (``drain``: hand its free blocks back first).
+    Blocks freed during a run stay in the pool, so its growth over a run from a drained pool is the
+    run's high-water mark of device allocations in this process (NVSHMEM's heap is not in it)."""
+    import cupy
+
+    pool = cupy.get_default_memory_pool()
+    if drain:
+        cupy.cuda.Device().synchronize()
+        pool.free_all_blocks()
+    return int(pool.total_bytes())
+
+
+def _held_bytes(keys, dask_worker=None) -> int:
+    return sum(int(dask_worker.data[k].nbytes) for k in keys if k in dask_worker.data)
+
+
+def test_peak_gpu_memory_per_worker_is_its_outputs_plus_a_tenth(gpu_client):
+    """Per worker (per PE where several share a GPU), a cufftmp run adds at most its output chunks
+    + 10% (+ 16 MiB of small buffers) to the device memory CuPy holds: no whole-array temporaries.
+    The staging goes through the arena on NVSHMEM's heap, whose size is reported."""
+    from distributed import futures_of
+
+    c = case((256, 256, 512), (32, 256, 512), (256, 32, 512), name="256 MiB")
+    x = placed_array(gpu_client, c, 7, kind="cupy")
+    dask_redist.bootstrap(gpu_client)  # (the arena and plans of bootstrap are not this run's)
+    before = gpu_client.run(_pool_held, True)
+    with dask_redist.enable(engine="cufftmp", memory_budget="64MiB"):
+        y = x.rechunk(c.new).persist()
+        wait(y)
+    added = {w: n - before[w] for w, n in gpu_client.run(_pool_held).items()}
+    outputs = gpu_client.run(_held_bytes, [f.key for f in futures_of(y)])
+    assert check(y, c, 7)
+    assert sum(outputs.values()) == math.prod(c.shape) * 8
+    for w, grew in added.items():
+        assert grew <= 1.1 * outputs[w] + 16 * 2**20, (w, grew, outputs[w])
+    arena = {w: s["last"]["arena bytes"] for w, s in engine_stats(gpu_client).items()}
+    print(f"per worker: CuPy pool grew {added}, outputs {outputs}, arena {arena}")
+
+
 # Order matters below: these change the worker set of the module's cluster.
 
 
