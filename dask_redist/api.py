@@ -11,7 +11,7 @@ import threading
 import dask
 import numpy as np
 
-from dask_redist.compat import keep_annotations_current
+from dask_redist.compat import keep_annotations_current, worker_info
 from dask_redist.config import DEFAULTS, ConfigError, Settings
 from dask_redist.core.assemble import converted
 from dask_redist.errors import NotEligibleError, RedistError, RedistTimeoutError
@@ -201,7 +201,7 @@ def bootstrap(client=None, *, restart_broken: bool = False) -> dict:
 
     client = client or default_client()
     before = status(client)
-    alive = set(client.scheduler_info(n_workers=-1)["workers"])
+    alive = set(worker_info(client))
     broken = {
         w: s["engines"]["cufftmp"]["broken"]
         for w, s in before["workers"].items()

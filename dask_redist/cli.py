@@ -92,11 +92,12 @@ def _cluster_args(p: argparse.ArgumentParser, workers: int = 2):
 def demo(args) -> int:
     import dask_redist
     from dask_redist.bench import run_case, slab_case
+    from dask_redist.compat import worker_info
 
     case = slab_case(args.size, args.chunks)
     kind = "cupy" if args.gpu else "numpy"
     with _client(args) as client:
-        console.print(f"[bold]{case.name}[/]: shape {case.shape}, {len(client.scheduler_info()['workers'])} workers")
+        console.print(f"[bold]{case.name}[/]: shape {case.shape}, {len(worker_info(client))} workers")
         from dask_redist.bench import placed_array
 
         x = placed_array(client, case, seed=0, kind=kind)

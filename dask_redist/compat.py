@@ -27,7 +27,12 @@ What is relied on, and where:
   graph knows them (graph.optimize). ``Array.compute_chunk_sizes`` (and several dask
   functions that set ``Array._chunks`` after building) update the array, not the
   annotation, so while dask-redist is enabled ``compute_chunk_sizes`` and ``Array.rechunk``
-  are wrapped to update both (`keep_annotations_current`).
+  are wrapped to update both (`keep_annotations_current`);
+* ``Client.scheduler_info(n_workers=-1)`` is NOT relied on for the worker set: it fetches the
+  scheduler's identity into a cache and returns the cache, which the client's periodic refresh
+  (``identity(n_workers=0)``, no workers) may overwrite in between; under load that returned no
+  workers at all (the CPU soak's "workers left that were not killed", 2026-12-02). `worker_info` asks
+  the scheduler directly.
 """
 
 from __future__ import annotations
@@ -98,3 +103,8 @@ def _original(name: str):
 
 _original_compute_chunk_sizes = _original("compute_chunk_sizes")
 _original_rechunk = _original("rechunk")
+
+
+def worker_info(client) -> dict[str, dict]:
+    """Every worker of ``client``'s cluster (address -> its identity), asked of the scheduler now."""
+    return client.sync(client.scheduler.identity, n_workers=-1)["workers"]

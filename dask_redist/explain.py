@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from dask_redist.compat import worker_info
 from dask_redist.config import Settings
 from dask_redist.engines.choice import choose_engine, numpy_stays_on_host
 from dask_redist.graph.optimize import decide, find_rechunks, memory_limits
@@ -130,7 +131,7 @@ def _placement(spec, x, client, nworkers: int) -> tuple[np.ndarray, str]:
         keys = [(spec.input_name, *i) for i in np.ndindex(*grid)]
         where = client.run_on_scheduler(_holders, keys)
         if where is not None:
-            workers = sorted(client.scheduler_info(n_workers=-1)["workers"])
+            workers = sorted(worker_info(client))
             pos = {w: i for i, w in enumerate(workers)}
             return np.array([pos[w] for w in where]), "where the persisted input is"
     ranks = (np.arange(n) * nworkers) // max(n, 1)
@@ -148,7 +149,7 @@ def _engine(settings: Settings, spec, client) -> tuple[str, str]:
         _ensure_scheduler_plugin(client)
         state = client.sync(client.scheduler.redist_probe)  # (asks the workers the scheduler has not asked yet)
         caps, world, broken = state["capabilities"], state["world"], state["world broken"]
-        workers = sorted(client.scheduler_info(n_workers=-1)["workers"])
+        workers = sorted(worker_info(client))
         return choose_engine(settings.engine, spec.kind, caps, workers, world, broken, numpy_reason)
     return choose_engine(settings.engine, spec.kind, {}, [], numpy_reason=numpy_reason)
 
@@ -190,7 +191,7 @@ def explain(x, *, nworkers: int | None = None, settings: Settings | None = None)
     settings = settings or Settings.from_config()
     enabled = isinstance(dask.config.get("array_optimize", None), CollectiveOptimizer)
     client = _client()
-    workers = client.scheduler_info(n_workers=-1)["workers"] if client is not None else None
+    workers = worker_info(client) if client is not None else None
     if nworkers is None:
         nworkers = len(workers) if workers is not None else 2
     nworkers = max(1, nworkers)

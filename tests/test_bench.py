@@ -61,9 +61,17 @@ def test_ceiling_row_and_fraction_of_ceiling():
 
 
 def _ceiling_only(case, ceiling):
-    class FakeClient:  # the ceiling row needs only the worker count
-        def scheduler_info(self, n_workers=-1):
+    class FakeScheduler:
+        @staticmethod
+        def identity(n_workers=-1):
             return {"workers": {"a": {}, "b": {}}}
+
+    class FakeClient:  # the ceiling row needs only the worker count
+        scheduler = FakeScheduler()
+
+        @staticmethod
+        def sync(f, *args, **kwargs):
+            return f(*args, **kwargs)
 
     return b.run_case(FakeClient(), case, ("ceiling",), ceiling=ceiling)
 

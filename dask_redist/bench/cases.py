@@ -19,6 +19,8 @@ import numpy as np
 from dask.highlevelgraph import HighLevelGraph
 from dask.utils import format_bytes, parse_bytes
 
+from dask_redist.compat import worker_info
+
 METHODS = ("redist-cufftmp", "redist-dask", "tasks", "p2p")  # also: tasks-ucx, p2p-ucx, nvmath, ceiling
 
 
@@ -163,7 +165,7 @@ def placed_array(client, case: Case, seed: int, kind: str = "numpy", placement=c
     """The case's input, chunk i of n created on worker ``placement(i, n, W)``."""
     from distributed import wait
 
-    workers = sorted(client.scheduler_info(n_workers=-1)["workers"])
+    workers = sorted(worker_info(client))
     grid = [len(c) for c in case.old]
     n = math.prod(grid)
     name = f"bench-input-{seed}-{dask.base.tokenize(case, kind, placement)}"

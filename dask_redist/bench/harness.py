@@ -26,6 +26,7 @@ import numpy as np
 from dask.utils import format_bytes
 
 from dask_redist.bench.cases import METHODS, Case, check, contiguous, placed_array
+from dask_redist.compat import worker_info
 
 @dataclass
 class Result:
@@ -137,7 +138,7 @@ def run_case(
     """
     from distributed import wait
 
-    nworkers = len(client.scheduler_info(n_workers=-1)["workers"])
+    nworkers = len(worker_info(client))
     ceiling_s = crossing = None
     if ceiling and "peer GB/s per direction" in ceiling:
         crossing = crossing_bytes(case, nworkers)
@@ -236,13 +237,13 @@ def engine_stats(client, engine: str = "cufftmp") -> dict:
 def environment(client) -> dict:
     import distributed
 
-    info = client.scheduler_info(n_workers=-1)
+    workers = worker_info(client)
     env = {
         "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "host": platform.node(),
         "machine": f"{platform.machine()}, {_cpus()} CPUs",
-        "workers": len(info["workers"]),
-        "threads per worker": sorted({w["nthreads"] for w in info["workers"].values()}),
+        "workers": len(workers),
+        "threads per worker": sorted({w["nthreads"] for w in workers.values()}),
         "python": platform.python_version(),
         "dask": dask.__version__,
         "distributed": distributed.__version__,

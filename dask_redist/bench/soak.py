@@ -44,6 +44,7 @@ import numpy as np
 
 from dask_redist.bench.cases import Case, check, generated, random_case
 from dask_redist.bench.watch import StackDumps, stacks, within
+from dask_redist.compat import worker_info
 
 STEPS = ("rechunk", "cancel", "again", "clients", "kill")
 #: Words in a worker's log that a user would take for a failure.
@@ -136,7 +137,7 @@ class Soak:
         case = random_case(self.rng, self.max_bytes)
         step = Step(len(self.report.steps), kind, case.name)
         self.report.steps.append(step)
-        before = set(self.client.scheduler_info(n_workers=-1)["workers"])
+        before = set(worker_info(self.client))
         start = time.perf_counter()
         with dask_redist.enable(**self.options):
             limit = self._stall_after()
@@ -227,7 +228,7 @@ class Soak:
 
     def _kill(self, case: Case, step: Step) -> None:
         """A worker killed (SIGKILL, its nanny starts another) at a random moment of a rechunk."""
-        workers = sorted(self.client.scheduler_info(n_workers=-1)["workers"])
+        workers = sorted(worker_info(self.client))
         if len(workers) < 2:
             step.problems.append("a kill needs two workers")
             return
@@ -253,7 +254,7 @@ class Soak:
         worker still listed, which then counted as "left that was not killed"."""
         deadline = time.monotonic() + 3 * WAIT_S
         while time.monotonic() < deadline:
-            workers = self.client.scheduler_info(n_workers=-1)["workers"]
+            workers = worker_info(self.client)
             if victim not in workers and len(workers) >= n:
                 return
             time.sleep(0.2)
@@ -265,10 +266,10 @@ class Soak:
         import dask_redist
         from dask_redist.config import Settings
 
-        before = set(self.client.scheduler_info(n_workers=-1)["workers"])
+        before = set(worker_info(self.client))
         limit = 2 * Settings.from_config().bootstrap_timeout + ASK_S
         within(limit, dask_redist.bootstrap, self.client, restart_broken=True)
-        step.exited += sorted(before - set(self.client.scheduler_info(n_workers=-1)["workers"]))
+        step.exited += sorted(before - set(worker_info(self.client)))
 
     # -- checks ------------------------------------------------------------------------
 
@@ -308,7 +309,7 @@ class Soak:
     def _invariants(self, step: Step, before: set[str], killed: set[str]) -> None:
         from dask_redist.api import status
 
-        now = set(self.client.scheduler_info(n_workers=-1)["workers"])
+        now = set(worker_info(self.client))
         lost = sorted(before - now - killed)
         if lost and killed and self.gpu:
             # a GPU peer of the killed worker may be left inside a reshape that can never finish:
@@ -331,7 +332,7 @@ class Soak:
             step.problems += [f"log: {line[:300]}" for line in self._logs_now() if not any(k in line for k in killed)]
         except TimeoutError as e:
             step.problems.append(f"logs not read: {e}")
-        now = {w: int(i.get("metrics", {}).get("memory", 0)) for w, i in self.client.scheduler_info(n_workers=-1)["workers"].items()}
+        now = {w: int(i.get("metrics", {}).get("memory", 0)) for w, i in worker_info(self.client).items()}
         for w, nbytes in now.items():
             self.report.memory.setdefault(w, []).append(nbytes)
         step.memory_delta = sum(nbytes - self._memory[w] for w, nbytes in now.items() if w in self._memory)
