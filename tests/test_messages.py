@@ -16,6 +16,7 @@ from dask_redist.core.run import WorkerRun
 from dask_redist.core.spec import CollectiveSpec, RunSpec
 from dask_redist.errors import RedistError
 from dask_redist.planning import RechunkSpec, make_plan
+from dask_redist.runtime import early as early_module
 from dask_redist.runtime import worker as worker_module
 from dask_redist.runtime.rechunks import ActiveRun, Rechunk
 from dask_redist.runtime.scheduler import RedistSchedulerPlugin
@@ -113,10 +114,10 @@ def test_pieces_for_a_run_that_never_starts_are_dropped_after_a_while(monkeypatc
     monkeypatch.setattr(worker_module.time, "monotonic", lambda: clock[0])
     piece = np.zeros(16, np.uint8)
     asyncio.run(state.handle_receive("u" * 32, 7, 1, 0, 1, piece))  # no such run here (yet)
-    assert list(state.early) == [("u" * 32, 7)]
-    clock[0] += worker_module.EARLY_TTL_S + 1
+    assert state.early.runs() == [("u" * 32, 7)]
+    clock[0] += early_module.EARLY_TTL_S + 1
     asyncio.run(state.handle_receive("v" * 32, 1, 1, 0, 1, piece))  # any later message prunes
-    assert list(state.early) == [("v" * 32, 1)] and list(state.early_since) == [("v" * 32, 1)]
+    assert state.early.runs() == [("v" * 32, 1)]
 
 
 def test_late_pieces_of_a_run_that_ended_are_refused_and_early_ones_dropped():
@@ -125,12 +126,12 @@ def test_late_pieces_of_a_run_that_ended_are_refused_and_early_ones_dropped():
     token = "w" * 32
     asyncio.run(state.handle_receive(token, 3, 1, 0, 1, piece))  # run 3 not started here yet
     state.handle_abort(token, 3, "cancelled", "error")  # ... and it never will
-    assert state.early == {}
+    assert state.early.runs() == []
     asyncio.run(state.handle_receive(token, 3, 1, 0, 1, piece))  # a late piece of it
     asyncio.run(state.handle_receive(token, 2, 1, 0, 1, piece))  # of an older run
-    assert state.early == {}
+    assert state.early.runs() == []
     asyncio.run(state.handle_receive(token, 4, 1, 0, 1, piece))  # a later run: kept for its start
-    assert list(state.early) == [(token, 4)]
+    assert state.early.runs() == [(token, 4)]
 
 
 def test_a_forgotten_rechunk_takes_its_staged_chunks_and_runs_with_it():
@@ -143,7 +144,7 @@ def test_a_forgotten_rechunk_takes_its_staged_chunks_and_runs_with_it():
     state.handle_forget(token)
     assert token not in state.runs and state.staging.counts()["staged chunks"] == 1
     asyncio.run(state.handle_receive(token, 1, 1, 0, 1, np.zeros(16, np.uint8)))  # late: refused
-    assert state.early == {}
+    assert state.early.runs() == []
 
 
 def test_an_unpack_with_a_stale_barrier_result_has_the_barrier_run_again():

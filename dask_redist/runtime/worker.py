@@ -15,7 +15,6 @@ import logging
 import threading
 import time
 import weakref
-from collections import defaultdict
 from dataclasses import asdict
 
 import numpy as np
@@ -28,17 +27,11 @@ from dask_redist.core.wire import Packed
 from dask_redist.engines import BUILTIN, get_engine, loaded_engines
 from dask_redist.errors import KINDS, RedistConsistencyError, RedistError
 from dask_redist.runtime.collective import RunExecutor
+from dask_redist.runtime.early import EarlyPieces
 from dask_redist.runtime.staging import StagingStore
 from dask_redist.runtime.transport import call_on_loop
 
 logger = logging.getLogger("dask_redist")
-
-#: Pieces that arrive for a run whose start message has not are kept this long at most
-#: (seconds): a run's start follows its peers' within the barrier's round trip, and pieces
-#: for a rechunk that never starts here must not be kept for ever.
-EARLY_TTL_S = 600.0
-#: Tokens whose last ended run a worker remembers, to refuse pieces that arrive late.
-ENDED_KEPT = 100_000
 
 #: Output chunks assembled from pieces up to this size are built on the event loop (a copy of
 #: this size takes well under a millisecond; a hand-off to a thread costs about as much).
@@ -53,9 +46,7 @@ class WorkerState:
         self._lock = threading.Lock()
         self.staging = StagingStore()
         self.runs: dict[str, WorkerRun] = {}
-        self.early: dict[tuple[str, int], list] = defaultdict(list)  # pieces for a run not started here yet
-        self.early_since: dict[tuple[str, int], float] = {}  # when the first of them arrived
-        self.ended: dict[str, int] = {}  # token -> the last run id that ended here (`_ended`)
+        self.early = EarlyPieces()  # pieces for a run not started here yet; runs that ended here
         self.executor = RunExecutor(worker, self.mark)
         self.capabilities: dict | None = None
         self.timeline: dict[str, float] = {}  # wall-clock marks of the latest run, for diagnostics
@@ -174,11 +165,7 @@ class WorkerState:
         with self._lock:
             old = self.runs.get(run.token)
             wr = self.runs[run.token] = WorkerRun(run, self.address, inputs)
-            early = self.early.pop((run.token, run.run_id), [])
-            self.early_since.pop((run.token, run.run_id), None)
-            for key in [k for k in self.early if k[0] == run.token and k[1] < run.run_id]:
-                del self.early[key]
-                self.early_since.pop(key, None)
+            early = self.early.take(run.token, run.run_id)
         if old is not None and old.state in ("queued", "running"):
             old.fail(RedistConsistencyError(f"{old.name()} superseded by run {run.run_id}"))
         missing = [i for i in mine if i not in inputs]
@@ -199,19 +186,16 @@ class WorkerState:
 
     async def handle_receive(self, token: str, run_id: int, src: int, first: int, count: int, data) -> str:
         """Pieces from rank ``src``; kept for a run whose start has not arrived yet (for at most
-        `EARLY_TTL_S`), refused from a sender that cannot be a peer of the run."""
+        `dask_redist.runtime.early.EARLY_TTL_S`), refused from a sender that cannot be a peer of the run."""
         data = Packed(count, data)
         now = time.monotonic()
         with self._lock:
-            for key in [k for k, since in self.early_since.items() if now - since > EARLY_TTL_S]:
-                self.early.pop(key, None)
-                self.early_since.pop(key, None)
+            self.early.expire(now)
             run = self.runs.get(token)
-            if run_id <= self.ended.get(token, 0):  # a late piece of a run that ended here
+            if self.early.is_late(token, run_id):  # a late piece of a run that ended here
                 return "OK"
             if run is None or run.run_id < run_id:
-                self.early[(token, run_id)].append((src, first, data))
-                self.early_since.setdefault((token, run_id), now)
+                self.early.keep(token, run_id, (src, first, data), now)
                 return "OK"
         if run.run_id != run_id:
             return "OK"  # an older run's pieces: that run is gone
@@ -231,7 +215,7 @@ class WorkerState:
     def handle_abort(self, token: str, run_id: int, reason: str, kind: str, gone=()) -> None:
         with self._lock:
             run = self.runs.get(token)
-            self._ended(token, run_id)
+            self.early.ended(token, run_id)
         if run is not None and run.run_id == run_id and kind in KINDS:
             run.fail(KINDS[kind](reason), gone=[w for w in gone if isinstance(w, str)])
 
@@ -247,7 +231,7 @@ class WorkerState:
         """Forget the runs of ``token`` up to ``run_id`` (they are done)."""
         with self._lock:
             run = self.runs.get(token)
-            self._ended(token, run_id)
+            self.early.ended(token, run_id)
             if run is not None and run.run_id <= run_id:
                 del self.runs[token]
 
@@ -260,19 +244,8 @@ class WorkerState:
         """
         with self._lock:
             run = self.runs.pop(token, None)
-            known = [k[1] for k in self.early if k[0] == token] + ([run.run_id] if run is not None else [])
-            self._ended(token, max(known, default=0))
+            self.early.ended(token, max(self.early.newest(token), run.run_id if run is not None else 0))
         self.staging.drop_token(token)
-
-    def _ended(self, token: str, run_id: int) -> None:
-        """Runs of ``token`` up to ``run_id`` ended here: drop their early pieces, refuse late ones
-        (run ids only grow per token: the scheduler never reuses one). Under ``self._lock``."""
-        for key in [k for k in self.early if k[0] == token and k[1] <= run_id]:
-            del self.early[key]
-            self.early_since.pop(key, None)
-        self.ended[token] = max(run_id, self.ended.pop(token, 0))  # (moved to the end: the newest)
-        while len(self.ended) > ENDED_KEPT:
-            del self.ended[next(iter(self.ended))]
 
     def handle_drop(self, token: str, index: list) -> None:
         """The scheduler released a stage key: forget the chunks it staged."""
@@ -291,7 +264,6 @@ class WorkerState:
             runs = list(self.runs.values())
             self.runs.clear()
             self.early.clear()
-            self.early_since.clear()
         self.staging.clear()
         for run in runs:
             run.fail(RedistError(f"{run.name()}: worker {self.address} closed"))
