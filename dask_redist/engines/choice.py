@@ -2,7 +2,7 @@
 
 `EngineSelector` is what the scheduler plugin holds of engines: the capabilities each
 worker reported (``Engine.capabilities``, asked once per worker), the record of the
-NVSHMEM world (`dask_redist.engines.cufftmp.world.WorldRecord`), and `choose_engine`,
+NVSHMEM world (`dask_redist.engines.description.WorldRecord`), and `choose_engine`,
 the pure rule ``redist.engine: auto`` follows (``explain`` applies the same rule).
 
 NumPy chunks go through the GPUs under ``auto`` from ``redist.numpy-via-gpus`` bytes on
@@ -20,7 +20,7 @@ from dask.utils import format_bytes
 from dask_redist.config import Settings
 from dask_redist.core.spec import CollectiveSpec
 from dask_redist.engines.cufftmp.host import host_dtype_problem
-from dask_redist.engines.cufftmp.world import WorldRecord
+from dask_redist.engines.description import WorldRecord
 
 #: What ``choose_engine`` is told about NumPy chunks when nobody asked ``numpy_stays_on_host``.
 NUMPY_ON_HOST = "NumPy chunks (redist.engine=cufftmp takes them through the GPUs)"
