@@ -30,7 +30,7 @@ def _overrides(options: dict) -> dict:
     """``redist.*`` config keys from keyword options (nested dicts allowed), checked now."""
     cfg = _flatten(options)
     known = _flatten(DEFAULTS["redist"])
-    if unknown := sorted(k for k in cfg if k not in known):
+    if unknown := sorted(k for k in cfg if k not in known and not k.startswith("redist.engines.")):
         near = {k: difflib.get_close_matches(k, known, n=1) for k in unknown}
         hints = "; ".join(f"{k}" + (f" (did you mean {m[0]}?)" if m else "") for k, m in near.items())
         raise ConfigError(f"unknown option {hints}: the redist.* keys are listed in docs/configuration.md")
@@ -173,37 +173,40 @@ def _ensure_scheduler_plugin(client) -> None:
     client.register_plugin(plugin, name=plugin.name)  # idempotent: a plugin already there stays
 
 
-def bootstrap(client=None, *, restart_broken: bool = False) -> dict:
-    """Bootstrap NVSHMEM on every worker now, instead of at the first GPU rechunk.
+def bootstrap(client=None, *, restart_broken: bool = False, engine: str | None = None) -> dict:
+    """Start an engine's world on every worker now (NVSHMEM's, for ``cufftmp``), instead of at
+    its first rechunk.
 
-    Runs a tiny CuPy rechunk through the ``cufftmp`` engine (so the bootstrap goes
-    through the same ordered, time-bounded path as every run) and returns each
-    worker's engine statistics (``bootstrap_s``: seconds its bootstrap took).
-    After workers joined, call it again: the workers leave the old NVSHMEM world
-    and form one over the current worker set, in the same processes.
+    ``engine``: a name of ``redist.engines`` whose engine has a world; by default the one
+    that has. Runs a tiny rechunk through that engine (so the bootstrap goes through the
+    same ordered, time-bounded path as every run) and returns each worker's engine
+    statistics (``bootstrap_s``: seconds its bootstrap took). After workers joined, call it
+    again: the workers leave the old world and form one over the current worker set, in the
+    same processes.
 
     After a worker of the world died, its surviving members cannot leave the old
     world (NVSHMEM's finalize waits for the dead PE), and neither can a worker
     whose GPU was left inside a collective: those are named in the error, or
     restarted first with ``restart_broken=True`` (``Client.restart_workers``:
-    their data is lost). Until then GPU rechunks run on the ``dask`` engine.
+    their data is lost). Until then rechunks under ``auto`` run on another engine.
     """
     from distributed import default_client, wait
 
     client = client or default_client()
+    d = _world_engine(Settings.from_config(), engine)
     before = status(client)
     alive = set(client.scheduler_info(n_workers=-1)["workers"])
     broken = {
-        w: s["engines"]["cufftmp"]["broken"]
+        w: s["engines"][d.name]["broken"]
         for w, s in before["workers"].items()
-        if s.get("engines", {}).get("cufftmp", {}).get("broken")
+        if s.get("engines", {}).get(d.name, {}).get("broken")
     }
-    for w in before["engines"]["stranded"]:
+    for w in before["engines"]["records"].get(d.name, {}).get("stranded", []):
         if w in alive:
-            broken.setdefault(w, "a worker of its NVSHMEM world died")
+            broken.setdefault(w, f"a worker of its {d.world_name} world died")
     if broken and not restart_broken:
         raise RedistError(
-            f"NVSHMEM is unusable on {sorted(broken)} ({next(iter(broken.values()))}); restart those workers, "
+            f"{d.world_name} is unusable on {sorted(broken)} ({next(iter(broken.values()))}); restart those workers, "
             "or call dask_redist.bootstrap(client, restart_broken=True) to do it (their data is lost)"
         )
     if broken:
@@ -216,36 +219,26 @@ def bootstrap(client=None, *, restart_broken: bool = False) -> dict:
                 f"{type(e).__name__}: {e}. A process whose GPU was left inside an NVSHMEM collective may not "
                 "exit until the driver frees its GPU; see docs/reliability.md"
             ) from e
-    client.sync(client.scheduler.redist_forget_world)
-    y = rechunk(_tiny_gpu_array(client), _TINY_NEW, engine="cufftmp").persist()
+    client.sync(client.scheduler.redist_forget_world, engine=d.name)
+    x, new, expected = d.bootstrap_input(client)
+    y = rechunk(x, new, engine=d.name).persist()
     wait(y)
-    if not np.array_equal(np.asarray(y.compute().get()), _tiny_expected()):
+    if not np.array_equal(converted(y.compute(), "numpy"), expected):
         raise RedistError("the bootstrap rechunk returned wrong values")
-    return {w: s["engines"]["cufftmp"]["stats"] for w, s in status(client)["workers"].items() if "cufftmp" in s["engines"]}
+    return {w: s["engines"][d.name]["stats"] for w, s in status(client)["workers"].items() if d.name in s["engines"]}
 
 
-_TINY_SHAPE, _TINY_OLD, _TINY_NEW = (64, 64), (8, 64), (64, 8)
+def _world_engine(settings: Settings, name: str | None):
+    """The description of engine ``name``, or of the one engine with a world; checks it has one."""
+    from dask_redist.engines import description, descriptions
 
-
-def _tiny_expected() -> np.ndarray:
-    return np.arange(np.prod(_TINY_SHAPE), dtype=np.float64).reshape(_TINY_SHAPE)
-
-
-def _tiny_gpu_array(client):
-    """A small CuPy array with fresh keys (an earlier failed bootstrap's results may still be
-    held), one chunk per task: every worker is a rank of the run wherever the chunks land."""
-    import uuid
-
-    import dask.array as da
-
-    def block(block_info=None):
-        import cupy
-
-        (lo0, hi0), (lo1, hi1) = block_info[None]["array-location"]
-        return cupy.asarray(_tiny_expected()[lo0:hi0, lo1:hi1])
-
-    import cupy
-
-    chunks = tuple((size,) * (total // size) for size, total in zip(_TINY_OLD, _TINY_SHAPE))
-    meta = cupy.empty((0, 0), dtype=np.float64)
-    return da.map_blocks(block, chunks=chunks, dtype=np.float64, meta=meta, name=f"redist-bootstrap-{uuid.uuid4().hex}")
+    if name is not None:
+        d = description(name, settings)
+        if not d.world:
+            raise ValueError(f"engine {name!r} has no world to bootstrap")
+        return d
+    worlds = [d for d in descriptions(settings) if d.world]
+    if len(worlds) != 1:
+        names = [d.name for d in worlds]
+        raise ValueError(f"bootstrap(engine=...) must name one of the engines with a world: {names}")
+    return worlds[0]

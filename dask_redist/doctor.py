@@ -1,47 +1,60 @@
-"""``dask-redist doctor``: can this cluster run the collective, and with which engine?"""
+"""``dask-redist doctor``: can this cluster run the collective, and with which engine?
+
+It asks every engine of ``redist.engines`` (`dask_redist.engines.registry`) what it needs to
+know of each worker (``EngineDescription.worker_report``, run there, with the engine's
+``capabilities``), prints each engine's columns and line, and what ``auto`` picks, by the same
+rule the scheduler follows (`dask_redist.engines.choice.choose_engine`).
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import html
 from dataclasses import dataclass
 
-from dask_redist.engines.cufftmp.checks import FIXES, _peer_access, cluster_warnings, version_warnings, worker_report
+from dask_redist.config import Settings
+from dask_redist.engines import Request, description, descriptions
+from dask_redist.engines.choice import choose_engine
+from dask_redist.engines.registry import capabilities
+
+
+def worker_reports(engines: dict[str, str]) -> dict:
+    """What one worker has for each engine of ``engines`` (name -> path; run on the worker)."""
+    settings = Settings(engines=tuple(engines.items()))
+    able = capabilities(engines)
+    out = {}
+    for name in engines:
+        try:
+            report = description(name, settings).worker_report()
+        except Exception as e:
+            report = {"error": f"{type(e).__name__}: {e}"}
+        out[name] = {**report, "capabilities": able[name]}
+    return out
+
 
 @dataclass(frozen=True)
 class Diagnosis:
-    workers: dict
-    engine: str
+    workers: dict  # worker -> {engine name: its report}
+    engine: str  # what `auto` picks for CuPy chunks
     reason: str
-    peer_access: str
     fixes: tuple[str, ...]
     warnings: tuple[str, ...] = ()
+    lines: tuple[tuple[str, str], ...] = ()  # (engine name, its line)
+    picks: tuple[tuple[str, str, str], ...] = ()  # (chunk type, engine `auto` picks, why)
+    columns: tuple[tuple[str, dict], ...] = ()  # (worker, its columns), sorted
 
     def rows(self) -> list[dict]:
-        out = []
-        for address, r in sorted(self.workers.items()):
-            cap = r.get("cufftmp engine", {})
-            out.append(
-                {
-                    "worker": address,
-                    "GPU": cap.get("gpu", "-"),
-                    "CuPy": r.get("cupy", "-"),
-                    "nvmath": r.get("nvmath", "-"),
-                    "cuFFTMp": r.get("cuFFTMp", "-"),
-                    "NVSHMEM": r.get("NVSHMEM", "-"),
-                    "symmetric heap": r.get("NVSHMEM_SYMMETRIC_SIZE", "-"),
-                    "GPU memory": r.get("gpu memory free", "-"),
-                    "cufftmp": "ok" if cap.get("ok") else cap.get("reason", "-"),
-                }
-            )
-        return out
+        """One row per worker, every row with the same columns ("-" where an engine has none)."""
+        names = list(dict.fromkeys(k for _, cols in self.columns for k in cols))
+        return [{"worker": w, **{k: cols.get(k, "-") for k in names}} for w, cols in self.columns]
 
     def __str__(self) -> str:
         lines = []
         for row in self.rows():
             lines.append(row.pop("worker") + ":")
             lines += [f"  {k:<15} {v}" for k, v in row.items()]
-        lines.append(f"peer access between GPUs: {self.peer_access}")
-        lines.append(f"engine `auto` picks for CuPy chunks: {self.engine} ({self.reason})")
+        lines += [f"engine {name}: {line}" for name, line in self.lines]
+        lines += [f"engine `auto` picks for {_chunks(t)}: {engine} ({why})" for t, engine, why in self.picks]
         lines += [f"warning: {w}" for w in self.warnings]
         lines += [f"fix: {f}" for f in self.fixes]
         return "\n".join(lines)
@@ -52,31 +65,37 @@ class Diagnosis:
         rows = self.rows()
         head = "".join(f"<th>{html.escape(k)}</th>" for k in rows[0]) if rows else ""
         body = "".join("<tr>" + "".join(f"<td>{html.escape(str(v))}</td>" for v in r.values()) + "</tr>" for r in rows)
-        fixes = "".join(f"<li>{html.escape(f)}</li>" for f in (*self.warnings, *self.fixes))
+        notes = "".join(f"<li>{html.escape(f)}</li>" for f in (*self.warnings, *self.fixes))
+        engines = "".join(f"<li>{html.escape(n)}: {html.escape(line)}</li>" for n, line in self.lines)
+        picks = "; ".join(f"{_chunks(t)}: <b>{e}</b> ({html.escape(why)})" for t, e, why in self.picks)
         return (
             f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
-            f"<p>peer access: {html.escape(self.peer_access)}; <b>auto</b> picks <b>{self.engine}</b>"
-            f" ({html.escape(self.reason)})</p><ul>{fixes}</ul>"
+            f"<ul>{engines}</ul><p><b>auto</b> picks for {picks}</p><ul>{notes}</ul>"
         )
 
 
-def doctor(client) -> Diagnosis:
-    """Check every worker of ``client``'s cluster (blocks each worker for a moment)."""
-    reports = client.run(worker_report)
-    fixes = []
-    bad = {w: r for w, r in reports.items() if not r.get("cufftmp engine", {}).get("ok")}
-    for r in bad.values():
-        reason = r.get("cufftmp engine", {}).get("reason", "")
-        key = "cupy" if "CuPy" in reason else "gpu" if "no GPU" in reason else "nvmath"
-        if FIXES[key] not in fixes:
-            fixes.append(FIXES[key])
-    if bad:
-        w = sorted(bad)[0]
-        engine, reason = "dask", f"cufftmp unusable on {w}: {bad[w]['cufftmp engine'].get('reason')}"
-    else:
-        engine, reason = "cufftmp", "every worker can run cuFFTMp over NVSHMEM"
-    peers = _peer_access()
-    if peers.startswith("missing"):
-        fixes.append("GPUs without peer access: NVSHMEM needs NVLink or PCIe P2P between the GPUs of a node")
-    warnings = version_warnings(reports) + cluster_warnings(reports)
-    return Diagnosis(reports, engine, reason, peers, tuple(fixes), tuple(warnings))
+def _chunks(chunk_type: str) -> str:
+    return "CuPy chunks" if chunk_type == "cupy" else "NumPy chunks"
+
+
+def doctor(client, settings: Settings | None = None) -> Diagnosis:
+    """Check every worker of ``client``'s cluster for every engine (blocks each worker for a moment)."""
+    settings = settings or Settings.from_config()
+    reports = client.run(worker_reports, dict(settings.engines))
+    workers = sorted(reports)
+    engines = descriptions(settings)
+    by_engine = {d.name: {w: reports[w].get(d.name, {}) for w in workers} for d in engines}
+    lines, warnings, fixes = [], [], []
+    for d in engines:
+        lines.append((d.name, d.doctor_line(by_engine[d.name])))
+        more_warnings, more_fixes = d.doctor_notes(by_engine[d.name])
+        warnings += more_warnings
+        fixes += [f for f in more_fixes if f not in fixes]
+    columns = tuple((w, {k: v for d in engines for k, v in d.doctor_columns(by_engine[d.name][w]).items()}) for w in workers)
+    able = {w: {d.name: by_engine[d.name][w].get("capabilities", {}) for d in engines} for w in workers}
+    picks, auto = [], dataclasses.replace(settings, engine="auto")
+    for chunk_type in ("cupy", "numpy"):  # (NumPy chunks: of any size)
+        engine, why = choose_engine(Request(chunk_type, auto), able, workers)
+        picks.append((chunk_type, engine, why))
+    (_, engine, reason), _ = picks
+    return Diagnosis(reports, engine, reason, tuple(fixes), tuple(warnings), tuple(lines), tuple(picks), columns)

@@ -18,7 +18,11 @@ import numpy as np
 from dask.highlevelgraph import HighLevelGraph
 from dask.utils import format_bytes, parse_bytes
 
-METHODS = ("redist-cufftmp", "redist-dask", "tasks", "p2p")  # also: tasks-ucx, p2p-ucx, nvmath, ceiling
+from dask_redist.engines import descriptions
+
+#: ``redist-<engine>`` for every engine of the registry (most preferred first), then Dask's own
+#: methods; also: tasks-ucx, p2p-ucx, nvmath, ceiling
+METHODS = (*(f"redist-{d.name}" for d in descriptions()), "tasks", "p2p")
 
 
 @dataclass(frozen=True)

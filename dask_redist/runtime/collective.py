@@ -121,7 +121,7 @@ class RunExecutor:
 
     def _execute(self, run: WorkerRun) -> None:
         try:
-            engine = get_engine(run.spec.engine)
+            engine = get_engine(run.spec.engine, run.spec.collective.settings)
         except Exception as e:  # noqa: BLE001 - an engine this worker cannot load fails the run, not this thread
             if run.start():
                 what = f"{type(e).__name__}: {e}"
@@ -200,7 +200,7 @@ class RunExecutor:
             "%s was aborted but its engine has not returned (phase %r); later runs use a new thread",
             run.name(), run.phase,
         )  # fmt: skip
-        get_engine(run.spec.engine).abandoned(run)
+        get_engine(run.spec.engine, run.spec.collective.settings).abandoned(run)
 
     def _report(self, run: WorkerRun, error: RedistError) -> None:
         """Tell the scheduler, which aborts the run on every rank (fire and forget)."""

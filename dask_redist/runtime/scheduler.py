@@ -3,7 +3,8 @@
 The barrier task of a collective rechunk calls `RedistSchedulerPlugin.barrier`
 with where every input chunk is staged. The plugin then
 
-1. chooses the engine (`dask_redist.engines.choice`) and the owner of every output
+1. chooses the engine (`dask_redist.engines.choice`: it asks the registry, never a
+   named engine) and the owner of every output
    chunk (the pure planner),
 2. numbers the run: a run id per attempt of this rechunk, and a sequence number
    in one global order over all runs,
@@ -35,8 +36,8 @@ from distributed.utils import log_errors, offload
 
 from dask_redist.config import Settings
 from dask_redist.core.spec import BARRIER_PREFIX, BarrierTask, CollectiveSpec
+from dask_redist.engines import Request, description
 from dask_redist.engines.choice import EngineSelector
-from dask_redist.engines.cufftmp.host import host_dtype_problem
 from dask_redist.errors import KINDS
 from dask_redist.planning import make_plan
 from dask_redist.runtime import ordering
@@ -112,10 +113,11 @@ class RedistSchedulerPlugin(SchedulerPlugin):
         if not needed.any():  # every output was released (a cancel) or is in memory already
             self.runs.history.append({"token": token, "outcome": "cancelled", "why": "no output of it is wanted"})
             return {"status": "OK", "run_id": 0}
-        engine, reason = await self._choose_engine(spec, kind, ranks)
-        if engine == "cufftmp" and kind == "numpy" and (problem := host_dtype_problem(spec.dtype)):
+        request = Request.of(spec, kind)
+        engine, reason = await self._choose_engine(request, ranks)
+        if problem := description(engine, spec.settings).refuses(request):
             return {"status": "error", "fatal": True, "message": problem}
-        self.engines.run_started(engine, ranks)  # (a worker leaving while we plan breaks that world)
+        self.engines.run_started(engine, spec.settings, ranks)  # (a worker leaving while we plan breaks that world)
         plan = await offload(make_plan, spec.rechunk, in_ranks, len(ranks), needed=needed)
         if kind == "numpy" and (too_big := over_memory(plan, ranks, self.scheduler.workers)):
             return {"status": "error", "fatal": True, "message": too_big}
@@ -157,20 +159,24 @@ class RedistSchedulerPlugin(SchedulerPlugin):
         self.runs.restart(spec.token, f"workers {lost} {what}", stale, spec.settings)
         return {"status": "error", "message": f"workers {lost} left"}
 
-    async def _choose_engine(self, spec: CollectiveSpec, kind: str, ranks: list[str]) -> tuple[str, str]:
+    async def _choose_engine(self, request: Request, ranks: list[str]) -> tuple[str, str]:
         """The engine for a run and why; asks workers what they can run the first time it matters."""
-        await self._learn(self.engines.needs_probe(spec, kind, ranks))
-        return self.engines.choose(spec, kind, ranks)
+        await self._learn(self.engines.needs_probe(request, ranks), dict(request.settings.engines))
+        return self.engines.choose(request, ranks)
 
-    async def _learn(self, workers: list[str]) -> None:
+    async def _learn(self, workers: list[str], engines: dict[str, str]) -> None:
+        """Ask ``workers`` which of ``engines`` (name -> path) they can run."""
         if workers:
             timeout = Settings.from_config().barrier_timeout  # (probing imports CuPy and nvmath: seconds)
-            answers = await ask_each(self.scheduler, {"op": "redist_capabilities"}, workers, timeout)
+            answers = await ask_each(self.scheduler, {"op": "redist_capabilities", "engines": engines}, workers, timeout)
             self.engines.learn(answers)
 
-    async def probe(self) -> dict:
-        """The engines' state once every worker said what it can run (for ``explain``)."""
-        await self._learn([w for w in self.scheduler.workers if w not in self.engines.capabilities])
+    async def probe(self, engines: dict[str, str] | None = None) -> dict:
+        """The engines' state once every worker said which of ``engines`` (name -> path; default
+        the built-in ones) it can run (for ``explain``)."""
+        engines = dict(Settings().engines) if engines is None else engines
+        known = self.engines.capabilities
+        await self._learn([w for w in self.scheduler.workers if not set(engines) <= set(known.get(w, {}))], engines)
         return self.engines.state()
 
     @log_errors
@@ -186,15 +192,17 @@ class RedistSchedulerPlugin(SchedulerPlugin):
             return
         logger.warning("%s failed on %s: %s", run.spec.name(), address, message)
         unavailable = kind == "unavailable"
-        self.engines.run_failed(run.spec.engine, unavailable, message if unavailable else f"{run.spec.name()} failed on {address}")
+        why = message if unavailable else f"{run.spec.name()} failed on {address}"
+        self.engines.run_failed(run.spec.engine, run.spec.collective.settings, kind, why)
         if kind == "restart" or (unavailable and run.spec.collective.settings.engine == "auto"):
             self.runs.restart_once_barrier_done(token, message)
         else:
             self.runs.abort(token, message, kind=kind)
 
-    def forget_world(self) -> None:
-        """The next cufftmp run bootstraps NVSHMEM over the workers of that moment."""
-        self.engines.world.forget()
+    def forget_world(self, engine: str | None = None) -> None:
+        """The next run of ``engine`` (of every engine: None) starts its world over the workers of
+        that moment, and is tried again if it could not start."""
+        self.engines.forget(engine)
 
     def get_history(self) -> list[dict]:
         return list(self.runs.history)

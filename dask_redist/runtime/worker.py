@@ -20,11 +20,13 @@ from dataclasses import asdict
 import numpy as np
 from distributed.diagnostics.plugin import WorkerPlugin
 
+from dask_redist.config import Settings
 from dask_redist.core.assemble import Assembly, array_kind, converted
 from dask_redist.core.run import WorkerRun
 from dask_redist.core.spec import CollectiveSpec, RunSpec, Staged, stage_token
 from dask_redist.core.wire import Packed
-from dask_redist.engines import BUILTIN, get_engine, loaded_engines
+from dask_redist.engines import loaded_engines
+from dask_redist.engines.registry import capabilities
 from dask_redist.errors import KINDS, RedistConsistencyError, RedistError
 from dask_redist.runtime.collective import RunExecutor
 from dask_redist.runtime.early import EarlyPieces
@@ -48,7 +50,7 @@ class WorkerState:
         self.runs: dict[str, WorkerRun] = {}
         self.early = EarlyPieces()  # pieces for a run not started here yet; runs that ended here
         self.executor = RunExecutor(worker, self.mark)
-        self.capabilities: dict | None = None
+        self.capabilities: dict[tuple[str, str], dict] = {}  # (engine name, path) -> Engine.capabilities()
         self.timeline: dict[str, float] = {}  # wall-clock marks of the latest run, for diagnostics
 
     @property
@@ -177,12 +179,15 @@ class WorkerState:
                 wr.receive(src, first, arrays)
         self.executor.submit(wr)
 
-    async def handle_capabilities(self) -> dict:
-        """What this worker can run, per built-in engine (cached: probing imports CuPy and nvmath)."""
-        if self.capabilities is None:
-            probes = {name: get_engine(name).capabilities for name in BUILTIN}
-            self.capabilities = {name: await asyncio.to_thread(probe) for name, probe in probes.items()}
-        return self.capabilities
+    async def handle_capabilities(self, engines: dict[str, str] | None = None) -> dict:
+        """Whether this worker can run each of ``engines`` (name -> path; default the built-in ones),
+        asked once per engine (probing imports CuPy and nvmath)."""
+        engines = dict(Settings().engines) if engines is None else engines
+        new = {n: p for n, p in engines.items() if (n, p) not in self.capabilities}
+        if new:
+            answers = await asyncio.to_thread(capabilities, new)
+            self.capabilities.update({(n, new[n]): a for n, a in answers.items()})
+        return {n: self.capabilities[(n, p)] for n, p in engines.items()}
 
     async def handle_receive(self, token: str, run_id: int, src: int, first: int, count: int, data) -> str:
         """Pieces from rank ``src``; kept for a run whose start has not arrived yet (for at most

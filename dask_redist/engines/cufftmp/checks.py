@@ -18,7 +18,7 @@ FIXES = {
 
 def worker_report() -> dict:
     """What one worker has (run on the worker: imports CuPy and nvmath there)."""
-    from dask_redist.engines.cufftmp.nvshmem import capabilities, nvshmem_library
+    from dask_redist.engines.cufftmp.nvshmem import nvshmem_library
 
     report = {"pid": os.getpid(), "CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES", "")}
     report["host"] = socket.gethostname()
@@ -51,7 +51,6 @@ def worker_report() -> dict:
     except Exception as e:  # no nvmath, or a libnvshmem_host without the version call
         report.setdefault("NVSHMEM library", {"error": f"{type(e).__name__}: {str(e)[:80]}"})
     report["NVSHMEM_IB_ENABLE_IBGDA"] = os.environ.get("NVSHMEM_IB_ENABLE_IBGDA", "")
-    report["cufftmp engine"] = capabilities()
     return report
 
 

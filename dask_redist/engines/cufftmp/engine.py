@@ -28,6 +28,7 @@ import numpy as np
 
 from dask_redist.core.assemble import cut, parts_in
 from dask_redist.engines.cufftmp.copies import BoxCopies, ChunkTable, launch
+from dask_redist.engines.cufftmp.description import CufftMpDescription
 from dask_redist.engines.cufftmp.host import HostLink, HostParts
 from dask_redist.engines.cufftmp.nvshmem import Arena, capabilities
 from dask_redist.engines.cufftmp.plans import Plans, ReshapePlan
@@ -62,6 +63,7 @@ def _box_copies(copies: BoxCopies, chunks: dict, box_of, view, box: Box, into_bo
 
 class CufftMpEngine(Engine):
     name = "cufftmp"
+    description = CufftMpDescription
     watched = True  # a launch can block behind a reshape that waits for a dead peer
     completes_aborted_runs = True  # every rank must make the same NVSHMEM calls
     capabilities = staticmethod(capabilities)
