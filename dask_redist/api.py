@@ -166,10 +166,9 @@ def status(client=None) -> dict:
 
 def _ensure_scheduler_plugin(client) -> None:
     """The plugins register with the first collective run; ``status`` and ``bootstrap`` may come first."""
-    from dask_redist.runtime.scheduler import RedistSchedulerPlugin
-    from dask_redist.runtime.worker import RedistWorkerPlugin
+    from dask_redist.runtime.tasks import plugins
 
-    plugin = RedistSchedulerPlugin(worker_plugin=RedistWorkerPlugin())
+    plugin = plugins()
     client.register_plugin(plugin, name=plugin.name)  # idempotent: a plugin already there stays
 
 
