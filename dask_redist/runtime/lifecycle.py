@@ -38,6 +38,12 @@ class Runs:
         self.timeline: dict[str, float] = {}  # wall-clock marks of the latest run, for diagnostics
         self._seq = itertools.count(1)
 
+    def active(self, token: str, run_id: int | None = None) -> ActiveRun | None:
+        """The active run of rechunk ``token`` (if it is run ``run_id``, where given), or None."""
+        rechunk = self.rechunks.get(token)
+        run = rechunk.active if rechunk is not None else None
+        return run if run is not None and run_id in (None, run.spec.run_id) else None
+
     def start(self, spec: CollectiveSpec, ranks, plan, needed, engine: str, kind: str, reason: str) -> RunSpec:
         """Number the run, pin its unpack tasks to their owners, send every rank the start."""
         rechunk = self.rechunks.setdefault(spec.token, Rechunk(spec.token))
@@ -146,7 +152,7 @@ class Runs:
         if pending is None:
             return
         rechunk.pending_restart = None
-        if rechunk.active is not None and rechunk.active.spec.run_id == pending.run_id:
+        if self.active(token, pending.run_id) is not None:
             self.restart(token, pending.reason, pending.stale)
 
     # -- the scheduler's transitions --------------------------------------------------------
@@ -166,8 +172,7 @@ class Runs:
             self.send([home], {"op": "redist-drop", "token": token, "index": key[1:]})
 
     def _output_transition(self, token: str, key, finish: str) -> None:
-        rechunk = self.rechunks.get(token)
-        run = rechunk.active if rechunk else None
+        run = self.active(token)
         if run is None:
             return
         if finish == "memory":
@@ -187,7 +192,7 @@ class Runs:
             if rechunk is not None and rechunk.pending_restart is not None:  # after this transition
                 self.scheduler.loop.add_callback(self._restart_pending, token)
         elif finish in ("released", "erred", "forgotten"):
-            if rechunk is not None and rechunk.active is not None:
+            if self.active(token) is not None:
                 kind = "restart" if finish == "released" else "error"
                 self.abort(token, f"barrier {finish} ({stimulus_id})", kind=kind)
             if finish == "forgotten":  # nobody can ask for this rechunk again: workers forget it too

@@ -183,9 +183,8 @@ class RedistSchedulerPlugin(SchedulerPlugin):
     def failed(self, token: str, run_id: int, address: str, message: str, kind: str) -> None:
         """A rank's run failed (``kind``: see `dask_redist.errors.KINDS`): restart it, on the dask
         engine if its own could not start under ``auto``, or abort it."""
-        rechunk = self.runs.rechunks.get(token)
-        run = rechunk.active if rechunk else None
-        if run is None or run.spec.run_id != run_id:  # an old run's late report, or no such rechunk
+        run = self.runs.active(token, run_id)
+        if run is None:  # an old run's late report, or no such rechunk
             return
         if address not in run.spec.workers or kind not in KINDS:  # not a rank of this run: refused
             logger.debug("ignored a failure report for %s from %s (kind %r)", run.spec.name(), address, kind)
