@@ -14,6 +14,7 @@ import numpy as np
 from dask_redist.compat import keep_annotations_current
 from dask_redist.config import DEFAULTS, ConfigError, Settings
 from dask_redist.core.assemble import converted
+from dask_redist.core.messages import ForgetWorld, SchedulerStatus
 from dask_redist.errors import NotEligibleError, RedistError
 from dask_redist.graph.optimize import CollectiveOptimizer, decide, find_rechunks, rewrite
 
@@ -161,7 +162,7 @@ def status(client=None) -> dict:
 
     client = client or default_client()
     _ensure_scheduler_plugin(client)
-    return client.sync(client.scheduler.redist_status)
+    return client.sync(SchedulerStatus().call, client.scheduler)
 
 
 def _ensure_scheduler_plugin(client) -> None:
@@ -218,7 +219,7 @@ def bootstrap(client=None, *, restart_broken: bool = False, engine: str | None =
                 f"{type(e).__name__}: {e}. A process whose GPU was left inside an NVSHMEM collective may not "
                 "exit until the driver frees its GPU; see docs/reliability.md"
             ) from e
-    client.sync(client.scheduler.redist_forget_world, engine=d.name)
+    client.sync(ForgetWorld(d.name).call, client.scheduler)
     x, new, expected = d.bootstrap_input(client)
     y = rechunk(x, new, engine=d.name).persist()
     wait(y)

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from dask_redist.config import Settings
+from dask_redist.core.messages import Probe
 from dask_redist.engines import Request, WorldRecord, description
 from dask_redist.engines.choice import choose_engine
 from dask_redist.graph.optimize import decide, find_rechunks, memory_limits
@@ -147,7 +148,7 @@ def _engine(spec, client) -> tuple[str, str]:
     from dask_redist.api import _ensure_scheduler_plugin
 
     _ensure_scheduler_plugin(client)
-    state = client.sync(client.scheduler.redist_probe, engines=dict(request.settings.engines))
+    state = client.sync(Probe(dict(request.settings.engines)).call, client.scheduler)
     records = {name: WorldRecord.from_state(r) for name, r in state["records"].items()}
     workers = sorted(client.scheduler_info(n_workers=-1)["workers"])
     return choose_engine(request, state["capabilities"], workers, records)

@@ -204,3 +204,31 @@ def test_set_phase_raises_an_abort_unless_the_run_is_being_completed():
         else:
             run.set_phase("exchange")
         assert run.phase == "exchange"
+
+
+def test_every_message_matches_the_handler_that_takes_it():
+    """The typed messages (dask_redist.core.messages) are the one source of names and fields:
+    each handler the plugins register under a message's op takes exactly its fields."""
+    import dataclasses
+    import inspect
+
+    from dask_redist.core import messages as m
+    from dask_redist.runtime.worker import RedistWorkerPlugin
+
+    class Worker:  # (what the worker plugin's setup touches; weak-referenceable, as a Worker is)
+        address, handlers, stream_handlers = WORKERS[0], {}, {}
+
+    worker = Worker()
+    RedistWorkerPlugin().setup(worker)
+    plugin = RedistSchedulerPlugin()
+    scheduler = SimpleNamespace(plugins={}, handlers={}, add_plugin=lambda *a, **k: None, worker_plugins={}, workers={})
+    asyncio.run(plugin.start(scheduler))
+    handlers = {**worker.handlers, **worker.stream_handlers, **scheduler.handlers}
+    messages = [c for c in vars(m).values() if isinstance(c, type) and issubclass(c, m.Message) and c is not m.Message]
+    assert {c.op for c in messages} == set(handlers)  # a handler for every message, a message for every handler
+    assert m.Status.op == m.SchedulerStatus.op  # (the scheduler's handler asks every worker's of the same name)
+    for cls in messages:
+        fields = [f.name for f in dataclasses.fields(cls)]
+        side = worker.handlers if cls is m.Status else scheduler.handlers if cls is m.SchedulerStatus else handlers
+        params = list(inspect.signature(side[cls.op]).parameters)
+        assert params == fields, (cls.__name__, params, fields)

@@ -24,6 +24,7 @@ import threading
 import time
 from typing import Callable
 
+from dask_redist.core import messages as m
 from dask_redist.core.run import WorkerRun
 from dask_redist.engines import get_engine
 from dask_redist.errors import EngineUnavailableError, RedistConsistencyError, RedistError, kind_of
@@ -207,13 +208,8 @@ class RunExecutor:
 
         async def report():
             try:
-                await self.worker.scheduler.redist_failed(
-                    token=run.spec.token,
-                    run_id=run.run_id,
-                    address=self.worker.address,
-                    message=str(error),
-                    kind=kind_of(error),
-                )
+                failed = m.Failed(run.spec.token, run.run_id, self.worker.address, str(error), kind_of(error))
+                await failed.call(self.worker.scheduler)
             except Exception:  # the scheduler may be gone; the other ranks time out on their own
                 logger.exception("could not report the failure of %s", run.name())
 

@@ -18,6 +18,7 @@ import numpy as np
 from distributed.comm import CommClosedError
 from distributed.protocol.serialize import ToPickle
 
+from dask_redist.core import messages as m
 from dask_redist.core.spec import BARRIER_PREFIX, STAGE_PREFIX, CollectiveSpec, RunSpec, stage_token
 from dask_redist.runtime.rechunks import ActiveRun, Rechunk, RunIds, restart_recommendations
 
@@ -66,22 +67,22 @@ class Runs:
             pending.add(out_key)
         self.scheduler.set_restrictions(pins)
         rechunk.active = ActiveRun(run, pending, restrictions, plan.nbytes, plan.moved_bytes)
-        message = {"op": "redist-start", "run": ToPickle(run)}
-        self.send(ranks, message)  # no await since the sequence number: starts leave in seq order
+        self.send(ranks, m.Start(ToPickle(run)))  # no await since the sequence number: starts leave in seq order
         self.timeline["start sent"] = time.time()
         logger.debug("started %s on %d workers (engine %s)", run.name(), len(ranks), engine)
         if not pending:
             self.finish(spec.token)
         return run
 
-    def send(self, workers, message) -> None:
+    def send(self, workers, message: m.Message) -> None:
         """To each of ``workers`` still connected (remove_worker restarts what a leaving one was in)."""
+        msg = message.to_dict()
         for w in workers:
             if (comm := self.scheduler.stream_comms.get(w)) is not None:
                 try:
-                    comm.send(message)
+                    comm.send(msg)
                 except CommClosedError:
-                    logger.debug("%s: not sent to %s, which is leaving", message["op"], w)
+                    logger.debug("%s: not sent to %s, which is leaving", message.op, w)
 
     def _deactivate(self, token: str, outcome: str) -> ActiveRun | None:
         rechunk = self.rechunks.get(token)
@@ -99,7 +100,7 @@ class Runs:
         self.timeline["outputs in memory"] = time.time()
         run = self._deactivate(token, "done")
         if run is not None:
-            self.send(run.spec.workers, {"op": "redist-cleanup", "token": token, "run_id": run.spec.run_id})
+            self.send(run.spec.workers, m.Cleanup(token, run.spec.run_id))
             self.rechunks[token].restarts = 0
 
     def abort(self, token: str, reason: str, *, kind: str, outcome: str | None = None) -> None:
@@ -110,10 +111,7 @@ class Runs:
             return
         logger.debug("aborting %s (%s): %s", run.spec.name(), kind, reason)
         gone = [w for w in run.spec.workers if w not in self.scheduler.workers]  # (their calls never come)
-        self.send(
-            run.spec.workers,
-            {"op": "redist-abort", "token": token, "run_id": run.spec.run_id, "reason": reason, "kind": kind, "gone": gone},
-        )
+        self.send(run.spec.workers, m.Abort(token, run.spec.run_id, reason, kind, gone))
 
     def restart(self, token: str, reason: str, stale: list = (), settings=None) -> None:
         """Abort the run and release the barrier and unfinished unpack tasks: dask reruns them
@@ -169,7 +167,7 @@ class Runs:
         if finish == "memory" and worker is not None:
             self.stage_home[key] = worker
         elif start == "memory" and (home := self.stage_home.pop(key, None)) is not None:
-            self.send([home], {"op": "redist-drop", "token": token, "index": key[1:]})
+            self.send([home], m.Drop(token, key[1:]))
 
     def _output_transition(self, token: str, key, finish: str) -> None:
         run = self.active(token)
@@ -197,11 +195,11 @@ class Runs:
                 self.abort(token, f"barrier {finish} ({stimulus_id})", kind=kind)
             if finish == "forgotten":  # nobody can ask for this rechunk again: workers forget it too
                 self.rechunks.pop(token, None)
-                self.send(list(self.scheduler.workers), {"op": "redist-forget", "token": token})
+                self.send(list(self.scheduler.workers), m.Forget(token))
 
     def worker_left(self, worker: str) -> None:
         """``worker`` left: runs it was a rank of restart, its staged chunks are gone."""
-        self.send(list(self.scheduler.workers), {"op": "redist-gone", "worker": worker})  # (aborted runs stop completing)
+        self.send(list(self.scheduler.workers), m.Gone(worker))  # (aborted runs stop completing)
         # its staged chunks are gone, while copies of their stage markers may live on
         stale = [k for k, w in self.stage_home.items() if w == worker]
         for key in stale:

@@ -35,6 +35,7 @@ from distributed.protocol.pickle import dumps
 from distributed.utils import log_errors, offload
 
 from dask_redist.config import Settings
+from dask_redist.core import messages as m
 from dask_redist.core.spec import BARRIER_PREFIX, BarrierTask, CollectiveSpec
 from dask_redist.engines import Request, description
 from dask_redist.engines.choice import EngineSelector
@@ -70,14 +71,14 @@ class RedistSchedulerPlugin(SchedulerPlugin):
         scheduler.add_plugin(self, name=self.name)
         scheduler.handlers.update(
             {
-                "redist_barrier": self.barrier,
-                "redist_failed": self.failed,
-                "redist_history": self.get_history,
-                "redist_status": self.get_status,
-                "redist_forget_world": self.forget_world,
-                "redist_allgather": self.rendezvous.handle,
-                "redist_probe": self.probe,
-                "redist_stale": self.stale,
+                m.Barrier.op: self.barrier,
+                m.Failed.op: self.failed,
+                m.History.op: self.get_history,
+                m.SchedulerStatus.op: self.get_status,
+                m.ForgetWorld.op: self.forget_world,
+                m.Allgather.op: self.rendezvous.handle,
+                m.Probe.op: self.probe,
+                m.Stale.op: self.stale,
             }
         )
         if self.worker_plugin is not None:
@@ -92,7 +93,7 @@ class RedistSchedulerPlugin(SchedulerPlugin):
     # -- handlers -------------------------------------------------------------------
 
     @log_errors
-    async def barrier(self, token: str, workers: list[str], holders: list[int], homes: list, kind: str) -> dict:
+    async def barrier(self, token: str, workers: list[str], holders: list[int], homes: list, kind: str) -> m.BarrierReply:
         """Start a run of rechunk ``token`` over the chunks the stage tasks staged."""
         self.runs.timeline = {"barrier called": time.time()}
         await self._ready.wait()
@@ -129,7 +130,7 @@ class RedistSchedulerPlugin(SchedulerPlugin):
         self.runs.rechunks[spec.token].barrier = (ts, run.run_id, needed)
         return {"status": "OK", "run_id": run.run_id}
 
-    def stale(self, token: str, run_id: int, index: int) -> dict:
+    def stale(self, token: str, run_id: int, index: int) -> m.StaleReply:
         """An unpack task found output chunk ``index`` of run ``run_id`` missing: is its barrier's
         result stale (`rechunks.barrier_is_current`)? Then the rechunk is restarted (the barrier
         released with the unpack tasks not done) and runs again for every output still wanted.
@@ -168,7 +169,7 @@ class RedistSchedulerPlugin(SchedulerPlugin):
         """Ask ``workers`` which of ``engines`` (name -> path) they can run."""
         if workers:
             timeout = Settings.from_config().barrier_timeout  # (probing imports CuPy and nvmath: seconds)
-            answers = await ask_each(self.scheduler, {"op": "redist_capabilities", "engines": engines}, workers, timeout)
+            answers = await ask_each(self.scheduler, m.Capabilities(engines).to_dict(), workers, timeout)
             self.engines.learn(answers)
 
     async def probe(self, engines: dict[str, str] | None = None) -> dict:
@@ -208,7 +209,7 @@ class RedistSchedulerPlugin(SchedulerPlugin):
 
     async def get_status(self) -> dict:
         """Runs finished, runs active, the engines' state, and what every worker holds."""
-        answers = await ask_each(self.scheduler, {"op": "redist_status"}, self.scheduler.workers, STATUS_TIMEOUT_S)
+        answers = await ask_each(self.scheduler, m.Status().to_dict(), self.scheduler.workers, STATUS_TIMEOUT_S)
         return {
             "history": list(self.runs.history),
             "active": [r.active.spec.name() for r in self.runs.rechunks.values() if r.active is not None],

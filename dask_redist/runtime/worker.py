@@ -21,6 +21,7 @@ import numpy as np
 from distributed.diagnostics.plugin import WorkerPlugin
 
 from dask_redist.config import Settings
+from dask_redist.core import messages as m
 from dask_redist.core.assemble import Assembly, array_kind, converted
 from dask_redist.core.run import WorkerRun
 from dask_redist.core.spec import CollectiveSpec, RunSpec, Staged, stage_token
@@ -89,25 +90,24 @@ class WorkerState:
     def barrier(self, spec: CollectiveSpec, groups) -> int:
         """Ask the scheduler to start a run over the staged chunks; its run id."""
         self.mark("barrier task")
-        markers = [m for group in groups for m in group]
-        kinds = {m.kind for m in markers}
+        markers = [marker for group in groups for marker in group]
+        kinds = {marker.kind for marker in markers}
         if len(kinds) > 1:
             raise TypeError(
                 f"{spec.describe()}: input chunks of mixed types {sorted(kinds)}; convert them to one type "
                 "first, or set redist.output-type to numpy or cupy"
             )
-        workers = sorted({m.address for m in markers})
+        workers = sorted({marker.address for marker in markers})
         position = {w: i for i, w in enumerate(workers)}
         holders = np.zeros(len(markers), dtype=np.int64)
-        for m in markers:
-            holders[m.index] = position[m.address]
+        for marker in markers:
+            holders[marker.index] = position[marker.address]
         homes = [[list(g[0].stage), position[g[0].address]] for g in groups if g]
 
-        async def ask():
-            return await self.worker.scheduler.redist_barrier(
-                token=spec.token, workers=workers, holders=holders.tolist(), homes=homes,
-                kind=kinds.pop() if kinds else "numpy",
-            )  # fmt: skip
+        request = m.Barrier(spec.token, workers, holders.tolist(), homes, kinds.pop() if kinds else "numpy")
+
+        async def ask() -> m.BarrierReply:
+            return await request.call(self.worker.scheduler)
 
         response = call_on_loop(self.worker, ask, spec.settings.barrier_timeout, f"{spec.describe()} barrier")
         self.mark("barrier reply")
@@ -132,7 +132,7 @@ class WorkerState:
         try:
             return await self._unpack(token, index, run_id)
         except RedistConsistencyError:
-            answer = await self.worker.scheduler.redist_stale(token=token, run_id=run_id, index=index)
+            answer: m.StaleReply = await m.Stale(token, run_id, index).call(self.worker.scheduler)
             if answer.get("stale"):  # released with its barrier: this result goes nowhere
                 logger.debug("rechunk %s: unpack of chunk %d had a stale run id %d", token[:8], index, run_id)
                 return None
@@ -295,17 +295,17 @@ class RedistWorkerPlugin(WorkerPlugin):
     def setup(self, worker):
         self._worker = worker
         state = get_state(worker)
-        worker.handlers["redist_receive"] = state.handle_receive
-        worker.handlers["redist_capabilities"] = state.handle_capabilities
-        worker.handlers["redist_status"] = state.handle_status
+        worker.handlers[m.Pieces.op] = state.handle_receive
+        worker.handlers[m.Capabilities.op] = state.handle_capabilities
+        worker.handlers[m.Status.op] = state.handle_status
         worker.stream_handlers.update(
             {
-                "redist-start": lambda run: state.handle_start(run),
-                "redist-abort": state.handle_abort,
-                "redist-gone": state.handle_gone,
-                "redist-cleanup": state.handle_cleanup,
-                "redist-forget": state.handle_forget,
-                "redist-drop": state.handle_drop,
+                m.Start.op: lambda run: state.handle_start(run),
+                m.Abort.op: state.handle_abort,
+                m.Gone.op: state.handle_gone,
+                m.Cleanup.op: state.handle_cleanup,
+                m.Forget.op: state.handle_forget,
+                m.Drop.op: state.handle_drop,
             }
         )
 
