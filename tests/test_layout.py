@@ -188,7 +188,7 @@ def test_choose_layout(plan, data):
     layout, why = choose_layout(plan, budget)
     direct, direct_why = direct_layout(plan, budget)
     assert why == direct_why
-    assert layout.kind == ("direct" if direct is not None else "packed")
+    assert layout.mapping == ("direct" if direct is not None else "packed")
     assert all(layout.arena_bytes(r) <= budget for r in range(plan.nranks))
 
 

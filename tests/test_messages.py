@@ -59,11 +59,11 @@ def plugin_with_an_active_run() -> RedistSchedulerPlugin:
     return plugin
 
 
-@pytest.mark.parametrize("address, kind", [("tcp://intruder:1", "error"), (WORKERS[0], "no-such-kind")])
-def test_a_failure_report_from_outside_the_run_is_ignored(address, kind):
+@pytest.mark.parametrize("address, failure", [("tcp://intruder:1", "error"), (WORKERS[0], "no-such-failure")])
+def test_a_failure_report_from_outside_the_run_is_ignored(address, failure):
     plugin = plugin_with_an_active_run()
     token = next(iter(plugin.runs.rechunks))
-    plugin.failed(token, 1, address, "boom", kind)
+    plugin.failed(token, 1, address, "boom", failure)
     assert plugin.runs.rechunks[token].active is not None and plugin.scheduler.sent == [] and not plugin.history
 
 
@@ -92,7 +92,7 @@ def test_an_abort_names_the_ranks_that_left_and_they_stop_the_run_for_good():
     run = WorkerRun(run_spec(), WORKERS[0], {})
     run.completes_when_aborted = True
     state.runs[run.spec.token] = run
-    state.handle_abort(run.spec.token, run.run_id, abort["reason"], abort["kind"], abort["gone"])
+    state.handle_abort(run.spec.token, run.run_id, abort["reason"], abort["failure"], abort["gone"])
     assert run.state == "failed" and run.gone == (WORKERS[1],) and run.must_stop()
 
 

@@ -52,14 +52,14 @@ class Start(Message):
 
 @dataclass(frozen=True)
 class Abort(Message):
-    """Fail run ``run_id`` of ``token`` with ``reason``, as the error `dask_redist.errors.KINDS`
-    names (``kind``); ``gone``: its ranks that left (their calls never come)."""
+    """Fail run ``run_id`` of ``token`` with ``reason``, as the error `dask_redist.errors.FAILURES`
+    names (``failure``); ``gone``: its ranks that left (their calls never come)."""
 
     op: ClassVar[str] = "redist-abort"
     token: str
     run_id: int
     reason: str
-    kind: str
+    failure: str
     gone: list
 
 
@@ -103,14 +103,14 @@ class Drop(Message):
 @dataclass(frozen=True)
 class Barrier(Message):
     """Start a run of ``token``: the workers holding staged chunks, each input chunk's holder
-    (an index into ``workers``), each stage key's tail and holder, the chunks' type."""
+    (an index into ``workers``), each stage key's tail and holder, the chunks' type ("numpy", "cupy")."""
 
     op: ClassVar[str] = "redist_barrier"
     token: str
     workers: list
     holders: list
     homes: list
-    kind: str
+    chunk_type: str
 
 
 class BarrierReply(TypedDict, total=False):
@@ -122,14 +122,14 @@ class BarrierReply(TypedDict, total=False):
 
 @dataclass(frozen=True)
 class Failed(Message):
-    """Run ``run_id`` of ``token`` failed on ``address`` (``kind``: `dask_redist.errors.KINDS`)."""
+    """Run ``run_id`` of ``token`` failed on ``address`` (``failure``: `dask_redist.errors.FAILURES`)."""
 
     op: ClassVar[str] = "redist_failed"
     token: str
     run_id: int
     address: str
     message: str
-    kind: str
+    failure: str
 
 
 @dataclass(frozen=True)

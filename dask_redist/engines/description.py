@@ -42,7 +42,7 @@ class Request:
     @classmethod
     def of(cls, spec: CollectiveSpec, chunk_type: str | None = None) -> Request:
         """The request of ``spec``, whose staged chunks are of ``chunk_type`` (default: its metadata's)."""
-        return cls(chunk_type or spec.kind, spec.settings, spec.rechunk.nbytes, spec.dtype)
+        return cls(chunk_type or spec.chunk_type, spec.settings, spec.rechunk.nbytes, spec.dtype)
 
     @property
     def chunks(self) -> str:

@@ -97,7 +97,7 @@ def _method(chain: RechunkChain) -> str:
 
 
 def collective_spec(
-    input_name: str, output_name: str, old, new, dtype, chunk_type: str, settings: Settings
+    input_name: str, output_name: str, old, new, dtype, meta_type: str, settings: Settings
 ) -> tuple[CollectiveSpec | None, str]:
     """The collective for rechunking ``input_name`` into ``output_name``, or None and why not.
 
@@ -110,24 +110,24 @@ def collective_spec(
     dtype = np.dtype(dtype)
     if dtype.hasobject:
         return None, f"dtype {dtype} holds Python objects"
-    kind = "cupy" if chunk_type.startswith("cupy") else "numpy" if chunk_type == "numpy.ndarray" else chunk_type
-    if kind not in settings.chunk_types:
-        return None, f"chunk type {chunk_type or 'unknown'} is not in redist.chunk-types {list(settings.chunk_types)}"
+    chunk_type = "cupy" if meta_type.startswith("cupy") else "numpy" if meta_type == "numpy.ndarray" else meta_type
+    if chunk_type not in settings.chunk_types:
+        return None, f"chunk type {meta_type or 'unknown'} is not in redist.chunk-types {list(settings.chunk_types)}"
     if len(old) == 0:
         return None, "0-d arrays have nothing to rechunk"
-    converts = settings.output_type not in ("same", kind)
-    kind = kind if settings.output_type == "same" else settings.output_type  # what the run moves
+    converts = settings.output_type not in ("same", chunk_type)
+    chunk_type = chunk_type if settings.output_type == "same" else settings.output_type  # what the run moves
     try:
         rechunk = RechunkSpec(old, new, dtype.itemsize)
     except PlanError as e:
         return None, f"inconsistent chunks: {e}"
     if settings.min_bytes == "auto":
-        if faster := dask_is_faster(rechunk, kind):
+        if faster := dask_is_faster(rechunk, chunk_type):
             return None, faster
     elif rechunk.nbytes < settings.min_bytes:
         return None, f"{rechunk.nbytes} bytes is below redist.min-bytes ({settings.min_bytes})"
-    spec = CollectiveSpec(tokenize(output_name), input_name, output_name, rechunk, dtype, settings, kind)
-    return spec, f"eligible; chunks converted to {kind} when staged (redist.output-type)" if converts else "eligible"
+    spec = CollectiveSpec(tokenize(output_name), input_name, output_name, rechunk, dtype, settings, chunk_type)
+    return spec, f"eligible; chunks converted to {chunk_type} when staged (redist.output-type)" if converts else "eligible"
 
 
 def input_chunks(hlg: HighLevelGraph, chain: RechunkChain):
@@ -176,7 +176,7 @@ def decide(hlg: HighLevelGraph, chain: RechunkChain, settings: Settings, old=Non
     )  # fmt: skip
     if spec is not None and (chain.source,) + (0,) * spec.rechunk.ndim not in source.get_output_keys():
         spec, reason = None, f"input keys of layer {chain.source} are not ({chain.source}, i, j, ...)"
-    if spec is not None and memory is not None and spec.kind == "numpy":
+    if spec is not None and memory is not None and spec.chunk_type == "numpy":
         if too_big := beyond_memory(spec.rechunk.nbytes, *memory):
             spec, reason = None, too_big
     return Decision(chain, spec, reason, method)

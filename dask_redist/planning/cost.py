@@ -39,10 +39,10 @@ def piece_count(spec: RechunkSpec) -> int:
     return math.prod(len(axis_segments(o, n)) for o, n in zip(spec.old, spec.new))
 
 
-def dask_is_faster(spec: RechunkSpec, kind: str) -> str | None:
+def dask_is_faster(spec: RechunkSpec, chunk_type: str) -> str | None:
     """Why Dask's own rechunk is expected to be faster for this rechunk (``redist.min-bytes:
     auto``), or None when the collective is."""
-    if kind != "numpy":
+    if chunk_type != "numpy":
         return None
     pieces = piece_count(spec)
     if pieces > AUTO_MAX_PIECES:

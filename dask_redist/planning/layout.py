@@ -52,7 +52,7 @@ class DirectLayout:
     out_boxes: tuple[Box | None, ...]
     slabs: tuple[Box, ...]  # one slab of the global array per round
 
-    kind = "direct"
+    mapping = "direct"
 
     @property
     def rounds(self) -> int:
@@ -205,7 +205,7 @@ class PackedLayout:
     rounds_: tuple[PackedRound, ...]
     word: int
 
-    kind = "packed"
+    mapping = "packed"
 
     @property
     def rounds(self) -> int:

@@ -27,7 +27,7 @@ from typing import Callable
 from dask_redist.core import messages as m
 from dask_redist.core.run import WorkerRun
 from dask_redist.engines import get_engine
-from dask_redist.errors import EngineUnavailableError, RedistConsistencyError, RedistError, kind_of
+from dask_redist.errors import EngineUnavailableError, RedistConsistencyError, RedistError, failure_of
 from dask_redist.runtime.transport import CommsTransport
 
 logger = logging.getLogger("dask_redist")
@@ -208,7 +208,7 @@ class RunExecutor:
 
         async def report():
             try:
-                failed = m.Failed(run.spec.token, run.run_id, self.worker.address, str(error), kind_of(error))
+                failed = m.Failed(run.spec.token, run.run_id, self.worker.address, str(error), failure_of(error))
                 await failed.call(self.worker.scheduler)
             except Exception:  # the scheduler may be gone; the other ranks time out on their own
                 logger.exception("could not report the failure of %s", run.name())

@@ -45,14 +45,14 @@ class Runs:
         run = rechunk.active if rechunk is not None else None
         return run if run is not None and run_id in (None, run.spec.run_id) else None
 
-    def start(self, spec: CollectiveSpec, ranks, plan, needed, engine: str, kind: str, reason: str) -> RunSpec:
+    def start(self, spec: CollectiveSpec, ranks, plan, needed, engine: str, chunk_type: str, reason: str) -> RunSpec:
         """Number the run, pin its unpack tasks to their owners, send every rank the start."""
         rechunk = self.rechunks.setdefault(spec.token, Rechunk(spec.token))
         if rechunk.active is not None:
-            self.abort(spec.token, "superseded by a new run", kind="restart")
+            self.abort(spec.token, "superseded by a new run", failure="restart")
         run = RunSpec(
             collective=spec, run_id=self.run_ids.next(spec.token), seq=next(self._seq), workers=tuple(ranks),
-            in_ranks=plan.in_ranks, out_ranks=plan.out_ranks, needed=needed, engine=engine, kind=kind, reason=reason,
+            in_ranks=plan.in_ranks, out_ranks=plan.out_ranks, needed=needed, engine=engine, chunk_type=chunk_type, reason=reason,
         )  # fmt: skip
         pending, restrictions, pins = set(), {}, {}
         owners = plan.out_ranks.ravel()
@@ -103,15 +103,15 @@ class Runs:
             self.send(run.spec.workers, m.Cleanup(token, run.spec.run_id))
             self.rechunks[token].restarts = 0
 
-    def abort(self, token: str, reason: str, *, kind: str, outcome: str | None = None) -> None:
-        """Fail the run on every rank with ``reason``, as the error `dask_redist.errors.KINDS` names;
-        ``outcome`` for the history (default: restarted or failed, by ``kind``)."""
-        run = self._deactivate(token, outcome or ("restarted" if kind == "restart" else "failed"))
+    def abort(self, token: str, reason: str, *, failure: str, outcome: str | None = None) -> None:
+        """Fail the run on every rank with ``reason``, as the error `dask_redist.errors.FAILURES` names;
+        ``outcome`` for the history (default: restarted or failed, by ``failure``)."""
+        run = self._deactivate(token, outcome or ("restarted" if failure == "restart" else "failed"))
         if run is None:
             return
-        logger.debug("aborting %s (%s): %s", run.spec.name(), kind, reason)
+        logger.debug("aborting %s (%s): %s", run.spec.name(), failure, reason)
         gone = [w for w in run.spec.workers if w not in self.scheduler.workers]  # (their calls never come)
-        self.send(run.spec.workers, m.Abort(token, run.spec.run_id, reason, kind, gone))
+        self.send(run.spec.workers, m.Abort(token, run.spec.run_id, reason, failure, gone))
 
     def restart(self, token: str, reason: str, stale: list = (), settings=None) -> None:
         """Abort the run and release the barrier and unfinished unpack tasks: dask reruns them
@@ -122,10 +122,10 @@ class Runs:
         rechunk.restarts += 1
         if settings is not None and rechunk.restarts > settings.retries:
             self.abort(
-                token, f"{reason} (gave up after {settings.retries} restarts, see redist.retries)", kind="error"
+                token, f"{reason} (gave up after {settings.retries} restarts, see redist.retries)", failure="error"
             )
             return
-        self.abort(token, reason, kind="restart")
+        self.abort(token, reason, failure="restart")
         logger.warning("restarting rechunk %s: %s", token[:8], reason)
         if recs := restart_recommendations(self.scheduler.tasks, token, stale):
             stimulus = f"redist-restart-{token}-{time.time()}"
@@ -178,11 +178,11 @@ class Runs:
             if not run.pending:
                 self.finish(token)
         elif finish == "erred":
-            self.abort(token, f"output task {key} failed", kind="error")
+            self.abort(token, f"output task {key} failed", failure="error")
         elif finish == "forgotten":
             run.pending.discard(key)
             if not run.pending:  # a cancel: nobody waits for any output of the run
-                self.abort(token, "all outputs forgotten", kind="error", outcome="cancelled")
+                self.abort(token, "all outputs forgotten", failure="error", outcome="cancelled")
 
     def _barrier_transition(self, token: str, finish: str, stimulus_id: str) -> None:
         rechunk = self.rechunks.get(token)
@@ -191,8 +191,8 @@ class Runs:
                 self.scheduler.loop.add_callback(self._restart_pending, token)
         elif finish in ("released", "erred", "forgotten"):
             if self.active(token) is not None:
-                kind = "restart" if finish == "released" else "error"
-                self.abort(token, f"barrier {finish} ({stimulus_id})", kind=kind)
+                failure = "restart" if finish == "released" else "error"
+                self.abort(token, f"barrier {finish} ({stimulus_id})", failure=failure)
             if finish == "forgotten":  # nobody can ask for this rechunk again: workers forget it too
                 self.rechunks.pop(token, None)
                 self.send(list(self.scheduler.workers), m.Forget(token))

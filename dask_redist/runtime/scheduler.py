@@ -39,7 +39,7 @@ from dask_redist.core import messages as m
 from dask_redist.core.spec import BARRIER_PREFIX, BarrierTask, CollectiveSpec
 from dask_redist.engines import Request, description
 from dask_redist.engines.choice import EngineSelector
-from dask_redist.errors import KINDS
+from dask_redist.errors import FAILURES
 from dask_redist.planning import make_plan
 from dask_redist.runtime import ordering
 from dask_redist.runtime.lifecycle import Runs
@@ -93,7 +93,7 @@ class RedistSchedulerPlugin(SchedulerPlugin):
     # -- handlers -------------------------------------------------------------------
 
     @log_errors
-    async def barrier(self, token: str, workers: list[str], holders: list[int], homes: list, kind: str) -> m.BarrierReply:
+    async def barrier(self, token: str, workers: list[str], holders: list[int], homes: list, chunk_type: str) -> m.BarrierReply:
         """Start a run of rechunk ``token`` over the chunks the stage tasks staged."""
         self.runs.timeline = {"barrier called": time.time()}
         await self._ready.wait()
@@ -114,19 +114,19 @@ class RedistSchedulerPlugin(SchedulerPlugin):
         if not needed.any():  # every output was released (a cancel) or is in memory already
             self.runs.history.append({"token": token, "outcome": "cancelled", "why": "no output of it is wanted"})
             return {"status": "OK", "run_id": 0}
-        request = Request.of(spec, kind)
+        request = Request.of(spec, chunk_type)
         engine, reason = await self._choose_engine(request, ranks)
         if problem := description(engine, spec.settings).refuses(request):
             return {"status": "error", "fatal": True, "message": problem}
         self.engines.run_started(engine, spec.settings, ranks)  # (a worker leaving while we plan breaks that world)
         plan = await offload(make_plan, spec.rechunk, in_ranks, len(ranks), needed=needed)
-        if kind == "numpy" and (too_big := over_memory(plan, ranks, self.scheduler.workers)):
+        if chunk_type == "numpy" and (too_big := over_memory(plan, ranks, self.scheduler.workers)):
             return {"status": "error", "fatal": True, "message": too_big}
         if lost := self._lost(ranks, homes, spec, "left while the run was planned", workers):
             return lost
         if self.scheduler.tasks.get(ts.key) is not ts or not self._processing(ts):  # released meanwhile
             return {"status": "stale", "message": f"barrier task {ts.key} was released while the run was planned"}
-        run = self.runs.start(spec, ranks, plan, needed, engine, kind, reason)
+        run = self.runs.start(spec, ranks, plan, needed, engine, chunk_type, reason)
         self.runs.rechunks[spec.token].barrier = (ts, run.run_id, needed)
         return {"status": "OK", "run_id": run.run_id}
 
@@ -181,23 +181,23 @@ class RedistSchedulerPlugin(SchedulerPlugin):
         return self.engines.state()
 
     @log_errors
-    def failed(self, token: str, run_id: int, address: str, message: str, kind: str) -> None:
-        """A rank's run failed (``kind``: see `dask_redist.errors.KINDS`): restart it, on the dask
-        engine if its own could not start under ``auto``, or abort it."""
+    def failed(self, token: str, run_id: int, address: str, message: str, failure: str) -> None:
+        """A rank's run failed (``failure``: see `dask_redist.errors.FAILURES`): restart it, on the
+        next engine if its own could not start under ``auto``, or abort it."""
         run = self.runs.active(token, run_id)
         if run is None:  # an old run's late report, or no such rechunk
             return
-        if address not in run.spec.workers or kind not in KINDS:  # not a rank of this run: refused
-            logger.debug("ignored a failure report for %s from %s (kind %r)", run.spec.name(), address, kind)
+        if address not in run.spec.workers or failure not in FAILURES:  # not a rank of this run: refused
+            logger.debug("ignored a failure report for %s from %s (failure %r)", run.spec.name(), address, failure)
             return
         logger.warning("%s failed on %s: %s", run.spec.name(), address, message)
-        unavailable = kind == "unavailable"
+        unavailable = failure == "unavailable"
         why = message if unavailable else f"{run.spec.name()} failed on {address}"
-        self.engines.run_failed(run.spec.engine, run.spec.collective.settings, kind, why)
-        if kind == "restart" or (unavailable and run.spec.collective.settings.engine == "auto"):
+        self.engines.run_failed(run.spec.engine, run.spec.collective.settings, failure, why)
+        if failure == "restart" or (unavailable and run.spec.collective.settings.engine == "auto"):
             self.runs.restart_once_barrier_done(token, message)
         else:
-            self.runs.abort(token, message, kind=kind)
+            self.runs.abort(token, message, failure=failure)
 
     def forget_world(self, engine: str | None = None) -> None:
         """The next run of ``engine`` (of every engine: None) starts its world over the workers of

@@ -22,13 +22,13 @@ from distributed.diagnostics.plugin import WorkerPlugin
 
 from dask_redist.config import Settings
 from dask_redist.core import messages as m
-from dask_redist.core.assemble import Assembly, array_kind, converted
+from dask_redist.core.assemble import Assembly, chunk_type_of, converted
 from dask_redist.core.run import WorkerRun
 from dask_redist.core.spec import CollectiveSpec, RunSpec, Staged, stage_token
 from dask_redist.core.wire import Packed
 from dask_redist.engines import loaded_engines
 from dask_redist.engines.registry import capabilities
-from dask_redist.errors import KINDS, RedistConsistencyError, RedistError
+from dask_redist.errors import FAILURES, RedistConsistencyError, RedistError
 from dask_redist.runtime.collective import RunExecutor
 from dask_redist.runtime.early import EarlyPieces
 from dask_redist.runtime.staging import StagingStore
@@ -72,17 +72,17 @@ class WorkerState:
         markers = []
         chunks = [converted(c, output_type, f"input chunk {i} on {self.address}") for i, c in zip(indices, chunks)]
         for index, shape, chunk in zip(indices, shapes, chunks):
-            kind = array_kind(chunk)
-            if kind not in ("numpy", "cupy"):
+            chunk_type = chunk_type_of(chunk)
+            if chunk_type not in ("numpy", "cupy"):
                 raise TypeError(
-                    f"dask-redist can only rechunk NumPy or CuPy chunks, got a {kind} for input chunk {index}; "
+                    f"dask-redist can only rechunk NumPy or CuPy chunks, got a {chunk_type} for input chunk {index}; "
                     "narrow redist.chunk-types or rechunk this array with dask_redist.disable()"
                 )
             if tuple(chunk.shape) != tuple(shape):
                 raise ValueError(
                     f"input chunk {index} has shape {tuple(chunk.shape)} but the array's chunks say {tuple(shape)}"
                 )
-            markers.append(Staged(self.address, int(chunk.nbytes), kind, int(index), tuple(tail)))
+            markers.append(Staged(self.address, int(chunk.nbytes), chunk_type, int(index), tuple(tail)))
         self.staging.put(token, tail, {int(i): c for i, c in zip(indices, chunks)})
         self.mark("first stage", first=True)
         return markers
@@ -91,10 +91,10 @@ class WorkerState:
         """Ask the scheduler to start a run over the staged chunks; its run id."""
         self.mark("barrier task")
         markers = [marker for group in groups for marker in group]
-        kinds = {marker.kind for marker in markers}
-        if len(kinds) > 1:
+        types = {marker.chunk_type for marker in markers}
+        if len(types) > 1:
             raise TypeError(
-                f"{spec.describe()}: input chunks of mixed types {sorted(kinds)}; convert them to one type "
+                f"{spec.describe()}: input chunks of mixed types {sorted(types)}; convert them to one type "
                 "first, or set redist.output-type to numpy or cupy"
             )
         workers = sorted({marker.address for marker in markers})
@@ -104,7 +104,7 @@ class WorkerState:
             holders[marker.index] = position[marker.address]
         homes = [[list(g[0].stage), position[g[0].address]] for g in groups if g]
 
-        request = m.Barrier(spec.token, workers, holders.tolist(), homes, kinds.pop() if kinds else "numpy")
+        request = m.Barrier(spec.token, workers, holders.tolist(), homes, types.pop() if types else "numpy")
 
         async def ask() -> m.BarrierReply:
             return await request.call(self.worker.scheduler)
@@ -217,12 +217,12 @@ class WorkerState:
         logger.debug("%s: refused pieces claiming to come from rank %r", run.name(), src)
         return False
 
-    def handle_abort(self, token: str, run_id: int, reason: str, kind: str, gone=()) -> None:
+    def handle_abort(self, token: str, run_id: int, reason: str, failure: str, gone=()) -> None:
         with self._lock:
             run = self.runs.get(token)
             self.early.ended(token, run_id)
-        if run is not None and run.run_id == run_id and kind in KINDS:
-            run.fail(KINDS[kind](reason), gone=[w for w in gone if isinstance(w, str)])
+        if run is not None and run.run_id == run_id and failure in FAILURES:
+            run.fail(FAILURES[failure](reason), gone=[w for w in gone if isinstance(w, str)])
 
     def handle_gone(self, worker: str) -> None:
         """``worker`` left: a run already aborted that it was a rank of cannot be completed any more

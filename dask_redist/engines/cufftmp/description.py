@@ -67,7 +67,7 @@ class CufftMpDescription(EngineDescription):
         from dask_redist.planning.layout import choose_layout
 
         layout, why = choose_layout(plan, settings.memory_budget, size_class_bits=settings.size_class_bits)
-        return f"{layout.kind} ({why})", layout.padding, layout.rounds
+        return f"{layout.mapping} ({why})", layout.padding, layout.rounds
 
     # -- doctor -----------------------------------------------------------------------
 

@@ -180,7 +180,7 @@ class CufftMpEngine(Engine):
             run.plan, settings.memory_budget, size_class_bits=settings.size_class_bits, allow_empty=ALLOW_EMPTY_BOXES
         )
         spec = run.spec.collective
-        xp = np if run.spec.kind == "numpy" else cupy  # NumPy in, NumPy out: see .host
+        xp = np if run.spec.chunk_type == "numpy" else cupy  # NumPy in, NumPy out: see .host
         outputs = {}
         for flat in run.plan.owned(run.rank) if run.state != "failed" else ():
             lo, hi = spec.rechunk.new_box(flat)
@@ -209,7 +209,7 @@ class CufftMpEngine(Engine):
             spent[what] += cupy.cuda.get_elapsed_time(a, b)
         self._stats["runs"] += 1
         self._stats["last"] = {
-            "layout": layout.kind,
+            "layout": layout.mapping,
             "rounds": layout.rounds,
             "arena bytes": self.arena.size,
             **{f"{k} ms": round(v, 3) for k, v in spent.items()},
@@ -238,7 +238,7 @@ class CufftMpEngine(Engine):
             plans.append(self.plan(layout.folded[k].word, boxes[:nranks], boxes[nranks:], rank))
         regions = self._regions(in_max, out_max, plans)
         old_box, new_box = spec.rechunk.old_box, spec.rechunk.new_box
-        host = run.spec.kind == "numpy"
+        host = run.spec.chunk_type == "numpy"
         tables = None if host else (ChunkTable.of(run.inputs, old_box, item), ChunkTable.of(outputs, new_box, item))
 
         def work(k, exchange):
@@ -292,7 +292,7 @@ class CufftMpEngine(Engine):
             plans.append(self.plan(word, boxes_in, boxes_out, rank))
         regions = self._regions(in_max, out_max, plans)
         src, dst, _ = regions
-        host = run.spec.kind == "numpy"
+        host = run.spec.chunk_type == "numpy"
         uploaded = []  # the last round's uploaded pieces: queued copies read them until the next wait
 
         def work(k, exchange):
