@@ -282,10 +282,10 @@ class CufftMpEngine(Engine):
         spec = run.spec.collective
         dtype, rank, nranks = spec.dtype, run.rank, len(run.spec.workers)
         word = layout.word
-        in_max = max(r.row_words for r in layout.rounds_) * word
-        out_max = max(nranks * int(r.widths.max()) for r in layout.rounds_) * word
+        in_max = max(r.row_words for r in layout.packed_rounds) * word
+        out_max = max(nranks * int(r.widths.max()) for r in layout.packed_rounds) * word
         plans = []
-        for rnd in layout.rounds_:  # plan every round first (collective, same order everywhere)
+        for rnd in layout.packed_rounds:  # plan every round first (collective, same order everywhere)
             cols = rnd.columns
             boxes_in = [([0, s, 0], [1, s + 1, rnd.row_words]) for s in range(nranks)]
             boxes_out = [([0, 0, int(cols[d])], [1, nranks, int(cols[d + 1])]) for d in range(nranks)]
@@ -296,7 +296,7 @@ class CufftMpEngine(Engine):
         uploaded = []  # the last round's uploaded pieces: queued copies read them until the next wait
 
         def work(k, exchange):
-            rnd = layout.rounds_[k]
+            rnd = layout.packed_rounds[k]
             if host:
                 self.rounds.wait(run, dry=True)  # the staging buffers are free once the last round is done: see .host
             cols = rnd.columns
