@@ -16,10 +16,6 @@ from dask_redist.graph.optimize import CollectiveOptimizer, decide, find_rechunk
 from dask_redist.planning import RechunkSpec
 
 
-def layers_of(x):
-    return list(x.__dask_graph__().layers)
-
-
 def test_tasks_chain_becomes_one_collective_with_the_same_output_keys():
     x = da.ones((64, 48, 32), chunks=(8, 48, 32))
     y = x.rechunk((64, 6, 32), method="tasks")

@@ -32,14 +32,10 @@ logger = logging.getLogger("dask_redist")
 
 try:  # the ABC nvmath checks for; optional so that the group is usable (and tested) without it
     from nvmath.distributed.process_group import ProcessGroup as _ProcessGroup
-    from nvmath.distributed.process_group import ReductionOp
 except ImportError:  # pragma: no cover - depends on the environment
     _ProcessGroup = object
 
-    class ReductionOp:  # type: ignore[no-redef]
-        SUM, MIN, MAX = 0, 1, 2
-
-
+#: nvmath's ReductionOp values (SUM, MIN, MAX) -> the NumPy reduction
 _REDUCE = {0: np.sum, 1: np.min, 2: np.max}
 
 #: exchange(tag, payload) -> every rank's payload, in rank order
