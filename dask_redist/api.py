@@ -11,7 +11,7 @@ import threading
 import dask
 import numpy as np
 
-from dask_redist.compat import keep_annotations_current
+from dask_redist.compat import keep_annotations_current, meta_of
 from dask_redist.config import DEFAULTS, ConfigError, Settings
 from dask_redist.core.assemble import converted
 from dask_redist.core.messages import ForgetWorld, SchedulerStatus
@@ -138,7 +138,7 @@ def rechunk(x, chunks="auto", *, threshold=None, block_size_limit=None, balance=
     if not decision.collective:
         raise NotEligibleError(decision.reason)
     graph, _ = rewrite(graph, [], settings, only=[decision])
-    meta = y._meta
+    meta = meta_of(y)
     if settings.output_type != "same":  # (x.rechunk under enable() keeps x's meta: the graph changes, not x)
         try:
             meta = converted(meta, settings.output_type)

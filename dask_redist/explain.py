@@ -160,7 +160,7 @@ def _decisions(x, settings: Settings, memory=None) -> list[tuple[str, str, objec
     if expr is not None:  # expression mode: the rechunks are expressions in the tree
         from dask.utils import typename
 
-        from dask_redist.compat import array_expr
+        from dask_redist.compat import array_expr, meta_of
         from dask_redist.graph.optimize import collective_spec
 
         _, Rechunk, _ = array_expr()
@@ -170,7 +170,7 @@ def _decisions(x, settings: Settings, memory=None) -> list[tuple[str, str, objec
             if isinstance(node, Rechunk) and node.chunks != node.array.chunks:
                 a = node.array
                 spec, why = collective_spec(
-                    a._name, node._name, a.chunks, node.chunks, a.dtype, typename(type(a._meta)), settings
+                    a._name, node._name, a.chunks, node.chunks, a.dtype, typename(type(meta_of(a))), settings
                 )
                 out.append((node._name, node.method or "auto", spec, why))
         return out

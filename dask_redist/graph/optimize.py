@@ -22,7 +22,9 @@ from dask.base import tokenize
 from dask.core import flatten
 from dask.highlevelgraph import HighLevelGraph, MaterializedLayer
 
-from dask_redist.compat import P2P_PREFIX, RECHUNK_PREFIXES, DataNode, GraphNode, Task
+from dask_redist.compat import (
+    P2P_PREFIX, RECHUNK_PREFIXES, DataNode, GraphNode, Task, building_graph, running_schedulers,
+)  # fmt: skip
 from dask_redist.config import Settings
 from dask_redist.core.spec import BARRIER_PREFIX, CollectiveSpec
 from dask_redist.graph.layer import collective_tasks
@@ -269,16 +271,11 @@ def inlined_inputs(
 
 def _scheduler_in_process():
     """The scheduler building this graph, or None where that is unclear. Several can run in one
-    process (two LocalClusters in a notebook); the one building a graph counts it in
-    ``_active_graph_updates`` (distributed's, private: missing, and only a lone scheduler is
-    taken)."""
-    try:
-        from distributed import Scheduler
-    except ImportError:  # pragma: no cover - distributed is a dependency
-        return None
-    running = [s for s in list(Scheduler._instances) if s.status.name == "running"]
+    process (two LocalClusters in a notebook): the one building a graph now is taken
+    (`compat.building_graph`; where that cannot be told, only a lone scheduler is)."""
+    running = running_schedulers()
     if len(running) > 1:  # (several in one process: the one whose graph is being built now)
-        running = [s for s in running if getattr(s, "_active_graph_updates", 0) > 0]
+        running = [s for s in running if building_graph(s)]
     return running[0] if len(running) == 1 else None
 
 
@@ -348,11 +345,7 @@ def running_on_scheduler() -> bool:
     without a distributed scheduler the graph runs on a local one, where the
     collective cannot work, so dask's own rechunk is kept.
     """
-    try:
-        from distributed import Scheduler
-    except ImportError:  # pragma: no cover - distributed is a dependency
-        return False
-    if not any(s.status.name == "running" for s in list(Scheduler._instances)):
+    if not running_schedulers():
         return False
     return threading.current_thread().name.startswith("Dask-Offload")
 

@@ -75,7 +75,7 @@ class HostLink:
         import cupy
 
         offsets, total = _offsets(views)
-        pinned = self._buffer("up", total)
+        pinned = self.pinned("up", total)
         staged = [_as(pinned, o, v.shape, v.dtype) for o, v in zip(offsets, views)]
         self._copy(list(zip(staged, views)))
         device = cupy.empty(max(total, 1), dtype=np.uint8)
@@ -86,7 +86,8 @@ class HostLink:
         """Device arrays for ``targets`` (host views) to be filled on the GPU, then downloaded."""
         return Downloads(self, targets)
 
-    def _buffer(self, which: str, nbytes: int) -> np.ndarray:
+    def pinned(self, which: str, nbytes: int) -> np.ndarray:
+        """The pinned buffer ``which`` ("up" or "down") of at least ``nbytes``, grown if needed."""
         import cupyx
 
         buf = self._pinned.get(which)
@@ -124,7 +125,7 @@ class Downloads:
         self.device = [_as(self._device, o, t.shape, t.dtype) for o, t in zip(self.offsets, targets)]
 
     def start(self) -> None:
-        self._pinned = self.link._buffer("down", self.total)
+        self._pinned = self.link.pinned("down", self.total)
         _memcpy(self._pinned.ctypes.data, self._device.data.ptr, self.total, 2)  # cudaMemcpyDeviceToHost
 
     def finish(self) -> None:
