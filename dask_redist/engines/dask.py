@@ -15,11 +15,10 @@ planner's owners are boxes where balance allows), ranks send input chunks cut to
 output boxes instead of pieces (`dask_redist.planning.boxes.box_transfers`), and
 each output chunk is cut from the box its rank assembled: pieces (``old chunk ∩ new
 chunk``) can number in the millions (1024 row slabs to 1024 column slabs: 1024 x 1024),
-and every piece cost a slice, a copy and an assembly step in Python. Measured:
-docs/benchmarks.md ("The dask engine's box mapping"). Where the received blocks cross the
-output chunks only a few thousand times, they are copied straight into the output chunks
-instead (no box: a third less new memory, one copy less): 1 GiB on 2 workers of the CPU
-machine, slabs 785 -> 369 ms and pencils 1.12 s -> 415 ms (`DIRECT_MAX_PARTS`).
+and every piece cost a slice, a copy and an assembly step in Python. Where the received
+blocks cross the output chunks only a few thousand times, they are copied straight into
+the output chunks instead (no box: a third less new memory, one copy less;
+`DIRECT_MAX_PARTS`). Both measured in docs/benchmarks.md ("Levers of 2026-12-01").
 """
 
 from __future__ import annotations

@@ -245,9 +245,8 @@ def inlined_inputs(
     NumPy array embeds them) are carried by their stage tasks.
 
     A stage task after each input task is one more task per input chunk, and at a few
-    thousand small chunks dask's cost per task is the rechunk's cost (2000 chunks on 2 workers
-    of the CPU machine: 4.7 s for the same graph shape in plain dask, 2.7 s for p2p, whose
-    transfer tasks fuse with their inputs). Dask's own fusion would keep the stage keys as
+    thousand small chunks dask's cost per task is the rechunk's cost (docs/benchmarks.md,
+    "Inputs computed in the same graph"). Dask's own fusion would keep the stage keys as
     aliases, one task each again, so the rewrite inlines them itself.
     """
     name = chain.source
