@@ -296,10 +296,13 @@ def doctor(args) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     from dask_redist.bench.soak import STEPS
-    from dask_redist.config import Settings
+    from dask_redist.config import BUILTIN_ENGINES, ConfigError, Settings
 
     argv = sys.argv[1:] if argv is None else argv
-    engines = dict(Settings.from_config().engines)  # redist.engines: the built-in ones and any added
+    try:
+        engines = dict(Settings.from_config().engines)  # redist.engines: the built-in ones and any added
+    except ConfigError:  # (said when a command reads the settings; --help still works)
+        engines = dict(BUILTIN_ENGINES)
     parser = argparse.ArgumentParser(prog="dask-redist", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
 
