@@ -11,9 +11,10 @@ import threading
 import dask
 import numpy as np
 
-from dask_redist.compat import keep_annotations_current, worker_info
+from dask_redist.compat import keep_annotations_current, meta_of, worker_info
 from dask_redist.config import DEFAULTS, ConfigError, Settings
 from dask_redist.core.assemble import converted
+from dask_redist.core.messages import ForgetWorld, SchedulerStatus
 from dask_redist.errors import NotEligibleError, RedistError, RedistTimeoutError
 from dask_redist.graph.optimize import CollectiveOptimizer, decide, find_rechunks, rewrite
 
@@ -30,7 +31,7 @@ def _overrides(options: dict) -> dict:
     """``redist.*`` config keys from keyword options (nested dicts allowed), checked now."""
     cfg = _flatten(options)
     known = _flatten(DEFAULTS["redist"])
-    if unknown := sorted(k for k in cfg if k not in known):
+    if unknown := sorted(k for k in cfg if k not in known and not k.startswith("redist.engines.")):
         near = {k: difflib.get_close_matches(k, known, n=1) for k in unknown}
         hints = "; ".join(f"{k}" + (f" (did you mean {m[0]}?)" if m else "") for k, m in near.items())
         raise ConfigError(f"unknown option {hints}: the redist.* keys are listed in docs/configuration.md")
@@ -137,7 +138,7 @@ def rechunk(x, chunks="auto", *, threshold=None, block_size_limit=None, balance=
     if not decision.collective:
         raise NotEligibleError(decision.reason)
     graph, _ = rewrite(graph, [], settings, only=[decision])
-    meta = y._meta
+    meta = meta_of(y)
     if settings.output_type != "same":  # (x.rechunk under enable() keeps x's meta: the graph changes, not x)
         try:
             meta = converted(meta, settings.output_type)
@@ -165,7 +166,7 @@ def status(client=None) -> dict:
     _ensure_scheduler_plugin(client)
     limit = STATUS_TIMEOUT_S + 20  # the scheduler gives each worker STATUS_TIMEOUT_S; its own answer is quick
     try:
-        return client.sync(client.scheduler.redist_status, callback_timeout=limit)
+        return client.sync(SchedulerStatus().call, client.scheduler, callback_timeout=limit)
     except TimeoutError as e:
         raise RedistTimeoutError(
             f"the scheduler at {client.scheduler.address} did not answer dask_redist.status() within {limit:g}s "
@@ -175,44 +176,46 @@ def status(client=None) -> dict:
 
 def _ensure_scheduler_plugin(client) -> None:
     """The plugins register with the first collective run; ``status`` and ``bootstrap`` may come first."""
-    from dask_redist.runtime.scheduler import RedistSchedulerPlugin
-    from dask_redist.runtime.worker import RedistWorkerPlugin
+    from dask_redist.runtime.tasks import plugins
 
-    plugin = RedistSchedulerPlugin(worker_plugin=RedistWorkerPlugin())
+    plugin = plugins()
     client.register_plugin(plugin, name=plugin.name)  # idempotent: a plugin already there stays
 
 
-def bootstrap(client=None, *, restart_broken: bool = False) -> dict:
-    """Bootstrap NVSHMEM on every worker now, instead of at the first GPU rechunk.
+def bootstrap(client=None, *, restart_broken: bool = False, engine: str | None = None) -> dict:
+    """Start an engine's world on every worker now (NVSHMEM's, for ``cufftmp``), instead of at
+    its first rechunk.
 
-    Runs a tiny CuPy rechunk through the ``cufftmp`` engine (so the bootstrap goes
-    through the same ordered, time-bounded path as every run) and returns each
-    worker's engine statistics (``bootstrap_s``: seconds its bootstrap took).
-    After workers joined, call it again: the workers leave the old NVSHMEM world
-    and form one over the current worker set, in the same processes.
+    ``engine``: a name of ``redist.engines`` whose engine has a world; by default the one
+    that has. Runs a tiny rechunk through that engine (so the bootstrap goes through the
+    same ordered, time-bounded path as every run) and returns each worker's engine
+    statistics (``bootstrap_s``: seconds its bootstrap took). After workers joined, call it
+    again: the workers leave the old world and form one over the current worker set, in the
+    same processes.
 
     After a worker of the world died, its surviving members cannot leave the old
     world (NVSHMEM's finalize waits for the dead PE), and neither can a worker
     whose GPU was left inside a collective: those are named in the error, or
     restarted first with ``restart_broken=True`` (``Client.restart_workers``:
-    their data is lost). Until then GPU rechunks run on the ``dask`` engine.
+    their data is lost). Until then rechunks under ``auto`` run on another engine.
     """
     from distributed import default_client, wait
 
     client = client or default_client()
+    d = _world_engine(Settings.from_config(), engine)
     before = status(client)
     alive = set(worker_info(client))
     broken = {
-        w: s["engines"]["cufftmp"]["broken"]
+        w: s["engines"][d.name]["broken"]
         for w, s in before["workers"].items()
-        if s.get("engines", {}).get("cufftmp", {}).get("broken")
+        if s.get("engines", {}).get(d.name, {}).get("broken")
     }
-    for w in before["engines"]["stranded"]:
+    for w in before["engines"]["records"].get(d.name, {}).get("stranded", []):
         if w in alive:
-            broken.setdefault(w, "a worker of its NVSHMEM world died")
+            broken.setdefault(w, f"a worker of its {d.world_name} world died")
     if broken and not restart_broken:
         raise RedistError(
-            f"NVSHMEM is unusable on {sorted(broken)} ({next(iter(broken.values()))}); restart those workers, "
+            f"{d.world_name} is unusable on {sorted(broken)} ({next(iter(broken.values()))}); restart those workers, "
             "or call dask_redist.bootstrap(client, restart_broken=True) to do it (their data is lost)"
         )
     if broken:
@@ -225,36 +228,26 @@ def bootstrap(client=None, *, restart_broken: bool = False) -> dict:
                 f"{type(e).__name__}: {e}. A process whose GPU was left inside an NVSHMEM collective may not "
                 "exit until the driver frees its GPU; see docs/reliability.md"
             ) from e
-    client.sync(client.scheduler.redist_forget_world)
-    y = rechunk(_tiny_gpu_array(client), _TINY_NEW, engine="cufftmp").persist()
+    client.sync(ForgetWorld(d.name).call, client.scheduler)
+    x, new, expected = d.bootstrap_input(client)
+    y = rechunk(x, new, engine=d.name).persist()
     wait(y)
-    if not np.array_equal(np.asarray(y.compute().get()), _tiny_expected()):
+    if not np.array_equal(converted(y.compute(), "numpy"), expected):
         raise RedistError("the bootstrap rechunk returned wrong values")
-    return {w: s["engines"]["cufftmp"]["stats"] for w, s in status(client)["workers"].items() if "cufftmp" in s["engines"]}
+    return {w: s["engines"][d.name]["stats"] for w, s in status(client)["workers"].items() if d.name in s["engines"]}
 
 
-_TINY_SHAPE, _TINY_OLD, _TINY_NEW = (64, 64), (8, 64), (64, 8)
+def _world_engine(settings: Settings, name: str | None):
+    """The description of engine ``name``, or of the one engine with a world; checks it has one."""
+    from dask_redist.engines import description, descriptions
 
-
-def _tiny_expected() -> np.ndarray:
-    return np.arange(np.prod(_TINY_SHAPE), dtype=np.float64).reshape(_TINY_SHAPE)
-
-
-def _tiny_gpu_array(client):
-    """A small CuPy array with fresh keys (an earlier failed bootstrap's results may still be
-    held), one chunk per task: every worker is a rank of the run wherever the chunks land."""
-    import uuid
-
-    import dask.array as da
-
-    def block(block_info=None):
-        import cupy
-
-        (lo0, hi0), (lo1, hi1) = block_info[None]["array-location"]
-        return cupy.asarray(_tiny_expected()[lo0:hi0, lo1:hi1])
-
-    import cupy
-
-    chunks = tuple((size,) * (total // size) for size, total in zip(_TINY_OLD, _TINY_SHAPE))
-    meta = cupy.empty((0, 0), dtype=np.float64)
-    return da.map_blocks(block, chunks=chunks, dtype=np.float64, meta=meta, name=f"redist-bootstrap-{uuid.uuid4().hex}")
+    if name is not None:
+        d = description(name, settings)
+        if not d.world:
+            raise ValueError(f"engine {name!r} has no world to bootstrap")
+        return d
+    worlds = [d for d in descriptions(settings) if d.world]
+    if len(worlds) != 1:
+        names = [d.name for d in worlds]
+        raise ValueError(f"bootstrap(engine=...) must name one of the engines with a world: {names}")
+    return worlds[0]

@@ -102,9 +102,11 @@ def demo(args) -> int:
 
         x = placed_array(client, case, seed=0, kind=kind)
         with dask_redist.enable():
-            console.print(str(dask_redist.explain(x.rechunk(case.new))), markup=False, highlight=False)
-        engine = "redist-cufftmp" if args.gpu else "redist-dask"
-        results = run_case(client, case, (engine, "tasks", "p2p"), reps=args.reps, kind=kind)
+            explanation = dask_redist.explain(x.rechunk(case.new))
+            console.print(str(explanation), markup=False, highlight=False)
+        entry = explanation[0] if len(explanation) else None
+        engine = entry.engine if entry is not None and entry.runs == "collective" else "auto"  # as `auto` picks
+        results = run_case(client, case, (f"redist-{engine}", "tasks", "p2p"), reps=args.reps, kind=kind)
     console.print(_table([r.row() for r in results], "y = x.rechunk(new).persist(); wait(y)"))
     return 0 if all(r.correct is not False for r in results) else 1
 
@@ -317,8 +319,13 @@ def doctor(args) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     from dask_redist.bench.soak import STEPS
+    from dask_redist.config import BUILTIN_ENGINES, ConfigError, Settings
 
     argv = sys.argv[1:] if argv is None else argv
+    try:
+        engines = dict(Settings.from_config().engines)  # redist.engines: the built-in ones and any added
+    except ConfigError:  # (said when a command reads the settings; --help still works)
+        engines = dict(BUILTIN_ENGINES)
     parser = argparse.ArgumentParser(prog="dask-redist", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -337,8 +344,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cases", nargs="+", default=["slab"], choices=["slab", "pencil"])
     p.add_argument(
         "--methods", nargs="+",
-        help="redist-cufftmp redist-dask tasks p2p, tasks-ucx p2p-ucx (on a UCX cluster), nvmath (raw Redistribute), "
-        "ceiling (peer-copy bound); default: redist-dask tasks p2p, or the suite's",
+        help=f"redist-ENGINE ({', '.join(engines)}), tasks p2p, tasks-ucx p2p-ucx (on a UCX cluster), nvmath (raw "
+        "Redistribute), ceiling (peer-copy bound); default: redist-dask tasks p2p, or the suite's",
     )  # fmt: skip
     p.add_argument("--suite", choices=["gpu"], help="the whole GPU table (cases and methods of bench.gpu_suite)")
     p.add_argument("--numpy", action="store_true", help="with --gpu: NumPy chunks on the dask-cuda workers")
@@ -362,7 +369,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--max-bytes", default="1MiB", help="largest array of a step (default 1MiB)")
     p.add_argument("--numpy", action="store_true", help="with --gpu: NumPy chunks on the dask-cuda workers")
-    p.add_argument("--engine", choices=["auto", "cufftmp", "dask"], help="redist.engine for every rechunk")
+    p.add_argument("--engine", choices=["auto", *engines], help="redist.engine for every rechunk")
     p.add_argument("--kinds", nargs="+", default=list(STEPS), choices=list(STEPS), help="step kinds to draw (default all)")
     p.set_defaults(func=soak)
 

@@ -23,6 +23,11 @@ What is relied on, and where:
   wrapped by runtime.ordering;
 * expression mode: ``ArrayExpr.rechunk``, ``Rechunk`` and ``TasksRechunk`` in
   ``dask.array._array_expr`` (graph.expr);
+* distributed's ``Scheduler._instances`` and ``Scheduler._active_graph_updates``: which
+  scheduler of this process is building a graph (`running_schedulers`, `building_graph`;
+  graph.optimize);
+* an array's or expression's ``_meta`` (`meta_of`: api, explain, graph.expr) and an
+  expression class's ``_parameters`` / ``_defaults`` (`with_operand`: graph.expr);
 * a layer's ``collection_annotations["chunks"]``: the input chunks of a rechunk as the
   graph knows them (graph.optimize). ``Array.compute_chunk_sizes`` (and several dask
   functions that set ``Array._chunks`` after building) update the array, not the
@@ -50,7 +55,7 @@ P2P_PREFIX = "rechunk-p2p-"
 
 __all__ = [
     "DataNode", "GraphNode", "P2P_PREFIX", "RECHUNK_PREFIXES", "TESTED_DASK", "Task", "TaskRef", "array_expr",
-    "keep_annotations_current",
+    "building_graph", "keep_annotations_current", "meta_of", "running_schedulers", "with_operand",
 ]  # fmt: skip
 
 
@@ -60,6 +65,33 @@ def array_expr():
     from dask.array._array_expr._rechunk import Rechunk, TasksRechunk
 
     return ArrayExpr, Rechunk, TasksRechunk
+
+
+def with_operand(expr_class, name: str, default=None) -> tuple[list, dict]:
+    """``(_parameters, _defaults)`` of a subclass of the expression class ``expr_class`` that
+    takes one operand more, ``name`` (dask's expressions declare their operands so)."""
+    return [*expr_class._parameters, name], {**expr_class._defaults, name: default}
+
+
+def meta_of(x):
+    """The meta of a dask array or array expression: an empty array of its chunks' type."""
+    return x._meta
+
+
+def running_schedulers() -> list:
+    """The distributed Schedulers running in this process (distributed keeps them in a
+    private weak set, ``Scheduler._instances``)."""
+    try:
+        from distributed import Scheduler
+    except ImportError:  # pragma: no cover - distributed is a dependency
+        return []
+    return [s for s in list(Scheduler._instances) if s.status.name == "running"]
+
+
+def building_graph(scheduler) -> bool:
+    """Whether ``scheduler`` is building a graph now (``Scheduler._active_graph_updates``,
+    private: where it is missing, no)."""
+    return getattr(scheduler, "_active_graph_updates", 0) > 0
 
 
 def _annotate_chunks(x) -> None:

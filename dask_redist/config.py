@@ -19,7 +19,9 @@ with open(_DEFAULTS_FILE) as f:
     DEFAULTS = yaml.safe_load(f)
 dask.config.update_defaults(DEFAULTS)
 
-ENGINES = ("auto", "dask", "cufftmp")
+#: The engines every configuration has, by name (``redist.engines`` in redist.yaml adds none of
+#: its own beyond them; a user's config adds to them): name -> "package.module:EngineClass".
+BUILTIN_ENGINES: tuple[tuple[str, str], ...] = tuple(DEFAULTS["redist"]["engines"].items())
 CHUNK_TYPES = ("numpy", "cupy")
 OUTPUT_TYPES = ("same", "numpy", "cupy")
 
@@ -71,6 +73,37 @@ def _seconds(key, value) -> float:
     return float(t)
 
 
+def _engines(config: dict | None) -> tuple[tuple[str, str], ...]:
+    """``redist.engines`` over the built-in ones: (name, "package.module:EngineClass") pairs."""
+    try:
+        table = _get("engines", config)
+    except KeyError:
+        table = {}
+    if not isinstance(table, dict):
+        raise ConfigError(f"redist.engines must map engine names to 'package.module:EngineClass', got {table!r}")
+    out = dict(BUILTIN_ENGINES)
+    for name, path in table.items():
+        if not isinstance(name, str) or not name.replace("-", "_").isidentifier():
+            raise ConfigError(f"redist.engines: an engine's name must be a word like 'nccl', got {name!r}")
+        if name == "auto":
+            raise ConfigError("redist.engines: 'auto' is not an engine's name (redist.engine: auto chooses one)")
+        module, _, attr = path.partition(":") if isinstance(path, str) else ("", "", "")
+        if not module or not attr.isidentifier():
+            raise ConfigError(f"redist.engines.{name} must be 'package.module:EngineClass', got {path!r}")
+        out[name] = path
+    return tuple(out.items())
+
+
+def _engine(value, engines: tuple[tuple[str, str], ...]) -> str:
+    names = [n for n, _ in engines]
+    if not isinstance(value, str) or not (value == "auto" or value in names or ":" in value):
+        raise ConfigError(
+            f"redist.engine must be auto, an engine of redist.engines ({', '.join(names)}) or "
+            f"'package.module:EngineClass', got {value!r}"
+        )
+    return value
+
+
 def _int(key, value, low=0) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < low:
         raise ConfigError(f"redist.{key} must be an integer >= {low}, got {value!r}")
@@ -81,7 +114,8 @@ def _int(key, value, low=0) -> int:
 class Settings:
     """A validated snapshot of ``redist.*``."""
 
-    engine: str = "auto"
+    engine: str = "auto"  # "auto", a name of ``engines``, or "package.module:EngineClass"
+    engines: tuple[tuple[str, str], ...] = BUILTIN_ENGINES  # the registry: (name, "package.module:EngineClass")
     chunk_types: tuple[str, ...] = CHUNK_TYPES
     output_type: str = "same"  # or a chunk type every input chunk is converted to when staged
     min_bytes: int | str = "auto"  # bytes, or "auto": the measured model of planning.cost
@@ -95,14 +129,15 @@ class Settings:
     symmetric_size: int | None = None
     exit_when_stuck: bool = True
 
+    def engine_path(self, name: str) -> str:
+        """Where engine ``name`` lives: "package.module:EngineClass" (a path names itself)."""
+        return dict(self.engines).get(name, name)
+
     @classmethod
     def from_config(cls, config: dict | None = None) -> Settings:
         """Read and check ``redist.*`` (from dask config, or from a dict shaped like it)."""
-        engine = _get("engine", config)
-        if not isinstance(engine, str) or not (engine in ENGINES or ":" in engine):
-            raise ConfigError(
-                f"redist.engine must be one of {', '.join(ENGINES)} or 'module:EngineClass', got {engine!r}"
-            )
+        engines = _engines(config)
+        engine = _engine(_get("engine", config), engines)
         types = _get("chunk-types", config)
         if isinstance(types, str):
             types = [types]
@@ -117,6 +152,7 @@ class Settings:
             raise ConfigError("redist.memory-budget must be larger than 0")
         return cls(
             engine=engine,
+            engines=engines,
             chunk_types=tuple(types),
             output_type=output_type,
             min_bytes=_min_bytes(_get("min-bytes", config)),

@@ -1,179 +1,60 @@
-"""``dask-redist doctor``: can this cluster run the collective, and with which engine?"""
+"""``dask-redist doctor``: can this cluster run the collective, and with which engine?
+
+It asks every engine of ``redist.engines`` (`dask_redist.engines.registry`) what it needs to
+know of each worker (``EngineDescription.worker_report``, run there, with the engine's
+``capabilities``), prints each engine's columns and line, and what ``auto`` picks, by the same
+rule the scheduler follows (`dask_redist.engines.choice.choose_engine`).
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import html
-import os
-import socket
 from dataclasses import dataclass
 
-from dask_redist.engines.cufftmp.nvshmem import nvshmem_problem
-
-FIXES = {
-    "cupy": "pip install 'dask-redist[gpu]' (CuPy for CUDA 13) on every worker",
-    "nvmath": "pip install 'dask-redist[gpu]' (nvmath-python, nvidia-cufftmp-cu13, nvidia-nvshmem-cu13)",
-    "gpu": "start GPU workers: LocalCUDACluster() or `dask cuda worker <scheduler>`",
-}
+from dask_redist.config import Settings
+from dask_redist.engines import Request, description, descriptions
+from dask_redist.engines.choice import choose_engine
+from dask_redist.engines.registry import capabilities
 
 
-def worker_report() -> dict:
-    """What one worker has (run on the worker: imports CuPy and nvmath there)."""
-    from dask_redist.engines.cufftmp.nvshmem import capabilities, nvshmem_library
-
-    report = {"pid": os.getpid(), "CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES", "")}
-    report["host"] = socket.gethostname()
-    report["network devices"] = sorted(os.listdir(_IB_DEVICES)) if os.path.isdir(_IB_DEVICES) else []
-    report["NVSHMEM environment"] = {k: v for k, v in os.environ.items() if k in _NVSHMEM_KEYS}
-    report["NVSHMEM_SYMMETRIC_SIZE"] = os.environ.get("NVSHMEM_SYMMETRIC_SIZE", "unset (NVSHMEM default 1 GiB)")
-    try:
-        import cupy
-
-        report["cupy"] = cupy.__version__
-        props = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.runtime.getDevice())
-        report["gpu uuid"] = bytes(props.get("uuid", b"")).hex() if isinstance(props.get("uuid"), bytes) else ""
-        free, total = cupy.cuda.runtime.memGetInfo()
-        report["gpu memory free"] = f"{free / 2**30:.1f} of {total / 2**30:.1f} GiB"
-    except Exception as e:
-        report["cupy"] = f"missing ({type(e).__name__})"
-    for name, module in (("nvmath", "nvmath"), ("cuFFTMp", "nvmath.bindings.cufftMp"), ("NVSHMEM", "nvmath.bindings.nvshmem")):
+def worker_reports(engines: dict[str, str]) -> dict:
+    """What one worker has for each engine of ``engines`` (name -> path; run on the worker)."""
+    settings = Settings(engines=tuple(engines.items()))
+    able = capabilities(engines)
+    out = {}
+    for name in engines:
         try:
-            m = __import__(module, fromlist=["_"])
-            report[name] = getattr(m, "__version__", "loads")
+            report = description(name, settings).worker_report()
         except Exception as e:
-            report[name] = f"missing ({type(e).__name__}: {str(e)[:80]})"
-    try:
-        from nvmath.bindings import nvshmem
-
-        report["NVSHMEM state"] = "initialized" if nvshmem.init_status() >= nvshmem.STATUS_IS_INITIALIZED else "not started"
-        report["NVSHMEM library"] = nvshmem_library()
-        report["NVSHMEM"] = ".".join(map(str, report["NVSHMEM library"]["version"]))
-        report["cuFFTMp"] = report["NVSHMEM library"]["nvidia-cufftmp-cu13"] or report["cuFFTMp"]
-    except Exception as e:  # no nvmath, or a libnvshmem_host without the version call
-        report.setdefault("NVSHMEM library", {"error": f"{type(e).__name__}: {str(e)[:80]}"})
-    report["NVSHMEM_IB_ENABLE_IBGDA"] = os.environ.get("NVSHMEM_IB_ENABLE_IBGDA", "")
-    report["cufftmp engine"] = capabilities()
-    return report
-
-
-#: Where Linux lists InfiniBand / RoCE devices (what NVSHMEM's remote transports use).
-_IB_DEVICES = "/sys/class/infiniband"
-_NVSHMEM_KEYS = ("NVSHMEM_REMOTE_TRANSPORT", "NVSHMEM_BOOTSTRAP_UID_SOCK_IFNAME", "NVSHMEM_IB_ENABLE_IBGDA", "NVSHMEM_HCA_LIST")
-
-
-def cluster_warnings(reports: dict[str, dict]) -> list[str]:
-    """What several workers, or several nodes, need to agree on (from `worker_report`).
-
-    Every worker of a world runs the same nvmath, cuFFTMp and CuPy and the same symmetric
-    heap size (NVSHMEM allocates symmetric memory identically on every PE). Workers on more
-    than one host reach each other through NVSHMEM's remote transport: each host needs a
-    network device it can use (``/sys/class/infiniband``), or ``NVSHMEM_REMOTE_TRANSPORT``
-    naming one that does not need it (``ucx``, ``libfabric``).
-    """
-    out = []
-    for key, what in (("nvmath", "nvmath-python"), ("cuFFTMp", "cuFFTMp"), ("cupy", "CuPy"),
-                      ("NVSHMEM_SYMMETRIC_SIZE", "symmetric heap size (NVSHMEM_SYMMETRIC_SIZE)")):  # fmt: skip
-        seen = {str(r.get(key)) for r in reports.values() if r.get(key) is not None}
-        if len(seen) > 1:
-            out.append(f"workers differ in {what}: {', '.join(sorted(seen))}; make them the same everywhere")
-    hosts = {r.get("host") for r in reports.values() if r.get("host")}
-    if len(hosts) > 1:
-        for address, r in sorted(reports.items()):
-            env = r.get("NVSHMEM environment") or {}
-            if not r.get("network devices") and env.get("NVSHMEM_REMOTE_TRANSPORT", "").lower() not in ("ucx", "libfabric"):
-                out.append(
-                    f"{address} ({r.get('host')}): workers are on {len(hosts)} hosts but this one has no InfiniBand/RoCE "
-                    "device for NVSHMEM's default remote transport (ibrc); set NVSHMEM_REMOTE_TRANSPORT (ucx, libfabric) "
-                    "for its network, or keep cufftmp to one node (docs/deployment.md)"
-                )
-        ifnames = {str((r.get("NVSHMEM environment") or {}).get("NVSHMEM_BOOTSTRAP_UID_SOCK_IFNAME")) for r in reports.values()}
-        if ifnames == {"None"}:
-            out.append(
-                f"workers are on {len(hosts)} hosts: if they have several network interfaces, set "
-                "NVSHMEM_BOOTSTRAP_UID_SOCK_IFNAME on every worker to one the hosts reach each other on"
-            )
+            report = {"error": f"{type(e).__name__}: {e}"}
+        out[name] = {**report, "capabilities": able[name]}
     return out
-
-
-def version_warnings(reports: dict[str, dict]) -> list[str]:
-    """What is wrong with the NVSHMEM each worker loaded (from `worker_report`), worst first.
-
-    A version cuFFTMp 12.1.3 does not support; workers of one cluster loading different
-    versions (NVSHMEM's PEs must run the same library); a library that is not the one
-    pip installed (another ``libnvshmem_host.so`` found first, e.g. through LD_LIBRARY_PATH).
-    """
-    out, versions = [], {}
-    for address, r in sorted(reports.items()):
-        lib = r.get("NVSHMEM library") or {}
-        version = lib.get("version")
-        if version is None:
-            continue
-        versions[address] = tuple(version)
-        ibgda = str(r.get("NVSHMEM_IB_ENABLE_IBGDA", "")).strip().lower() in ("1", "true", "y", "yes", "on")
-        if problem := nvshmem_problem(tuple(version), ibgda):
-            out.append(f"{address}: {problem}")
-        wheel = lib.get("nvidia-nvshmem-cu13")
-        if wheel and tuple(int(p) for p in wheel.split(".")[:3]) != tuple(version):
-            out.append(
-                f"{address}: loaded NVSHMEM {'.'.join(map(str, version))} from {lib.get('path')}, but pip installed "
-                f"nvidia-nvshmem-cu13 {wheel}: another libnvshmem_host comes first (LD_LIBRARY_PATH?)"
-            )
-    if len(set(versions.values())) > 1:
-        seen = ", ".join(f"{w}: {'.'.join(map(str, v))}" for w, v in versions.items())
-        out.append(f"workers load different NVSHMEM versions ({seen}); install the same one everywhere")
-    return out
-
-
-def _peer_access() -> str:
-    """Peer access between the GPUs this process sees (all of them on a LocalCUDACluster host)."""
-    try:
-        import cupy
-
-        n = cupy.cuda.runtime.getDeviceCount()
-    except Exception:
-        return "not checked (no CuPy or no GPU here)"
-    if n < 2:
-        return f"not checked ({n} GPU visible here)"
-    missing = [
-        f"{i}->{j}" for i in range(n) for j in range(n) if i != j and not cupy.cuda.runtime.deviceCanAccessPeer(i, j)
-    ]
-    return "every pair" if not missing else f"missing for {', '.join(missing)}"
 
 
 @dataclass(frozen=True)
 class Diagnosis:
-    workers: dict
-    engine: str
+    workers: dict  # worker -> {engine name: its report}
+    engine: str  # what `auto` picks for CuPy chunks
     reason: str
-    peer_access: str
     fixes: tuple[str, ...]
     warnings: tuple[str, ...] = ()
+    lines: tuple[tuple[str, str], ...] = ()  # (engine name, its line)
+    picks: tuple[tuple[str, str, str], ...] = ()  # (chunk type, engine `auto` picks, why)
+    columns: tuple[tuple[str, dict], ...] = ()  # (worker, its columns), sorted
 
     def rows(self) -> list[dict]:
-        out = []
-        for address, r in sorted(self.workers.items()):
-            cap = r.get("cufftmp engine", {})
-            out.append(
-                {
-                    "worker": address,
-                    "GPU": cap.get("gpu", "-"),
-                    "CuPy": r.get("cupy", "-"),
-                    "nvmath": r.get("nvmath", "-"),
-                    "cuFFTMp": r.get("cuFFTMp", "-"),
-                    "NVSHMEM": r.get("NVSHMEM", "-"),
-                    "symmetric heap": r.get("NVSHMEM_SYMMETRIC_SIZE", "-"),
-                    "GPU memory": r.get("gpu memory free", "-"),
-                    "cufftmp": "ok" if cap.get("ok") else cap.get("reason", "-"),
-                }
-            )
-        return out
+        """One row per worker, every row with the same columns ("-" where an engine has none)."""
+        names = list(dict.fromkeys(k for _, cols in self.columns for k in cols))
+        return [{"worker": w, **{k: cols.get(k, "-") for k in names}} for w, cols in self.columns]
 
     def __str__(self) -> str:
         lines = []
         for row in self.rows():
             lines.append(row.pop("worker") + ":")
             lines += [f"  {k:<15} {v}" for k, v in row.items()]
-        lines.append(f"peer access between GPUs: {self.peer_access}")
-        lines.append(f"engine `auto` picks for CuPy chunks: {self.engine} ({self.reason})")
+        lines += [f"engine {name}: {line}" for name, line in self.lines]
+        lines += [f"engine `auto` picks for {_chunks(t)}: {engine} ({why})" for t, engine, why in self.picks]
         lines += [f"warning: {w}" for w in self.warnings]
         lines += [f"fix: {f}" for f in self.fixes]
         return "\n".join(lines)
@@ -184,31 +65,37 @@ class Diagnosis:
         rows = self.rows()
         head = "".join(f"<th>{html.escape(k)}</th>" for k in rows[0]) if rows else ""
         body = "".join("<tr>" + "".join(f"<td>{html.escape(str(v))}</td>" for v in r.values()) + "</tr>" for r in rows)
-        fixes = "".join(f"<li>{html.escape(f)}</li>" for f in (*self.warnings, *self.fixes))
+        notes = "".join(f"<li>{html.escape(f)}</li>" for f in (*self.warnings, *self.fixes))
+        engines = "".join(f"<li>{html.escape(n)}: {html.escape(line)}</li>" for n, line in self.lines)
+        picks = "; ".join(f"{_chunks(t)}: <b>{e}</b> ({html.escape(why)})" for t, e, why in self.picks)
         return (
             f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
-            f"<p>peer access: {html.escape(self.peer_access)}; <b>auto</b> picks <b>{self.engine}</b>"
-            f" ({html.escape(self.reason)})</p><ul>{fixes}</ul>"
+            f"<ul>{engines}</ul><p><b>auto</b> picks for {picks}</p><ul>{notes}</ul>"
         )
 
 
-def doctor(client) -> Diagnosis:
-    """Check every worker of ``client``'s cluster (blocks each worker for a moment)."""
-    reports = client.run(worker_report)
-    fixes = []
-    bad = {w: r for w, r in reports.items() if not r.get("cufftmp engine", {}).get("ok")}
-    for r in bad.values():
-        reason = r.get("cufftmp engine", {}).get("reason", "")
-        key = "cupy" if "CuPy" in reason else "gpu" if "no GPU" in reason else "nvmath"
-        if FIXES[key] not in fixes:
-            fixes.append(FIXES[key])
-    if bad:
-        w = sorted(bad)[0]
-        engine, reason = "dask", f"cufftmp unusable on {w}: {bad[w]['cufftmp engine'].get('reason')}"
-    else:
-        engine, reason = "cufftmp", "every worker can run cuFFTMp over NVSHMEM"
-    peers = _peer_access()
-    if peers.startswith("missing"):
-        fixes.append("GPUs without peer access: NVSHMEM needs NVLink or PCIe P2P between the GPUs of a node")
-    warnings = version_warnings(reports) + cluster_warnings(reports)
-    return Diagnosis(reports, engine, reason, peers, tuple(fixes), tuple(warnings))
+def _chunks(chunk_type: str) -> str:
+    return "CuPy chunks" if chunk_type == "cupy" else "NumPy chunks"
+
+
+def doctor(client, settings: Settings | None = None) -> Diagnosis:
+    """Check every worker of ``client``'s cluster for every engine (blocks each worker for a moment)."""
+    settings = settings or Settings.from_config()
+    reports = client.run(worker_reports, dict(settings.engines))
+    workers = sorted(reports)
+    engines = descriptions(settings)
+    by_engine = {d.name: {w: reports[w].get(d.name, {}) for w in workers} for d in engines}
+    lines, warnings, fixes = [], [], []
+    for d in engines:
+        lines.append((d.name, d.doctor_line(by_engine[d.name])))
+        more_warnings, more_fixes = d.doctor_notes(by_engine[d.name])
+        warnings += more_warnings
+        fixes += [f for f in more_fixes if f not in fixes]
+    columns = tuple((w, {k: v for d in engines for k, v in d.doctor_columns(by_engine[d.name][w]).items()}) for w in workers)
+    able = {w: {d.name: by_engine[d.name][w].get("capabilities", {}) for d in engines} for w in workers}
+    picks, auto = [], dataclasses.replace(settings, engine="auto")
+    for chunk_type in ("cupy", "numpy"):  # (NumPy chunks: of any size)
+        engine, why = choose_engine(Request(chunk_type, auto), able, workers)
+        picks.append((chunk_type, engine, why))
+    (_, engine, reason), _ = picks
+    return Diagnosis(reports, engine, reason, tuple(fixes), tuple(warnings), tuple(lines), tuple(picks), columns)

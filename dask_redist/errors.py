@@ -32,10 +32,10 @@ class EngineUnavailableError(RedistError):
     """
 
 
-#: How a run failed, as worker and scheduler tell each other: the kind names the error
+#: How a run failed, as worker and scheduler tell each other: the failure names the error
 #: each rank raises (a ``restart`` is retried by the scheduler; ``unavailable`` too, on the
-#: dask engine, under ``engine: auto``).
-KINDS: dict[str, type[RedistError]] = {
+#: next engine, under ``engine: auto``).
+FAILURES: dict[str, type[RedistError]] = {
     "restart": RedistConsistencyError,
     "timeout": RedistTimeoutError,
     "unavailable": EngineUnavailableError,
@@ -43,9 +43,9 @@ KINDS: dict[str, type[RedistError]] = {
 }
 
 
-def kind_of(error: RedistError) -> str:
-    """The `KINDS` entry of ``error``."""
-    return next(kind for kind, cls in KINDS.items() if isinstance(error, cls))
+def failure_of(error: RedistError) -> str:
+    """The `FAILURES` entry of ``error``."""
+    return next(failure for failure, cls in FAILURES.items() if isinstance(error, cls))
 
 
 class NotEligibleError(ValueError):

@@ -10,10 +10,11 @@ import numpy as np
 
 from dask_redist.compat import worker_info
 from dask_redist.config import Settings
-from dask_redist.engines.choice import choose_engine, numpy_stays_on_host
+from dask_redist.core.messages import Probe
+from dask_redist.engines import Request, WorldRecord, description
+from dask_redist.engines.choice import choose_engine
 from dask_redist.graph.optimize import decide, find_rechunks, memory_limits
 from dask_redist.planning import make_plan
-from dask_redist.planning.layout import choose_layout
 
 
 def _size(n: int | None) -> str:
@@ -37,7 +38,8 @@ class Entry:
     runs: str  # "collective" or "dask"
     reason: str
     chunks: str = ""
-    engine: str = "-"
+    engine: str = "-"  # the engine's name
+    engine_reason: str = ""  # why that engine
     mapping: str = "-"
     nbytes: int | None = None
     moved: int | None = None
@@ -53,7 +55,7 @@ class Entry:
             "runs as": self.runs,
             "why": self.reason,
             "chunks": self.chunks,
-            "engine": self.engine,
+            "engine": f"{self.engine} ({self.engine_reason})" if self.engine_reason else self.engine,
             "mapping": self.mapping,
             "bytes": _size(self.nbytes),
             "moved between workers": _size(self.moved),
@@ -138,20 +140,19 @@ def _placement(spec, x, client, nworkers: int) -> tuple[np.ndarray, str]:
     return ranks, f"assumed: contiguous blocks over {nworkers} workers"
 
 
-def _engine(settings: Settings, spec, client) -> tuple[str, str]:
-    """The engine a run would use and why, decided as the scheduler decides it."""
-    numpy_reason = numpy_stays_on_host(settings, spec.rechunk.nbytes, spec.dtype) if spec.kind != "cupy" else None
-    if settings.engine == "auto" and not numpy_reason:
-        if client is None:
-            return "cufftmp", "if every worker can run it; no Client to ask"
-        from dask_redist.api import _ensure_scheduler_plugin
+def _engine(spec, client) -> tuple[str, str]:
+    """The engine a run would use and why, decided as the scheduler decides it (`choose_engine`),
+    from what the workers answered: asked here if nobody asked them yet."""
+    request = Request.of(spec)
+    if request.settings.engine != "auto" or client is None:
+        return choose_engine(request, None, [])
+    from dask_redist.api import _ensure_scheduler_plugin
 
-        _ensure_scheduler_plugin(client)
-        state = client.sync(client.scheduler.redist_probe)  # (asks the workers the scheduler has not asked yet)
-        caps, world, broken = state["capabilities"], state["world"], state["world broken"]
-        workers = sorted(worker_info(client))
-        return choose_engine(settings.engine, spec.kind, caps, workers, world, broken, numpy_reason)
-    return choose_engine(settings.engine, spec.kind, {}, [], numpy_reason=numpy_reason)
+    _ensure_scheduler_plugin(client)
+    state = client.sync(Probe(dict(request.settings.engines)).call, client.scheduler)
+    records = {name: WorldRecord.from_state(r) for name, r in state["records"].items()}
+    workers = sorted(worker_info(client))
+    return choose_engine(request, state["capabilities"], workers, records)
 
 
 def _decisions(x, settings: Settings, memory=None) -> list[tuple[str, str, object, str]]:
@@ -160,7 +161,7 @@ def _decisions(x, settings: Settings, memory=None) -> list[tuple[str, str, objec
     if expr is not None:  # expression mode: the rechunks are expressions in the tree
         from dask.utils import typename
 
-        from dask_redist.compat import array_expr
+        from dask_redist.compat import array_expr, meta_of
         from dask_redist.graph.optimize import collective_spec
 
         _, Rechunk, _ = array_expr()
@@ -170,7 +171,7 @@ def _decisions(x, settings: Settings, memory=None) -> list[tuple[str, str, objec
             if isinstance(node, Rechunk) and node.chunks != node.array.chunks:
                 a = node.array
                 spec, why = collective_spec(
-                    a._name, node._name, a.chunks, node.chunks, a.dtype, typename(type(a._meta)), settings
+                    a._name, node._name, a.chunks, node.chunks, a.dtype, typename(type(meta_of(a))), settings
                 )
                 out.append((node._name, node.method or "auto", spec, why))
         return out
@@ -211,16 +212,8 @@ def explain(x, *, nworkers: int | None = None, settings: Settings | None = None)
             runs = "dask"
         in_ranks, where = _placement(spec, x, client, nworkers)
         plan = make_plan(spec.rechunk, in_ranks, nworkers)
-        engine, engine_why = _engine(settings, spec, client)
-        if engine == "cufftmp":
-            layout, why = choose_layout(plan, settings.memory_budget, size_class_bits=settings.size_class_bits)
-            mapping, padding, rounds = f"{layout.kind} ({why})", layout.padding, layout.rounds
-        else:
-            t = plan.traffic
-            largest = int((t - np.diag(np.diag(t))).max(initial=0))  # (between two ranks)
-            messages = max(1, math.ceil(largest / settings.memory_budget))
-            mapping = f"pieces over dask comms, packed per peer (up to {messages} message(s) per peer, all sent at once)"
-            padding, rounds = 0, 1
+        engine, engine_why = _engine(spec, client)
+        mapping, padding, rounds = description(engine, settings).mapping(plan, settings)
         entries.append(
             Entry(
                 output,
@@ -228,7 +221,8 @@ def explain(x, *, nworkers: int | None = None, settings: Settings | None = None)
                 runs,
                 reason,
                 chunks=f"{_grid(spec.rechunk.old)} -> {_grid(spec.rechunk.new)} chunks, {spec.dtype}",
-                engine=f"{engine} ({engine_why})",
+                engine=engine,
+                engine_reason=engine_why,
                 mapping=mapping,
                 nbytes=plan.nbytes,
                 moved=plan.moved_bytes,

@@ -35,13 +35,9 @@ async def dask_setup(dask_object) -> None:
         if dask.config.get("redist.enabled", True) and id(dask_object) not in _handles:
             _handles[id(dask_object)] = enable()
     elif isinstance(dask_object, Scheduler):
-        from distributed.protocol.pickle import dumps
+        from dask_redist.runtime.tasks import register
 
-        from dask_redist.runtime.scheduler import RedistSchedulerPlugin
-        from dask_redist.runtime.worker import RedistWorkerPlugin
-
-        plugin = RedistSchedulerPlugin(worker_plugin=RedistWorkerPlugin())
-        await dask_object.register_scheduler_plugin(plugin=dumps(plugin), name=plugin.name, idempotent=True)
+        await register(dask_object)
 
 
 async def dask_teardown(dask_object) -> None:

@@ -262,7 +262,7 @@ def simulate_packed(plan: Plan, layout: PackedLayout, data: np.ndarray) -> Outpu
     """Run a packed layout: fill a (P, W) byte matrix per round, hand out column blocks, unpack."""
     spec, nranks = plan.spec, plan.nranks
     inputs, out = InputChunks(spec, data), OutputChunks(spec)
-    for r in layout.rounds_:
+    for r in layout.packed_rounds:
         t, word = r.transfers, r.word
         rows = np.full((nranks, r.row_words * word), -1, dtype=np.int64)
         row_writes = np.zeros(rows.shape, dtype=np.int64)

@@ -3,13 +3,21 @@
 Layers, bottom up (docs/design.md): ``config``/``errors``/``compat`` < ``planning`` < ``core``
 < ``engines`` < ``runtime`` < ``graph`` < the API (``api``, ``explain``, ``doctor``, the
 package itself) < ``bench`` < ``cli``. Every import counts, those inside functions too
-(only ``if TYPE_CHECKING:`` blocks are left out); a package's implicit import of its
-own ``__init__`` is not an edge.
+(only ``if TYPE_CHECKING:`` blocks are left out), and so do the modules named by strings:
+``importlib.import_module("dask_redist.x")``, ``__import__("dask_redist.x")`` and an
+engine path ``"dask_redist.x:Class"``; a package's implicit import of its own ``__init__``
+is not an edge.
+
+Inside the engines layer, each engine is a room of its own: a specific engine (`ENGINE_ROOMS`)
+imports only its own modules and the engines' shared ones, the shared ones import no specific
+engine, and nothing outside the engines layer does either: the runtime, the API and the
+bench ask the registry (docs/design.md, "Add an engine").
 """
 
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -29,6 +37,11 @@ LAYERS = [
     {"dask_redist.cli"},
 ]
 MAX_LINES = 400
+#: The specific engines: each imports only itself and the engines' shared modules (the others).
+ENGINE_ROOMS = ("dask_redist.engines.dask", "dask_redist.engines.cufftmp")
+#: Names of a module in a string: an engine path ("package.module:Class") or a whole module name
+#: given to importlib.import_module / __import__.
+_PATH = re.compile(r"(dask_redist(?:\.\w+)*)(?::\w+)?")
 
 
 def _modules() -> dict[str, Path]:
@@ -46,13 +59,32 @@ def _type_checking_only(node, parents) -> bool:
     )
 
 
+def _named_by_strings(tree, modules) -> set[str]:
+    """Modules named by ``import_module("...")`` / ``__import__("...")`` or an engine path "...:Class"."""
+    out = set()
+    for node in ast.walk(tree):
+        texts = []
+        if isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant):
+            func = ast.unparse(node.func)
+            if func.endswith("import_module") or func == "__import__":
+                texts.append(node.args[0].value)
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and ":" in node.value:
+            texts.append(node.value)  # an engine path, as redist.engines holds them
+        for text in texts:
+            match = _PATH.fullmatch(text) if isinstance(text, str) else None
+            if match is not None:
+                parts = match.group(1).split(".")
+                out |= {m for m in (".".join(parts[:i]) for i in range(len(parts), 0, -1)) if m in modules}
+    return out
+
+
 def import_graph() -> dict[str, set[str]]:
     modules = _modules()
     graph = {}
     for name, path in modules.items():
         tree = ast.parse(path.read_text())
         guards = [n for n in ast.walk(tree) if isinstance(n, ast.If) and "TYPE_CHECKING" in ast.unparse(n.test)]
-        deps = set()
+        deps = _named_by_strings(tree, modules) - {name}
         for node in ast.walk(tree):
             if not isinstance(node, (ast.Import, ast.ImportFrom)) or _type_checking_only(node, guards):
                 continue
@@ -104,6 +136,18 @@ def test_layers_import_downward_only():
     assert upward == [], "imports that go up a layer: " + ", ".join(f"{m} -> {d}" for m, d in upward)
 
 
+def _room(module: str) -> str | None:
+    """The specific engine ``module`` belongs to, or None (shared engine modules, other layers)."""
+    return next((r for r in ENGINE_ROOMS if module == r or module.startswith(r + ".")), None)
+
+
+def test_engines_do_not_import_each_other_and_nothing_else_imports_a_specific_engine():
+    """Inside the engines layer each engine keeps to itself; the runtime, graph, API and bench
+    ask the registry, never a named engine."""
+    crossing = [(m, d) for m, deps in import_graph().items() for d in deps if _room(d) and _room(m) != _room(d)]
+    assert crossing == [], "imports of another engine's modules: " + ", ".join(f"{m} -> {d}" for m, d in crossing)
+
+
 def test_the_plugins_do_not_import_each_other():
     graph = import_graph()
     assert "dask_redist.runtime.worker" not in graph["dask_redist.runtime.scheduler"]
@@ -128,6 +172,18 @@ def test_the_invariant_checks_find_what_they_look_for(tmp_path, monkeypatch):
         test_layers_import_downward_only()
     with pytest.raises(AssertionError, match="import cycle"):
         test_no_import_cycle()
+    (copy / "planning" / "geometry.py").write_text((ROOT / "planning" / "geometry.py").read_text())
+    with open(copy / "core" / "wire.py", "a") as f:  # upward, through strings only
+        f.write('\n\nimport importlib\n_X = importlib.import_module("dask_redist.runtime.worker")\n')
+    with pytest.raises(AssertionError, match="dask_redist.core.wire -> dask_redist.runtime.worker"):
+        test_layers_import_downward_only()
+    with open(copy / "engines" / "dask.py", "a") as f:  # another engine's internals
+        f.write("\n\ndef _planted():\n    from dask_redist.engines.cufftmp.host import HostLink  # noqa\n")
+    with open(copy / "runtime" / "staging.py", "a") as f:  # a specific engine, by its path
+        f.write('\n\nENGINE = "dask_redist.engines.dask:DaskEngine"\n')
+    with pytest.raises(AssertionError, match="engines.dask -> dask_redist.engines.cufftmp.host") as info:
+        test_engines_do_not_import_each_other_and_nothing_else_imports_a_specific_engine()
+    assert "dask_redist.runtime.staging -> dask_redist.engines.dask" in str(info.value)
 
 
 @pytest.mark.parametrize("heavy", ["dask_redist.bench", "rich"])

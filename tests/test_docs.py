@@ -37,3 +37,21 @@ def test_ci_runs_exactly_the_readme_test_command():
         ci = [line for line in f.read().splitlines() if line.startswith("python3 ")]
     assert ci == readme.strip().splitlines()
     assert len(ci) == 2 and "rapids-dask-dependency" in ci[1]
+
+
+def test_the_sample_outputs_in_the_docs_are_what_the_code_prints(client):
+    """docs/quickstart.md's explain and troubleshooting.md's doctor outputs come from the code
+    (tools/docs_samples.py writes them); a change of what explain or doctor print shows here.
+    The samples are of CPU workers: skipped where the workers may have GPUs."""
+    import importlib.util
+
+    if importlib.util.find_spec("cupy") is not None:
+        pytest.skip("CuPy is installed here: the workers may have GPUs, the samples are of CPU workers")
+    spec = importlib.util.spec_from_file_location("docs_samples", os.path.join(ROOT, "tools", "docs_samples.py"))
+    samples = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(samples)
+    for name, text in samples.printed(client).items():
+        page, _ = samples.SAMPLES[name]
+        assert samples.normalized(samples.in_docs(name)) == samples.normalized(text), (
+            f"{page}'s sample {name!r} is not what the code prints; `python tools/docs_samples.py` rewrites it"
+        )

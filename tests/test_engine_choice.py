@@ -1,22 +1,28 @@
 """The rule ``redist.engine: auto`` follows (`dask_redist.engines.choice`), without a cluster.
 
-The same rule runs on the scheduler (`EngineSelector`) and in ``explain``; what it decides on a
-cluster is checked in tests/test_cluster.py (CPU workers) and tests/test_gpu.py (GPU workers).
+The same rule runs on the scheduler (`EngineSelector`), in ``explain`` and in ``doctor``; it asks
+the registry's descriptions of the engines. What it decides on a cluster is checked in
+tests/test_cluster.py (CPU workers), tests/test_third_engine.py (an engine added by
+configuration) and tests/test_gpu.py (GPU workers).
 """
 
 from __future__ import annotations
 
+import dask
 import numpy as np
 import pytest
 
 import dask_redist
 from dask_redist.config import ConfigError, Settings
 from dask_redist.core.spec import CollectiveSpec
-from dask_redist.engines.choice import EngineSelector, choose_engine, numpy_stays_on_host
+from dask_redist.engines import Request, WorldRecord, description, descriptions
+from dask_redist.engines.choice import EngineSelector, choose_engine
 from dask_redist.planning import RechunkSpec
 
-ABLE = {"cufftmp": {"ok": True, "reason": "loads"}}
-UNABLE = {"cufftmp": {"ok": False, "reason": "no GPU visible"}}
+ABLE = {"cufftmp": {"ok": True, "gpus": 1, "reason": "loads"}}
+NO_CUPY = {"cufftmp": {"ok": False, "reason": "CuPy unusable: ModuleNotFoundError: No module named 'cupy'"}}
+NO_GPU = {"cufftmp": {"ok": False, "gpus": 0, "reason": "no GPU visible"}}
+NO_NVMATH = {"cufftmp": {"ok": False, "gpus": 1, "reason": "nvmath-python / cuFFTMp / NVSHMEM unusable: ImportError"}}
 MiB = 2**20
 
 
@@ -25,6 +31,10 @@ def spec(nbytes: int, dtype="float64", **settings) -> CollectiveSpec:
     n = nbytes // itemsize // 4
     rechunk = RechunkSpec(((n, n, n, n),), ((2 * n, 2 * n),), itemsize)
     return CollectiveSpec("t", "x", "y", rechunk, np.dtype(dtype), Settings(**settings))
+
+
+def request(nbytes=None, chunk_type="numpy", dtype="float64", **settings) -> Request:
+    return Request(chunk_type, Settings(**settings), nbytes, np.dtype(dtype))
 
 
 def test_numpy_via_gpus_is_read_as_a_size_or_false():
@@ -39,55 +49,117 @@ def test_numpy_via_gpus_is_read_as_a_size_or_false():
 
 
 def _config() -> dict:
-    import dask
-
     return dask.config.get("redist")
 
 
+def test_engine_names_are_checked_against_the_registry():
+    """redist.engine: auto, a name of redist.engines (the built-in ones and any added), or a path."""
+    assert [n for n, _ in Settings.from_config().engines] == ["dask", "cufftmp"]  # from redist.yaml
+    with pytest.raises(ConfigError, match=r"redist.engine must be auto, an engine of redist.engines \(dask, cufftmp\)"):
+        Settings.from_config({**_config(), "engine": "nccl"})
+    added = Settings.from_config({**_config(), "engine": "nccl", "engines": {"nccl": "mypackage.nccl:NcclEngine"}})
+    assert added.engine == "nccl" and added.engine_path("nccl") == "mypackage.nccl:NcclEngine"
+    assert added.engine_path("dask") == "dask_redist.engines.dask:DaskEngine"  # the built-in ones stay
+    for bad, key in [({"nccl": "no-colon"}, "redist.engines.nccl"), ({"auto": "a:B"}, "'auto' is not"),
+                     ({"two words": "a:B"}, "a word")]:  # fmt: skip
+        with pytest.raises(ConfigError, match=key):
+            Settings.from_config({**_config(), "engines": bad})
+    with dask_redist.enable(engines={"nccl": "mypackage.nccl:NcclEngine"}, engine="nccl"):  # (a key under engines)
+        assert Settings.from_config().engine == "nccl"
+
+
+def test_the_registry_orders_engines_by_their_auto_preference():
+    assert [d.name for d in descriptions()] == ["cufftmp", "dask"]
+    assert description("cufftmp").world and not description("dask").world
+
+
 @pytest.mark.parametrize(
-    "nbytes, dtype, limit, stays",
+    "nbytes, dtype, limit, declined",
     [
         (64 * MiB, "float64", 256 * MiB, "below redist.numpy-via-gpus"),
         (256 * MiB, "float64", 256 * MiB, None),
         (256 * MiB, "complex64", 0, None),
         (256 * MiB, "float64", None, "redist.numpy-via-gpus is false"),
-        (256 * MiB, "datetime64[ns]", 0, "only the dask engine moves"),
+        (256 * MiB, "datetime64[ns]", 0, "which cufftmp does not move"),
     ],
 )
-def test_numpy_stays_on_host_below_the_size_or_for_dtypes_cupy_lacks(nbytes, dtype, limit, stays):
-    why = numpy_stays_on_host(Settings(numpy_via_gpus=limit), nbytes, dtype)
-    assert (why is None) if stays is None else (stays in why), why
+def test_cufftmp_declines_numpy_chunks_below_the_size_or_of_dtypes_cupy_lacks(nbytes, dtype, limit, declined):
+    why = description("cufftmp").declines(request(nbytes, dtype=dtype, numpy_via_gpus=limit))
+    assert (why is None) if declined is None else (declined in why), why
 
 
 def test_auto_takes_numpy_chunks_through_the_gpus_only_where_every_worker_can():
     workers = ["a", "b"]
-    assert choose_engine("auto", "numpy", {w: ABLE for w in workers}, workers, numpy_reason=None)[0] == "cufftmp"
-    engine, why = choose_engine("auto", "numpy", {"a": ABLE, "b": UNABLE}, workers, numpy_reason=None)
-    assert engine == "dask" and "cufftmp unusable on b: no GPU visible" in why
-    engine, why = choose_engine("auto", "numpy", {w: ABLE for w in workers}, workers, numpy_reason="too small")
-    assert (engine, why) == ("dask", "too small")
-    engine, why = choose_engine("auto", "numpy", {w: ABLE for w in workers}, workers)  # nobody asked the size
-    assert engine == "dask" and "NumPy chunks" in why
-    assert choose_engine("cufftmp", "numpy", {}, workers, numpy_reason="too small")[0] == "cufftmp"  # asked for
-    assert choose_engine("dask", "cupy", {w: ABLE for w in workers}, workers)[0] == "dask"
+    big, small = request(512 * MiB), request(16 * MiB)
+    assert choose_engine(big, {w: ABLE for w in workers}, workers)[0] == "cufftmp"
+    engine, why = choose_engine(big, {"a": ABLE, "b": NO_NVMATH}, workers)
+    assert engine == "dask" and "cufftmp cannot run on b: nvmath-python" in why and "doctor" in why
+    assert choose_engine(small, {w: ABLE for w in workers}, workers) == (
+        "dask", "NumPy chunks, 16.00 MiB is below redist.numpy-via-gpus (256.00 MiB)"
+    )  # fmt: skip
+    assert choose_engine(request(), {w: ABLE for w in workers}, workers)[0] == "cufftmp"  # (doctor: any size)
+    assert choose_engine(request(engine="cufftmp"), {}, workers) == ("cufftmp", "set by redist.engine")  # asked for
+    assert choose_engine(request(chunk_type="cupy", engine="dask"), {w: ABLE for w in workers}, workers)[0] == "dask"
+
+
+@pytest.mark.parametrize("chunk_type", ["numpy", "cupy"])
+def test_reasons_on_cpu_workers_say_so_and_name_no_gpu_threshold(chunk_type):
+    """Issue 26 item 4: on workers without GPUs the reason is written for the reader, not a
+    ModuleNotFoundError, and the GPU-only threshold (redist.numpy-via-gpus) is not named."""
+    workers = ["a", "b"]
+    for cpu in (NO_CUPY, NO_GPU):
+        for nbytes in (16 * MiB, 512 * MiB):
+            engine, why = choose_engine(request(nbytes, chunk_type), {w: cpu for w in workers}, workers)
+            assert (engine, why) == ("dask", f"{'CuPy' if chunk_type == 'cupy' else 'NumPy'} chunks on CPU workers")
+    engine, why = choose_engine(request(512 * MiB, chunk_type), {"a": ABLE, "b": NO_GPU}, workers)
+    assert engine == "dask" and "b has no GPU (cufftmp needs one on every worker)" in why, why
+
+
+def test_without_a_client_auto_assumes_the_workers_can():
+    assert choose_engine(request(chunk_type="cupy"), None, []) == ("cufftmp", "if every worker can run it; no Client to ask")
+    assert choose_engine(request(16 * MiB), None, [])[0] == "dask"  # declined without asking anyone
+
+
+def test_a_world_that_broke_or_changed_is_passed_over_until_bootstrap():
+    workers = ["a", "b"]
+    able = {w: ABLE for w in workers}
+    broken = {"cufftmp": WorldRecord(("a", "b"), broken="run 1 failed on a")}
+    engine, why = choose_engine(request(chunk_type="cupy"), able, workers, broken)
+    assert engine == "dask" and why == "NVSHMEM needs a new bootstrap (run 1 failed on a); see dask_redist.bootstrap"
+    engine, why = choose_engine(request(chunk_type="cupy"), able, ["a"], {"cufftmp": WorldRecord(("a", "b"))})
+    assert engine == "dask" and "worker set changed since NVSHMEM was bootstrapped" in why
 
 
 def test_the_scheduler_asks_workers_only_when_the_answer_matters():
     selector = EngineSelector()
-    small, big = spec(16 * MiB), spec(512 * MiB)
-    assert selector.needs_probe(small, "numpy", ["a", "b"]) == []  # stays on host whatever they answer
-    assert selector.needs_probe(big, "numpy", ["a", "b"]) == ["a", "b"]
-    assert selector.needs_probe(small, "cupy", ["a", "b"]) == ["a", "b"]
-    assert selector.needs_probe(spec(512 * MiB, engine="dask"), "numpy", ["a"]) == []
+    small, big = Request.of(spec(16 * MiB)), Request.of(spec(512 * MiB))
+    assert selector.needs_probe(small, ["a", "b"]) == []  # declined whatever they answer
+    assert selector.needs_probe(big, ["a", "b"]) == ["a", "b"]
+    assert selector.needs_probe(Request.of(spec(16 * MiB), "cupy"), ["a", "b"]) == ["a", "b"]
+    assert selector.needs_probe(Request.of(spec(512 * MiB, engine="dask")), ["a"]) == []
     selector.learn({"a": ABLE, "b": "an error"})  # b did not answer: asked again next time
-    assert selector.needs_probe(big, "numpy", ["a", "b"]) == ["b"]
+    assert selector.needs_probe(big, ["a", "b"]) == ["b"]
     selector.learn({"b": ABLE})
-    assert selector.choose(big, "numpy", ["a", "b"])[0] == "cufftmp"
-    assert selector.choose(small, "numpy", ["a", "b"])[0] == "dask"
-    assert selector.choose(spec(512 * MiB, numpy_via_gpus=None), "numpy", ["a", "b"])[0] == "dask"
-    selector.run_started("cufftmp", ["a", "b"])
-    engine, why = selector.choose(big, "numpy", ["a"])  # not the world NVSHMEM was bootstrapped over
+    assert selector.choose(big, ["a", "b"])[0] == "cufftmp"
+    assert selector.choose(small, ["a", "b"])[0] == "dask"
+    assert selector.choose(Request.of(spec(512 * MiB, numpy_via_gpus=None)), ["a", "b"])[0] == "dask"
+    selector.run_started("cufftmp", Settings(), ["a", "b"])
+    engine, why = selector.choose(big, ["a"])  # not the world NVSHMEM was bootstrapped over
     assert engine == "dask" and "worker set changed" in why
+
+
+def test_only_the_engine_that_could_not_start_is_passed_over():
+    """A run whose engine could not start marks that engine, not another's world; a failed run of
+    an engine without a world marks nothing (it was: any engine's failure broke NVSHMEM's world)."""
+    selector = EngineSelector()
+    selector.learn({"a": ABLE})
+    selector.run_failed("dask", Settings(), "error", "run 1 failed on a")
+    assert selector.records.get("dask", WorldRecord()).broken is None
+    selector.run_failed("dask", Settings(), "unavailable", "dask cannot start")
+    assert selector.records["dask"].broken == "dask cannot start" and "cufftmp" not in selector.records
+    assert selector.choose(Request("cupy", Settings()), ["a"])[0] == "cufftmp"
+    selector.forget()
+    assert selector.records["dask"].broken is None
 
 
 def test_stranded_workers_refuse_a_forced_cufftmp_run_but_a_restart_finishes_on_dask():
@@ -96,14 +168,14 @@ def test_stranded_workers_refuse_a_forced_cufftmp_run_but_a_restart_finishes_on_
     selector = EngineSelector()
     workers = ["tcp://a:1", "tcp://b:1"]
     selector.learn({w: ABLE for w in workers + ["tcp://c:1"]})
-    selector.world.members = ("tcp://a:1", "tcp://c:1")
+    selector.record("cufftmp").members = ("tcp://a:1", "tcp://c:1")
     selector.worker_left("tcp://c:1")  # a's peer died: a is stranded
-    forced = spec(64 * MiB, engine="cufftmp")
-    assert selector.choose(forced, "cupy", workers) == ("cufftmp", "set by redist.engine")
-    refused = selector.refusal("cufftmp", workers, "cupy", np.dtype("float64"))
+    forced = Request("cupy", Settings(engine="cufftmp"), 64 * MiB, np.dtype("float64"))
+    assert selector.choose(forced, workers) == ("cufftmp", "set by redist.engine")
+    refused = selector.refusal("cufftmp", forced, workers)
     assert "['tcp://a:1']" in refused and "restart_broken=True" in refused
-    engine, why = selector.choose(forced, "cupy", workers, restarting=True)
+    engine, why = selector.choose(forced, workers, restarting=True)
     assert engine == "dask" and "restarted after a worker left" in why and "tcp://a:1" in why
-    assert selector.refusal("dask", workers, "cupy", np.dtype("float64")) is None
+    assert selector.refusal("dask", forced, workers) is None
     # workers outside the dead world are not stranded
-    assert selector.refusal("cufftmp", ["tcp://b:1", "tcp://d:1"], "cupy", np.dtype("float64")) is None
+    assert selector.refusal("cufftmp", forced, ["tcp://b:1", "tcp://d:1"]) is None

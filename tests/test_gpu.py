@@ -134,10 +134,10 @@ def test_numpy_chunks_in_rounds_keep_gpu_memory_to_a_round(gpu_client):
 
 def test_several_rechunks_in_a_row_reuse_the_arena_and_plans(gpu_client):
     run_case(gpu_client, CASES[0], seed=2, engine="cufftmp")
-    before = engine_stats(gpu_client)
+    before = engine_stats(gpu_client, "cufftmp")
     for seed in range(3, 7):
         run_case(gpu_client, CASES[0], seed=seed, engine="cufftmp")
-    after = engine_stats(gpu_client)
+    after = engine_stats(gpu_client, "cufftmp")
     for w in before:
         assert after[w]["runs"] == before[w]["runs"] + 4
         assert after[w]["plans"] == before[w]["plans"]  # plans are cached by geometry

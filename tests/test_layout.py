@@ -130,7 +130,7 @@ def test_packed_layout_moves_every_element(plan, bits, data):
     assert isinstance(layout, PackedLayout) and layout.word == word
     assert all(layout.arena_bytes(r) <= budget for r in range(plan.nranks))
     assert layout.padding >= 0
-    for r in layout.rounds_:
+    for r in layout.packed_rounds:
         assert r.word == word and len(r.widths) == plan.nranks and np.all(r.widths >= 1)
         assert r.padding >= 0
         np.testing.assert_array_equal(r.transfers.src, plan.in_ranks.ravel()[r.transfers.old_block])
@@ -188,7 +188,7 @@ def test_choose_layout(plan, data):
     layout, why = choose_layout(plan, budget)
     direct, direct_why = direct_layout(plan, budget)
     assert why == direct_why
-    assert layout.kind == ("direct" if direct is not None else "packed")
+    assert layout.mapping == ("direct" if direct is not None else "packed")
     assert all(layout.arena_bytes(r) <= budget for r in range(plan.nranks))
 
 

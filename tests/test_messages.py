@@ -16,6 +16,7 @@ from dask_redist.core.run import WorkerRun
 from dask_redist.core.spec import CollectiveSpec, RunSpec
 from dask_redist.errors import RedistError
 from dask_redist.planning import RechunkSpec, make_plan
+from dask_redist.runtime import early as early_module
 from dask_redist.runtime import worker as worker_module
 from dask_redist.runtime.rechunks import ActiveRun, Rechunk
 from dask_redist.runtime.scheduler import RedistSchedulerPlugin
@@ -52,27 +53,27 @@ class FakeScheduler:
 
 def plugin_with_an_active_run() -> RedistSchedulerPlugin:
     plugin = RedistSchedulerPlugin()
-    plugin.scheduler = FakeScheduler()
+    plugin.scheduler = plugin.runs.scheduler = FakeScheduler()
     spec = run_spec()
-    plugin.rechunks[spec.token] = Rechunk(spec.token, active=ActiveRun(spec, set(), {}, 0, 0))
+    plugin.runs.rechunks[spec.token] = Rechunk(spec.token, active=ActiveRun(spec, set(), {}, 0, 0))
     return plugin
 
 
-@pytest.mark.parametrize("address, kind", [("tcp://intruder:1", "error"), (WORKERS[0], "no-such-kind")])
-def test_a_failure_report_from_outside_the_run_is_ignored(address, kind):
+@pytest.mark.parametrize("address, failure", [("tcp://intruder:1", "error"), (WORKERS[0], "no-such-failure")])
+def test_a_failure_report_from_outside_the_run_is_ignored(address, failure):
     plugin = plugin_with_an_active_run()
-    token = next(iter(plugin.rechunks))
-    plugin.failed(token, 1, address, "boom", kind)
-    assert plugin.rechunks[token].active is not None and plugin.scheduler.sent == [] and not plugin.history
+    token = next(iter(plugin.runs.rechunks))
+    plugin.failed(token, 1, address, "boom", failure)
+    assert plugin.runs.rechunks[token].active is not None and plugin.scheduler.sent == [] and not plugin.history
 
 
 def test_a_failure_report_from_a_rank_aborts_the_run_everywhere():
     plugin = plugin_with_an_active_run()
-    token = next(iter(plugin.rechunks))
+    token = next(iter(plugin.runs.rechunks))
     plugin.failed(token, 2, WORKERS[0], "stale report", "error")  # another run's: ignored
-    assert plugin.rechunks[token].active is not None
+    assert plugin.runs.rechunks[token].active is not None
     plugin.failed(token, 1, WORKERS[0], "boom", "error")
-    assert plugin.rechunks[token].active is None and plugin.history[-1]["outcome"] == "failed"
+    assert plugin.runs.rechunks[token].active is None and plugin.history[-1]["outcome"] == "failed"
     assert sorted(w for w, m in plugin.scheduler.sent if m["op"] == "redist-abort") == sorted(WORKERS)
     assert all(m["gone"] == [] for _, m in plugin.scheduler.sent)  # every rank alive: the run is completed dry
 
@@ -81,7 +82,7 @@ def test_an_abort_names_the_ranks_that_left_and_they_stop_the_run_for_good():
     """A worker that left makes the ranks stop instead of completing the run (nothing would
     complete the calls they share with it: dask_redist.engines.rounds)."""
     plugin = plugin_with_an_active_run()
-    token = next(iter(plugin.rechunks))
+    token = next(iter(plugin.runs.rechunks))
     del plugin.scheduler.workers[WORKERS[1]]
     plugin.failed(token, 1, WORKERS[0], "boom", "error")
     (message,) = {str(m) for w, m in plugin.scheduler.sent}
@@ -91,7 +92,7 @@ def test_an_abort_names_the_ranks_that_left_and_they_stop_the_run_for_good():
     run = WorkerRun(run_spec(), WORKERS[0], {})
     run.completes_when_aborted = True
     state.runs[run.spec.token] = run
-    state.handle_abort(run.spec.token, run.run_id, abort["reason"], abort["kind"], abort["gone"])
+    state.handle_abort(run.spec.token, run.run_id, abort["reason"], abort["failure"], abort["gone"])
     assert run.state == "failed" and run.gone == (WORKERS[1],) and run.must_stop()
 
 
@@ -113,10 +114,10 @@ def test_pieces_for_a_run_that_never_starts_are_dropped_after_a_while(monkeypatc
     monkeypatch.setattr(worker_module.time, "monotonic", lambda: clock[0])
     piece = np.zeros(16, np.uint8)
     asyncio.run(state.handle_receive("u" * 32, 7, 1, 0, 1, piece))  # no such run here (yet)
-    assert list(state.early) == [("u" * 32, 7)]
-    clock[0] += worker_module.EARLY_TTL_S + 1
+    assert state.early.runs() == [("u" * 32, 7)]
+    clock[0] += early_module.EARLY_TTL_S + 1
     asyncio.run(state.handle_receive("v" * 32, 1, 1, 0, 1, piece))  # any later message prunes
-    assert list(state.early) == [("v" * 32, 1)] and list(state.early_since) == [("v" * 32, 1)]
+    assert state.early.runs() == [("v" * 32, 1)]
 
 
 def test_late_pieces_of_a_run_that_ended_are_refused_and_early_ones_dropped():
@@ -125,12 +126,12 @@ def test_late_pieces_of_a_run_that_ended_are_refused_and_early_ones_dropped():
     token = "w" * 32
     asyncio.run(state.handle_receive(token, 3, 1, 0, 1, piece))  # run 3 not started here yet
     state.handle_abort(token, 3, "cancelled", "error")  # ... and it never will
-    assert state.early == {}
+    assert state.early.runs() == []
     asyncio.run(state.handle_receive(token, 3, 1, 0, 1, piece))  # a late piece of it
     asyncio.run(state.handle_receive(token, 2, 1, 0, 1, piece))  # of an older run
-    assert state.early == {}
+    assert state.early.runs() == []
     asyncio.run(state.handle_receive(token, 4, 1, 0, 1, piece))  # a later run: kept for its start
-    assert list(state.early) == [(token, 4)]
+    assert state.early.runs() == [(token, 4)]
 
 
 def test_a_forgotten_rechunk_takes_its_staged_chunks_and_runs_with_it():
@@ -143,7 +144,7 @@ def test_a_forgotten_rechunk_takes_its_staged_chunks_and_runs_with_it():
     state.handle_forget(token)
     assert token not in state.runs and state.staging.counts()["staged chunks"] == 1
     asyncio.run(state.handle_receive(token, 1, 1, 0, 1, np.zeros(16, np.uint8)))  # late: refused
-    assert state.early == {}
+    assert state.early.runs() == []
 
 
 def test_an_unpack_with_a_stale_barrier_result_has_the_barrier_run_again():
@@ -151,18 +152,18 @@ def test_an_unpack_with_a_stale_barrier_result_has_the_barrier_run_again():
     started for the barrier task as it is now, or the run did not include that output (the
     rechunk persisted again onto a live barrier); then the barrier is released to run again."""
     plugin = plugin_with_an_active_run()
-    token = next(iter(plugin.rechunks))
+    token = next(iter(plugin.runs.rechunks))
     barrier = SimpleNamespace(key="redist-barrier-" + token, state="memory", dependents=set())
     plugin.scheduler.tasks[barrier.key] = barrier
-    plugin.rechunks[token].barrier = (barrier, 1, np.array([True, False]))
-    run = plugin.rechunks[token].active
+    plugin.runs.rechunks[token].barrier = (barrier, 1, np.array([True, False]))
+    run = plugin.runs.rechunks[token].active
     run.pending.add(run.spec.collective.output_key(0))
     assert plugin.stale(token, 1, 0) == {"stale": False}  # owed by the run started for this task: a real error
     assert barrier.state == "memory"
     run.pending.clear()  # delivered already, its key forgotten and submitted again
     assert plugin.stale(token, 1, 0) == {"stale": True, "released": True}
     barrier.state = "memory"
-    plugin.rechunks[token].active = run
+    plugin.runs.rechunks[token].active = run
     assert plugin.stale(token, 1, 1) == {"stale": True, "released": True}  # an output the run left out
     assert barrier.state == "released"
     assert plugin.scheduler.sent and plugin.scheduler.sent[-1][1]["op"] == "redist-abort"  # the run stops
@@ -171,7 +172,7 @@ def test_an_unpack_with_a_stale_barrier_result_has_the_barrier_run_again():
     assert barrier.state == "released"
     barrier.state = "processing"  # running again already: nothing to release
     assert plugin.stale(token, 0, 0) == {"stale": True, "released": False}
-    plugin.rechunks.clear()  # forgotten meanwhile, then resubmitted: no run for this task at all
+    plugin.runs.rechunks.clear()  # forgotten meanwhile, then resubmitted: no run for this task at all
     barrier.state = "memory"
     assert plugin.stale(token, 1, 0) == {"stale": True, "released": True}
 
@@ -203,3 +204,31 @@ def test_set_phase_raises_an_abort_unless_the_run_is_being_completed():
         else:
             run.set_phase("exchange")
         assert run.phase == "exchange"
+
+
+def test_every_message_matches_the_handler_that_takes_it():
+    """The typed messages (dask_redist.core.messages) are the one source of names and fields:
+    each handler the plugins register under a message's op takes exactly its fields."""
+    import dataclasses
+    import inspect
+
+    from dask_redist.core import messages as m
+    from dask_redist.runtime.worker import RedistWorkerPlugin
+
+    class Worker:  # (what the worker plugin's setup touches; weak-referenceable, as a Worker is)
+        address, handlers, stream_handlers = WORKERS[0], {}, {}
+
+    worker = Worker()
+    RedistWorkerPlugin().setup(worker)
+    plugin = RedistSchedulerPlugin()
+    scheduler = SimpleNamespace(plugins={}, handlers={}, add_plugin=lambda *a, **k: None, worker_plugins={}, workers={})
+    asyncio.run(plugin.start(scheduler))
+    handlers = {**worker.handlers, **worker.stream_handlers, **scheduler.handlers}
+    messages = [c for c in vars(m).values() if isinstance(c, type) and issubclass(c, m.Message) and c is not m.Message]
+    assert {c.op for c in messages} == set(handlers)  # a handler for every message, a message for every handler
+    assert m.Status.op == m.SchedulerStatus.op  # (the scheduler's handler asks every worker's of the same name)
+    for cls in messages:
+        fields = [f.name for f in dataclasses.fields(cls)]
+        side = worker.handlers if cls is m.Status else scheduler.handlers if cls is m.SchedulerStatus else handlers
+        params = list(inspect.signature(side[cls.op]).parameters)
+        assert params == fields, (cls.__name__, params, fields)

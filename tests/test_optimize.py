@@ -16,10 +16,6 @@ from dask_redist.graph.optimize import CollectiveOptimizer, decide, find_rechunk
 from dask_redist.planning import RechunkSpec
 
 
-def layers_of(x):
-    return list(x.__dask_graph__().layers)
-
-
 def test_tasks_chain_becomes_one_collective_with_the_same_output_keys():
     x = da.ones((64, 48, 32), chunks=(8, 48, 32))
     y = x.rechunk((64, 6, 32), method="tasks")
@@ -318,7 +314,7 @@ def test_piece_count_is_the_number_of_nonempty_intersections(data):
 
 
 @pytest.mark.parametrize(
-    "old, new, kind, collective",
+    "old, new, meta_type, collective",
     [
         ((50, 100), (100, 50), "numpy.ndarray", False),  # 2 slabs -> 2 slabs: 4 pieces, Dask is faster
         ((100, 50), (50, 100), "numpy.ndarray", False),
@@ -327,17 +323,17 @@ def test_piece_count_is_the_number_of_nonempty_intersections(data):
         ((50, 100), (100, 50), "cupy.ndarray", True),  # CuPy: not measured small, the collective
     ],
 )
-def test_min_bytes_auto_keeps_dask_where_it_was_measured_faster(old, new, kind, collective):
+def test_min_bytes_auto_keeps_dask_where_it_was_measured_faster(old, new, meta_type, collective):
     from dask_redist.graph.optimize import collective_spec
 
     old_chunks = tuple(_split(100, c) for c in old)
     new_chunks = tuple(_split(100, c) for c in new)
-    spec, reason = collective_spec("x", "y", old_chunks, new_chunks, np.dtype("float64"), kind, Settings())
+    spec, reason = collective_spec("x", "y", old_chunks, new_chunks, np.dtype("float64"), meta_type, Settings())
     assert Settings().min_bytes == "auto"  # the default
     assert (spec is not None) == collective, reason
     if not collective:
         assert "pieces" in reason and "redist.min-bytes: auto" in reason
-    spec, _ = collective_spec("x", "y", old_chunks, new_chunks, np.dtype("float64"), kind, Settings(min_bytes=0))
+    spec, _ = collective_spec("x", "y", old_chunks, new_chunks, np.dtype("float64"), meta_type, Settings(min_bytes=0))
     assert spec is not None  # deciding by bytes instead
 
 

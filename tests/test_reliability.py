@@ -345,7 +345,7 @@ def test_bootstrap_names_workers_whose_nvshmem_is_unusable(client):
 
 
 def _pretend_nvshmem_world(dask_scheduler):
-    world = dask_scheduler.plugins["redist"].engines.world
+    world = dask_scheduler.plugins["redist"].engines.record("cufftmp")
     world.members = tuple(sorted(dask_scheduler.workers))
     return world.members
 
@@ -382,28 +382,19 @@ def test_an_engine_that_cannot_start_fails_clearly_when_chosen(own_cluster):
     assert worker_leftovers(client, timeout=15) == {}
 
 
-def test_under_auto_an_engine_that_cannot_start_falls_back_to_dask(own_cluster, monkeypatch):
-    """What auto does when cufftmp cannot start (an RMM pool holds the GPU): the same rechunk is
-    rerun on the dask engine, and the reason names the setting to change. The scheduler runs in this
-    process, so its engine choice is pointed at the test engine in place of cufftmp."""
-    from dask_redist.engines import choice
-
-    real = choice.choose_engine
-
-    def choose(setting, kind, caps, ranks, world, world_broken, numpy_reason=None):  # as for CuPy chunks on able workers
-        if setting == "auto" and not world_broken:
-            return "engines:UnavailableEngine", "standing in for cufftmp"
-        return real(setting, "cupy", {w: {"cufftmp": {"ok": True}} for w in ranks}, ranks, world, world_broken, None)
-
-    monkeypatch.setattr(choice, "choose_engine", choose)
+def test_under_auto_an_engine_that_cannot_start_falls_back_to_dask(own_cluster):
+    """What auto does when its preferred engine cannot start (cufftmp where an RMM pool holds the
+    GPU): the same rechunk is rerun on the next engine, and the reason names the setting to change.
+    The stand-in is registered by configuration (redist.engines), preferred to every built-in one."""
     _, client = own_cluster
     a = data((30, 30), seed=4)
-    with dask_redist.enable(engine="auto"):
+    with dask_redist.enable(engine="auto", engines={"stand-in": "engines:PreferredUnavailableEngine"}):
         got = da.from_array(a, chunks=(3, 30)).rechunk((30, 3)).compute()
     np.testing.assert_array_equal(got, a)
     runs = scheduler_history(client)
-    assert [r["engine"] for r in runs] == ["engines:UnavailableEngine", "dask"], runs
+    assert [r["engine"] for r in runs] == ["stand-in", "dask"], runs
     assert runs[-1]["outcome"] == "done" and "redist.injected-key" in runs[-1]["why"], runs
+    assert dask_redist.status(client)["engines"]["records"]["stand-in"]["broken"]  # passed over until bootstrap()
     assert worker_leftovers(client, timeout=15) == {}
 
 

@@ -33,7 +33,7 @@ def own_cluster():
 
 
 def _pretend_world_on_scheduler(dask_scheduler):
-    world = dask_scheduler.plugins["redist"].engines.world
+    world = dask_scheduler.plugins["redist"].engines.record("cufftmp")
     world.members = tuple(sorted(dask_scheduler.workers))
     return world.members
 

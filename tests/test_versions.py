@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from dask_redist.doctor import version_warnings
+from dask_redist.engines.cufftmp.checks import version_warnings
 from dask_redist.engines.cufftmp.nvshmem import NVSHMEM_EXCLUDED, NVSHMEM_SUPPORTED, nvshmem_problem
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -69,7 +69,7 @@ def test_version_warnings():
 
 
 def test_cluster_warnings():
-    from dask_redist.doctor import cluster_warnings
+    from dask_redist.engines.cufftmp.checks import cluster_warnings
 
     one_host = {
         f"w{i}": {"host": "a", "nvmath": "1.0.0", "cuFFTMp": "12.1.3.2", "cupy": "14.2.0",

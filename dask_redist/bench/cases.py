@@ -20,8 +20,11 @@ from dask.highlevelgraph import HighLevelGraph
 from dask.utils import format_bytes, parse_bytes
 
 from dask_redist.compat import worker_info
+from dask_redist.engines import descriptions
 
-METHODS = ("redist-cufftmp", "redist-dask", "tasks", "p2p")  # also: tasks-ucx, p2p-ucx, nvmath, ceiling
+#: ``redist-<engine>`` for every engine of the registry (most preferred first), then Dask's own
+#: methods; also: tasks-ucx, p2p-ucx, nvmath, ceiling
+METHODS = (*(f"redist-{d.name}" for d in descriptions()), "tasks", "p2p")
 
 
 @dataclass(frozen=True)

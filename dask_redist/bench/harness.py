@@ -40,7 +40,7 @@ class Result:
     error: str | None = None
     peak_gpu_bytes: dict | None = None  # per worker: GPU memory the warm-up run added
     ceiling_s: float | None = None  # the case's bytes crossing GPUs at the peer-copy rate
-    engine_stats: dict | None = None  # cufftmp: the last run's stage/reshape/unstage ms per worker
+    engine_stats: dict | None = None  # the engine's statistics per worker (cufftmp: the last run's stage/reshape/unstage ms)
     timeline: list | None = None  # collective: (ms since submit, event) of the last timed run
     note: str | None = None
 
@@ -197,8 +197,8 @@ def run_case(
             if rep:  # rep 0 is the warm-up
                 r.times.append(elapsed)
             del y
-        if method == "redist-cufftmp" and r.times:
-            r.engine_stats = engine_stats(client)
+        if method.startswith("redist-") and r.times:
+            r.engine_stats = engine_stats(client, method.removesuffix("-ucx").split("-", 1)[1]) or None
     return results
 
 
@@ -227,11 +227,12 @@ def timeline(client, start: float) -> list[tuple[float, str]]:
     return sorted((round((t - start - offset) * 1e3, 2), e) for t, e in events)
 
 
-def engine_stats(client, engine: str = "cufftmp") -> dict:
-    """Every worker's statistics of ``engine`` (workers that never ran it are left out)."""
+def engine_stats(client, engine: str) -> dict:
+    """Every worker's statistics of ``engine`` (workers that never ran it, or where it keeps none, are left out)."""
     from dask_redist import status
 
-    return {w: s["engines"][engine]["stats"] for w, s in status(client)["workers"].items() if engine in s["engines"]}
+    workers = status(client)["workers"].items()
+    return {w: s["engines"][engine]["stats"] for w, s in workers if s["engines"].get(engine, {}).get("stats")}
 
 
 def environment(client) -> dict:

@@ -222,33 +222,3 @@ def markdown(results: list[Measurement], command: str, env: str) -> str:
                   "| case | part | ranks | k |", "|---|---|---|---|"]  # fmt: skip
         lines += [f"| {c} | {p} | {r} | {k:.2f} |" for (c, p, r), k in sorted(exponents.items())]
     return "\n".join(lines) + "\n"
-
-
-#: Link rates for the exchange model (GB/s per GPU per direction). Measured on the 2x H200 node:
-#: peer copy with both directions busy 392, local device copy 4176 (read + write). Assumed
-#: (not measured here): InfiniBand NDR 400 Gb/s per GPU, ~45 GB/s usable.
-RATES = {"nvlink": 392e9, "ib": 45e9, "local": 4176e9}
-#: Fixed cost of one run on the GPUs (two NVSHMEM syncs around the reshape, measured 1.3 ms for
-#: a tiny reshape on 2 GPUs) and of Dask around it (25.9 ms for a tiny rechunk through the
-#: collective on the node's CPUs, 2026-11-30).
-FIXED = {"gpu": 1.3e-3, "dask": 25.9e-3}
-
-
-def exchange_model(total_bytes: int, gpus: int, per_node: int = 8, rates: dict = RATES, fixed: dict = FIXED) -> dict:
-    """Predicted seconds of a slab -> slab rechunk (an all-to-all: each GPU sends 1/gpus of its
-    share to every other) of ``total_bytes`` on ``gpus`` GPUs, ``per_node`` to a node (NVLink
-    within, InfiniBand across): the busiest link per GPU, stage and unstage copies, fixed costs."""
-    share = total_bytes / gpus  # what each GPU holds
-    to_each = share / gpus
-    intra, inter = min(per_node, gpus) - 1, max(0, gpus - per_node)
-    link = max(intra * to_each / rates["nvlink"], inter * to_each / rates["ib"])
-    copies = 2 * 2 * share / rates["local"]  # stage and unstage, read + write
-    return {
-        "gpus": gpus,
-        "bytes per GPU": int(share),
-        "link s": link,
-        "copies s": copies,
-        "gpu fixed s": fixed["gpu"],
-        "dask fixed s": fixed["dask"],
-        "total s": link + copies + fixed["gpu"] + fixed["dask"],
-    }

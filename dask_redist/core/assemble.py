@@ -16,7 +16,7 @@ from dask_redist.errors import RedistError
 from dask_redist.planning.boxes import Box
 
 
-def array_kind(x: Any) -> str:
+def chunk_type_of(x: Any) -> str:
     """'numpy', 'cupy', or the type's qualified name for anything else."""
     t = type(x)
     if t is np.ndarray:
@@ -30,8 +30,8 @@ def array_kind(x: Any) -> str:
 def converted(x: Any, to: str, what: str = "a chunk"):
     """``x`` as a ``to`` ("numpy" or "cupy") array, or as it is for "same" and for arrays of
     other types (they fail the chunk-type check with their own name) (``redist.output-type``)."""
-    kind = array_kind(x)
-    if to == "same" or kind == to or kind not in ("numpy", "cupy"):
+    chunk_type = chunk_type_of(x)
+    if to == "same" or chunk_type == to or chunk_type not in ("numpy", "cupy"):
         return x
     if to == "numpy":
         return x.get()  # (a CuPy array: device to host)

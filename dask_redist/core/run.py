@@ -253,7 +253,7 @@ class WorkerRun:
                 return arrays[0]
         for a in self.inputs.values():
             return a
-        if self.spec.kind == "cupy":  # pragma: no cover - needs a GPU
+        if self.spec.chunk_type == "cupy":  # pragma: no cover - needs a GPU
             import cupy
 
             return cupy.empty(0, dtype=self.spec.collective.dtype)

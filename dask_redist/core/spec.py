@@ -47,7 +47,7 @@ class CollectiveSpec:
     rechunk: RechunkSpec
     dtype: np.dtype
     settings: Settings
-    kind: str = "numpy"  # chunk type from the array's metadata: "numpy" or "cupy"
+    chunk_type: str = "numpy"  # from the array's metadata (after redist.output-type): "numpy" or "cupy"
 
     @property
     def stage_name(self) -> str:
@@ -74,7 +74,7 @@ class Staged(NamedTuple):
 
     address: str
     nbytes: int
-    kind: str
+    chunk_type: str
     index: int  # the chunk's flat index in the input grid
     stage: tuple  # the stage key's tail: (stage name, *stage)
 
@@ -91,7 +91,7 @@ class RunSpec:
     out_ranks: np.ndarray
     needed: np.ndarray
     engine: str
-    kind: str = "numpy"  # array type of the chunks: "numpy" or "cupy"
+    chunk_type: str = "numpy"  # of the staged chunks: "numpy" or "cupy"
     reason: str = ""  # why this engine
 
     @property

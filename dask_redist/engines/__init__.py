@@ -1,38 +1,21 @@
-"""Engines: the same plan, different transports, behind one protocol (`protocol.Engine`).
+"""Engines: the same plan, different transports, behind one protocol.
 
 ``dask`` moves pieces over Dask's own comms (TCP or UCX, NumPy or CuPy); ``cufftmp``
-moves them GPU to GPU through NVSHMEM with one cuFFTMp reshape per round.
-``redist.engine`` also accepts ``"package.module:EngineClass"`` for an engine of one's own.
-The scheduler picks one per run (`choice`); each worker process keeps one instance of
-each engine it ran (`get_engine`), since engines keep caches (plans, arenas, worlds).
+moves them GPU to GPU through NVSHMEM with one cuFFTMp reshape per round. Each engine has a
+worker side (`protocol.Engine`: it moves one rank's pieces) and a scheduler side
+(`description.EngineDescription`: what it refuses, when ``auto`` takes it, its world, its
+lines for ``explain`` and ``doctor``). ``redist.engines`` names them (`registry`); the
+scheduler picks one per run (`choice`); each worker process keeps one instance of each
+engine it ran (`get_engine`), since engines keep caches (plans, arenas, worlds).
 """
 
 from __future__ import annotations
 
-import importlib
-
+from dask_redist.engines.description import EngineDescription, Request, WorldRecord
 from dask_redist.engines.protocol import Engine, Health, Transport
+from dask_redist.engines.registry import description, descriptions, get_engine, loaded_engines
 
-BUILTIN = {
-    "dask": "dask_redist.engines.dask:DaskEngine",
-    "cufftmp": "dask_redist.engines.cufftmp:CufftMpEngine",
-}
-_instances: dict[str, Engine] = {}
-
-__all__ = ["BUILTIN", "Engine", "Health", "Transport", "get_engine", "loaded_engines"]
-
-
-def get_engine(name: str) -> Engine:
-    """The engine called ``name`` in this process (one instance per process)."""
-    if name not in _instances:
-        path = BUILTIN.get(name, name)
-        module, _, attr = path.partition(":")
-        if not attr:
-            raise ValueError(f"unknown engine {name!r}: expected one of {sorted(BUILTIN)} or 'module:Class'")
-        _instances[name] = getattr(importlib.import_module(module), attr)()
-    return _instances[name]
-
-
-def loaded_engines() -> dict[str, Engine]:
-    """The engines this process has created so far (status reports never create one)."""
-    return dict(_instances)
+__all__ = [
+    "Engine", "EngineDescription", "Health", "Request", "Transport", "WorldRecord", "description", "descriptions",
+    "get_engine", "loaded_engines",
+]  # fmt: skip

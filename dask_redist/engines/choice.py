@@ -1,166 +1,181 @@
 """The scheduler's side of the engines: what every worker can run, and the engine of each run.
 
-`EngineSelector` is what the scheduler plugin holds of engines: the capabilities each
-worker reported (``Engine.capabilities``, asked once per worker), the record of the
-NVSHMEM world (`dask_redist.engines.cufftmp.world.WorldRecord`), and `choose_engine`,
-the pure rule ``redist.engine: auto`` follows (``explain`` applies the same rule).
+`choose_engine` is the one rule of ``redist.engine: auto``; the scheduler (`EngineSelector`),
+``explain`` and ``doctor`` all ask it. It tries the engines of ``redist.engines`` from the
+most preferred down (`dask_redist.engines.registry.descriptions`) and takes the first that
+takes the rechunk; each description says why it does not (`dask_redist.engines.description`),
+and the engine taken says why it was, from those reasons.
 
-NumPy chunks go through the GPUs under ``auto`` from ``redist.numpy-via-gpus`` bytes on
-(`numpy_stays_on_host`), where every worker can run cufftmp. On ONE H200 (where the dask
-engine sends nothing over the network) the GPU path won from 32 MiB up, the smallest size
-measured; the default (256 MiB) is higher because a session's first GPU run bootstraps
-NVSHMEM and reserves its heap on every GPU (docs/benchmarks.md, "Where `auto` starts
-taking NumPy chunks through the GPUs").
+`EngineSelector` is what the scheduler plugin holds of engines: the capabilities each worker
+reported (``Engine.capabilities``, asked once per worker and engine, and only where the answer
+matters: `needs_probe`), and a `WorldRecord` per engine (the world it was started over, why
+it can no longer be used).
 """
 
 from __future__ import annotations
 
-from dask.utils import format_bytes
-
 from dask_redist.config import Settings
-from dask_redist.core.spec import CollectiveSpec
-from dask_redist.engines.cufftmp.host import host_dtype_problem
-from dask_redist.engines.cufftmp.world import WorldRecord
+from dask_redist.engines.description import EngineDescription, Request, WorldRecord
+from dask_redist.engines.registry import description, descriptions
+from dask_redist.errors import RedistError
 
-#: What ``choose_engine`` is told about NumPy chunks when nobody asked ``numpy_stays_on_host``.
-NUMPY_ON_HOST = "NumPy chunks (redist.engine=cufftmp takes them through the GPUs)"
+#: `_passed_over`'s answer where the workers were not asked yet
+UNASKED = "(the workers were not asked)"
 
 
-def numpy_stays_on_host(settings: Settings, nbytes: int, dtype) -> str | None:
-    """Why ``auto`` keeps a NumPy rechunk of ``nbytes`` on the dask engine, or None where it may
-    go through the GPUs (if every worker can run cufftmp: `choose_engine` decides that)."""
-    limit = settings.numpy_via_gpus
-    if limit is None:
-        return "NumPy chunks (redist.numpy-via-gpus is false)"
-    if nbytes < limit:
-        return f"NumPy chunks, {format_bytes(nbytes)} is below redist.numpy-via-gpus ({format_bytes(limit)})"
-    if host_dtype_problem(dtype):
-        return f"NumPy chunks of {dtype}, which only the dask engine moves"
+def _answers(d: EngineDescription, capabilities: dict, workers) -> dict[str, dict]:
+    return {w: capabilities.get(w, {}).get(d.name, {}) for w in workers}
+
+
+def _passed_over(d: EngineDescription, request: Request, capabilities: dict | None, workers, record) -> str | None:
+    """Why ``auto`` does not take ``d`` (`UNASKED` where that depends on workers not asked), or None.
+
+    What the workers answered comes first where every one did: on workers without GPUs the
+    reason says so, not a threshold that only matters with GPUs."""
+    known = capabilities is not None and bool(workers) and all(d.name in capabilities.get(w, {}) for w in workers)
+    if d.probes and known and (why := d.unable(_answers(d, capabilities, workers), request)):
+        return why
+    if why := d.declines(request) or d.refuses(request):
+        return why
+    if d.probes and not known:
+        return UNASKED
+    if record is not None and record.broken:
+        return d.cannot_start(record.broken)
+    if d.world and record is not None and record.members is not None and tuple(record.members) != tuple(workers):
+        return d.world_changed()
     return None
 
 
 def choose_engine(
-    setting: str,
-    kind: str,
-    capabilities: dict,
-    workers,
-    world=None,
-    world_broken: str | None = None,
-    numpy_reason: str | None = NUMPY_ON_HOST,
+    request: Request, capabilities: dict | None, workers, records: dict[str, WorldRecord] | None = None
 ) -> tuple[str, str]:
-    """The engine for a run over ``workers`` and why: ``auto`` takes cufftmp for CuPy chunks where
-    it can, and for NumPy chunks where ``numpy_reason`` (`numpy_stays_on_host`) is None too.
+    """The engine for a run over ``workers`` and why.
 
-    ``capabilities`` maps each worker to what it reported (``{"cufftmp": {"ok": ..., "reason": ...}}``);
-    ``world`` is the worker set NVSHMEM was bootstrapped over, ``world_broken`` why it can no longer be used.
+    ``capabilities``: worker -> {engine name: what it answered} (a worker or engine missing: no
+    answer), or None where nobody can be asked (``explain`` without a Client: an engine that
+    needs the answer is taken "if every worker can run it"). ``records``: engine name -> its
+    `WorldRecord` on the scheduler.
     """
+    setting = request.settings.engine
     if setting != "auto":
         return setting, "set by redist.engine"
-    if kind != "cupy" and numpy_reason:
-        return "dask", numpy_reason
-    bad = [w for w in workers if not capabilities.get(w, {}).get("cufftmp", {}).get("ok")]
-    if bad:
-        why = capabilities.get(bad[0], {}).get("cufftmp", {}).get("reason", "no answer")
-        return "dask", f"cufftmp unusable on {bad[0]}: {why}"
-    if world_broken:
-        return "dask", f"NVSHMEM needs a new bootstrap ({world_broken}); see dask_redist.bootstrap"
-    if world is not None and tuple(world) != tuple(workers):
-        return "dask", "the worker set changed since NVSHMEM was bootstrapped; see dask_redist.bootstrap"
-    if kind != "cupy":
-        return "cufftmp", "NumPy chunks of at least redist.numpy-via-gpus, and every worker can run cuFFTMp: through the GPUs"
-    return "cufftmp", "CuPy chunks, and every worker can run cuFFTMp over NVSHMEM"
+    passed_over = []
+    for d in descriptions(request.settings):
+        if d.preference is None:
+            continue
+        why = _passed_over(d, request, capabilities, workers, (records or {}).get(d.name))
+        if why == UNASKED and capabilities is None:
+            return d.name, "if every worker can run it; no Client to ask"
+        if why is None:
+            return d.name, d.chosen(request, passed_over)
+        passed_over.append(why if why != UNASKED else f"{d.name}: the workers gave no answer")
+    raise RedistError(f"no engine of redist.engines takes this rechunk under redist.engine: auto: {'; '.join(passed_over)}")
 
 
-def _numpy_reason(spec: CollectiveSpec, kind: str) -> str | None:
-    return numpy_stays_on_host(spec.settings, spec.rechunk.nbytes, spec.dtype) if kind != "cupy" else None
+def needs_probe(request: Request, capabilities: dict, workers, records: dict | None = None) -> list[str]:
+    """Workers the choice for ``request`` must ask first: those that never said whether they can
+    run the most preferred engine that is not passed over without asking (none where that engine
+    needs no answer)."""
+    if request.settings.engine != "auto":
+        return []
+    for d in descriptions(request.settings):
+        if d.preference is None:
+            continue
+        why = _passed_over(d, request, capabilities, workers, (records or {}).get(d.name))
+        if why == UNASKED:
+            return [w for w in workers if d.name not in capabilities.get(w, {})]
+        if why is None:
+            return []
+    return []
 
 
 class EngineSelector:
-    """Capabilities of the workers, the NVSHMEM world, and the choice of engine per run."""
+    """Capabilities of the workers, each engine's record, and the choice of engine per run."""
 
     def __init__(self):
         self.capabilities: dict[str, dict] = {}  # worker -> {engine name: {"ok": ..., "reason": ...}}
-        self.world = WorldRecord()
+        self.records: dict[str, WorldRecord] = {}  # engine name -> its world, or why it cannot start
 
-    def needs_probe(self, spec: CollectiveSpec, kind: str, workers) -> list[str]:
-        """Workers whose capabilities the choice for ``spec`` needs and nobody asked yet."""
-        if spec.settings.engine != "auto" or (kind != "cupy" and _numpy_reason(spec, kind)):
-            return []
-        return [w for w in workers if w not in self.capabilities]
+    def record(self, engine: str) -> WorldRecord:
+        return self.records.setdefault(engine, WorldRecord())
+
+    def needs_probe(self, request: Request, workers) -> list[str]:
+        """Workers whose capabilities the choice for ``request`` needs and nobody asked yet."""
+        return needs_probe(request, self.capabilities, workers, self.records)
 
     def learn(self, answers: dict) -> None:
         """Capabilities as workers answered (anything but a dict: no answer, asked again next time)."""
-        self.capabilities.update({w: a for w, a in answers.items() if isinstance(a, dict)})
+        for w, a in answers.items():
+            if isinstance(a, dict):
+                self.capabilities.setdefault(w, {}).update(a)
 
-    def choose(self, spec: CollectiveSpec, kind: str, workers, restarting: bool = False) -> tuple[str, str]:
-        """The engine for a run of ``spec`` over ``workers``, whose staged chunks are of ``kind``.
+    def choose(self, request: Request, workers, restarting: bool = False) -> tuple[str, str]:
+        """The engine for a run of ``request`` over ``workers``.
 
-        A run restarted after a worker left (``restarting``) finishes on the dask engine where
-        cufftmp would need workers stranded in the world that lost it, even under
-        ``redist.engine: cufftmp``: nothing the user asked for is lost to the recovery.
+        A run restarted after a worker left (``restarting``) finishes on the dask engine where the
+        engine chosen would need workers stranded in the world that lost it, even where that
+        engine is named in ``redist.engine``: nothing the user asked for is lost to the recovery.
         """
-        engine, reason = choose_engine(
-            spec.settings.engine,
-            kind,
-            self.capabilities,
-            workers,
-            self.world.members,
-            self.world.broken,
-            _numpy_reason(spec, kind),
-        )
-        if restarting and engine == "cufftmp" and (stranded := self._stranded(workers)):
+        engine, reason = choose_engine(request, self.capabilities, workers, self.records)
+        if restarting and (stranded := self.stranded(engine, workers)):
+            world = description(engine, request.settings).world_name
             return "dask", (
-                f"restarted after a worker left; {stranded} are stranded in the NVSHMEM world it left, so the dask "
-                "engine finishes this rechunk (cufftmp again once dask_redist.bootstrap(client, restart_broken=True) "
+                f"restarted after a worker left; {stranded} are stranded in the {world} world it left, so the dask "
+                f"engine finishes this rechunk ({engine} again once dask_redist.bootstrap(client, restart_broken=True) "
                 "re-formed the world)"
             )
         return engine, reason
 
-    def _stranded(self, workers) -> list[str]:
-        return sorted(set(self.world.stranded) & set(workers))
+    def stranded(self, engine: str, workers) -> list[str]:
+        """Those of ``workers`` stranded in ``engine``'s world (it lost a member)."""
+        record = self.records.get(engine)
+        return sorted(set(record.stranded) & set(workers)) if record is not None else []
 
-    def refusal(self, engine: str, workers, kind: str, dtype) -> str | None:
-        """Why a run on ``engine`` over ``workers`` of ``kind`` chunks of ``dtype`` must not start, or None.
+    def refusal(self, engine: str, request: Request, workers) -> str | None:
+        """Why a run of ``request`` on ``engine`` over ``workers`` must not start, or None: what the
+        engine refuses, or workers stranded in its world.
 
-        NumPy chunks of dtypes only the dask engine moves. Workers stranded in an NVSHMEM world
-        that lost a PE cannot leave it (NVSHMEM's frees and finalize wait for the dead PE, holding
-        the process): asked to form a new world they would never return. ``auto`` never picks
-        cufftmp then; ``redist.engine: cufftmp`` is refused here, with the remedy.
+        Stranded workers cannot leave their world (NVSHMEM's frees and finalize wait for the dead
+        PE, holding the process): asked to form a new one they would never return. ``auto``
+        passes such an engine over; named in ``redist.engine`` it is refused here, with the remedy.
         """
-        if engine != "cufftmp":
-            return None
-        if kind == "numpy" and (problem := host_dtype_problem(dtype)):
+        d = description(engine, request.settings)
+        if problem := d.refuses(request):
             return problem
-        if not (stranded := self._stranded(workers)):
+        if not (stranded := self.stranded(engine, workers)):
             return None
         return (
-            f"redist.engine is cufftmp, but workers {stranded} are stranded in an NVSHMEM world that cannot be "
-            f"left ({self.world.broken}). Call dask_redist.bootstrap(client, restart_broken=True) to restart them "
-            "(their data is lost), or restart them yourself; meanwhile redist.engine: auto runs GPU rechunks on "
-            "the dask engine"
+            f"redist.engine is {engine}, but workers {stranded} are stranded in a {d.world_name} world that cannot "
+            f"be left ({self.records[engine].broken}). Call dask_redist.bootstrap(client, restart_broken=True) to "
+            "restart them (their data is lost), or restart them yourself; meanwhile redist.engine: auto runs "
+            "such rechunks on another engine"
         )
 
-    def run_started(self, engine: str, workers) -> None:
-        if engine == "cufftmp":
-            self.world.members = tuple(workers)  # the workers bootstrap over this set if they have not yet
+    def run_started(self, engine: str, settings: Settings, workers) -> None:
+        if description(engine, settings).world:  # the workers start a world over this set if they have not yet
+            self.record(engine).members = tuple(workers)
 
-    def run_failed(self, engine: str, unavailable: bool, why: str) -> None:
-        """A rank of a run failed: an engine that could not start (checked before NVSHMEM started:
-        bootstrap may try again once fixed), or a cufftmp run that failed on a rank."""
-        if unavailable:
-            self.world.broken = why  # choose() answers "dask" from now on, with this reason
-        elif engine == "cufftmp":
-            self.world.broken = why
+    def run_failed(self, engine: str, settings: Settings, failure: str, why: str) -> None:
+        """A rank of a run failed: an engine that could not start (``failure`` "unavailable",
+        checked before anything started: ``bootstrap`` may try again once fixed), or a run of an
+        engine with a world that failed on a rank (that world cannot be trusted any more)."""
+        if failure == "unavailable" or description(engine, settings).world:
+            self.record(engine).broken = why  # auto passes it over from now on, with this reason
 
     def worker_left(self, worker: str) -> None:
         self.capabilities.pop(worker, None)
-        self.world.worker_left(worker)
+        for record in self.records.values():
+            record.worker_left(worker)
+
+    def forget(self, engine: str | None = None) -> None:
+        """The next run of ``engine`` (every engine: None) starts afresh: its world, or its failure to start."""
+        for name, record in self.records.items():
+            if engine is None or name == engine:
+                record.forget()
 
     def state(self) -> dict:
         """For ``dask_redist.status`` and ``explain``: what the choice depends on."""
         return {
-            "capabilities": dict(self.capabilities),
-            "world": list(self.world.members) if self.world.members is not None else None,
-            "world broken": self.world.broken,
-            "stranded": list(self.world.stranded),
+            "capabilities": {w: dict(a) for w, a in self.capabilities.items()},
+            "records": {name: record.state() for name, record in self.records.items()},
         }

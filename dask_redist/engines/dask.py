@@ -15,19 +15,21 @@ planner's owners are boxes where balance allows), ranks send input chunks cut to
 output boxes instead of pieces (`dask_redist.planning.boxes.box_transfers`), and
 each output chunk is cut from the box its rank assembled: pieces (``old chunk ∩ new
 chunk``) can number in the millions (1024 row slabs to 1024 column slabs: 1024 x 1024),
-and every piece cost a slice, a copy and an assembly step in Python. Measured:
-docs/benchmarks.md ("The dask engine's box mapping"). Where the received blocks cross the
-output chunks only a few thousand times, they are copied straight into the output chunks
-instead (no box: a third less new memory, one copy less): 1 GiB on 2 workers of the CPU
-machine, slabs 785 -> 369 ms and pencils 1.12 s -> 415 ms (`DIRECT_MAX_PARTS`).
+and every piece cost a slice, a copy and an assembly step in Python. Where the received
+blocks cross the output chunks only a few thousand times, they are copied straight into
+the output chunks instead (no box: a third less new memory, one copy less;
+`DIRECT_MAX_PARTS`). Both measured in docs/benchmarks.md ("Levers of 2026-12-01").
 """
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 
 from dask_redist.core.assemble import Assembly, cut, empty
 from dask_redist.core.wire import Packed, batches, pack
+from dask_redist.engines.description import EngineDescription, Request
 from dask_redist.engines.protocol import Engine
 from dask_redist.errors import RedistError
 from dask_redist.planning import Transfers
@@ -89,8 +91,25 @@ def box_transfers_of(run) -> Transfers | None:
     return box_transfers(rechunk.old, plan.in_ranks, rechunk.new, out_ranks, plan.nranks, rechunk.itemsize)
 
 
+class DaskDescription(EngineDescription):
+    """The dask engine, as the scheduler sees it: it runs wherever Dask does, so ``auto`` takes it
+    when no engine it prefers takes the rechunk, and says why those did not."""
+
+    preference = 0
+
+    def chosen(self, request: Request, passed_over: list[str]) -> str:
+        return passed_over[0] if passed_over else request.chunks
+
+    def mapping(self, plan, settings) -> tuple[str, int, int]:
+        t = plan.traffic
+        largest = int((t - np.diag(np.diag(t))).max(initial=0))  # (between two ranks)
+        messages = max(1, math.ceil(largest / settings.memory_budget))
+        return f"pieces over dask comms, packed per peer (up to {messages} message(s) per peer, all sent at once)", 0, 1
+
+
 class DaskEngine(Engine):
     name = "dask"
+    description = DaskDescription
 
     def execute(self, run, transport) -> None:
         blocks = box_transfers_of(run)

@@ -15,14 +15,17 @@ An engine moves one rank's pieces of a run. The worker side of the runtime asks 
   reported to the scheduler, which chooses engines with `dask_redist.engines.choice`).
 
 The runtime gives it a `Transport`: how to reach the other ranks. Engines know nothing else
-of the cluster. ``redist.engine: "package.module:EngineClass"`` names an engine of one's own:
-subclass `Engine`.
+of the cluster. Its scheduler side is ``description``, an
+`dask_redist.engines.description.EngineDescription` subclass. An engine of one's own:
+subclass both, and name the engine class in ``redist.engines`` (docs/design.md, "Add an engine").
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Protocol
+
+from dask_redist.engines.description import EngineDescription
 
 if TYPE_CHECKING:
     from dask_redist.core.run import WorkerRun
@@ -56,6 +59,8 @@ class Engine:
     """Base of every engine: the protocol, with the defaults of an engine that keeps no state."""
 
     name: str = ""
+    #: its scheduler side: what it refuses, when ``auto`` takes it, its world, its lines
+    description: type[EngineDescription] = EngineDescription
     #: whether ``execute`` can block behind work only peers can complete (then a watchdog runs)
     watched: bool = False
     #: whether every rank must make the same sequence of calls (NVSHMEM collectives): then a run

@@ -17,12 +17,9 @@ is executed the same way (`dask_redist.runtime.collective.RunExecutor`); then ev
 rank raises. An aborted run costs at most its own exchange time, and no worker. Only
 when a rank is gone (`WorkerRun.must_stop`: the scheduler saw it leave, in the abort or
 in a ``redist-gone`` message for runs aborted before) can nothing complete those calls: the queued rounds get `DRAIN_S`, then the device counts as
-stuck (``redist.nvshmem.exit-when-stuck``).
-
-Before (2026-12-01 03:47 UTC to this change) an abort stopped each rank at its next
-boundary and drained what it had queued; ranks that saw the abort after different
-numbers of rounds were left stuck, which is how both GPU workers of a session could
-exit with no peer dead (issue 15).
+stuck (``redist.nvshmem.exit-when-stuck``). (An abort that stopped each rank at its next
+boundary instead left ranks that saw it after different numbers of rounds stuck: both GPU
+workers of a session exited with no peer dead; docs/reliability.md.)
 """
 
 from __future__ import annotations

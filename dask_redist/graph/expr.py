@@ -17,7 +17,7 @@ from functools import cached_property
 
 from dask.utils import typename
 
-from dask_redist.compat import array_expr
+from dask_redist.compat import array_expr, meta_of, with_operand
 from dask_redist.config import Settings
 from dask_redist.graph.layer import collective_tasks
 from dask_redist.graph.optimize import collective_spec, running_on_scheduler
@@ -27,14 +27,13 @@ _original_rechunk = ArrayExpr.rechunk
 
 
 class CollectiveRechunk(Rechunk):
-    _parameters = [*Rechunk._parameters, "settings"]
-    _defaults = {**Rechunk._defaults, "settings": None}
+    _parameters, _defaults = with_operand(Rechunk, "settings")
 
     @cached_property
     def decision(self):
         x = self.array
         return collective_spec(
-            x._name, self._name, x.chunks, self.chunks, x.dtype, typename(type(x._meta)),
+            x._name, self._name, x.chunks, self.chunks, x.dtype, typename(type(meta_of(x))),
             self.operand("settings") or Settings.from_config(),
         )  # fmt: skip
 

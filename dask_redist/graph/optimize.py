@@ -22,7 +22,9 @@ from dask.base import tokenize
 from dask.core import flatten
 from dask.highlevelgraph import HighLevelGraph, MaterializedLayer
 
-from dask_redist.compat import P2P_PREFIX, RECHUNK_PREFIXES, DataNode, GraphNode, Task
+from dask_redist.compat import (
+    P2P_PREFIX, RECHUNK_PREFIXES, DataNode, GraphNode, Task, building_graph, running_schedulers,
+)  # fmt: skip
 from dask_redist.config import Settings
 from dask_redist.core.spec import BARRIER_PREFIX, CollectiveSpec
 from dask_redist.graph.layer import collective_tasks
@@ -97,7 +99,7 @@ def _method(chain: RechunkChain) -> str:
 
 
 def collective_spec(
-    input_name: str, output_name: str, old, new, dtype, chunk_type: str, settings: Settings
+    input_name: str, output_name: str, old, new, dtype, meta_type: str, settings: Settings
 ) -> tuple[CollectiveSpec | None, str]:
     """The collective for rechunking ``input_name`` into ``output_name``, or None and why not.
 
@@ -110,24 +112,24 @@ def collective_spec(
     dtype = np.dtype(dtype)
     if dtype.hasobject:
         return None, f"dtype {dtype} holds Python objects"
-    kind = "cupy" if chunk_type.startswith("cupy") else "numpy" if chunk_type == "numpy.ndarray" else chunk_type
-    if kind not in settings.chunk_types:
-        return None, f"chunk type {chunk_type or 'unknown'} is not in redist.chunk-types {list(settings.chunk_types)}"
+    chunk_type = "cupy" if meta_type.startswith("cupy") else "numpy" if meta_type == "numpy.ndarray" else meta_type
+    if chunk_type not in settings.chunk_types:
+        return None, f"chunk type {meta_type or 'unknown'} is not in redist.chunk-types {list(settings.chunk_types)}"
     if len(old) == 0:
         return None, "0-d arrays have nothing to rechunk"
-    converts = settings.output_type not in ("same", kind)
-    kind = kind if settings.output_type == "same" else settings.output_type  # what the run moves
+    converts = settings.output_type not in ("same", chunk_type)
+    chunk_type = chunk_type if settings.output_type == "same" else settings.output_type  # what the run moves
     try:
         rechunk = RechunkSpec(old, new, dtype.itemsize)
     except PlanError as e:
         return None, f"inconsistent chunks: {e}"
     if settings.min_bytes == "auto":
-        if faster := dask_is_faster(rechunk, kind):
+        if faster := dask_is_faster(rechunk, chunk_type):
             return None, faster
     elif rechunk.nbytes < settings.min_bytes:
         return None, f"{rechunk.nbytes} bytes is below redist.min-bytes ({settings.min_bytes})"
-    spec = CollectiveSpec(tokenize(output_name), input_name, output_name, rechunk, dtype, settings, kind)
-    return spec, f"eligible; chunks converted to {kind} when staged (redist.output-type)" if converts else "eligible"
+    spec = CollectiveSpec(tokenize(output_name), input_name, output_name, rechunk, dtype, settings, chunk_type)
+    return spec, f"eligible; chunks converted to {chunk_type} when staged (redist.output-type)" if converts else "eligible"
 
 
 def input_chunks(hlg: HighLevelGraph, chain: RechunkChain):
@@ -176,7 +178,7 @@ def decide(hlg: HighLevelGraph, chain: RechunkChain, settings: Settings, old=Non
     )  # fmt: skip
     if spec is not None and (chain.source,) + (0,) * spec.rechunk.ndim not in source.get_output_keys():
         spec, reason = None, f"input keys of layer {chain.source} are not ({chain.source}, i, j, ...)"
-    if spec is not None and memory is not None and spec.kind == "numpy":
+    if spec is not None and memory is not None and spec.chunk_type == "numpy":
         if too_big := beyond_memory(spec.rechunk.nbytes, *memory):
             spec, reason = None, too_big
     return Decision(chain, spec, reason, method)
@@ -243,9 +245,8 @@ def inlined_inputs(
     NumPy array embeds them) are carried by their stage tasks.
 
     A stage task after each input task is one more task per input chunk, and at a few
-    thousand small chunks dask's cost per task is the rechunk's cost (2000 chunks on 2 workers
-    of the CPU machine: 4.7 s for the same graph shape in plain dask, 2.7 s for p2p, whose
-    transfer tasks fuse with their inputs). Dask's own fusion would keep the stage keys as
+    thousand small chunks dask's cost per task is the rechunk's cost (docs/benchmarks.md,
+    "Inputs computed in the same graph"). Dask's own fusion would keep the stage keys as
     aliases, one task each again, so the rewrite inlines them itself.
     """
     name = chain.source
@@ -269,16 +270,11 @@ def inlined_inputs(
 
 def _scheduler_in_process():
     """The scheduler building this graph, or None where that is unclear. Several can run in one
-    process (two LocalClusters in a notebook); the one building a graph counts it in
-    ``_active_graph_updates`` (distributed's, private: missing, and only a lone scheduler is
-    taken)."""
-    try:
-        from distributed import Scheduler
-    except ImportError:  # pragma: no cover - distributed is a dependency
-        return None
-    running = [s for s in list(Scheduler._instances) if s.status.name == "running"]
+    process (two LocalClusters in a notebook): the one building a graph now is taken
+    (`compat.building_graph`; where that cannot be told, only a lone scheduler is)."""
+    running = running_schedulers()
     if len(running) > 1:  # (several in one process: the one whose graph is being built now)
-        running = [s for s in running if getattr(s, "_active_graph_updates", 0) > 0]
+        running = [s for s in running if building_graph(s)]
     return running[0] if len(running) == 1 else None
 
 
@@ -348,11 +344,7 @@ def running_on_scheduler() -> bool:
     without a distributed scheduler the graph runs on a local one, where the
     collective cannot work, so dask's own rechunk is kept.
     """
-    try:
-        from distributed import Scheduler
-    except ImportError:  # pragma: no cover - distributed is a dependency
-        return False
-    if not any(s.status.name == "running" for s in list(Scheduler._instances)):
+    if not running_schedulers():
         return False
     return threading.current_thread().name.startswith("Dask-Offload")
 

@@ -5,16 +5,9 @@ round trip to the scheduler to plan and start the run, a message to every worker
 rechunk pays per piece (old chunk x new chunk intersection): a task, its scheduling and
 often a transfer each. So what decides is the number of pieces, not the bytes.
 
-Measured on the CPU machine (2 cores, 2 workers, NumPy, 2026-12-01,
-``dask-redist bench --workers 2 --size 64KiB 1MiB 8MiB 32MiB --chunks 2 3 4 8 16 64
---methods redist-dask tasks --reps 5`` and 256 MiB / 1 GiB at 2 chunks; docs/benchmarks.md
-"Small rechunks"):
-
-* 2 -> 2 slabs, 4 pieces: ``tasks`` wins at every size, 18.8 vs 28.3 ms (64 KiB), 30.7 vs
-  45.5 ms (32 MiB), 346 vs 394 ms (1 GiB);
-* 3 -> 3 slabs, 9 pieces: the collective wins, 28.4 vs 33.6 ms (64 KiB), 48.0 vs 59.1 ms
-  (32 MiB); from 16 pieces on by more (16 -> 16: 35 vs 62 ms at 64 KiB).
-
+Measured (docs/benchmarks.md, "Small rechunks", with the command and the machine): at
+4 pieces (2 -> 2 slabs) Dask's ``tasks`` rechunk was faster at every size from 64 KiB to
+1 GiB; from 9 pieces (3 -> 3 slabs) on the collective was, by more as pieces grow.
 So ``auto`` keeps Dask's rechunk for NumPy chunks when a rechunk has at most
 `AUTO_MAX_PIECES` pieces, at any size. CuPy chunks are not measured small: Dask's
 comms move them through host memory over TCP, the collective over NVLink, so ``auto``
@@ -39,10 +32,10 @@ def piece_count(spec: RechunkSpec) -> int:
     return math.prod(len(axis_segments(o, n)) for o, n in zip(spec.old, spec.new))
 
 
-def dask_is_faster(spec: RechunkSpec, kind: str) -> str | None:
+def dask_is_faster(spec: RechunkSpec, chunk_type: str) -> str | None:
     """Why Dask's own rechunk is expected to be faster for this rechunk (``redist.min-bytes:
     auto``), or None when the collective is."""
-    if kind != "numpy":
+    if chunk_type != "numpy":
         return None
     pieces = piece_count(spec)
     if pieces > AUTO_MAX_PIECES:

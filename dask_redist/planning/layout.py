@@ -52,7 +52,7 @@ class DirectLayout:
     out_boxes: tuple[Box | None, ...]
     slabs: tuple[Box, ...]  # one slab of the global array per round
 
-    kind = "direct"
+    mapping = "direct"
 
     @property
     def rounds(self) -> int:
@@ -202,21 +202,22 @@ def _pack_round(t: Transfers, nranks: int, word: int, bits: int) -> PackedRound:
 
 @dataclass(frozen=True, eq=False)
 class PackedLayout:
-    rounds_: tuple[PackedRound, ...]
+    packed_rounds: tuple[PackedRound, ...]  # each round's pieces, packed
     word: int
 
-    kind = "packed"
+    mapping = "packed"
 
     @property
     def rounds(self) -> int:
-        return len(self.rounds_)
+        """How many rounds (as `DirectLayout.rounds`)."""
+        return len(self.packed_rounds)
 
     def arena_bytes(self, rank: int) -> int:
-        return max(r.arena_bytes(rank) for r in self.rounds_)
+        return max(r.arena_bytes(rank) for r in self.packed_rounds)
 
     @property
     def padding(self) -> int:
-        return sum(r.padding for r in self.rounds_)
+        return sum(r.padding for r in self.packed_rounds)
 
 
 def packed_word(itemsize: int) -> int:

@@ -50,8 +50,6 @@ from dask_redist.planning.geometry import PlanError, RechunkSpec, axis_segments,
 from dask_redist.planning.local import Local, local_bytes
 from dask_redist.planning.owners import choose_owners, is_box_placement
 
-#: Candidates whose worst rank load is within this factor of the best candidate's
-
 @dataclass(frozen=True, eq=False)
 class Transfers:
     """Boxes of the global array moving from a source rank to a destination rank.

@@ -24,9 +24,10 @@ import threading
 import time
 from typing import Callable
 
+from dask_redist.core import messages as m
 from dask_redist.core.run import WorkerRun
 from dask_redist.engines import get_engine
-from dask_redist.errors import EngineUnavailableError, RedistConsistencyError, RedistError, kind_of
+from dask_redist.errors import EngineUnavailableError, RedistConsistencyError, RedistError, failure_of
 from dask_redist.runtime.transport import CommsTransport
 
 logger = logging.getLogger("dask_redist")
@@ -121,7 +122,7 @@ class RunExecutor:
 
     def _execute(self, run: WorkerRun) -> None:
         try:
-            engine = get_engine(run.spec.engine)
+            engine = get_engine(run.spec.engine, run.spec.collective.settings)
         except Exception as e:  # noqa: BLE001 - an engine this worker cannot load fails the run, not this thread
             if run.start():
                 what = f"{type(e).__name__}: {e}"
@@ -200,20 +201,15 @@ class RunExecutor:
             "%s was aborted but its engine has not returned (phase %r); later runs use a new thread",
             run.name(), run.phase,
         )  # fmt: skip
-        get_engine(run.spec.engine).abandoned(run)
+        get_engine(run.spec.engine, run.spec.collective.settings).abandoned(run)
 
     def _report(self, run: WorkerRun, error: RedistError) -> None:
         """Tell the scheduler, which aborts the run on every rank (fire and forget)."""
 
         async def report():
             try:
-                await self.worker.scheduler.redist_failed(
-                    token=run.spec.token,
-                    run_id=run.run_id,
-                    address=self.worker.address,
-                    message=str(error),
-                    kind=kind_of(error),
-                )
+                failed = m.Failed(run.spec.token, run.run_id, self.worker.address, str(error), failure_of(error))
+                await failed.call(self.worker.scheduler)
             except Exception:  # the scheduler may be gone; the other ranks time out on their own
                 logger.exception("could not report the failure of %s", run.name())
 

@@ -3,9 +3,8 @@
 The scheduler gives every new graph priorities with ``dask.order.order``. For
 each root it walks every leaf the root reaches; through a barrier every input
 chunk reaches every output chunk, so ordering a collective over n chunks costs
-O(n^2): 0.05 s at 256 chunks, 0.7 s at 1024 and 3.1 s at 2048 (measured on
-the CPU CI machine, graph of stage, barrier and unpack tasks alone), longer
-than the exchange itself. Dask's p2p rechunk has the same shape.
+O(n^2), which at a few thousand chunks took longer than the exchange itself
+(docs/benchmarks.md, "Where the time goes"). Dask's p2p rechunk has the same shape.
 
 `order` orders a copy of the graph in which every barrier's inbound edges are
 cut: the barrier becomes a root, its stage tasks leaves. The cost is linear;

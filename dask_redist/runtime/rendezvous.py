@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 
+from dask_redist.core.messages import AllgatherReply
 from dask_redist.errors import RedistTimeoutError
 
 
@@ -41,7 +42,7 @@ class Rendezvous:
             self._slots.pop(tag, None)
         return [slot["values"][r] for r in range(nranks)]
 
-    async def handle(self, tag: str, rank: int, nranks: int, payload: bytes, timeout: float) -> dict:
+    async def handle(self, tag: str, rank: int, nranks: int, payload: bytes, timeout: float) -> AllgatherReply:
         """The ``redist_allgather`` handler: every rank's payload, or the timeout's message."""
         try:
             return {"status": "OK", "values": await self.gather(tag, rank, nranks, payload, timeout)}

@@ -7,7 +7,9 @@
 
 The scheduler plugin is registered by the first barrier that reaches a scheduler
 (`ensure_plugins`), and registers the worker plugin on every worker: users call no
-setup function, and a cluster that never rechunks carries no plugin.
+setup function, and a cluster that never rechunks carries no plugin. The pair is
+built here only (`plugins`, `register`): ``status()``, ``bootstrap()`` and the
+scheduler preload register the same.
 """
 
 from __future__ import annotations
@@ -55,6 +57,18 @@ def _worker():
         ) from None
 
 
+def plugins() -> RedistSchedulerPlugin:
+    """The scheduler plugin, carrying the worker plugin it registers on every worker."""
+    return RedistSchedulerPlugin(worker_plugin=RedistWorkerPlugin())
+
+
+async def register(scheduler) -> None:
+    """Register `plugins` with ``scheduler`` (a Scheduler, or an rpc to one); a plugin already
+    there stays (idempotent)."""
+    plugin = plugins()
+    await scheduler.register_scheduler_plugin(plugin=dumps(plugin), name=plugin.name, idempotent=True)
+
+
 def ensure_plugins(worker, timeout: float | None = None) -> None:
     """Register the scheduler plugin (which registers the worker plugin) once per scheduler
     (``timeout``: this process's ``redist.timeouts.barrier`` unless given)."""
@@ -63,13 +77,12 @@ def ensure_plugins(worker, timeout: float | None = None) -> None:
         return
     timeout = Settings.from_config().barrier_timeout if timeout is None else timeout
 
-    async def register():
-        plugin = RedistSchedulerPlugin(worker_plugin=RedistWorkerPlugin())
-        await worker.scheduler.register_scheduler_plugin(plugin=dumps(plugin), name=plugin.name, idempotent=True)
+    async def register_here():
+        await register(worker.scheduler)
 
     for attempt in range(3):  # a comm can break while workers come and go
         try:
-            call_on_loop(worker, register, timeout, "registering the dask-redist scheduler plugin")
+            call_on_loop(worker, register_here, timeout, "registering the dask-redist scheduler plugin")
             break
         except OSError:
             if attempt == 2:

@@ -17,6 +17,7 @@ from typing import Callable
 
 from distributed.protocol import to_serialize
 
+from dask_redist.core import messages as m
 from dask_redist.errors import RedistConsistencyError, RedistTimeoutError
 
 
@@ -52,10 +53,8 @@ class CommsTransport:
             address = run.spec.workers[dst]
             try:
                 for first, packed in items:
-                    await worker.rpc(address).redist_receive(
-                        token=run.spec.token, run_id=run.run_id, src=run.rank, first=first,
-                        count=packed.count, data=to_serialize(packed.buffer),
-                    )  # fmt: skip
+                    pieces = m.Pieces(run.spec.token, run.run_id, run.rank, first, packed.count, to_serialize(packed.buffer))
+                    await pieces.call(worker.rpc(address))
                 unsent.discard(dst)
             except OSError as e:  # (CommClosedError too) a peer leaving: the run restarts without it
                 raise RedistConsistencyError(
@@ -82,10 +81,8 @@ def scheduler_exchange(worker, nranks: int, rank: int, timeout: float) -> Callab
     def exchange(tag: str, payload: bytes) -> list:
         start = time.monotonic()
 
-        async def call():
-            return await worker.scheduler.redist_allgather(
-                tag=tag, rank=rank, nranks=nranks, payload=payload, timeout=timeout
-            )
+        async def call() -> m.AllgatherReply:
+            return await m.Allgather(tag, rank, nranks, payload, timeout).call(worker.scheduler)
 
         response = call_on_loop(worker, call, timeout + 5, f"process group step {tag}")
         if response.get("status") != "OK":

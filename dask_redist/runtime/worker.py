@@ -15,30 +15,26 @@ import logging
 import threading
 import time
 import weakref
-from collections import defaultdict
 from dataclasses import asdict
 
 import numpy as np
 from distributed.diagnostics.plugin import WorkerPlugin
 
-from dask_redist.core.assemble import Assembly, array_kind, converted
+from dask_redist.config import Settings
+from dask_redist.core import messages as m
+from dask_redist.core.assemble import Assembly, chunk_type_of, converted
 from dask_redist.core.run import WorkerRun
 from dask_redist.core.spec import CollectiveSpec, RunSpec, Staged, stage_token
 from dask_redist.core.wire import Packed
-from dask_redist.engines import BUILTIN, get_engine, loaded_engines
-from dask_redist.errors import KINDS, RedistConsistencyError, RedistError
+from dask_redist.engines import loaded_engines
+from dask_redist.engines.registry import capabilities
+from dask_redist.errors import FAILURES, RedistConsistencyError, RedistError
 from dask_redist.runtime.collective import RunExecutor
+from dask_redist.runtime.early import EarlyPieces
 from dask_redist.runtime.staging import StagingStore
 from dask_redist.runtime.transport import call_on_loop
 
 logger = logging.getLogger("dask_redist")
-
-#: Pieces that arrive for a run whose start message has not are kept this long at most
-#: (seconds): a run's start follows its peers' within the barrier's round trip, and pieces
-#: for a rechunk that never starts here must not be kept for ever.
-EARLY_TTL_S = 600.0
-#: Tokens whose last ended run a worker remembers, to refuse pieces that arrive late.
-ENDED_KEPT = 100_000
 
 #: Output chunks assembled from pieces up to this size are built on the event loop (a copy of
 #: this size takes well under a millisecond; a hand-off to a thread costs about as much).
@@ -53,11 +49,9 @@ class WorkerState:
         self._lock = threading.Lock()
         self.staging = StagingStore()
         self.runs: dict[str, WorkerRun] = {}
-        self.early: dict[tuple[str, int], list] = defaultdict(list)  # pieces for a run not started here yet
-        self.early_since: dict[tuple[str, int], float] = {}  # when the first of them arrived
-        self.ended: dict[str, int] = {}  # token -> the last run id that ended here (`_ended`)
+        self.early = EarlyPieces()  # pieces for a run not started here yet; runs that ended here
         self.executor = RunExecutor(worker, self.mark)
-        self.capabilities: dict | None = None
+        self.capabilities: dict[tuple[str, str], dict] = {}  # (engine name, path) -> Engine.capabilities()
         self.timeline: dict[str, float] = {}  # wall-clock marks of the latest run, for diagnostics
 
     @property
@@ -78,17 +72,17 @@ class WorkerState:
         markers = []
         chunks = [converted(c, output_type, f"input chunk {i} on {self.address}") for i, c in zip(indices, chunks)]
         for index, shape, chunk in zip(indices, shapes, chunks):
-            kind = array_kind(chunk)
-            if kind not in ("numpy", "cupy"):
+            chunk_type = chunk_type_of(chunk)
+            if chunk_type not in ("numpy", "cupy"):
                 raise TypeError(
-                    f"dask-redist can only rechunk NumPy or CuPy chunks, got a {kind} for input chunk {index}; "
+                    f"dask-redist can only rechunk NumPy or CuPy chunks, got a {chunk_type} for input chunk {index}; "
                     "narrow redist.chunk-types or rechunk this array with dask_redist.disable()"
                 )
             if tuple(chunk.shape) != tuple(shape):
                 raise ValueError(
                     f"input chunk {index} has shape {tuple(chunk.shape)} but the array's chunks say {tuple(shape)}"
                 )
-            markers.append(Staged(self.address, int(chunk.nbytes), kind, int(index), tuple(tail)))
+            markers.append(Staged(self.address, int(chunk.nbytes), chunk_type, int(index), tuple(tail)))
         self.staging.put(token, tail, {int(i): c for i, c in zip(indices, chunks)})
         self.mark("first stage", first=True)
         return markers
@@ -96,25 +90,24 @@ class WorkerState:
     def barrier(self, spec: CollectiveSpec, groups) -> int:
         """Ask the scheduler to start a run over the staged chunks; its run id."""
         self.mark("barrier task")
-        markers = [m for group in groups for m in group]
-        kinds = {m.kind for m in markers}
-        if len(kinds) > 1:
+        markers = [marker for group in groups for marker in group]
+        types = {marker.chunk_type for marker in markers}
+        if len(types) > 1:
             raise TypeError(
-                f"{spec.describe()}: input chunks of mixed types {sorted(kinds)}; convert them to one type "
+                f"{spec.describe()}: input chunks of mixed types {sorted(types)}; convert them to one type "
                 "first, or set redist.output-type to numpy or cupy"
             )
-        workers = sorted({m.address for m in markers})
+        workers = sorted({marker.address for marker in markers})
         position = {w: i for i, w in enumerate(workers)}
         holders = np.zeros(len(markers), dtype=np.int64)
-        for m in markers:
-            holders[m.index] = position[m.address]
+        for marker in markers:
+            holders[marker.index] = position[marker.address]
         homes = [[list(g[0].stage), position[g[0].address]] for g in groups if g]
 
-        async def ask():
-            return await self.worker.scheduler.redist_barrier(
-                token=spec.token, workers=workers, holders=holders.tolist(), homes=homes,
-                kind=kinds.pop() if kinds else "numpy",
-            )  # fmt: skip
+        request = m.Barrier(spec.token, workers, holders.tolist(), homes, types.pop() if types else "numpy")
+
+        async def ask() -> m.BarrierReply:
+            return await request.call(self.worker.scheduler)
 
         response = call_on_loop(self.worker, ask, spec.settings.barrier_timeout, f"{spec.describe()} barrier")
         self.mark("barrier reply")
@@ -139,7 +132,7 @@ class WorkerState:
         try:
             return await self._unpack(token, index, run_id)
         except RedistConsistencyError:
-            answer = await self.worker.scheduler.redist_stale(token=token, run_id=run_id, index=index)
+            answer: m.StaleReply = await m.Stale(token, run_id, index).call(self.worker.scheduler)
             if answer.get("stale"):  # released with its barrier: this result goes nowhere
                 logger.debug("rechunk %s: unpack of chunk %d had a stale run id %d", token[:8], index, run_id)
                 return None
@@ -174,11 +167,7 @@ class WorkerState:
         with self._lock:
             old = self.runs.get(run.token)
             wr = self.runs[run.token] = WorkerRun(run, self.address, inputs)
-            early = self.early.pop((run.token, run.run_id), [])
-            self.early_since.pop((run.token, run.run_id), None)
-            for key in [k for k in self.early if k[0] == run.token and k[1] < run.run_id]:
-                del self.early[key]
-                self.early_since.pop(key, None)
+            early = self.early.take(run.token, run.run_id)
         if old is not None and old.state in ("queued", "running"):
             old.fail(RedistConsistencyError(f"{old.name()} superseded by run {run.run_id}"))
         missing = [i for i in mine if i not in inputs]
@@ -190,28 +179,28 @@ class WorkerState:
                 wr.receive(src, first, arrays)
         self.executor.submit(wr)
 
-    async def handle_capabilities(self) -> dict:
-        """What this worker can run, per built-in engine (cached: probing imports CuPy and nvmath)."""
-        if self.capabilities is None:
-            probes = {name: get_engine(name).capabilities for name in BUILTIN}
-            self.capabilities = {name: await asyncio.to_thread(probe) for name, probe in probes.items()}
-        return self.capabilities
+    async def handle_capabilities(self, engines: dict[str, str] | None = None) -> dict:
+        """Whether this worker can run each of ``engines`` (name -> path; default the built-in ones),
+        asked once per engine (probing imports CuPy and nvmath)."""
+        engines = dict(Settings().engines) if engines is None else engines
+        new = {n: p for n, p in engines.items() if (n, p) not in self.capabilities}
+        if new:
+            answers = await asyncio.to_thread(capabilities, new)
+            self.capabilities.update({(n, new[n]): a for n, a in answers.items()})
+        return {n: self.capabilities[(n, p)] for n, p in engines.items()}
 
     async def handle_receive(self, token: str, run_id: int, src: int, first: int, count: int, data) -> str:
         """Pieces from rank ``src``; kept for a run whose start has not arrived yet (for at most
-        `EARLY_TTL_S`), refused from a sender that cannot be a peer of the run."""
+        `dask_redist.runtime.early.EARLY_TTL_S`), refused from a sender that cannot be a peer of the run."""
         data = Packed(count, data)
         now = time.monotonic()
         with self._lock:
-            for key in [k for k, since in self.early_since.items() if now - since > EARLY_TTL_S]:
-                self.early.pop(key, None)
-                self.early_since.pop(key, None)
+            self.early.expire(now)
             run = self.runs.get(token)
-            if run_id <= self.ended.get(token, 0):  # a late piece of a run that ended here
+            if self.early.is_late(token, run_id):  # a late piece of a run that ended here
                 return "OK"
             if run is None or run.run_id < run_id:
-                self.early[(token, run_id)].append((src, first, data))
-                self.early_since.setdefault((token, run_id), now)
+                self.early.keep(token, run_id, (src, first, data), now)
                 return "OK"
         if run.run_id != run_id:
             return "OK"  # an older run's pieces: that run is gone
@@ -228,12 +217,12 @@ class WorkerState:
         logger.debug("%s: refused pieces claiming to come from rank %r", run.name(), src)
         return False
 
-    def handle_abort(self, token: str, run_id: int, reason: str, kind: str, gone=()) -> None:
+    def handle_abort(self, token: str, run_id: int, reason: str, failure: str, gone=()) -> None:
         with self._lock:
             run = self.runs.get(token)
-            self._ended(token, run_id)
-        if run is not None and run.run_id == run_id and kind in KINDS:
-            run.fail(KINDS[kind](reason), gone=[w for w in gone if isinstance(w, str)])
+            self.early.ended(token, run_id)
+        if run is not None and run.run_id == run_id and failure in FAILURES:
+            run.fail(FAILURES[failure](reason), gone=[w for w in gone if isinstance(w, str)])
 
     def handle_gone(self, worker: str) -> None:
         """``worker`` left: a run already aborted that it was a rank of cannot be completed any more
@@ -250,7 +239,7 @@ class WorkerState:
         """Forget the runs of ``token`` up to ``run_id`` (they are done)."""
         with self._lock:
             run = self.runs.get(token)
-            self._ended(token, run_id)
+            self.early.ended(token, run_id)
             if run is not None and run.run_id <= run_id:
                 del self.runs[token]
 
@@ -263,19 +252,8 @@ class WorkerState:
         """
         with self._lock:
             run = self.runs.pop(token, None)
-            known = [k[1] for k in self.early if k[0] == token] + ([run.run_id] if run is not None else [])
-            self._ended(token, max(known, default=0))
+            self.early.ended(token, max(self.early.newest(token), run.run_id if run is not None else 0))
         self.staging.drop_token(token)
-
-    def _ended(self, token: str, run_id: int) -> None:
-        """Runs of ``token`` up to ``run_id`` ended here: drop their early pieces, refuse late ones
-        (run ids only grow per token: the scheduler never reuses one). Under ``self._lock``."""
-        for key in [k for k in self.early if k[0] == token and k[1] <= run_id]:
-            del self.early[key]
-            self.early_since.pop(key, None)
-        self.ended[token] = max(run_id, self.ended.pop(token, 0))  # (moved to the end: the newest)
-        while len(self.ended) > ENDED_KEPT:
-            del self.ended[next(iter(self.ended))]
 
     def handle_drop(self, token: str, index: list) -> None:
         """The scheduler released a stage key: forget the chunks it staged."""
@@ -294,7 +272,6 @@ class WorkerState:
             runs = list(self.runs.values())
             self.runs.clear()
             self.early.clear()
-            self.early_since.clear()
         self.staging.clear()
         for run in runs:
             run.fail(RedistError(f"{run.name()}: worker {self.address} closed"))
@@ -321,17 +298,17 @@ class RedistWorkerPlugin(WorkerPlugin):
     def setup(self, worker):
         self._worker = worker
         state = get_state(worker)
-        worker.handlers["redist_receive"] = state.handle_receive
-        worker.handlers["redist_capabilities"] = state.handle_capabilities
-        worker.handlers["redist_status"] = state.handle_status
+        worker.handlers[m.Pieces.op] = state.handle_receive
+        worker.handlers[m.Capabilities.op] = state.handle_capabilities
+        worker.handlers[m.Status.op] = state.handle_status
         worker.stream_handlers.update(
             {
-                "redist-start": lambda run: state.handle_start(run),
-                "redist-abort": state.handle_abort,
-                "redist-gone": state.handle_gone,
-                "redist-cleanup": state.handle_cleanup,
-                "redist-forget": state.handle_forget,
-                "redist-drop": state.handle_drop,
+                m.Start.op: lambda run: state.handle_start(run),
+                m.Abort.op: state.handle_abort,
+                m.Gone.op: state.handle_gone,
+                m.Cleanup.op: state.handle_cleanup,
+                m.Forget.op: state.handle_forget,
+                m.Drop.op: state.handle_drop,
             }
         )
 

@@ -3,8 +3,8 @@
 A round stages every local input chunk's part into the arena and cuts every output
 chunk's part out of it. One CuPy slice assignment per chunk and round costs tens of
 microseconds of Python and a launch each: at 1024 chunks in 16 rounds that is 32k
-copies, and the run took 1.8 s on one H200 for 8 GiB (2026-12-01) where the memory
-traffic needs a few milliseconds. Here a copy is a *job* (two outer extents, a run of
+copies, seconds where the memory traffic needs a few milliseconds (docs/benchmarks.md,
+"a round's copies in one launch"). Here a copy is a *job* (two outer extents, a run of
 contiguous bytes, byte strides on both sides) and one launch of `box_copy` does all
 the jobs of a stage or unstage, each split into 64 KiB segments over the GPU.
 

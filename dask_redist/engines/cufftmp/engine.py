@@ -28,6 +28,7 @@ import numpy as np
 
 from dask_redist.core.assemble import cut, parts_in
 from dask_redist.engines.cufftmp.copies import BoxCopies, ChunkTable, launch
+from dask_redist.engines.cufftmp.description import CufftMpDescription
 from dask_redist.engines.cufftmp.host import HostLink, HostParts
 from dask_redist.engines.cufftmp.nvshmem import Arena, capabilities
 from dask_redist.engines.cufftmp.plans import Plans, ReshapePlan
@@ -62,6 +63,7 @@ def _box_copies(copies: BoxCopies, chunks: dict, box_of, view, box: Box, into_bo
 
 class CufftMpEngine(Engine):
     name = "cufftmp"
+    description = CufftMpDescription
     watched = True  # a launch can block behind a reshape that waits for a dead peer
     completes_aborted_runs = True  # every rank must make the same NVSHMEM calls
     capabilities = staticmethod(capabilities)
@@ -181,7 +183,7 @@ class CufftMpEngine(Engine):
             run.plan, settings.memory_budget, size_class_bits=settings.size_class_bits, allow_empty=ALLOW_EMPTY_BOXES
         )
         spec = run.spec.collective
-        xp = np if run.spec.kind == "numpy" else cupy  # NumPy in, NumPy out: see .host
+        xp = np if run.spec.chunk_type == "numpy" else cupy  # NumPy in, NumPy out: see .host
         outputs = {}
         for flat in run.plan.owned(run.rank) if run.state != "failed" else ():
             lo, hi = spec.rechunk.new_box(flat)
@@ -210,7 +212,7 @@ class CufftMpEngine(Engine):
             spent[what] += cupy.cuda.get_elapsed_time(a, b)
         self._stats["runs"] += 1
         self._stats["last"] = {
-            "layout": layout.kind,
+            "layout": layout.mapping,
             "rounds": layout.rounds,
             "arena bytes": self.arena.size,
             **{f"{k} ms": round(v, 3) for k, v in spent.items()},
@@ -239,7 +241,7 @@ class CufftMpEngine(Engine):
             plans.append(self.plan(layout.folded[k].word, boxes[:nranks], boxes[nranks:], rank))
         regions = self._regions(in_max, out_max, plans)
         old_box, new_box = spec.rechunk.old_box, spec.rechunk.new_box
-        host = run.spec.kind == "numpy"
+        host = run.spec.chunk_type == "numpy"
         tables = None if host else (ChunkTable.of(run.inputs, old_box, item), ChunkTable.of(outputs, new_box, item))
 
         def work(k, exchange):
@@ -283,21 +285,21 @@ class CufftMpEngine(Engine):
         spec = run.spec.collective
         dtype, rank, nranks = spec.dtype, run.rank, len(run.spec.workers)
         word = layout.word
-        in_max = max(r.row_words for r in layout.rounds_) * word
-        out_max = max(nranks * int(r.widths.max()) for r in layout.rounds_) * word
+        in_max = max(r.row_words for r in layout.packed_rounds) * word
+        out_max = max(nranks * int(r.widths.max()) for r in layout.packed_rounds) * word
         plans = []
-        for rnd in layout.rounds_:  # plan every round first (collective, same order everywhere)
+        for rnd in layout.packed_rounds:  # plan every round first (collective, same order everywhere)
             cols = rnd.columns
             boxes_in = [([0, s, 0], [1, s + 1, rnd.row_words]) for s in range(nranks)]
             boxes_out = [([0, 0, int(cols[d])], [1, nranks, int(cols[d + 1])]) for d in range(nranks)]
             plans.append(self.plan(word, boxes_in, boxes_out, rank))
         regions = self._regions(in_max, out_max, plans)
         src, dst, _ = regions
-        host = run.spec.kind == "numpy"
+        host = run.spec.chunk_type == "numpy"
         uploaded = []  # the last round's uploaded pieces: queued copies read them until the next wait
 
         def work(k, exchange):
-            rnd = layout.rounds_[k]
+            rnd = layout.packed_rounds[k]
             if host:
                 self.rounds.wait(run, dry=True)  # the staging buffers are free once the last round is done: see .host
             cols = rnd.columns

@@ -9,11 +9,9 @@ the size of the array, so ``redist.memory-budget`` bounds it as it does for CuPy
 How the bytes cross (`HostLink`): a round's parts are packed by a few threads into one
 pinned buffer, which one asynchronous copy moves to the GPU; coming back, one copy moves
 the round's output parts into a pinned buffer and threads scatter them into the chunks.
-Measured on the node (2026-12-01, one H200, `dask-redist bench --gpu --numpy`, 1 GiB
-copies): pinned 55 GB/s each way against pageable 9.4 (H2D) and 17.4 GB/s (D2H); a host
-copy 11.7 GB/s on one thread, 33.5 GB/s on eight, 4.1 GB/s into fresh (unfaulted) memory.
-The first version copied each part from and to pageable memory, on one thread, and moved
-2 GiB in 1.4 s (`docs/benchmarks/one-gpu-numpy.md`). Pinned copies are asynchronous, so
+Pinned copies run several times faster than pageable ones, and host copies on several
+threads several times faster than on one (docs/benchmarks.md, "NumPy chunks through one
+GPU": the first version, pageable and on one thread, was 5x slower). Pinned copies are asynchronous, so
 the engine's thread never blocks behind a reshape waiting for a dead peer; it waits for a
 download with its usual event poll (``CufftMpEngine._wait``). A round's host copies still
 do not overlap the exchange of the previous round.
@@ -75,7 +73,7 @@ class HostLink:
         import cupy
 
         offsets, total = _offsets(views)
-        pinned = self._buffer("up", total)
+        pinned = self.pinned("up", total)
         staged = [_as(pinned, o, v.shape, v.dtype) for o, v in zip(offsets, views)]
         self._copy(list(zip(staged, views)))
         device = cupy.empty(max(total, 1), dtype=np.uint8)
@@ -86,7 +84,8 @@ class HostLink:
         """Device arrays for ``targets`` (host views) to be filled on the GPU, then downloaded."""
         return Downloads(self, targets)
 
-    def _buffer(self, which: str, nbytes: int) -> np.ndarray:
+    def pinned(self, which: str, nbytes: int) -> np.ndarray:
+        """The pinned buffer ``which`` ("up" or "down") of at least ``nbytes``, grown if needed."""
         import cupyx
 
         buf = self._pinned.get(which)
@@ -124,7 +123,7 @@ class Downloads:
         self.device = [_as(self._device, o, t.shape, t.dtype) for o, t in zip(self.offsets, targets)]
 
     def start(self) -> None:
-        self._pinned = self.link._buffer("down", self.total)
+        self._pinned = self.link.pinned("down", self.total)
         _memcpy(self._pinned.ctypes.data, self._device.data.ptr, self.total, 2)  # cudaMemcpyDeviceToHost
 
     def finish(self) -> None:

@@ -1,10 +1,10 @@
 """The cuFFTMp reshape plans of one engine: made once per geometry, kept for later runs, bounded.
 
 Making a reshape plan is collective (every PE calls ``cufftMpMakeReshape`` in the same
-order) and costs ~27 ms on the node, so plans are kept across runs, keyed by the geometry
-of every rank (the key is the same on every rank). A session of many different rechunks
-made one plan per new geometry without a bound (81 after 90 random rechunks on one H200,
-2026-12-01); at most `PLANS_KEPT` are kept, the least recently used destroyed first, at
+order) and costs tens of milliseconds, so plans are kept across runs, keyed by the
+geometry of every rank (the key is the same on every rank). A session of many different
+rechunks made one plan per new geometry without a bound (docs/benchmarks.md, "Figures
+moved out of the code"); at most `PLANS_KEPT` are kept, the least recently used destroyed first, at
 the end of a run when no GPU work uses them. Every rank of a world runs the same runs in
 the same order and so keeps and destroys the same plans.
 """

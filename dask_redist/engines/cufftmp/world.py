@@ -1,4 +1,4 @@
-"""This worker's NVSHMEM world, and the scheduler's record of it.
+"""This worker's NVSHMEM world.
 
 NVSHMEM is bootstrapped inside the Dask worker processes with a unique id: one rank
 creates it, the others receive it through an nvmath-python ``ProcessGroup`` whose
@@ -6,8 +6,8 @@ collectives go through the Dask scheduler (`DaskProcessGroup`: each collective i
 all-gather there). No MPI, no launcher. A world spans one set of workers, in rank order;
 a run over another set leaves the old world and joins a new one, in the same processes
 (re-init costs ~0.3 s), unless a PE of the old world died: NVSHMEM's finalize then waits
-for it forever, so the scheduler records the survivors as *stranded* (`WorldRecord`) and
-``bootstrap(restart_broken=True)`` restarts them.
+for it forever, so the scheduler records the survivors as *stranded*
+(`dask_redist.engines.description.WorldRecord`) and ``bootstrap(restart_broken=True)`` restarts them.
 
 Each rank unpickles its own copies of the group's contributions, so a reducer may mutate
 its arguments (nvmath 1.0's ``Box`` reducer does) without corrupting any rank's result.
@@ -21,7 +21,6 @@ import os
 import pickle
 import threading
 import time
-from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import numpy as np
@@ -33,14 +32,10 @@ logger = logging.getLogger("dask_redist")
 
 try:  # the ABC nvmath checks for; optional so that the group is usable (and tested) without it
     from nvmath.distributed.process_group import ProcessGroup as _ProcessGroup
-    from nvmath.distributed.process_group import ReductionOp
 except ImportError:  # pragma: no cover - depends on the environment
     _ProcessGroup = object
 
-    class ReductionOp:  # type: ignore[no-redef]
-        SUM, MIN, MAX = 0, 1, 2
-
-
+#: nvmath's ReductionOp values (SUM, MIN, MAX) -> the NumPy reduction
 _REDUCE = {0: np.sum, 1: np.min, 2: np.max}
 
 #: exchange(tag, payload) -> every rank's payload, in rank order
@@ -202,23 +197,3 @@ class World:
         release()
         nvmath.distributed.finalize()
         self.members = None
-
-
-@dataclass
-class WorldRecord:
-    """The scheduler's record of the NVSHMEM world (scheduler side; see the module docstring)."""
-
-    members: tuple[str, ...] | None = None  # the workers NVSHMEM was bootstrapped over
-    broken: str | None = None  # why the world cannot be used any more
-    # members of a world that lost a PE: NVSHMEM's finalize waits for the dead PE forever
-    # (measured on the node), so these processes cannot join a new world until restarted
-    stranded: list[str] = field(default_factory=list)
-
-    def forget(self) -> None:
-        """The next cufftmp run bootstraps NVSHMEM over the workers of that moment."""
-        self.members, self.broken, self.stranded = None, None, []
-
-    def worker_left(self, worker: str) -> None:
-        if self.members is not None and worker in self.members:
-            self.broken = f"worker {worker} left the NVSHMEM world"
-            self.stranded = sorted(set(self.members) - {worker})

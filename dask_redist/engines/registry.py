@@ -1,0 +1,75 @@
+"""The engines by name: ``redist.engines`` (name -> "package.module:EngineClass") and their two sides.
+
+Every process resolves a name the same way, from the settings a graph carries: the
+scheduler to a description (`description`, `descriptions`: the scheduler's side, for the
+choice of engine, ``explain``, ``doctor`` and ``bootstrap``), a worker to one engine
+instance per process (`get_engine`: engines keep caches, plans, arenas, worlds).
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+
+from dask_redist.config import Settings
+from dask_redist.engines.description import EngineDescription
+from dask_redist.engines.protocol import Engine
+
+logger = logging.getLogger("dask_redist")
+_instances: dict[str, tuple[str, Engine]] = {}  # engine path -> (its name, the instance)
+
+
+def engine_class(path: str) -> type[Engine]:
+    """The `Engine` subclass at ``path`` ("package.module:EngineClass")."""
+    module, _, attr = path.partition(":")
+    if not attr:
+        raise ValueError(f"unknown engine {path!r}: expected a name of redist.engines or 'package.module:EngineClass'")
+    cls = getattr(importlib.import_module(module), attr)
+    if not (isinstance(cls, type) and issubclass(cls, Engine)):
+        raise TypeError(f"{path} is not an engine: subclass dask_redist.engines.Engine")
+    return cls
+
+
+def description(name: str, settings: Settings | None = None) -> EngineDescription:
+    """The scheduler's side of the engine ``redist.engine`` calls ``name``. An engine whose class
+    does not load in this process gets a bare description (``auto`` never takes it; named, it
+    runs where the workers load it)."""
+    path = (settings or Settings()).engine_path(name)
+    try:
+        cls = engine_class(path)
+    except Exception as e:
+        logger.warning("engine %s (%s) does not load here: %s: %s", name, path, type(e).__name__, e)
+        return EngineDescription(name)
+    return cls.description(name, cls)
+
+
+def descriptions(settings: Settings | None = None) -> list[EngineDescription]:
+    """Every engine of ``redist.engines``, as ``auto`` tries them: most preferred first (those
+    ``auto`` never takes last)."""
+    out = [description(name, settings) for name, _ in (settings or Settings()).engines]
+    return sorted(out, key=lambda d: (d.preference is None, -(d.preference or 0)))
+
+
+def get_engine(name: str, settings: Settings | None = None) -> Engine:
+    """The engine ``name`` in this process (one instance per process and engine path)."""
+    path = (settings or Settings()).engine_path(name)
+    if path not in _instances:
+        _instances[path] = (name, engine_class(path)())
+    return _instances[path][1]
+
+
+def loaded_engines() -> dict[str, Engine]:
+    """The engines this process has created so far, by name (status reports never create one)."""
+    return {name: engine for name, engine in _instances.values()}
+
+
+def capabilities(engines: dict[str, str]) -> dict[str, dict]:
+    """Whether this process can run each engine of ``engines`` (name -> path): ``Engine.capabilities()``,
+    or why its class cannot be loaded here."""
+    out = {}
+    for name, path in engines.items():
+        try:
+            out[name] = engine_class(path).capabilities()
+        except Exception as e:
+            out[name] = {"ok": False, "reason": f"{path} does not load here: {type(e).__name__}: {e}"}
+    return out

@@ -1,0 +1,217 @@
+"""The scheduler's runs: starting, finishing, aborting and restarting them.
+
+`Runs` holds what the scheduler plugin (`dask_redist.runtime.scheduler`) knows of every
+collective rechunk (`dask_redist.runtime.rechunks.Rechunk`) and applies what happens to
+their tasks: an unpack task in memory, erred or forgotten; a barrier task released; a stage
+key released (its staged chunks dropped on the worker); a worker leaving. The plugin's
+message handlers decide when a run starts or fails; this module carries it out.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from collections import deque
+
+import numpy as np
+from distributed.comm import CommClosedError
+from distributed.protocol.serialize import ToPickle
+
+from dask_redist.core import messages as m
+from dask_redist.core.spec import BARRIER_PREFIX, STAGE_PREFIX, CollectiveSpec, RunSpec, stage_token
+from dask_redist.runtime.rechunks import ActiveRun, Rechunk, RunIds, restart_recommendations
+
+logger = logging.getLogger("dask_redist")
+HISTORY_KEPT = 200  # finished runs kept for status()/explain(), newest last
+
+
+class Runs:
+    """Every collective rechunk the scheduler knows, and what it does to their runs."""
+
+    def __init__(self):
+        self.scheduler = None  # set when the plugin starts
+        self.rechunks: dict[str, Rechunk] = {}
+        self.run_ids = RunIds()
+        self.by_output: dict = {}  # output key of an active run -> its token
+        self.stage_home: dict = {}  # stage key -> worker holding its chunks
+        self.history: deque = deque(maxlen=HISTORY_KEPT)
+        self.timeline: dict[str, float] = {}  # wall-clock marks of the latest run, for diagnostics
+        self._seq = itertools.count(1)
+
+    def active(self, token: str, run_id: int | None = None) -> ActiveRun | None:
+        """The active run of rechunk ``token`` (if it is run ``run_id``, where given), or None."""
+        rechunk = self.rechunks.get(token)
+        run = rechunk.active if rechunk is not None else None
+        return run if run is not None and run_id in (None, run.spec.run_id) else None
+
+    def start(self, spec: CollectiveSpec, ranks, plan, needed, engine: str, chunk_type: str, reason: str) -> RunSpec:
+        """Number the run, pin its unpack tasks to their owners, send every rank the start."""
+        rechunk = self.rechunks.setdefault(spec.token, Rechunk(spec.token))
+        if rechunk.active is not None:
+            self.abort(spec.token, "superseded by a new run", failure="restart")
+        run = RunSpec(
+            collective=spec, run_id=self.run_ids.next(spec.token), seq=next(self._seq), workers=tuple(ranks),
+            in_ranks=plan.in_ranks, out_ranks=plan.out_ranks, needed=needed, engine=engine, chunk_type=chunk_type, reason=reason,
+        )  # fmt: skip
+        pending, restrictions, pins = set(), {}, {}
+        owners = plan.out_ranks.ravel()
+        tasks = self.scheduler.tasks
+        for flat in np.flatnonzero(needed):
+            out_key = spec.output_key(int(flat))
+            if out_key not in tasks:  # released while the run was planned (a cancel): nobody waits for it
+                continue
+            restrictions[out_key] = tasks[out_key].worker_restrictions
+            pins[out_key] = {ranks[owners[flat]]}
+            self.by_output[out_key] = spec.token
+            pending.add(out_key)
+        self.scheduler.set_restrictions(pins)
+        rechunk.active = ActiveRun(run, pending, restrictions, plan.nbytes, plan.moved_bytes)
+        self.send(ranks, m.Start(ToPickle(run)))  # no await since the sequence number: starts leave in seq order
+        self.timeline["start sent"] = time.time()
+        logger.debug("started %s on %d workers (engine %s)", run.name(), len(ranks), engine)
+        if not pending:
+            self.finish(spec.token)
+        return run
+
+    def send(self, workers, message: m.Message) -> None:
+        """To each of ``workers`` still connected (remove_worker restarts what a leaving one was in)."""
+        msg = message.to_dict()
+        for w in workers:
+            if (comm := self.scheduler.stream_comms.get(w)) is not None:
+                try:
+                    comm.send(msg)
+                except CommClosedError:
+                    logger.debug("%s: not sent to %s, which is leaving", message.op, w)
+
+    def _deactivate(self, token: str, outcome: str) -> ActiveRun | None:
+        rechunk = self.rechunks.get(token)
+        if rechunk is None or rechunk.active is None:
+            return None
+        run, rechunk.active, rechunk.pending_restart = rechunk.active, None, None
+        for key, original in run.restrictions.items():
+            self.by_output.pop(key, None)
+            if key in self.scheduler.tasks:
+                self.scheduler.set_restrictions({key: original})
+        self.history.append(run.history(outcome))
+        return run
+
+    def finish(self, token: str) -> None:
+        self.timeline["outputs in memory"] = time.time()
+        run = self._deactivate(token, "done")
+        if run is not None:
+            self.send(run.spec.workers, m.Cleanup(token, run.spec.run_id))
+            self.rechunks[token].restarts = 0
+
+    def abort(self, token: str, reason: str, *, failure: str, outcome: str | None = None) -> None:
+        """Fail the run on every rank with ``reason``, as the error `dask_redist.errors.FAILURES` names;
+        ``outcome`` for the history (default: restarted or failed, by ``failure``)."""
+        run = self._deactivate(token, outcome or ("restarted" if failure == "restart" else "failed"))
+        if run is None:
+            return
+        logger.debug("aborting %s (%s): %s", run.spec.name(), failure, reason)
+        gone = [w for w in run.spec.workers if w not in self.scheduler.workers]  # (their calls never come)
+        self.send(run.spec.workers, m.Abort(token, run.spec.run_id, reason, failure, gone))
+
+    def restart(self, token: str, reason: str, stale: list = (), settings=None) -> None:
+        """Abort the run and release the barrier and unfinished unpack tasks: dask reruns them
+        (and the ``stale`` stage tasks, whose staged chunks are gone). ``settings``: for a
+        restart before the run started."""
+        rechunk = self.rechunks.setdefault(token, Rechunk(token))
+        settings = rechunk.active.spec.collective.settings if rechunk.active else settings
+        rechunk.restarts += 1
+        if settings is not None and rechunk.restarts > settings.retries:
+            self.abort(
+                token, f"{reason} (gave up after {settings.retries} restarts, see redist.retries)", failure="error"
+            )
+            return
+        self.abort(token, reason, failure="restart")
+        logger.warning("restarting rechunk %s: %s", token[:8], reason)
+        if recs := restart_recommendations(self.scheduler.tasks, token, stale):
+            stimulus = f"redist-restart-{token}-{time.time()}"
+            self.scheduler.transitions(recs, stimulus_id=stimulus)
+            self.scheduler.stimulus_queue_slots_maybe_opened(stimulus_id=stimulus)
+
+    def restart_once_barrier_done(self, token: str, reason: str, stale: list = ()) -> None:
+        """`_restart` the active run, at once or, while the barrier task is still processing,
+        once it is in memory (`dask_redist.runtime.rechunks`)."""
+        barrier = self.scheduler.tasks.get(BARRIER_PREFIX + token)
+        if barrier is None or barrier.state != "processing":
+            self.restart(token, reason, stale)
+            return
+        rechunk = self.rechunks[token]
+        logger.debug("%s: the restart waits for the barrier task's result", rechunk.active.spec.name())
+        rechunk.defer_restart(reason, stale)
+
+    def _restart_pending(self, token: str) -> None:
+        """The barrier task is in memory: do the restart it held back, if its run is still active."""
+        rechunk = self.rechunks.get(token)
+        pending = rechunk.pending_restart if rechunk else None
+        if pending is None:
+            return
+        rechunk.pending_restart = None
+        if self.active(token, pending.run_id) is not None:
+            self.restart(token, pending.reason, pending.stale)
+
+    # -- the scheduler's transitions --------------------------------------------------------
+
+    def transition(self, key, start, finish, *args, stimulus_id: str, **kwargs) -> None:
+        if (stage := stage_token(key)) is not None:
+            self._stage_transition(stage, key, start, finish, kwargs.get("worker"))
+        elif (token := self.by_output.get(key)) is not None:
+            self._output_transition(token, key, finish)
+        elif type(key) is str and key.startswith(BARRIER_PREFIX):
+            self._barrier_transition(key[len(BARRIER_PREFIX) :], finish, stimulus_id)
+
+    def _stage_transition(self, token: str, key, start: str, finish: str, worker: str | None) -> None:
+        if finish == "memory" and worker is not None:
+            self.stage_home[key] = worker
+        elif start == "memory" and (home := self.stage_home.pop(key, None)) is not None:
+            self.send([home], m.Drop(token, key[1:]))
+
+    def _output_transition(self, token: str, key, finish: str) -> None:
+        run = self.active(token)
+        if run is None:
+            return
+        if finish == "memory":
+            run.pending.discard(key)
+            if not run.pending:
+                self.finish(token)
+        elif finish == "erred":
+            self.abort(token, f"output task {key} failed", failure="error")
+        elif finish == "forgotten":
+            run.pending.discard(key)
+            if not run.pending:  # a cancel: nobody waits for any output of the run
+                self.abort(token, "all outputs forgotten", failure="error", outcome="cancelled")
+
+    def _barrier_transition(self, token: str, finish: str, stimulus_id: str) -> None:
+        rechunk = self.rechunks.get(token)
+        if finish == "memory":
+            if rechunk is not None and rechunk.pending_restart is not None:  # after this transition
+                self.scheduler.loop.add_callback(self._restart_pending, token)
+        elif finish in ("released", "erred", "forgotten"):
+            if self.active(token) is not None:
+                failure = "restart" if finish == "released" else "error"
+                self.abort(token, f"barrier {finish} ({stimulus_id})", failure=failure)
+            if finish == "forgotten":  # nobody can ask for this rechunk again: workers forget it too
+                self.rechunks.pop(token, None)
+                self.send(list(self.scheduler.workers), m.Forget(token))
+
+    def worker_left(self, worker: str) -> None:
+        """``worker`` left: runs it was a rank of restart, its staged chunks are gone."""
+        self.send(list(self.scheduler.workers), m.Gone(worker))  # (aborted runs stop completing)
+        # its staged chunks are gone, while copies of their stage markers may live on
+        stale = [k for k, w in self.stage_home.items() if w == worker]
+        for key in stale:
+            del self.stage_home[key]
+        for token, rechunk in list(self.rechunks.items()):
+            run = rechunk.active
+            if run is not None and worker in run.spec.workers:
+                mine = [k for k in stale if k[0] == STAGE_PREFIX + token]
+                self.restart_once_barrier_done(token, f"worker {worker} left during {run.spec.name()}", mine)
+
+    def clear(self) -> None:
+        """The scheduler restarted: every run and staged chunk is gone."""
+        self.rechunks.clear()
+        self.by_output.clear()
+        self.stage_home.clear()
