@@ -183,3 +183,10 @@ def test_numpy_input_is_taken():
     a = np.arange(12.0).reshape(3, 4)
     np.testing.assert_allclose(F.rfft2(a).compute(scheduler="sync"), np.fft.rfft2(a))
 
+
+def test_explain_says_which_path_and_why(client):
+    x = da.from_array(np.ones((16, 8)), chunks=(4, 4))
+    y = F.rfftn(x) * 2
+    text = str(dask_redist.explain(y))
+    assert "rfftn over axes [0, 1]" in text
+    assert "path that runs everywhere" in text and "NumPy chunks" in text
