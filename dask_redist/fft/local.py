@@ -34,7 +34,7 @@ def result_dtype(function: str, dtype) -> np.dtype:
     return getattr(np.fft, function)(np.zeros(2, dtype=dtype), axes=(0,)).dtype
 
 
-def _client():
+def client():
     try:
         from distributed import default_client
 
@@ -49,7 +49,7 @@ def rechunk(x, chunks) -> tuple[object, str]:
     chunks = tuple(tuple(int(n) for n in c) for c in chunks)
     if tuple(map(tuple, x.chunks)) == chunks:
         return x, "no rechunk needed"
-    if _client() is None:
+    if client() is None:
         return x.rechunk(chunks), "Dask's rechunk (no distributed Client: the collective needs one)"
     from dask_redist.api import rechunk as collective
 

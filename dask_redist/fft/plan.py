@@ -15,6 +15,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from dask_redist.planning.fft import slab_sizes
+
 NORMS = (None, "backward", "ortho", "forward")
 #: The local function of each transform kind (numpy.fft and cupy.fft both have them).
 FUNCTIONS = {("c2c", False): "fftn", ("c2c", True): "ifftn", ("r2c", False): "rfftn", ("c2r", True): "irfftn"}
@@ -106,12 +108,6 @@ class Pass:
     axes: tuple[int, ...]
     s: tuple[int, ...]
     split: int | None  # the axis left in several chunks (None: nothing to split, one chunk)
-
-
-def slab_sizes(length: int, parts: int) -> tuple[int, ...]:
-    """``length`` in ``parts`` slabs, the first ``length % parts`` one longer (cuFFTMp's slabs)."""
-    parts = max(1, min(parts, length))
-    return tuple(length // parts + (i < length % parts) for i in range(parts))
 
 
 def _pick(candidates, key) -> int | None:
