@@ -16,6 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dask_redist.core.spec import CollectiveSpec
+from dask_redist.errors import RedistError
 from dask_redist.fft import gpu
 from dask_redist.fft.plan import normalize
 from dask_redist.config import Settings
@@ -169,3 +170,16 @@ def test_the_gpu_path_is_off_by_default_and_its_key_is_checked():
         x = da.ones((16, 16), chunks=4, dtype=complex)
         assert gpu.problem(x, normalize(x.shape, "c2c", False)).startswith("NumPy chunks")
 
+
+def test_an_fft_run_on_numpy_chunks_is_refused_by_the_scheduler(client):
+    """The graph of the GPU path, built on NumPy chunks (which the API never does), carries the
+    transform in its barrier, reaches the scheduler, and is refused there with a clear error."""
+    from dask_redist.core.spec import BarrierTask
+
+    x = da.from_array(np.ones((8, 8, 6), dtype=complex), chunks=(2, 8, 6))
+    y = gpu.build(x, normalize(x.shape, "c2c", False), None)
+    assert y.chunks == ((8,), slab_sizes(8, len(client.scheduler_info()["workers"])), (6,))
+    (barrier,) = [t for t in y.dask.layers[y.name].mapping.values() if isinstance(t, BarrierTask)]
+    assert barrier.spec.op is not None and barrier.spec.op.kind == "c2c"
+    with pytest.raises(RedistError, match="runs on the cufftmp engine with CuPy chunks only"):
+        y.compute()

@@ -41,7 +41,6 @@ from dask_redist.core.spec import BARRIER_PREFIX, STAGE_PREFIX, BarrierTask, Col
 from dask_redist.engines.choice import EngineSelector
 from dask_redist.engines.cufftmp.host import host_dtype_problem
 from dask_redist.errors import KINDS
-from dask_redist.planning import make_plan
 from dask_redist.runtime import ordering
 from dask_redist.runtime.rechunks import (
     ActiveRun, Rechunk, RunIds, barrier_is_current, over_memory, ranks_of, restart_recommendations,
@@ -124,10 +123,12 @@ class RedistSchedulerPlugin(SchedulerPlugin):
             self.history.append({"token": token, "outcome": "cancelled", "why": "no output of it is wanted"})
             return {"status": "OK", "run_id": 0}
         engine, reason = await self._choose_engine(spec, kind, ranks)
+        if problem := spec.run_problem(engine, kind, len(ranks)):  # (a distributed FFT: cufftmp only)
+            return {"status": "error", "fatal": True, "message": f"{problem} ({reason})"}
         if engine == "cufftmp" and kind == "numpy" and (problem := host_dtype_problem(spec.dtype)):
             return {"status": "error", "fatal": True, "message": problem}
         self.engines.run_started(engine, ranks)  # (a worker leaving while we plan breaks that world)
-        plan = await offload(make_plan, spec.rechunk, in_ranks, len(ranks), needed=needed)
+        plan = await offload(spec.plan_run, in_ranks, len(ranks), needed)
         if kind == "numpy" and (too_big := over_memory(plan, ranks, self.scheduler.workers)):
             return {"status": "error", "fatal": True, "message": too_big}
         if lost := self._lost(ranks, homes, spec, "left while the run was planned", workers):
