@@ -190,3 +190,13 @@ def test_explain_says_which_path_and_why(client):
     text = str(dask_redist.explain(y))
     assert "rfftn over axes [0, 1]" in text
     assert "path that runs everywhere" in text and "NumPy chunks" in text
+
+
+def test_explain_does_not_call_a_collective_rechunk_dasks(client):
+    """dask_redist.rechunk's output keeps its rechunk layer name: explain() listed it as Dask's
+    rechunk ("dask_redist is not enabled: dask's rechunk runs"), though the collective ran; so it
+    did for every rechunk of an FFT."""
+    x = da.from_array(np.ones((16, 12)), chunks=(4, 12))
+    assert len(dask_redist.explain(dask_redist.rechunk(x, (16, 3)))) == 0
+    e = dask_redist.explain(F.fftn(x))
+    assert len(e) == 0 and e.ffts[0].steps[1].startswith("collective rechunk")

@@ -139,11 +139,11 @@ def build(x, op: FFTOp, chunks):
     """The collective layer of ``op`` on ``x`` (`problem` said None), rechunked to ``chunks``
     after it where cuFFTMp's output cannot be them directly."""
     import dask.array as da
-    from dask.highlevelgraph import HighLevelGraph, MaterializedLayer
+    from dask.highlevelgraph import HighLevelGraph
 
     from dask_redist.core.spec import CollectiveSpec
     from dask_redist.fft import local
-    from dask_redist.graph.layer import collective_tasks
+    from dask_redist.graph.layer import CollectiveLayer, collective_tasks
     from dask_redist.planning import RechunkSpec
 
     _, workers = _workers()
@@ -156,7 +156,7 @@ def build(x, op: FFTOp, chunks):
     spec = CollectiveSpec(
         tokenize(name), x.name, name, rechunk, geometry.in_dtype, settings, "cupy", op=geometry
     )
-    layer = MaterializedLayer(collective_tasks(spec))
+    layer = CollectiveLayer(collective_tasks(spec))
     graph = HighLevelGraph.from_collections(name, layer, dependencies=[x])
     meta = (x._meta.real if geometry.out_dtype.kind == "f" else x._meta).astype(geometry.out_dtype)
     y = da.Array(graph, name, geometry.out_chunks, meta=meta)
