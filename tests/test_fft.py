@@ -200,3 +200,17 @@ def test_explain_does_not_call_a_collective_rechunk_dasks(client):
     assert len(dask_redist.explain(dask_redist.rechunk(x, (16, 3)))) == 0
     e = dask_redist.explain(F.fftn(x))
     assert len(e) == 0 and e.ffts[0].steps[1].startswith("collective rechunk")
+
+
+def test_under_enable_the_hook_rewrites_the_rechunks(client):
+    """Under enable() the passes use plain rechunks, which the hook makes collective at submission."""
+    a = np.random.default_rng(2).standard_normal((12, 10, 8))
+    x = da.from_array(a, chunks=(3, 5, 8))
+    with dask_redist.enable(engine="dask"):
+        y = F.rfftn(x)
+        steps = _record(y)["steps"]
+        assert len(steps) == 2 and all(s.startswith("rechunk under enable()") for s in steps)
+        assert [e.runs for e in dask_redist.explain(y)] == ["collective", "collective"]
+        before = sum(h["outcome"] == "done" for h in scheduler_history(client))
+        np.testing.assert_allclose(y.compute(), np.fft.rfftn(a), rtol=1e-10, atol=1e-9)
+        assert sum(h["outcome"] == "done" for h in scheduler_history(client)) == before + 2

@@ -5,6 +5,8 @@ on the workers. Every method computes the 3-D FFT of it and persists the result;
 repetition builds the graph anew (an untimed warm-up first), ``y = method(x).persist(); wait(y)``:
 
 * ``redist-fft``: ``dask_redist.fft.fftn(x)`` (on GPUs with ``redist.fft.gpu`` as configured);
+* ``redist-fft-enabled``: the same under ``dask_redist.enable()`` (its rechunks rewritten at
+  submission, where the stage tasks also run the FFT tasks before them);
 * ``redist-fft-gpu`` (``--gpu``): the same with ``redist.fft.gpu: true``;
 * ``four-step``: rechunk to slabs along axis 0, ``map_blocks(fftn, axes=(1, 2))``, rechunk to slabs
   along axis 1, ``map_blocks(fft, axis=0)``, with Dask's rechunk (``tasks`` on CuPy, where
@@ -30,8 +32,8 @@ from dask.utils import parse_bytes
 
 from dask_redist.bench.harness import Result
 
-CPU_METHODS = ("redist-fft", "four-step", "four-step-collective")
-GPU_METHODS = ("redist-fft", "redist-fft-gpu", "four-step", "four-step-collective", "cupy-whole")
+CPU_METHODS = ("redist-fft", "redist-fft-enabled", "four-step", "four-step-collective")
+GPU_METHODS = ("redist-fft", "redist-fft-enabled", "redist-fft-gpu", "four-step", "four-step-collective", "cupy-whole")
 
 
 def pencils(nchunks: int) -> tuple[int, int]:
@@ -66,6 +68,8 @@ def _method(name: str, kind: str):
     import dask_redist
     import dask_redist.fft as F
 
+    if name == "redist-fft-enabled":
+        return lambda x: F.fftn(x), lambda: dask_redist.enable()
     if name.startswith("redist-fft"):
         on = {"redist.fft.gpu": True} if name == "redist-fft-gpu" else {}
         return lambda x: F.fftn(x), lambda: dask.config.set(on)

@@ -43,12 +43,25 @@ def client():
         return None
 
 
+def enabled() -> bool:
+    """Is ``dask_redist.enable()`` on (the rewrite installed as dask's ``array_optimize``)?"""
+    import dask
+
+    from dask_redist.graph.optimize import CollectiveOptimizer
+
+    return isinstance(dask.config.get("array_optimize", None), CollectiveOptimizer)
+
+
 def rechunk(x, chunks) -> tuple[object, str]:
     """``x`` rechunked to ``chunks``, and how: as one collective step where it can be (a distributed
-    Client is current and the rechunk is eligible), else Dask's rechunk, with the reason."""
+    Client is current and the rechunk is eligible), else Dask's rechunk, with the reason. Under
+    ``enable()`` a plain rechunk, which the hook rewrites with everything it knows at submission
+    (input tasks run by the stage tasks where nothing else needs them)."""
     chunks = tuple(tuple(int(n) for n in c) for c in chunks)
     if tuple(map(tuple, x.chunks)) == chunks:
         return x, "no rechunk needed"
+    if enabled():  # the hook rewrites it when the graph is submitted, inlining what it can
+        return x.rechunk(chunks), "rechunk under enable(): collective where eligible (its own entry says)"
     if client() is None:
         return x.rechunk(chunks), "Dask's rechunk (no distributed Client: the collective needs one)"
     from dask_redist.api import rechunk as collective
