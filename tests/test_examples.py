@@ -48,8 +48,10 @@ def test_quickstart():
 
 def test_fft_pipeline():
     out = run_example("fft_pipeline.py", "--n", "32", "--slabs", "4")
+    assert "fftn over axes [0, 1, 2]" in out and "the path that runs everywhere" in out  # explain()
     assert "collective run: engine dask" in out
-    assert "equals numpy.fft.fftn" in out
+    assert "dask_redist.fft.fftn" in out and "equals numpy.fft.fftn" in out
+    assert "the four steps by hand" in out
 
 
 def _two_gpus():
@@ -70,6 +72,15 @@ def test_quickstart_gpu():
 def test_fft_pipeline_gpu():
     _two_gpus()
     out = run_example("fft_pipeline.py", "--gpu", "--workers", "2", "--n", "64", "--slabs", "4")
+    assert "collective run: engine cufftmp" in out
+    assert "equals cupy.fft.fftn" in out
+
+
+@pytest.mark.gpu
+def test_fft_pipeline_gpu_path():
+    _two_gpus()
+    out = run_example("fft_pipeline.py", "--gpu", "--fft-gpu", "--workers", "2", "--n", "64", "--slabs", "4")
+    assert "the GPU path: one collective step per transform" in out
     assert "collective run: engine cufftmp" in out
     assert "equals cupy.fft.fftn" in out
 
