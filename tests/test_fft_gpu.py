@@ -35,7 +35,19 @@ OURS = {("c2c", False): F.fftn, ("c2c", True): F.ifftn, ("r2c", False): F.rfftn,
 
 @pytest.fixture(scope="module")
 def gpu_client():
-    yield from conftest.gpu_client()
+    """``REDIST_TEST_SCHEDULER``: a running scheduler's address (workers started by hand, e.g.
+    several ``dask cuda worker`` processes on one GPU: a world of several PEs per GPU), else a
+    LocalCUDACluster (`conftest.gpu_client`)."""
+    address = os.environ.get("REDIST_TEST_SCHEDULER")
+    if not address:
+        yield from conftest.gpu_client()
+        return
+    pytest.importorskip("cupy")
+    from distributed import Client
+
+    with Client(address) as client:
+        client.wait_for_workers(1, timeout=60)
+        yield client
 
 
 @pytest.fixture
