@@ -14,7 +14,12 @@ def test_pencils(n, pencils):
 
 def test_every_method_runs_and_is_checked(client):
     results = bench_fft.run(client, "512KiB", 8, bench_fft.CPU_METHODS, reps=1, kind="numpy")
-    assert [r.method for r in results] == ["redist-fft", "redist-fft-enabled", "four-step", "four-step-collective"]
+    assert [r.method for r in results] == [
+        "redist-fft",
+        "redist-fft-enabled",
+        "four-step",
+        "four-step-collective",
+    ]
     for r in results:
         assert r.error is None and r.correct is True and len(r.times) == 1, r
         assert r.nchunks_in == 8 and r.nchunks_out > 1

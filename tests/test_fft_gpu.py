@@ -82,7 +82,8 @@ def gpu_cases(draw, nworkers: int):
     kind = draw(st.sampled_from(sorted(NUMPY)))
     k = draw(st.sampled_from([2, 3]))
     batch = tuple(draw(st.integers(1, 3)) for _ in range(draw(st.integers(0, 1))))
-    shape = batch + tuple(draw(st.integers(max(nworkers, 2), nworkers + 12)) for _ in range(k))
+    # (at least 2 per GPU: rfft2's last axis, n // 2 + 1 long after it, must be at least the GPUs too)
+    shape = batch + tuple(draw(st.integers(2 * nworkers, 2 * nworkers + 10)) for _ in range(k))
     single = draw(st.booleans())
     real = kind[0] == "r2c"
     dtype = ("float32" if single else "float64") if real else ("complex64" if single else "complex128")

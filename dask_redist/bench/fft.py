@@ -33,7 +33,14 @@ from dask.utils import parse_bytes
 from dask_redist.bench.harness import Result
 
 CPU_METHODS = ("redist-fft", "redist-fft-enabled", "four-step", "four-step-collective")
-GPU_METHODS = ("redist-fft", "redist-fft-enabled", "redist-fft-gpu", "four-step", "four-step-collective", "cupy-whole")
+GPU_METHODS = (
+    "redist-fft",
+    "redist-fft-enabled",
+    "redist-fft-gpu",
+    "four-step",
+    "four-step-collective",
+    "cupy-whole",
+)
 
 
 def pencils(nchunks: int) -> tuple[int, int]:
