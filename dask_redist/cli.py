@@ -117,6 +117,10 @@ def bench(args) -> int:
     command = "dask-redist bench " + " ".join(shlex.quote(a) for a in args.argv)
     if args.scale:
         return _scale(args, command)
+    if args.fft:
+        from dask_redist.bench import fft
+
+        return fft.main(args, command, _client, lambda rows: console.print(_table(rows)), _write)
     if args.micro:
         with _client(args) as client:
             env = b.environment(client)
@@ -360,6 +364,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--scale-chunks", nargs="+", type=int, default=[1_000, 10_000, 100_000, 1_000_000])
     p.add_argument("--cases-scale", nargs="+", default=["slab", "pencil", "uneven"], choices=["slab", "pencil", "uneven"])
     p.add_argument("--budget", type=float, default=10.0, help="--scale: a part slower than this (s) stops growing")
+    p.add_argument("--fft", action="store_true", help="dask_redist.fft.fftn against the four-step path (bench.fft)")
     p.set_defaults(func=bench)
 
     p = sub.add_parser("soak", help="random rechunks, cancels, re-submits, two clients, kills; invariants after each")

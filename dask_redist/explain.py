@@ -13,6 +13,7 @@ from dask_redist.config import Settings
 from dask_redist.core.messages import Probe
 from dask_redist.engines import Request, WorldRecord, description
 from dask_redist.engines.choice import choose_engine
+from dask_redist.fft import describe as fft_describe
 from dask_redist.graph.optimize import decide, find_rechunks, memory_limits
 from dask_redist.planning import make_plan
 
@@ -71,6 +72,7 @@ class Explanation:
     entries: tuple[Entry, ...]
     enabled: bool
     nworkers: int
+    ffts: tuple = ()  # dask_redist.fft's transforms in the graph (`dask_redist.fft.describe`)
 
     def __len__(self) -> int:
         return len(self.entries)
@@ -80,7 +82,7 @@ class Explanation:
 
     def __str__(self) -> str:
         if not self.entries:
-            return "no rechunk in this graph"
+            return "\n".join(fft_describe.text(self.ffts) or ["no rechunk in this graph"])
         lines = []
         if not self.enabled:
             lines.append("dask_redist is not enabled: this is what enable() would do")
@@ -89,20 +91,21 @@ class Explanation:
             lines.append(f"{d.pop('rechunk')}:")
             width = max(map(len, d))
             lines += [f"  {k:<{width}}  {v}" for k, v in d.items() if v not in ("", "-")]
-        return "\n".join(lines)
+        return "\n".join(lines + fft_describe.text(self.ffts))
 
     __repr__ = __str__
 
     def _repr_html_(self) -> str:
         if not self.entries:
-            return "<p>no rechunk in this graph</p>"
+            return fft_describe.table(self.ffts) or "<p>no rechunk in this graph</p>"
         rows = [e.as_dict() for e in self.entries]
         head = "".join(f"<th>{html.escape(k)}</th>" for k in rows[0])
         body = "".join(
             "<tr>" + "".join(f"<td>{html.escape(str(v))}</td>" for v in r.values()) + "</tr>" for r in rows
         )
         note = "" if self.enabled else "<p><i>dask_redist is not enabled: this is what enable() would do</i></p>"
-        return f"{note}<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+        table = f"{note}<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+        return table + fft_describe.table(self.ffts)
 
 
 def _client():
@@ -232,4 +235,5 @@ def explain(x, *, nworkers: int | None = None, settings: Settings | None = None)
                 placement=where,
             )
         )
-    return Explanation(tuple(entries), enabled, nworkers)
+    ffts = () if getattr(x, "expr", None) is not None else tuple(fft_describe.fft_entries(x.__dask_graph__()))
+    return Explanation(tuple(entries), enabled, nworkers, ffts)

@@ -49,8 +49,10 @@ def test_quickstart():
 
 def test_fft_pipeline():
     out = run_example("fft_pipeline.py", "--n", "32", "--slabs", "4")
+    assert "fftn over axes [0, 1, 2]" in out and "the path that runs everywhere" in out  # explain()
     assert "collective run: engine dask" in out
-    assert "equals numpy.fft.fftn" in out
+    assert "dask_redist.fft.fftn" in out and "equals numpy.fft.fftn" in out
+    assert "the four steps by hand" in out
 
 
 @contextlib.contextmanager
@@ -83,9 +85,16 @@ def test_quickstart_gpu():
 @pytest.mark.gpu
 def test_fft_pipeline_gpu():
     with gpu_workers() as where:
-        if where[0] == "--scheduler":
-            pytest.skip("examples/fft_pipeline.py starts its own cluster")
         out = run_example("fft_pipeline.py", "--gpu", *where, "--n", "64", "--slabs", "4")
+    assert "collective run: engine cufftmp" in out
+    assert "equals cupy.fft.fftn" in out
+
+
+@pytest.mark.gpu
+def test_fft_pipeline_gpu_path():
+    with gpu_workers() as where:
+        out = run_example("fft_pipeline.py", "--gpu", "--fft-gpu", *where, "--n", "64", "--slabs", "4")
+    assert "the GPU path: one collective step per transform" in out
     assert "collective run: engine cufftmp" in out
     assert "equals cupy.fft.fftn" in out
 

@@ -25,6 +25,7 @@ import numpy as np
 from dask_redist.compat import Task
 from dask_redist.config import Settings
 from dask_redist.planning import Plan, RechunkSpec, make_plan
+from dask_redist.planning.fft import DistributedFFT
 
 STAGE_PREFIX = "redist-stage-"
 BARRIER_PREFIX = "redist-barrier-"
@@ -48,6 +49,10 @@ class CollectiveSpec:
     dtype: np.dtype
     settings: Settings
     chunk_type: str = "numpy"  # from the array's metadata (after redist.output-type): "numpy" or "cupy"
+    #: what the run computes besides moving the chunks: None (a rechunk) or a distributed FFT
+    #: (`dask_redist.planning.fft`; ``rechunk`` then goes from the input to the output chunks
+    #: in the input's space), executed by the cufftmp engine in the same run
+    op: DistributedFFT | None = None
 
     @property
     def stage_name(self) -> str:
@@ -66,7 +71,24 @@ class CollectiveSpec:
         return [(self.output_name, *map(int, i)) for i in np.ndindex(*self.rechunk.new_grid)]
 
     def describe(self) -> str:
-        return f"rechunk {self.token[:8]} ({self.output_name})"
+        what = "rechunk" if self.op is None else f"fft ({self.op.kind})"
+        return f"{what} {self.token[:8]} ({self.output_name})"
+
+    def run_problem(self, engine: str, kind: str, nranks: int) -> str | None:
+        """Why a run on ``engine`` over ``nranks`` ranks with staged chunks of ``kind`` cannot do
+        what this spec asks (an FFT needs cufftmp and CuPy chunks), or None."""
+        if self.op is None:
+            return None
+        if engine != "cufftmp" or kind != "cupy":
+            return f"{self.describe()} runs on the cufftmp engine with CuPy chunks only, not {engine} with {kind} chunks"
+        return self.op.problem(nranks)
+
+    def plan_run(self, in_ranks, nranks: int, needed=None) -> Plan:
+        """The plan of a run over ``nranks`` ranks with the inputs at ``in_ranks`` (the
+        scheduler's choice of owners): the planner's, or the FFT's (`DistributedFFT.plan`)."""
+        if self.op is not None:
+            return self.op.plan(self.rechunk, in_ranks, nranks, needed)
+        return make_plan(self.rechunk, in_ranks, nranks, needed=needed)
 
 
 class Staged(NamedTuple):

@@ -27,11 +27,17 @@ from __future__ import annotations
 import math
 
 import numpy as np
+from dask.highlevelgraph import MaterializedLayer
 
 from dask_redist.compat import DataNode, TaskRef
 from dask_redist.core.spec import BarrierTask, CollectiveSpec, CollectiveTask
 from dask_redist.planning import flat_index
 from dask_redist.runtime.tasks import barrier, stage, unpack
+
+
+class CollectiveLayer(MaterializedLayer):
+    """The layer of a collective (a rewritten rechunk, a distributed FFT): never a rechunk to
+    rewrite again, though it keeps the rechunk's layer name (`graph.optimize.find_rechunks`)."""
 
 
 def collective_tasks(

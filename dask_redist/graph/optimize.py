@@ -27,7 +27,7 @@ from dask_redist.compat import (
 )  # fmt: skip
 from dask_redist.config import Settings
 from dask_redist.core.spec import BARRIER_PREFIX, CollectiveSpec
-from dask_redist.graph.layer import collective_tasks
+from dask_redist.graph.layer import CollectiveLayer, collective_tasks
 from dask_redist.runtime import ordering
 from dask_redist.planning import PlanError, RechunkSpec
 from dask_redist.planning.cost import beyond_memory, dask_is_faster, pause_fraction
@@ -77,9 +77,9 @@ def find_rechunks(hlg: HighLevelGraph, requested: set[str] = frozenset()) -> lis
         )
 
     chains = []
-    for name in hlg.layers:
-        if not is_rechunk_layer(name) or absorbed(name):
-            continue
+    for name, layer in hlg.layers.items():
+        if not is_rechunk_layer(name) or absorbed(name) or isinstance(layer, CollectiveLayer):
+            continue  # (a collective already: dask_redist.rechunk's output keeps its rechunk name)
         chain, current = [name], name
         while len(deps.get(current, ())) == 1:
             (previous,) = deps[current]
@@ -216,7 +216,7 @@ def rewrite(
             return None if only is not None else inlined_inputs(hlg, chain, requested, grid, force=force)
 
         spec, groups, inputs = stage_grouping(d.spec, inline)
-        layers[out] = MaterializedLayer(
+        layers[out] = CollectiveLayer(
             collective_tasks(spec, groups, inputs[0] if inputs else None),
             collection_annotations=hlg.layers[out].collection_annotations,
         )

@@ -40,7 +40,6 @@ from dask_redist.core.spec import BARRIER_PREFIX, BarrierTask, CollectiveSpec
 from dask_redist.engines import Request
 from dask_redist.engines.choice import EngineSelector
 from dask_redist.errors import FAILURES
-from dask_redist.planning import make_plan
 from dask_redist.runtime import ordering
 from dask_redist.runtime.lifecycle import Runs
 from dask_redist.runtime.rechunks import barrier_is_current, over_memory, ranks_of
@@ -116,10 +115,12 @@ class RedistSchedulerPlugin(SchedulerPlugin):
             return {"status": "OK", "run_id": 0}
         request = Request.of(spec, chunk_type)
         engine, reason = await self._choose_engine(request, ranks, token)
+        if problem := spec.run_problem(engine, chunk_type, len(ranks)):  # (a distributed FFT: cufftmp only)
+            return {"status": "error", "fatal": True, "message": f"{problem} ({reason})"}
         if problem := self.engines.refusal(engine, request, ranks):
             return {"status": "error", "fatal": True, "message": problem}
         self.engines.run_started(engine, spec.settings, ranks)  # (a worker leaving while we plan breaks that world)
-        plan = await offload(make_plan, spec.rechunk, in_ranks, len(ranks), needed=needed)
+        plan = await offload(spec.plan_run, in_ranks, len(ranks), needed)
         if chunk_type == "numpy" and (too_big := over_memory(plan, ranks, self.scheduler.workers)):
             return {"status": "error", "fatal": True, "message": too_big}
         if lost := self._lost(ranks, homes, spec, "left while the run was planned", workers):

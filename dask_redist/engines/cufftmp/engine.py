@@ -27,6 +27,7 @@ from __future__ import annotations
 import numpy as np
 
 from dask_redist.core.assemble import cut, parts_in
+from dask_redist.engines.cufftmp import fft
 from dask_redist.engines.cufftmp.copies import BoxCopies, ChunkTable, launch
 from dask_redist.engines.cufftmp.description import CufftMpDescription
 from dask_redist.engines.cufftmp.host import HostLink, HostParts
@@ -80,6 +81,7 @@ class CufftMpEngine(Engine):
         self._keep: list = []  # what queued GPU work still reads (copy job tables), until it is done
         self.host = HostLink()  # pinned staging for NumPy chunks (.host)
         self._able: dict | None = None  # capabilities(), asked at the first run
+        self.ffts = fft.FFTs()  # distributed FFTs kept for later runs (.fft)
 
     # -- the protocol --------------------------------------------------------------------
 
@@ -108,7 +110,8 @@ class CufftMpEngine(Engine):
             self._stats["bootstrap_s"] = self.world.bootstrap_s
 
     def _release(self) -> None:
-        """Destroy the reshape plans and free the arena (before leaving a world)."""
+        """Destroy the reshape plans and FFTs and free the arena (before leaving a world)."""
+        self.ffts.release()
         self.plans.forget(0)
         self.arena.release()
 
@@ -165,6 +168,8 @@ class CufftMpEngine(Engine):
     # -- a run -------------------------------------------------------------------------
 
     def execute(self, run, transport) -> None:
+        if run.spec.collective.op is not None:  # a distributed FFT: two legs of this path around it
+            return fft.execute(self, run, transport)
         if self._able is None:
             self._able = capabilities()
         if not self._able["ok"]:  # e.g. redist.engine=cufftmp on workers without GPUs

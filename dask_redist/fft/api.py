@@ -1,0 +1,111 @@
+"""``fftn``, ``ifftn``, ``rfftn``, ``irfftn`` and their 1-D and 2-D forms, on dask arrays.
+
+NumPy's signatures (``s``, ``axes``, ``norm``; ``n``, ``axis`` for 1-D) and NumPy's results,
+plus ``chunks=``: the chunks of the result (default: what the transform leaves, slabs along
+one axis). Chunked axes are handled: the arrays are rechunked for the transform (as one
+collective step each where that can run), which ``dask.array.fft`` refuses to do.
+``dask_redist.explain(y)`` says which path ran and why.
+"""
+
+from __future__ import annotations
+
+import math
+
+from dask_redist.fft import gpu, local
+from dask_redist.fft.plan import FFTOp, normalize
+
+
+def _as_dask(a):
+    import dask.array as da
+
+    x = a if isinstance(a, da.Array) else da.asarray(a)
+    if any(isinstance(c, float) and math.isnan(c) for axis in x.chunks for c in axis):
+        raise ValueError("the array's chunk sizes are unknown (NaN): call compute_chunk_sizes() first")
+    return x
+
+
+def _out_chunks(op: FFTOp, chunks, dtype):
+    if chunks is None:
+        return None
+    from dask.array.core import normalize_chunks
+
+    try:
+        return normalize_chunks(chunks, shape=op.out_shape, dtype=dtype)
+    except (ValueError, TypeError) as e:
+        raise ValueError(f"chunks: {e} (the result's shape is {op.out_shape})") from e
+
+
+def transform(a, kind: str, inverse: bool, s=None, axes=None, norm=None, chunks=None):
+    """``a`` transformed as NumPy's function for (``kind``, ``inverse``) would; see the module."""
+    x = _as_dask(a)
+    op = normalize(x.shape, kind, inverse, s, axes, norm)
+    out_chunks = _out_chunks(op, chunks, local.result_dtype(op.function, x.dtype))
+    problem = gpu.problem(x, op)
+    if problem is None:
+        return gpu.build(x, op, out_chunks)
+    y, _ = local.build(x, op, out_chunks, problem)
+    return y
+
+
+def fftn(a, s=None, axes=None, norm=None, *, chunks=None):
+    """The N-D discrete Fourier transform (as ``numpy.fft.fftn``) of a dask array."""
+    return transform(a, "c2c", False, s, axes, norm, chunks)
+
+
+def ifftn(a, s=None, axes=None, norm=None, *, chunks=None):
+    """The N-D inverse discrete Fourier transform (as ``numpy.fft.ifftn``) of a dask array."""
+    return transform(a, "c2c", True, s, axes, norm, chunks)
+
+
+def rfftn(a, s=None, axes=None, norm=None, *, chunks=None):
+    """The N-D transform of real input (as ``numpy.fft.rfftn``) of a dask array."""
+    return transform(a, "r2c", False, s, axes, norm, chunks)
+
+
+def irfftn(a, s=None, axes=None, norm=None, *, chunks=None):
+    """The inverse of ``rfftn`` (as ``numpy.fft.irfftn``) of a dask array."""
+    return transform(a, "c2r", True, s, axes, norm, chunks)
+
+
+def fft2(a, s=None, axes=(-2, -1), norm=None, *, chunks=None):
+    """``fftn`` over two axes (as ``numpy.fft.fft2``)."""
+    return fftn(a, s, axes, norm, chunks=chunks)
+
+
+def ifft2(a, s=None, axes=(-2, -1), norm=None, *, chunks=None):
+    """``ifftn`` over two axes (as ``numpy.fft.ifft2``)."""
+    return ifftn(a, s, axes, norm, chunks=chunks)
+
+
+def rfft2(a, s=None, axes=(-2, -1), norm=None, *, chunks=None):
+    """``rfftn`` over two axes (as ``numpy.fft.rfft2``)."""
+    return rfftn(a, s, axes, norm, chunks=chunks)
+
+
+def irfft2(a, s=None, axes=(-2, -1), norm=None, *, chunks=None):
+    """``irfftn`` over two axes (as ``numpy.fft.irfft2``)."""
+    return irfftn(a, s, axes, norm, chunks=chunks)
+
+
+def _n(n):
+    return None if n is None else (n,)
+
+
+def fft(a, n=None, axis=-1, norm=None, *, chunks=None):
+    """The 1-D transform (as ``numpy.fft.fft``); ``axis`` may be chunked."""
+    return fftn(a, _n(n), (axis,), norm, chunks=chunks)
+
+
+def ifft(a, n=None, axis=-1, norm=None, *, chunks=None):
+    """The 1-D inverse transform (as ``numpy.fft.ifft``)."""
+    return ifftn(a, _n(n), (axis,), norm, chunks=chunks)
+
+
+def rfft(a, n=None, axis=-1, norm=None, *, chunks=None):
+    """The 1-D transform of real input (as ``numpy.fft.rfft``)."""
+    return rfftn(a, _n(n), (axis,), norm, chunks=chunks)
+
+
+def irfft(a, n=None, axis=-1, norm=None, *, chunks=None):
+    """The inverse of ``rfft`` (as ``numpy.fft.irfft``)."""
+    return irfftn(a, _n(n), (axis,), norm, chunks=chunks)

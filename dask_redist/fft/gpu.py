@@ -1,0 +1,176 @@
+"""The GPU path: one collective step per transform, through cuFFTMp on the workers' NVSHMEM world.
+
+The transform becomes one collective layer, as a rechunk does (stage tasks where the input
+chunks are, one barrier, unpack tasks under the output keys), whose `CollectiveSpec`
+carries the transform (`dask_redist.planning.fft.DistributedFFT`); the cufftmp engine
+executes it on the collective thread, in the global order of runs
+(`dask_redist.engines.cufftmp.fft`). The result comes in Y slabs (cuFFTMp's natural output)
+or in the chunks asked for, when those are whole along the last axis.
+
+Off by default (``redist.fft.gpu: false``): it has not run on a GPU yet. `problem` says why
+a transform takes the path that runs everywhere instead.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import dask
+import numpy as np
+from dask.base import tokenize
+
+from dask_redist.config import ConfigError, Settings
+from dask_redist.fft.plan import FFTOp
+
+KEY = "redist.fft.gpu"
+DTYPES = {
+    "c2c": ("complex64", "complex128"),
+    "r2c": ("float32", "float64"),
+    "c2r": ("complex64", "complex128"),
+}
+
+
+def enabled() -> bool:
+    value = dask.config.get(KEY, False)
+    if not isinstance(value, bool):
+        raise ConfigError(f"{KEY} must be true or false, got {value!r}")
+    return value
+
+
+def transform_problem(op: FFTOp, dtype, nworkers: int) -> str | None:
+    """Why cuFFTMp cannot run ``op`` on ``dtype`` over ``nworkers`` GPUs, or None (no cluster asked)."""
+    ndim = len(op.shape)
+    if len(op.axes) not in (2, 3):
+        return f"a {len(op.axes)}-D transform: cuFFTMp does 2-D and 3-D ones"
+    if op.axes != tuple(range(ndim - len(op.axes), ndim)):
+        return f"axes {list(op.axes)} are not the last {len(op.axes)} axes in order, which cuFFTMp transforms"
+    natural = tuple(op.shape[a] for a in op.axes)
+    if op.kind == "c2r":
+        m = op.shape[op.axes[-1]]
+        ok = op.s[:-1] == natural[:-1] and op.s[-1] in (2 * (m - 1), 2 * (m - 1) + 1) and op.s[-1] > 0
+    else:
+        ok = op.s == natural
+    if not ok:
+        return f"s={list(op.s)} pads or crops the input, which cuFFTMp does not"
+    if np.dtype(dtype).name not in DTYPES[op.kind]:
+        return f"dtype {np.dtype(dtype)}: cuFFTMp's {op.kind.upper()} takes {' or '.join(DTYPES[op.kind])}"
+    geometry = distributed(op, dtype, None)
+    return geometry.problem(nworkers)
+
+
+def distributed(op: FFTOp, dtype, chunks):
+    """The run's `DistributedFFT` (``chunks``: the result's; None: none yet)."""
+    from dask_redist.fft.local import result_dtype
+    from dask_redist.planning.fft import DistributedFFT
+
+    out_dtype = result_dtype(op.function, dtype)
+    return DistributedFFT(
+        op.kind, op.inverse, op.norm, op.shape, op.out_shape, len(op.axes), chunks, np.dtype(dtype), out_dtype
+    )
+
+
+def _workers() -> tuple[object, list[str]] | tuple[None, None]:
+    from dask_redist.fft.local import client as current
+
+    client = current()
+    if client is None:
+        return None, None
+    return client, sorted(client.scheduler_info(n_workers=-1)["workers"])
+
+
+def problem(x, op: FFTOp) -> str | None:
+    """Why ``op`` on ``x`` takes the path that runs everywhere, or None for the GPU path."""
+    cupy = type(x._meta).__module__.startswith("cupy")
+    rest = f"collective rechunks and {'cupy' if cupy else 'numpy'}.fft on every chunk"
+    if not cupy:
+        return f"NumPy chunks: {rest}"
+    if not enabled():
+        return f"the GPU path is off ({KEY}: false, until it is verified on GPUs): {rest}"
+    client, workers = _workers()
+    if client is None:
+        return f"no distributed Client: {rest}"
+    if why := transform_problem(op, x.dtype, len(workers)):
+        return f"{why}: {rest}"
+    if why := _engine_problem(client, workers):
+        return f"{why}: {rest}"
+    if why := heap_problem(distributed(op, x.dtype, None), len(workers), Settings.from_config()):
+        return f"{why}: {rest}"
+    return None
+
+
+def _engine_problem(client, workers) -> str | None:
+    from dask_redist.api import _ensure_scheduler_plugin
+    from dask_redist.engines.choice import choose_engine
+
+    settings = Settings.from_config()
+    if settings.engine not in ("auto", "cufftmp"):
+        return f"redist.engine is {settings.engine}"
+    _ensure_scheduler_plugin(client)
+    state = client.sync(client.scheduler.redist_probe)
+    engine, why = choose_engine(
+        "auto", "cupy", state["capabilities"], workers, state["world"], state["world broken"]
+    )
+    return None if engine == "cufftmp" else why
+
+
+def heap_problem(geometry, nworkers: int, settings: Settings) -> str | None:
+    """Why one transform's slab (operand and about as much workspace) and the arena do not fit
+    the symmetric heap set by ``redist.nvshmem.symmetric-size`` (unset: not checked here)."""
+    if settings.symmetric_size is None:
+        return None
+    slab = max(_slab_bytes(geometry, nworkers))
+    need = 2 * slab + settings.memory_budget * 5 // 4
+    if need > settings.symmetric_size:
+        return (
+            f"one transform needs about {need} bytes of symmetric heap per GPU with the arena, over "
+            f"redist.nvshmem.symmetric-size ({settings.symmetric_size})"
+        )
+    return None
+
+
+def _slab_bytes(geometry, nworkers: int) -> list[int]:
+    first = geometry.first
+    ins = [c[0] for c in geometry.in_slabs(nworkers)[first:]]
+    outs = [c[0] for c in geometry.out_slabs(nworkers)[first:]]
+    return [int(np.prod(ins)) * geometry.in_dtype.itemsize, int(np.prod(outs)) * geometry.out_dtype.itemsize]
+
+
+def build(x, op: FFTOp, chunks):
+    """The collective layer of ``op`` on ``x`` (`problem` said None), rechunked to ``chunks``
+    after it where cuFFTMp's output cannot be them directly."""
+    import dask.array as da
+    from dask.highlevelgraph import HighLevelGraph
+
+    from dask_redist.core.spec import CollectiveSpec
+    from dask_redist.fft import local
+    from dask_redist.graph.layer import CollectiveLayer, collective_tasks
+    from dask_redist.planning import RechunkSpec
+
+    _, workers = _workers()
+    natural = distributed(op, x.dtype, None).out_slabs(len(workers))
+    direct = chunks is not None and len(chunks[-1]) == 1
+    geometry = distributed(op, x.dtype, tuple(map(tuple, chunks if direct else natural)))
+    settings = replace(Settings.from_config(), output_type="same")
+    rechunk = RechunkSpec(x.chunks, geometry.input_space(geometry.out_chunks), geometry.in_dtype.itemsize)
+    name = f"redist-fft-{op.function}-" + tokenize(x.name, op, geometry.out_chunks)
+    spec = CollectiveSpec(
+        tokenize(name), x.name, name, rechunk, geometry.in_dtype, settings, "cupy", op=geometry
+    )
+    layer = CollectiveLayer(collective_tasks(spec))
+    graph = HighLevelGraph.from_collections(name, layer, dependencies=[x])
+    meta = (x._meta.real if geometry.out_dtype.kind == "f" else x._meta).astype(geometry.out_dtype)
+    y = da.Array(graph, name, geometry.out_chunks, meta=meta)
+    record = {
+        "op": op.describe(),
+        "path": "gpu",
+        "why": "CuPy chunks, and every worker can run cuFFTMp",
+        "steps": [],
+    }
+    record["steps"].append(
+        f"one collective step over {len(workers)} GPUs: stage, cuFFTMp ({op.kind.upper()}), unpack"
+    )
+    local.annotate(y, record)
+    if chunks is not None and not direct:
+        y, moved = local.rechunk(y, chunks)
+        record["steps"].append(f"to the chunks asked for (not whole along the last axis): {moved}")
+    return y

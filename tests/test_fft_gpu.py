@@ -1,0 +1,165 @@
+"""dask_redist.fft on dask-cuda workers (marker ``gpu``; skipped without GPUs and CuPy).
+
+With ``redist.fft.gpu: true`` transforms of CuPy chunks run as one collective step through
+cuFFTMp (`dask_redist.fft.gpu`); the results are compared with numpy.fft of the same data,
+and the scheduler's history must show the run on the cufftmp engine. What cuFFTMp cannot run
+must give the same results through the path that runs everywhere, with the reason in explain.
+Commands: docs/fft.md ("Testing the GPU path").
+"""
+
+from __future__ import annotations
+
+import os
+
+import conftest
+import dask
+import dask.array as da
+import numpy as np
+import pytest
+from conftest import scheduler_history
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import dask_redist
+import dask_redist.fft as F
+
+pytestmark = pytest.mark.gpu
+NUMPY = {
+    ("c2c", False): np.fft.fftn,
+    ("c2c", True): np.fft.ifftn,
+    ("r2c", False): np.fft.rfftn,
+    ("c2r", True): np.fft.irfftn,
+}
+OURS = {("c2c", False): F.fftn, ("c2c", True): F.ifftn, ("r2c", False): F.rfftn, ("c2r", True): F.irfftn}
+
+
+@pytest.fixture(scope="module")
+def gpu_client():
+    """``REDIST_TEST_SCHEDULER``: a running scheduler's address (workers started by hand, e.g.
+    several ``dask cuda worker`` processes on one GPU: a world of several PEs per GPU), else a
+    LocalCUDACluster (`conftest.gpu_client`)."""
+    address = os.environ.get("REDIST_TEST_SCHEDULER")
+    if not address:
+        yield from conftest.gpu_client()
+        return
+    pytest.importorskip("cupy")
+    from distributed import Client
+
+    with Client(address) as client:
+        client.wait_for_workers(1, timeout=60)
+        yield client
+
+
+@pytest.fixture
+def fft_gpu():
+    with dask.config.set({"redist.fft.gpu": True}):
+        yield
+
+
+def cupy_array(a, chunks):
+    import cupy
+
+    meta = cupy.empty((0,) * a.ndim, dtype=a.dtype)
+    return da.from_array(a, chunks=chunks).map_blocks(cupy.asarray, meta=meta, dtype=a.dtype)
+
+
+def _path(y) -> dict:
+    return {e.path: e for e in dask_redist.explain(y).ffts}
+
+
+def _fft_runs(client, before: int) -> list[dict]:
+    return [h for h in scheduler_history(client)[before:] if h.get("outcome") == "done"]
+
+
+def _chunking(draw, n: int) -> tuple[int, ...]:
+    cuts = sorted(draw(st.sets(st.integers(1, n - 1), max_size=min(n - 1, 3)))) if n > 1 else []
+    bounds = [0, *cuts, n]
+    return tuple(b - a for a, b in zip(bounds[:-1], bounds[1:]))
+
+
+@st.composite
+def gpu_cases(draw, nworkers: int):
+    kind = draw(st.sampled_from(sorted(NUMPY)))
+    k = draw(st.sampled_from([2, 3]))
+    batch = tuple(draw(st.integers(1, 3)) for _ in range(draw(st.integers(0, 1))))
+    # (at least 2 per GPU: rfft2's last axis, n // 2 + 1 long after it, must be at least the GPUs too)
+    shape = batch + tuple(draw(st.integers(2 * nworkers, 2 * nworkers + 10)) for _ in range(k))
+    single = draw(st.booleans())
+    real = kind[0] == "r2c"
+    dtype = ("float32" if single else "float64") if real else ("complex64" if single else "complex128")
+    rng = np.random.default_rng(draw(st.integers(0, 2**16)))
+    a = rng.standard_normal(shape) + (0 if real else 1j * rng.standard_normal(shape))
+    s = None
+    if kind[0] == "c2r" and draw(st.booleans()):
+        s = (*shape[-k:-1], 2 * (shape[-1] - 1) + 1)  # an odd last axis
+    axes = tuple(range(len(shape) - k, len(shape)))
+    norm = draw(st.sampled_from([None, "ortho", "forward"]))
+    return kind, a.astype(dtype), tuple(_chunking(draw, n) for n in shape), s, axes, norm
+
+
+@settings(
+    max_examples=int(os.environ.get("REDIST_TEST_EXAMPLES", "10")),
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
+@given(data=st.data())
+def test_the_gpu_path_equals_numpy(gpu_client, fft_gpu, data):
+    n = len(gpu_client.scheduler_info()["workers"])
+    kind, a, chunks, s, axes, norm = data.draw(gpu_cases(n))
+    expected = NUMPY[kind](a, s=s, axes=axes, norm=norm)
+    before = len(scheduler_history(gpu_client))
+    y = OURS[kind](cupy_array(a, chunks), s=s, axes=axes, norm=norm)
+    assert "gpu" in _path(y), dask_redist.explain(y)
+    got = y.compute().get()
+    runs = _fft_runs(gpu_client, before)
+    assert any(r["engine"] == "cufftmp" for r in runs), runs
+    single = expected.dtype in (np.complex64, np.float32)
+    tol = 1e-4 if single else 1e-10
+    np.testing.assert_allclose(got, expected, rtol=tol, atol=tol * (float(np.abs(expected).max()) or 1.0))
+
+
+def test_forward_and_inverse_return_the_input(gpu_client, fft_gpu):
+    a = np.random.default_rng(3).standard_normal((64, 48, 40)) + 0j
+    x = cupy_array(a, (16, 48, 40))
+    back = F.ifftn(F.fftn(x)).compute().get()
+    assert np.abs(back - a).max() / np.abs(a).max() < 1e-12
+    r = np.random.default_rng(4).standard_normal((2, 48, 40))
+    back = (
+        F.irfftn(F.rfftn(cupy_array(r, (1, 8, 40)), axes=(1, 2)), s=r.shape[1:], axes=(1, 2)).compute().get()
+    )
+    assert np.abs(back - r).max() / np.abs(r).max() < 1e-12
+
+
+def test_chunks_asked_for(gpu_client, fft_gpu):
+    """Chunks whole along the last axis come straight out of the run; others take a rechunk after it."""
+    a = np.random.default_rng(5).standard_normal((32, 24, 16)) + 0j
+    x = cupy_array(a, (8, 24, 16))
+    y = F.fftn(x, chunks=(4, 24, 16))
+    assert y.chunks[0] == (4,) * 8 and len(_path(y)["gpu"].steps) == 1
+    z = F.fftn(x, chunks=(32, 24, 4))
+    assert "to the chunks asked for" in _path(z)["gpu"].steps[-1]
+    for arr in (y, z):
+        np.testing.assert_allclose(arr.compute().get(), np.fft.fftn(a), rtol=1e-10, atol=1e-8)
+
+
+@pytest.mark.parametrize(
+    ("call", "why"),
+    [
+        (lambda f, x: f.fft(x, axis=0), "1-D transform"),
+        (lambda f, x: f.fftn(x, s=(40, 24, 16), axes=(0, 1, 2)), "pads or crops"),
+        (lambda f, x: f.fftn(x, axes=(0, 1)), "not the last 2 axes"),
+    ],
+)
+def test_what_cufftmp_cannot_run_falls_back(gpu_client, fft_gpu, call, why):
+    a = np.random.default_rng(6).standard_normal((32, 24, 16)) + 0j
+    y = call(F, cupy_array(a, (8, 24, 16)))
+    entry = _path(y)["local"]
+    assert why in entry.reason and "cupy.fft" in entry.reason
+    np.testing.assert_allclose(y.compute().get(), call(np.fft, a), rtol=1e-10, atol=1e-8)
+
+
+def test_off_by_default_on_gpus(gpu_client):
+    a = np.ones((16, 16, 16), dtype=complex)
+    y = F.fftn(cupy_array(a, (4, 16, 16)))
+    assert "redist.fft.gpu: false" in _path(y)["local"].reason
+    np.testing.assert_allclose(y.compute().get(), np.fft.fftn(a), atol=1e-9)
