@@ -12,7 +12,7 @@ import dask
 import numpy as np
 
 from dask_redist.compat import keep_annotations_current
-from dask_redist.config import DEFAULTS, ConfigError, Settings
+from dask_redist.config import DEFAULTS, ConfigError, Settings, restore_defaults
 from dask_redist.core.assemble import converted
 from dask_redist.errors import NotEligibleError, RedistError
 from dask_redist.graph.optimize import CollectiveOptimizer, decide, find_rechunks, rewrite
@@ -83,6 +83,7 @@ def enable(**options) -> Enabled:
     Also a context manager. Calling it again (a notebook cell run twice) adds a handle:
     ``disable()`` turns every one off, ``disable(handle)`` or leaving its ``with`` only that one.
     """
+    restore_defaults()
     handle = Enabled(_overrides(options))
     with _lock:
         _enabled.append(handle)

@@ -28,9 +28,26 @@ class ConfigError(ValueError):
     """A ``redist.*`` config value has the wrong type or an impossible value."""
 
 
+def _default(key: str):
+    node = DEFAULTS["redist"]
+    for part in key.split("."):
+        node = node[part]
+    return node
+
+
+def restore_defaults() -> None:
+    """Put back the packaged defaults of every ``redist.*`` key dask's config lost.
+
+    ``update_defaults`` at import puts them into the config of that moment; a config replaced
+    wholesale later (``distributed.utils_test.reset_config()`` restores one copied before
+    dask_redist was imported) has none. Keys that are set keep their values.
+    """
+    dask.config.update(dask.config.config, DEFAULTS, priority="old")
+
+
 def _get(key: str, config: dict | None):
-    if config is None:
-        return dask.config.get(f"redist.{key}")
+    if config is None:  # (the packaged default where dask's config lost the key)
+        return dask.config.get(f"redist.{key}", default=_default(key))
     node = config
     for part in key.split("."):
         node = node[part]
