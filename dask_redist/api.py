@@ -5,35 +5,22 @@ Nothing here imports the benchmark harness (``dask_redist.bench``).
 
 from __future__ import annotations
 
-import difflib
 import threading
 
 import dask
 import numpy as np
 
-from dask_redist.compat import keep_annotations_current
-from dask_redist.config import DEFAULTS, ConfigError, Settings, restore_defaults
+from dask_redist.compat import keep_annotations_current, read_array_optimize_through
+from dask_redist.config import Settings, check_known, flatten, restore_defaults
 from dask_redist.core.assemble import converted
 from dask_redist.errors import NotEligibleError, RedistError
-from dask_redist.graph.optimize import CollectiveOptimizer, decide, find_rechunks, rewrite
-
-
-def _flatten(options: dict, prefix: str = "redist") -> dict:
-    out = {}
-    for k, v in options.items():
-        key = f"{prefix}.{k.replace('_', '-')}"
-        out.update(_flatten(v, key) if isinstance(v, dict) else {key: v})
-    return out
+from dask_redist.graph.optimize import CollectiveOptimizer, decide, find_rechunks, rewrite, snapshot
 
 
 def _overrides(options: dict) -> dict:
     """``redist.*`` config keys from keyword options (nested dicts allowed), checked now."""
-    cfg = _flatten(options)
-    known = _flatten(DEFAULTS["redist"])
-    if unknown := sorted(k for k in cfg if k not in known):
-        near = {k: difflib.get_close_matches(k, known, n=1) for k in unknown}
-        hints = "; ".join(f"{k}" + (f" (did you mean {m[0]}?)" if m else "") for k, m in near.items())
-        raise ConfigError(f"unknown option {hints}: the redist.* keys are listed in docs/configuration.md")
+    cfg = flatten(options)
+    check_known(cfg)
     with dask.config.set(cfg):
         Settings.from_config()  # fail here, naming the key, not later on the scheduler
     return cfg
@@ -93,9 +80,11 @@ def enable(**options) -> Enabled:
 
 def _patches(on: bool) -> None:
     """What dask needs changed beyond its optimize hook while enabled: the chunk sizes that
-    ``compute_chunk_sizes()`` finds kept where the graph rewrite reads them, and in expression
-    mode (no optimize hook) the rechunk expression swapped."""
+    ``compute_chunk_sizes()`` finds kept where the graph rewrite reads them, the settings read
+    (and checked) on the client when a graph is submitted, and in expression mode (no optimize
+    hook) the rechunk expression swapped."""
     keep_annotations_current(on)
+    read_array_optimize_through(snapshot if on else None)
     try:
         from dask_redist.graph import expr
     except ImportError:  # pragma: no cover - a dask without array expressions

@@ -27,7 +27,11 @@ What is relied on, and where:
   graph knows them (graph.optimize). ``Array.compute_chunk_sizes`` (and several dask
   functions that set ``Array._chunks`` after building) update the array, not the
   annotation, so while dask-redist is enabled ``compute_chunk_sizes`` and ``Array.rechunk``
-  are wrapped to update both (`keep_annotations_current`).
+  are wrapped to update both (`keep_annotations_current`);
+* ``Array.__dask_optimize__`` is dask's ``GlobalMethod`` returning the config's
+  ``array_optimize``, read on the client when a collection becomes the expression that is
+  submitted (``dask._expr.HLGExpr.from_collection``): while dask-redist is enabled it is
+  read through a function that snapshots the settings there (`read_array_optimize_through`).
 """
 
 from __future__ import annotations
@@ -45,7 +49,7 @@ P2P_PREFIX = "rechunk-p2p-"
 
 __all__ = [
     "DataNode", "GraphNode", "P2P_PREFIX", "RECHUNK_PREFIXES", "TESTED_DASK", "Task", "TaskRef", "array_expr",
-    "keep_annotations_current",
+    "keep_annotations_current", "read_array_optimize_through",
 ]  # fmt: skip
 
 
@@ -90,6 +94,31 @@ def keep_annotations_current(on: bool) -> None:
         Array.rechunk = _rechunk if on else _original_rechunk
 
 
+class _ReadThrough:
+    """``Array.__dask_optimize__``: dask's descriptor, its value passed through ``wrap``."""
+
+    def __init__(self, original, wrap):
+        self.original, self.wrap = original, wrap
+
+    def __get__(self, instance, owner=None):
+        return self.wrap(self.original.__get__(instance, owner))
+
+
+def read_array_optimize_through(wrap=None) -> None:
+    """While ``wrap`` is given, ``x.__dask_optimize__`` (the ``array_optimize`` hook dask takes
+    for a collection on the client, before anything is sent) is ``wrap(hook)``; None: dask's."""
+    from dask.array import Array
+
+    if _original_optimize is not None:  # (expression mode's Array has no optimize hook to read)
+        Array.__dask_optimize__ = _original_optimize if wrap is None else _ReadThrough(_original_optimize, wrap)
+
+
+def _array_dict() -> dict:
+    from dask.array import Array
+
+    return dict(vars(Array))
+
+
 def _original(name: str):
     from dask.array import Array
 
@@ -98,3 +127,4 @@ def _original(name: str):
 
 _original_compute_chunk_sizes = _original("compute_chunk_sizes")
 _original_rechunk = _original("rechunk")
+_original_optimize = _array_dict().get("__dask_optimize__")  # (the descriptor, not what it returns)

@@ -7,6 +7,7 @@ user had set, not on their own process's config.
 
 from __future__ import annotations
 
+import difflib
 import os
 from dataclasses import dataclass
 
@@ -45,6 +46,25 @@ def restore_defaults() -> None:
     dask.config.update(dask.config.config, DEFAULTS, priority="old")
 
 
+def flatten(options: dict, prefix: str = "redist") -> dict:
+    """``{"redist.a.b-c": value}`` from nested ``options`` (``_`` read as ``-``)."""
+    out = {}
+    for k, v in options.items():
+        key = f"{prefix}.{str(k).replace('_', '-')}"
+        out.update(flatten(v, key) if isinstance(v, dict) and v else {key: v})
+    return out
+
+
+def check_known(keys) -> None:
+    """ConfigError naming every key of ``keys`` (``redist.a.b``) that is not a ``redist.*`` setting,
+    with the nearest one: a misspelt key would otherwise be ignored without a word."""
+    known = flatten(DEFAULTS["redist"])
+    if unknown := sorted(k for k in keys if k not in known):
+        near = {k: difflib.get_close_matches(k, known, n=1) for k in unknown}
+        hints = "; ".join(f"{k}" + (f" (did you mean {m[0]}?)" if m else "") for k, m in near.items())
+        raise ConfigError(f"unknown option {hints}: the redist.* keys are listed in docs/configuration.md")
+
+
 def _get(key: str, config: dict | None):
     if config is None:  # (the packaged default where dask's config lost the key)
         return dask.config.get(f"redist.{key}", default=_default(key))
@@ -63,8 +83,8 @@ def _bool(key, value) -> bool:
 def _bytes(key, value) -> int:
     try:
         n = parse_bytes(value) if isinstance(value, str) else value
-    except ValueError as e:
-        raise ConfigError(f"redist.{key} must be a size like '1GiB', got {value!r}") from e
+    except ValueError:
+        raise ConfigError(f"redist.{key} must be a size like '1GiB', got {value!r}") from None
     if isinstance(n, bool) or not isinstance(n, int) or n < 0:
         raise ConfigError(f"redist.{key} must be a size like '1GiB' or a number of bytes >= 0, got {value!r}")
     return n
@@ -81,8 +101,8 @@ def _size_or_off(key, value) -> int | None:
 def _seconds(key, value) -> float:
     try:
         t = parse_timedelta(value, default="s")
-    except (ValueError, KeyError, TypeError) as e:
-        raise ConfigError(f"redist.{key} must be a duration like '60s', got {value!r}") from e
+    except (ValueError, KeyError, TypeError):
+        raise ConfigError(f"redist.{key} must be a duration like '60s', got {value!r}") from None
     if t is None or isinstance(value, bool) or t <= 0:
         raise ConfigError(f"redist.{key} must be a positive duration like '60s', got {value!r}")
     return float(t)
@@ -115,6 +135,8 @@ class Settings:
     @classmethod
     def from_config(cls, config: dict | None = None) -> Settings:
         """Read and check ``redist.*`` (from dask config, or from a dict shaped like it)."""
+        if config is None:
+            check_known(flatten(dask.config.get("redist", None) or {}))
         engine = _get("engine", config)
         if not isinstance(engine, str) or not (engine in ENGINES or ":" in engine):
             raise ConfigError(
@@ -131,7 +153,7 @@ class Settings:
         sym = _get("nvshmem.symmetric-size", config)
         budget = _bytes("memory-budget", _get("memory-budget", config))
         if budget == 0:
-            raise ConfigError("redist.memory-budget must be larger than 0")
+            raise ConfigError("redist.memory-budget must be a size larger than 0, got 0")
         return cls(
             engine=engine,
             chunk_types=tuple(types),

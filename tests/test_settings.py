@@ -52,3 +52,79 @@ def test_a_preload_that_cannot_enable_says_so(cluster):
                 pass
     assert not isinstance(dask.config.get("array_optimize", None), CollectiveOptimizer)
     assert dask_redist.api._enabled == []
+
+
+def _bad_in_config(how: str, tmp_path):
+    """A context in which ``redist.*`` holds a bad value, set ``how`` a user would."""
+    if how == "dask.config.set":
+        return dask.config.set({"redist.engine": "bogus"})
+    if how == "unknown key":
+        return dask.config.set({"redist.memory_budgit": "2GiB"})
+    if how == "yaml":
+        (tmp_path / "redist.yaml").write_text("redist:\n  engine: bogus\n")
+        collected = dask.config.collect(paths=[str(tmp_path)], env={})
+    else:  # environment, as dask reads it at import
+        collected = dask.config.collect(paths=[], env={"DASK_REDIST__MEMORY_BUDGET": "lots"})
+    return _config_updated(collected)
+
+
+class _config_updated:
+    def __init__(self, new: dict):
+        self.new, self.saved = new, None
+
+    def __enter__(self):
+        self.saved = copy.deepcopy(dask.config.config)
+        dask.config.update(dask.config.config, self.new)
+
+    def __exit__(self, *exc):
+        dask.config.config.clear()
+        dask.config.config.update(self.saved)
+
+
+MESSAGES = {
+    "dask.config.set": r"redist\.engine must be one of auto, dask, cufftmp or 'module:EngineClass', got 'bogus'",
+    "unknown key": r"unknown option redist\.memory-budgit \(did you mean redist\.memory-budget\?\)",
+    "yaml": r"redist\.engine must be one of auto, dask, cufftmp or 'module:EngineClass', got 'bogus'",
+    "environment": r"redist\.memory-budget must be a size like '1GiB', got 'lots'",
+}
+
+
+def _one_short_config_error(excinfo, capfd, client, name: str) -> None:
+    error = excinfo.value
+    assert error.__cause__ is None and (error.__context__ is None or error.__suppress_context__), repr(error)
+    assert len(excinfo.traceback) <= 12, str(excinfo.getrepr())
+    err = capfd.readouterr().err
+    assert "Logging error" not in err and "serialize" not in err, err[-3000:]
+    held = client.run_on_scheduler(lambda dask_scheduler: [str(k) for k in dask_scheduler.tasks])
+    assert not [k for k in held if name in k], "something was submitted"
+
+
+@pytest.mark.parametrize("how", list(MESSAGES))
+def test_a_bad_setting_after_enable_is_one_short_config_error_before_anything_is_sent(client, how, tmp_path, capfd):
+    """Issue 26 item 2: a bad value set after enable() was raised while the graph was pickled,
+    under ~100 lines of logging errors and a TypeError."""
+    import dask.array as da
+
+    x = da.random.random((64, 64), chunks=(8, 64))
+    with dask_redist.enable():
+        with _bad_in_config(how, tmp_path):
+            y = x.rechunk((64, 8))
+            for submit in (y.compute, y.persist, lambda: client.compute(y)):
+                with pytest.raises(dask_redist.ConfigError, match=MESSAGES[how]) as excinfo:
+                    submit()
+                _one_short_config_error(excinfo, capfd, client, y.name)
+        assert (y.compute() == x.compute()).all()  # (the same array, the setting gone)
+
+
+@pytest.mark.parametrize("how", list(MESSAGES))
+def test_a_bad_setting_before_enable_is_raised_by_enable(how, tmp_path):
+    before = list(dask_redist.api._enabled)
+    try:
+        with _bad_in_config(how, tmp_path):
+            with pytest.raises(dask_redist.ConfigError, match=MESSAGES[how]) as excinfo:
+                dask_redist.enable()
+        assert len(excinfo.traceback) <= 6 and excinfo.value.__cause__ is None
+        assert dask_redist.api._enabled == before
+    finally:
+        for handle in [h for h in dask_redist.api._enabled if h not in before]:
+            dask_redist.disable(handle)

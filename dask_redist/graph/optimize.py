@@ -371,6 +371,12 @@ class CollectiveOptimizer:
     def __reduce__(self):
         return (CollectiveOptimizer, (self.chain, self.settings or Settings.from_config()))
 
+    def __eq__(self, other):  # (dask groups collections by their hook: equal snapshots, one graph)
+        return type(other) is CollectiveOptimizer and (self.chain, self.settings) == (other.chain, other.settings)
+
+    def __hash__(self):
+        return hash((CollectiveOptimizer, self.chain, self.settings))
+
     def __call__(self, dsk, keys, **kwargs):
         if isinstance(dsk, HighLevelGraph) and running_on_scheduler():
             dsk, decisions = rewrite(dsk, keys, self.settings or Settings.from_config())
@@ -381,3 +387,13 @@ class CollectiveOptimizer:
         from dask.array.optimization import optimize
 
         return optimize(dsk, keys, **kwargs)
+
+
+def snapshot(hook):
+    """``hook`` with the ``redist.*`` settings of this moment, where it is the collective's: what dask
+    reads as an array's optimize hook on the client while enabled (`compat.read_array_optimize_through`),
+    so that a bad setting is a `ConfigError` raised there, by ``compute``/``persist``, before anything
+    is sent (in ``__reduce__``, distributed would bury it under a serialization error)."""
+    if isinstance(hook, CollectiveOptimizer) and hook.settings is None:
+        return CollectiveOptimizer(hook.chain, Settings.from_config())
+    return hook
