@@ -10,7 +10,9 @@ import threading
 import dask
 import numpy as np
 
-from dask_redist.compat import keep_annotations_current, read_array_optimize_through
+from dask_redist.compat import (
+    keep_annotations_current, original_rechunk, read_array_optimize_through, record_explicit_methods,
+)  # fmt: skip
 from dask_redist.config import Settings, check_known, flatten, restore_defaults
 from dask_redist.core.assemble import converted
 from dask_redist.errors import NotEligibleError, RedistError
@@ -78,12 +80,18 @@ def enable(**options) -> Enabled:
     return handle
 
 
+def _respect_method() -> bool:
+    return Settings.from_config().respect_method
+
+
 def _patches(on: bool) -> None:
     """What dask needs changed beyond its optimize hook while enabled: the chunk sizes that
-    ``compute_chunk_sizes()`` finds kept where the graph rewrite reads them, the settings read
-    (and checked) on the client when a graph is submitted, and in expression mode (no optimize
-    hook) the rechunk expression swapped."""
+    ``compute_chunk_sizes()`` finds kept where the graph rewrite reads them, a ``method=`` the
+    caller passed to a rechunk recorded there too, the settings read (and checked) on the client
+    when a graph is submitted, and in expression mode (no optimize hook) the rechunk expression
+    swapped."""
     keep_annotations_current(on)
+    record_explicit_methods(_respect_method if on else None)
     read_array_optimize_through(snapshot if on else None)
     try:
         from dask_redist.graph import expr
@@ -116,7 +124,7 @@ def rechunk(x, chunks="auto", *, threshold=None, block_size_limit=None, balance=
 
     if any(isinstance(c, float) and c != c for axis in x.chunks for c in axis):
         raise NotEligibleError("chunk sizes are unknown (NaN); call x.compute_chunk_sizes() first")
-    y = x.rechunk(chunks, threshold=threshold, block_size_limit=block_size_limit, balance=balance, method="tasks")
+    y = original_rechunk(x, chunks, threshold, block_size_limit, balance, "tasks")  # (not a caller's method=)
     if y is x:
         return x
     with dask.config.set(_overrides(options)):

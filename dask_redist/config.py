@@ -131,6 +131,7 @@ class Settings:
     bootstrap_timeout: float = 120.0
     symmetric_size: int | None = None
     exit_when_stuck: bool = True
+    respect_method: bool = True  # an explicit rechunk(method=...) keeps Dask's rechunk
 
     @classmethod
     def from_config(cls, config: dict | None = None) -> Settings:
@@ -168,4 +169,5 @@ class Settings:
             bootstrap_timeout=_seconds("timeouts.bootstrap", _get("timeouts.bootstrap", config)),
             symmetric_size=None if sym is None else _bytes("nvshmem.symmetric-size", sym),
             exit_when_stuck=_bool("nvshmem.exit-when-stuck", _get("nvshmem.exit-when-stuck", config)),
+            respect_method=_bool("respect-method", _get("respect-method", config)),
         )

@@ -22,7 +22,7 @@ from dask.base import tokenize
 from dask.core import flatten
 from dask.highlevelgraph import HighLevelGraph, MaterializedLayer
 
-from dask_redist.compat import P2P_PREFIX, RECHUNK_PREFIXES, DataNode, GraphNode, Task
+from dask_redist.compat import METHOD_ANNOTATION, P2P_PREFIX, RECHUNK_PREFIXES, DataNode, GraphNode, Task
 from dask_redist.config import Settings
 from dask_redist.core.spec import BARRIER_PREFIX, CollectiveSpec
 from dask_redist.graph.layer import collective_tasks
@@ -96,6 +96,20 @@ def _method(chain: RechunkChain) -> str:
     return f"tasks ({len(chain.layers)} step{'s' * (len(chain.layers) > 1)})"
 
 
+def kept_for_method(method: str | None) -> str | None:
+    """Why a rechunk whose caller passed ``method=`` keeps Dask's rechunk (None: no method passed).
+
+    Whether it does is decided when the rechunk is built (``redist.respect-method``), as for
+    every call: `compat.record_explicit_methods`, and expression mode's `graph.expr`.
+    """
+    if method is None:
+        return None
+    return (
+        f"method={method!r} was passed to rechunk: Dask's own {method} rechunk runs (redist.respect-method; "
+        "without method=, or with dask_redist.rechunk(x, chunks), the collective)"
+    )
+
+
 def collective_spec(
     input_name: str, output_name: str, old, new, dtype, chunk_type: str, settings: Settings
 ) -> tuple[CollectiveSpec | None, str]:
@@ -167,6 +181,8 @@ def decide(hlg: HighLevelGraph, chain: RechunkChain, settings: Settings, old=Non
     method = _method(chain)
     source = hlg.layers.get(chain.source)
     out_ann = hlg.layers[chain.output].collection_annotations or {}
+    if kept := kept_for_method(out_ann.get(METHOD_ANNOTATION)):
+        return Decision(chain, None, kept, method)
     old = input_chunks(hlg, chain) if old is None else old
     if stale := stale_chunks(old, out_ann.get("chunks")):
         return Decision(chain, None, stale, method)
