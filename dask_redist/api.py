@@ -16,7 +16,7 @@ from dask_redist.compat import (
 from dask_redist.config import Settings, check_known, flatten, restore_defaults
 from dask_redist.core.assemble import converted
 from dask_redist.errors import NotEligibleError, RedistError
-from dask_redist.graph.optimize import CollectiveOptimizer, decide, find_rechunks, rewrite, snapshot
+from dask_redist.graph.optimize import CollectiveOptimizer, decide, find_rechunks, rewrite
 
 
 def _overrides(options: dict) -> dict:
@@ -78,6 +78,16 @@ def enable(**options) -> Enabled:
         _enabled.append(handle)
         _apply()
     return handle
+
+
+def snapshot(hook):
+    """``hook`` with the ``redist.*`` settings of this moment, where it is the collective's: what dask
+    reads as an array's optimize hook on the client while enabled (`compat.read_array_optimize_through`),
+    so that a bad setting is a `ConfigError` raised there, by ``compute``/``persist``, before anything
+    is sent (in ``__reduce__``, distributed would bury it under a serialization error)."""
+    if isinstance(hook, CollectiveOptimizer) and hook.settings is None:
+        return CollectiveOptimizer(hook.chain, Settings.from_config())
+    return hook
 
 
 def _respect_method() -> bool:
