@@ -17,6 +17,7 @@ from dask_redist.config import Settings, check_known, flatten, restore_defaults
 from dask_redist.core.assemble import converted
 from dask_redist.errors import NotEligibleError, RedistError
 from dask_redist.graph.optimize import CollectiveOptimizer, decide, find_rechunks, rewrite
+from dask_redist.report import Status
 
 
 def _overrides(options: dict) -> dict:
@@ -154,9 +155,11 @@ def rechunk(x, chunks="auto", *, threshold=None, block_size_limit=None, balance=
     return Array(graph, y.name, y.chunks, meta=meta)
 
 
-def status(client=None) -> dict:
+def status(client=None) -> Status:
     """What the collective has done and holds on ``client``'s cluster (asks the scheduler once).
 
+    A `dask_redist.report.Status`: printed (or shown in Jupyter) as tables with times as
+    durations; a dict of the scheduler's answer, times in it as recorded (epoch seconds):
     ``history``: the runs finished (engine, why, bytes, seconds, outcome), oldest first (the
     scheduler keeps the latest 200);
     ``active``: runs in flight; ``timeline``: the scheduler's marks of the latest run;
@@ -169,11 +172,16 @@ def status(client=None) -> dict:
 
     client = client or default_client()
     _ensure_scheduler_plugin(client)
-    return client.sync(client.scheduler.redist_status)
+    return Status(client.sync(client.scheduler.redist_status))
 
 
 def _ensure_scheduler_plugin(client) -> None:
     """The plugins register with the first collective run; ``status`` and ``bootstrap`` may come first."""
+    if client.status in ("closing", "closed") or client.scheduler is None:
+        raise ValueError(
+            f"client: the Client is {client.status}; dask_redist needs an open one (this one was closed, or "
+            "never connected): create a new distributed.Client, or pass one that is running"
+        )
     from dask_redist.runtime.scheduler import RedistSchedulerPlugin
     from dask_redist.runtime.worker import RedistWorkerPlugin
 
