@@ -22,7 +22,7 @@ def text_table(rows: list[dict], title: str = "", width: int | None = None) -> s
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=title or None, box=box.SIMPLE_HEAD, title_justify="left")
+    table = Table(title=title or None, box=box.SIMPLE_HEAD, title_justify="left", title_style="bold")
     for name in rows[0]:
         table.add_column(str(name), overflow="fold")
     for row in rows:
@@ -42,6 +42,16 @@ def markdown_table(rows: list[dict], title: str = "") -> str:
     lines += ["| " + " | ".join(map(cell, rows[0])) + " |", "|" + "---|" * len(rows[0])]
     lines += ["| " + " | ".join(map(cell, r.values())) + " |" for r in rows]
     return "\n".join(lines)
+
+
+def fitted_table(rows: list[dict], title: str = "", terminal: bool = True, width: int | None = None) -> str:
+    """A table for a terminal ``width`` wide, or Markdown for a file or a pipe; columns that are
+    empty in every row (the GPU columns on CPU) left out; "" without rows."""
+    keep = [k for k in (rows[0] if rows else {}) if any(str(r[k]) not in ("", "-", "None") for r in rows)]
+    if not keep:
+        return ""
+    rows = [{k: r[k] for k in keep} for r in rows]
+    return text_table(rows, title, width) if terminal else markdown_table(rows, title) + "\n"
 
 
 def html_table(rows: list[dict], title: str = "") -> str:
