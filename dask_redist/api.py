@@ -17,6 +17,7 @@ from dask_redist.config import Settings, check_known, flatten, restore_defaults
 from dask_redist.core.assemble import converted
 from dask_redist.errors import NotEligibleError, RedistError
 from dask_redist.graph.optimize import CollectiveOptimizer, decide, find_rechunks, rewrite
+from dask_redist import submissions
 from dask_redist.report import Status
 
 
@@ -81,13 +82,18 @@ def enable(**options) -> Enabled:
     return handle
 
 
-def snapshot(hook):
+def snapshot(hook, collection=None):
     """``hook`` with the ``redist.*`` settings of this moment, where it is the collective's: what dask
-    reads as an array's optimize hook on the client while enabled (`compat.read_array_optimize_through`),
-    so that a bad setting is a `ConfigError` raised there, by ``compute``/``persist``, before anything
-    is sent (in ``__reduce__``, distributed would bury it under a serialization error)."""
+    reads as ``collection``'s optimize hook on the client while enabled
+    (`compat.read_array_optimize_through`), so that a bad setting is a `ConfigError` raised there,
+    by ``compute``/``persist``, before anything is sent (in ``__reduce__``, distributed would bury it
+    under a serialization error); a collection that erred under other settings gets a fresh run
+    (`dask_redist.submissions`)."""
     if isinstance(hook, CollectiveOptimizer) and hook.settings is None:
-        return CollectiveOptimizer(hook.chain, Settings.from_config())
+        settings = Settings.from_config()
+        if collection is not None:
+            submissions.submitted(collection, settings)
+        return CollectiveOptimizer(hook.chain, settings)
     return hook
 
 
@@ -122,6 +128,8 @@ def disable(handle: Enabled | None = None) -> None:
         else:
             return  # (ended already)
         _apply()
+        if not _enabled:
+            submissions.disabled()
 
 
 def rechunk(x, chunks="auto", *, threshold=None, block_size_limit=None, balance=False, **options):

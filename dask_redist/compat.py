@@ -151,12 +151,12 @@ class _ReadThrough:
         self.original, self.wrap = original, wrap
 
     def __get__(self, instance, owner=None):
-        return self.wrap(self.original.__get__(instance, owner))
+        return self.wrap(self.original.__get__(instance, owner), instance)
 
 
 def read_array_optimize_through(wrap=None) -> None:
     """While ``wrap`` is given, ``x.__dask_optimize__`` (the ``array_optimize`` hook dask takes
-    for a collection on the client, before anything is sent) is ``wrap(hook)``; None: dask's."""
+    for a collection on the client, before anything is sent) is ``wrap(hook, x)``; None: dask's."""
     from dask.array import Array
 
     if _original_optimize is not None:  # (expression mode's Array has a hook of its own, never the config's)

@@ -24,7 +24,7 @@ LAYERS = [
     {"dask_redist.engines"},
     {"dask_redist.runtime"},
     {"dask_redist.graph"},
-    {"dask_redist.report"},
+    {"dask_redist.report", "dask_redist.submissions"},
     {"dask_redist", "dask_redist.api", "dask_redist.explain", "dask_redist.doctor", "dask_redist.preload"},
     {"dask_redist.bench"},
     {"dask_redist.cli"},

@@ -128,3 +128,36 @@ def test_a_bad_setting_before_enable_is_raised_by_enable(how, tmp_path):
     finally:
         for handle in [h for h in dask_redist.api._enabled if h not in before]:
             dask_redist.disable(handle)
+
+
+def _fails(y, client, how: str):
+    """``y`` computed where it fails (an engine the workers cannot load); ``future``: a Future of it
+    is kept, and with it the erred keys on the scheduler."""
+    timeouts = {"collective": "20s", "barrier": "20s"}
+    with dask_redist.enable(engine="no_such_module:Engine", timeouts=timeouts):
+        if how == "future":
+            future = client.compute(y)
+            assert "cannot load engine" in str(future.exception(timeout=60))
+            return future
+        with pytest.raises(dask_redist.RedistError, match="cannot load engine"):
+            y.compute()
+
+
+@pytest.mark.parametrize("how", ["future", "compute"])
+def test_a_retry_with_other_settings_or_after_disable_gets_a_fresh_run(client, how):
+    """Issue 26 item 8: the output keys are Dask's whatever the settings; right after a failure
+    (the Client's release of the failed keys reaches the scheduler after a graph submitted at
+    once) or while a Future of it is kept, the same rechunk submitted with another engine, or
+    after disable(), got the old error. Now the erred keys are cancelled first: a fresh run."""
+    import dask.array as da
+    import numpy as np
+
+    a = np.arange(48 * 48.0).reshape(48, 48)
+    y = da.from_array(a, chunks=(6, 48)).rechunk((48, 6))
+    kept = _fails(y, client, how)
+    with dask_redist.enable(engine="dask"):
+        np.testing.assert_array_equal(y.compute(), a)
+    if kept is not None:
+        assert kept.status == "cancelled"
+    kept = _fails(y, client, how)  # (its handle is the last: leaving it is disable())
+    np.testing.assert_array_equal(y.compute(), a)  # Dask's own rechunk

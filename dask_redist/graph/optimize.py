@@ -137,7 +137,8 @@ def collective_spec(
             return None, faster
     elif rechunk.nbytes < settings.min_bytes:
         return None, f"{rechunk.nbytes} bytes is below redist.min-bytes ({settings.min_bytes})"
-    spec = CollectiveSpec(tokenize(output_name), input_name, output_name, rechunk, dtype, settings, kind)
+    token = tokenize(output_name, settings)  # (other settings, other stage and barrier keys: a fresh run)
+    spec = CollectiveSpec(token, input_name, output_name, rechunk, dtype, settings, kind)
     return spec, f"eligible; chunks converted to {kind} when staged (redist.output-type)" if converts else "eligible"
 
 
