@@ -22,10 +22,12 @@ settings the old error stands, as in Dask (docs/troubleshooting.md).
 
 from __future__ import annotations
 
+import logging
 import threading
 
 from dask_redist.config import Settings
 
+logger = logging.getLogger(__name__)
 KEPT = 10_000  # collections remembered, latest first out
 _submitted: dict[str, Settings] = {}
 _lock = threading.Lock()
@@ -60,10 +62,14 @@ def _cancel_erred(names) -> list:
         return []
     if client.status != "running":
         return []
-    keys = client.run_on_scheduler(_erred_and_wanted, names=sorted(names), client=client.id)
-    keys = [tuple(k) if isinstance(k, list) else k for k in keys]
-    if keys:
-        client.cancel([Future(k, client) for k in keys], reason="submitted again with other redist.* settings")
+    try:
+        keys = client.run_on_scheduler(_erred_and_wanted, names=sorted(names), client=client.id)
+        keys = [tuple(k) if isinstance(k, list) else k for k in keys]
+        if keys:
+            client.cancel([Future(k, client) for k in keys], reason="submitted again with other redist.* settings")
+    except Exception as e:  # (never the reason a compute or disable() fails: the retry meets Dask's behaviour)
+        logger.warning("could not clear the erred keys of %s before a retry: %s: %s", sorted(names), type(e).__name__, e)
+        return []
     return keys
 
 
