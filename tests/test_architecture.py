@@ -1,7 +1,7 @@
 """The package's shape, checked: no import cycle, layers import downward only, small modules.
 
 Layers, bottom up (docs/design.md): ``config``/``errors``/``compat`` < ``planning`` < ``core``
-< ``engines`` < ``runtime`` < ``graph`` < the API (``api``, ``explain``, ``doctor``, the
+< ``engines`` < ``runtime`` < ``graph`` < ``report``/``submissions`` < the API (``api``, ``explain``, ``doctor``, the
 package itself) < ``bench`` < ``cli``. Every import counts, those inside functions too
 (only ``if TYPE_CHECKING:`` blocks are left out); a package's implicit import of its
 own ``__init__`` is not an edge.
