@@ -7,11 +7,14 @@ import os
 import socket
 from dataclasses import dataclass
 
+from dask_redist.engines.cufftmp import remote
 from dask_redist.engines.cufftmp.nvshmem import nvshmem_problem
 
 FIXES = {
-    "cupy": "pip install 'dask-redist[gpu]' (CuPy for CUDA 13) on every worker",
-    "nvmath": "pip install 'dask-redist[gpu]' (nvmath-python, nvidia-cufftmp-cu13, nvidia-nvshmem-cu13)",
+    "cupy": "install dask-redist with its [gpu] extra on every worker (CuPy for CUDA 13): pip install -e '.[gpu]' "
+    "in the clone, or the wheel (docs/deployment.md#install)",
+    "nvmath": "install dask-redist with its [gpu] extra on every worker (nvmath-python, nvidia-cufftmp-cu13, "
+    "nvidia-nvshmem-cu13): pip install -e '.[gpu]' in the clone, or the wheel (docs/deployment.md#install)",
     "gpu": "start GPU workers: LocalCUDACluster() or `dask cuda worker <scheduler>`",
 }
 
@@ -24,6 +27,8 @@ def worker_report() -> dict:
     report["host"] = socket.gethostname()
     report["network devices"] = sorted(os.listdir(_IB_DEVICES)) if os.path.isdir(_IB_DEVICES) else []
     report["NVSHMEM environment"] = {k: v for k, v in os.environ.items() if k in _NVSHMEM_KEYS}
+    if remote.set_here():  # (not the environment's: dask-redist's, for the world of the moment)
+        report["NVSHMEM environment"].pop(remote.VARIABLE, None)
     report["NVSHMEM_SYMMETRIC_SIZE"] = os.environ.get("NVSHMEM_SYMMETRIC_SIZE", "unset (NVSHMEM default 1 GiB)")
     try:
         import cupy
@@ -161,6 +166,7 @@ class Diagnosis:
                     "cuFFTMp": r.get("cuFFTMp", "-"),
                     "NVSHMEM": r.get("NVSHMEM", "-"),
                     "symmetric heap": r.get("NVSHMEM_SYMMETRIC_SIZE", "-"),
+                    "remote transport": r.get("NVSHMEM remote transport", "-"),
                     "GPU memory": r.get("gpu memory free", "-"),
                     "cufftmp": "ok" if cap.get("ok") else cap.get("reason", "-"),
                 }
@@ -192,9 +198,21 @@ class Diagnosis:
         )
 
 
+def _remote_transports(reports: dict[str, dict]) -> None:
+    """The NVSHMEM remote transport each worker's world over all of them would use (`engines.cufftmp.remote`)."""
+    from distributed.comm import get_address_host
+
+    hosts = {get_address_host(w) for w in reports}
+    for r in reports.values():
+        env = (r.get("NVSHMEM environment") or {}).get(remote.VARIABLE)
+        value, why = remote.remote_transport(hosts, r.get("network devices") or [], env)
+        r["NVSHMEM remote transport"] = f"{value} ({why})"
+
+
 def doctor(client) -> Diagnosis:
     """Check every worker of ``client``'s cluster (blocks each worker for a moment)."""
     reports = client.run(worker_report)
+    _remote_transports(reports)
     fixes = []
     bad = {w: r for w, r in reports.items() if not r.get("cufftmp engine", {}).get("ok")}
     for r in bad.values():

@@ -390,7 +390,7 @@ def test_doctor_reports_every_worker_and_the_engine(client):
         has_gpu = False
     if not has_gpu:
         assert diagnosis.engine == "dask" and "unusable" in diagnosis.reason
-        assert diagnosis.fixes and "dask-redist[gpu]" in " ".join(diagnosis.fixes)
+        assert diagnosis.fixes and "pip install -e '.[gpu]'" in " ".join(diagnosis.fixes)
     text, page = str(diagnosis), diagnosis._repr_html_()
     assert "auto" in text and "<table>" in page
 

@@ -122,3 +122,24 @@ def test_two_worker_processes_that_each_see_one_gpu():
                 p.terminate()
             for p in workers:
                 p.wait(30)
+
+
+def test_no_infiniband_error_line_on_one_host(capfd):
+    """NVSHMEM's default remote transport (ibrc) wrote "ibrc.cpp:...: no IB devices found" into every
+    GPU worker's log at every bootstrap on a host without InfiniBand (issue 26, item 10): a world
+    on one host now starts without a remote transport, and doctor says so."""
+    from distributed import Client
+
+    from dask_redist.engines.cufftmp import remote
+
+    if remote.ib_devices():
+        pytest.skip("this host has InfiniBand devices: NVSHMEM's default transport stays")
+    with _cluster(n_workers=2) as cluster, Client(cluster) as client:
+        run = _rechunk(client, 41, engine="cufftmp")
+        assert run["engine"] == "cufftmp" and run["outcome"] == "done", run
+        transport = client.run(lambda: os.environ.get("NVSHMEM_REMOTE_TRANSPORT"))
+        rows = dask_redist.doctor(client).rows()
+    assert set(transport.values()) == {"none"}, transport
+    out = capfd.readouterr()
+    assert "no IB devices found" not in out.err + out.out, (out.err + out.out)[-3000:]
+    assert all(r["remote transport"].startswith("none (every worker on one host") for r in rows), rows
