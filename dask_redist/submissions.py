@@ -51,6 +51,16 @@ def _erred_and_wanted(dask_scheduler=None, names=(), client: str = "") -> list:
     return [k for k in seen if any(c.client_key == client for c in dask_scheduler.tasks[k].who_wants or ())]
 
 
+def _in_event_loop() -> bool:
+    import asyncio
+
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
+
+
 def _cancel_erred(names) -> list:
     """Cancel the default Client's erred futures of the collections ``names`` (and of keys depending
     on them), so that the scheduler forgets those tasks; their keys."""
@@ -60,7 +70,7 @@ def _cancel_erred(names) -> list:
         client = default_client()
     except (ImportError, ValueError):
         return []
-    if client.status != "running":
+    if client.status != "running" or _in_event_loop():  # (a preload's teardown runs on the loop: no sync call there)
         return []
     try:
         keys = client.run_on_scheduler(_erred_and_wanted, names=sorted(names), client=client.id)
