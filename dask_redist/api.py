@@ -5,36 +5,28 @@ Nothing here imports the benchmark harness (``dask_redist.bench``).
 
 from __future__ import annotations
 
-import difflib
 import threading
 
 import dask
 import numpy as np
 
-from dask_redist.compat import keep_annotations_current, meta_of, worker_info
-from dask_redist.config import DEFAULTS, ConfigError, Settings
+from dask_redist.compat import (
+    keep_annotations_current, meta_of, original_rechunk, read_array_optimize_through, record_explicit_methods,
+    worker_info,
+)  # fmt: skip
+from dask_redist.config import Settings, check_known, flatten, restore_defaults
 from dask_redist.core.assemble import converted
 from dask_redist.core.messages import ForgetWorld, SchedulerStatus
 from dask_redist.errors import NotEligibleError, RedistError, RedistTimeoutError
 from dask_redist.graph.optimize import CollectiveOptimizer, decide, find_rechunks, rewrite
-
-
-def _flatten(options: dict, prefix: str = "redist") -> dict:
-    out = {}
-    for k, v in options.items():
-        key = f"{prefix}.{k.replace('_', '-')}"
-        out.update(_flatten(v, key) if isinstance(v, dict) else {key: v})
-    return out
+from dask_redist import submissions
+from dask_redist.report import Status
 
 
 def _overrides(options: dict) -> dict:
     """``redist.*`` config keys from keyword options (nested dicts allowed), checked now."""
-    cfg = _flatten(options)
-    known = _flatten(DEFAULTS["redist"])
-    if unknown := sorted(k for k in cfg if k not in known and not k.startswith("redist.engines.")):
-        near = {k: difflib.get_close_matches(k, known, n=1) for k in unknown}
-        hints = "; ".join(f"{k}" + (f" (did you mean {m[0]}?)" if m else "") for k, m in near.items())
-        raise ConfigError(f"unknown option {hints}: the redist.* keys are listed in docs/configuration.md")
+    cfg = flatten(options)
+    check_known(cfg)
     with dask.config.set(cfg):
         Settings.from_config()  # fail here, naming the key, not later on the scheduler
     return cfg
@@ -84,6 +76,7 @@ def enable(**options) -> Enabled:
     Also a context manager. Calling it again (a notebook cell run twice) adds a handle:
     ``disable()`` turns every one off, ``disable(handle)`` or leaving its ``with`` only that one.
     """
+    restore_defaults()
     handle = Enabled(_overrides(options))
     with _lock:
         _enabled.append(handle)
@@ -91,11 +84,34 @@ def enable(**options) -> Enabled:
     return handle
 
 
+def snapshot(hook, collection=None):
+    """``hook`` with the ``redist.*`` settings of this moment, where it is the collective's: what dask
+    reads as ``collection``'s optimize hook on the client while enabled
+    (`compat.read_array_optimize_through`), so that a bad setting is a `ConfigError` raised there,
+    by ``compute``/``persist``, before anything is sent (in ``__reduce__``, distributed would bury it
+    under a serialization error); a collection that erred under other settings gets a fresh run
+    (`dask_redist.submissions`)."""
+    if isinstance(hook, CollectiveOptimizer) and hook.settings is None:
+        settings = Settings.from_config()
+        if collection is not None:
+            submissions.submitted(collection, settings)
+        return CollectiveOptimizer(hook.chain, settings)
+    return hook
+
+
+def _respect_method() -> bool:
+    return Settings.from_config().respect_method
+
+
 def _patches(on: bool) -> None:
     """What dask needs changed beyond its optimize hook while enabled: the chunk sizes that
-    ``compute_chunk_sizes()`` finds kept where the graph rewrite reads them, and in expression
-    mode (no optimize hook) the rechunk expression swapped."""
+    ``compute_chunk_sizes()`` finds kept where the graph rewrite reads them, a ``method=`` the
+    caller passed to a rechunk recorded there too, the settings read (and checked) on the client
+    when a graph is submitted, and in expression mode (no optimize hook) the rechunk expression
+    swapped."""
     keep_annotations_current(on)
+    record_explicit_methods(_respect_method if on else None)
+    read_array_optimize_through(snapshot if on else None)
     try:
         from dask_redist.graph import expr
     except ImportError:  # pragma: no cover - a dask without array expressions
@@ -114,6 +130,8 @@ def disable(handle: Enabled | None = None) -> None:
         else:
             return  # (ended already)
         _apply()
+        if not _enabled:
+            submissions.disabled()
 
 
 def rechunk(x, chunks="auto", *, threshold=None, block_size_limit=None, balance=False, **options):
@@ -127,7 +145,7 @@ def rechunk(x, chunks="auto", *, threshold=None, block_size_limit=None, balance=
 
     if any(isinstance(c, float) and c != c for axis in x.chunks for c in axis):
         raise NotEligibleError("chunk sizes are unknown (NaN); call x.compute_chunk_sizes() first")
-    y = x.rechunk(chunks, threshold=threshold, block_size_limit=block_size_limit, balance=balance, method="tasks")
+    y = original_rechunk(x, chunks, threshold, block_size_limit, balance, "tasks")  # (not a caller's method=)
     if y is x:
         return x
     with dask.config.set(_overrides(options)):
@@ -147,9 +165,11 @@ def rechunk(x, chunks="auto", *, threshold=None, block_size_limit=None, balance=
     return Array(graph, y.name, y.chunks, meta=meta)
 
 
-def status(client=None) -> dict:
+def status(client=None) -> Status:
     """What the collective has done and holds on ``client``'s cluster (asks the scheduler once).
 
+    A `dask_redist.report.Status`: printed (or shown in Jupyter) as tables with times as
+    durations; a dict of the scheduler's answer, times in it as recorded (epoch seconds):
     ``history``: the runs finished (engine, why, bytes, seconds, outcome), oldest first (the
     scheduler keeps the latest 200);
     ``active``: runs in flight; ``timeline``: the scheduler's marks of the latest run;
@@ -166,7 +186,7 @@ def status(client=None) -> dict:
     _ensure_scheduler_plugin(client)
     limit = STATUS_TIMEOUT_S + 20  # the scheduler gives each worker STATUS_TIMEOUT_S; its own answer is quick
     try:
-        return client.sync(SchedulerStatus().call, client.scheduler, callback_timeout=limit)
+        return Status(client.sync(SchedulerStatus().call, client.scheduler, callback_timeout=limit))
     except TimeoutError as e:
         raise RedistTimeoutError(
             f"the scheduler at {client.scheduler.address} did not answer dask_redist.status() within {limit:g}s "
@@ -176,6 +196,11 @@ def status(client=None) -> dict:
 
 def _ensure_scheduler_plugin(client) -> None:
     """The plugins register with the first collective run; ``status`` and ``bootstrap`` may come first."""
+    if client.status in ("closing", "closed") or client.scheduler is None:
+        raise ValueError(
+            f"client: the Client is {client.status}; dask_redist needs an open one (this one was closed, or "
+            "never connected): create a new distributed.Client, or pass one that is running"
+        )
     from dask_redist.runtime.tasks import plugins
 
     plugin = plugins()

@@ -1,26 +1,49 @@
-"""``dask-redist demo | bench | doctor``."""
+"""dask-redist: a Dask array rechunk as one collective step across the workers.
+
+Commands: demo (the collective next to Dask's own rechunks), bench (time every method, write
+Markdown and JSON), soak (random rechunks, cancels, kills; invariants checked after each step),
+doctor (check every worker). `dask-redist COMMAND --help`: its options. Tables fit the
+terminal, or are Markdown where the output is not one (a file, a pipe, a CI log).
+"""
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import logging
 import os
 import shlex
 import sys
 
 from rich.console import Console
-from rich.table import Table
 
 console = Console()
 
 
-def _table(rows: list[dict], title: str = "") -> Table:
-    t = Table(title=title, show_lines=False)
-    for h in rows[0]:
-        t.add_column(h, overflow="fold")
-    for r in rows:
-        t.add_row(*(str(v) for v in r.values()))
-    return t
+def _show(rows: list[dict], title: str = "") -> None:
+    """A table fitted to the terminal, or Markdown where the output is not one (`report.fitted_table`)."""
+    from dask_redist.report import fitted_table
+
+    if text := fitted_table(rows, title, console.is_terminal, console.width):
+        console.print(text, markup=False, highlight=False, soft_wrap=True)
+
+
+def _text(text: str) -> None:
+    """Plain text, wrapped only on a terminal."""
+    console.print(text, markup=False, highlight=False, soft_wrap=not console.is_terminal)
+
+
+@contextlib.contextmanager
+def _quiet_p2p_logs():
+    """Dask's p2p rechunk logs every shuffle's start and end at WARNING on the scheduler (here, for a
+    local cluster): silenced while the demo times it next to the collective."""
+    logger = logging.getLogger("distributed.shuffle")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
 
 
 @contextlib.contextmanager
@@ -61,10 +84,10 @@ def _client(args):
         if args.gpu:
             from dask_cuda import LocalCUDACluster
 
-            cluster = LocalCUDACluster(n_workers=args.workers, dashboard_address=None, protocol=args.protocol)
+            cluster = LocalCUDACluster(n_workers=args.workers, dashboard_address=":0", protocol=args.protocol)
         else:
             cluster = LocalCluster(
-                n_workers=args.workers, threads_per_worker=args.threads, processes=True, dashboard_address=None,
+                n_workers=args.workers, threads_per_worker=args.threads, processes=True, dashboard_address=":0",
                 protocol=args.protocol,
             )  # fmt: skip
         with cluster, Client(cluster) as client:
@@ -98,16 +121,19 @@ def demo(args) -> int:
     kind = "cupy" if args.gpu else "numpy"
     with _client(args) as client:
         console.print(f"[bold]{case.name}[/]: shape {case.shape}, {len(worker_info(client))} workers")
+        _text(f"dashboard: {client.dashboard_link}")
         from dask_redist.bench import placed_array
 
         x = placed_array(client, case, seed=0, kind=kind)
         with dask_redist.enable():
             explanation = dask_redist.explain(x.rechunk(case.new))
-            console.print(str(explanation), markup=False, highlight=False)
+            _text(str(explanation))
         entry = explanation[0] if len(explanation) else None
         engine = entry.engine if entry is not None and entry.runs == "collective" else "auto"  # as `auto` picks
-        results = run_case(client, case, (f"redist-{engine}", "tasks", "p2p"), reps=args.reps, kind=kind)
-    console.print(_table([r.row() for r in results], "y = x.rechunk(new).persist(); wait(y)"))
+        results = run_case(client, case, (f"redist-{engine}", "tasks"), reps=args.reps, kind=kind)
+        with _quiet_p2p_logs():
+            results += run_case(client, case, ("p2p",), reps=args.reps, kind=kind)
+    _show([r.row() for r in results], "y = x.rechunk(new).persist(); wait(y)")
     return 0 if all(r.correct is not False for r in results) else 1
 
 
@@ -120,14 +146,14 @@ def bench(args) -> int:
     if args.fft:
         from dask_redist.bench import fft
 
-        return fft.main(args, command, _client, lambda rows: console.print(_table(rows)), _write)
+        return fft.main(args, command, _client, _show, _write)
     if args.micro:
         with _client(args) as client:
             env = b.environment(client)
             rows = [b.rewrite_time(args.rewrite_chunks), b.fixed_cost(client)]
         rows = [{k: (f"{v * 1e3:.1f} ms" if isinstance(v, float) else v) for k, v in r.items()} for r in rows]
         for r in rows:
-            console.print(_table([r]))
+            _show([r])
         if args.out:
             os.makedirs(args.out, exist_ok=True)
             lines = [f"Command: `{command}`  ", f"Date: {env['date']}; machine: {env['machine']}; {env['workers']} workers", ""]
@@ -158,7 +184,7 @@ def bench(args) -> int:
             for case, methods in todo:
                 console.print(f"[bold]{case.name}[/] ({protocol}): {', '.join(methods)} ...")
                 done = b.run_case(client, case, methods, reps=args.reps, kind=kind, ceiling=ceiling)
-                console.print(_table([r.row() for r in done]))
+                _show([r.row() for r in done])
                 results.update({(r.case, r.method): r for r in done})
                 if stem:  # after every case: a run cut short keeps what it measured
                     _write(stem, _ordered(results, plan), env, command)
@@ -172,7 +198,7 @@ def bench(args) -> int:
     if stem and env:
         _write(stem, ordered, env, command)
         console.print(f"wrote {stem}.md and {stem}.json")
-    console.print(_table([r.row() for r in ordered], "all cases"))
+    _show([r.row() for r in ordered], "all cases")
     return 0 if all(r.correct is not False for r in ordered) else 1
 
 
@@ -189,7 +215,7 @@ def _scale(args, command: str) -> int:
                               progress=lambda line: console.print(line, markup=False, highlight=False))  # fmt: skip
     env = f"Date: {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC; machine: {platform.machine()}, {os.cpu_count()} CPUs, one process"
     text = scale.markdown(results, command, env)
-    console.print(text, markup=False, highlight=False)
+    _text(text)
     if args.out:
         os.makedirs(args.out, exist_ok=True)
         stem = os.path.join(args.out, args.name)
@@ -301,11 +327,11 @@ def soak(args) -> int:
          "peers exited (stuck GPU)": sum(len(x.exited) for x in v)}
         for k, v in sorted(by_kind.items())
     ]  # fmt: skip
-    console.print(_table(rows, f"soak: seed {args.seed}, {len(report.steps)} steps, {kind} chunks"))
+    _show(rows, f"soak: seed {args.seed}, {len(report.steps)} steps, {kind} chunks")
     memory = [{"worker": w, "first MiB": m[0] >> 20, "last MiB": m[-1] >> 20, "max MiB": max(m) >> 20, "steps": len(m)}
               for w, m in report.memory.items() if m]  # fmt: skip
     if memory:
-        console.print(_table(memory, "process memory after the steps (workers that were killed restart at 0)"))
+        _show(memory, "process memory after the steps (workers that were killed restart at 0)")
     for line in report.problems:
         console.print(line, markup=False, highlight=False)
     console.print(f"{len(report.problems)} problems")
@@ -317,35 +343,47 @@ def doctor(args) -> int:
 
     with _client(args) as client:
         diagnosis = diagnose(client)
-    console.print(str(diagnosis), markup=False, highlight=False)
+    _text(str(diagnosis))
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    args = parser().parse_args(argv)
+    args.argv = argv[1:]
+    return args.func(args)
+
+
+def parser() -> argparse.ArgumentParser:
+    """The command line: every command and option, with its help."""
     from dask_redist.bench.soak import STEPS
     from dask_redist.config import BUILTIN_ENGINES, ConfigError, Settings
 
-    argv = sys.argv[1:] if argv is None else argv
     try:
         engines = dict(Settings.from_config().engines)  # redist.engines: the built-in ones and any added
     except ConfigError:  # (said when a command reads the settings; --help still works)
         engines = dict(BUILTIN_ENGINES)
-    parser = argparse.ArgumentParser(prog="dask-redist", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = argparse.ArgumentParser(
+        prog="dask-redist", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{demo,bench,soak,doctor}")
 
     p = sub.add_parser("demo", help="rechunk through the collective next to dask's own rechunk")
     _cluster_args(p)
     p.add_argument("--size", default="256MiB", help="array size (default 256MiB)")
     p.add_argument("--chunks", type=int, default=16, help="slabs before and after (default 16)")
-    p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--reps", type=int, default=3, help="timed runs of each method, after one warm-up (default 3)")
     p.set_defaults(func=demo)
 
     p = sub.add_parser("bench", help="time every method on placed inputs; write Markdown and JSON")
     _cluster_args(p)
-    p.add_argument("--size", nargs="+", default=["1GiB"])
-    p.add_argument("--chunks", nargs="+", type=int, default=[16, 64])
-    p.add_argument("--dtype", nargs="+", default=["float64"])
-    p.add_argument("--cases", nargs="+", default=["slab"], choices=["slab", "pencil"])
+    p.add_argument("--size", nargs="+", default=["1GiB"], help="array sizes, e.g. 256MiB 1GiB (default 1GiB)")
+    p.add_argument("--chunks", nargs="+", type=int, default=[16, 64], help="chunks before and after (default 16 64)")
+    p.add_argument("--dtype", nargs="+", default=["float64"], help="NumPy dtypes of the arrays (default float64)")
+    p.add_argument(
+        "--cases", nargs="+", default=["slab"], choices=["slab", "pencil"],
+        help="slab: slabs along one axis to slabs along another; pencil: pencils to pencils (default slab)",
+    )  # fmt: skip
     p.add_argument(
         "--methods", nargs="+",
         help=f"redist-ENGINE ({', '.join(engines)}), tasks p2p, tasks-ucx p2p-ucx (on a UCX cluster), nvmath (raw "
@@ -354,15 +392,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--suite", choices=["gpu"], help="the whole GPU table (cases and methods of bench.gpu_suite)")
     p.add_argument("--numpy", action="store_true", help="with --gpu: NumPy chunks on the dask-cuda workers")
     p.add_argument("--append", action="store_true", help="keep the results already in --out/--name, replace re-run ones")
-    p.add_argument("--reps", type=int, default=3)
-    p.add_argument("--out", help="folder for <name>.md and <name>.json")
-    p.add_argument("--name", default="results")
+    p.add_argument("--reps", type=int, default=3, help="timed runs of each method, after one warm-up (default 3)")
+    p.add_argument("--out", metavar="FOLDER", help="write <name>.md and <name>.json there (default: print only)")
+    p.add_argument("--name", default="results", help="file name (no extension) of the --out files (default results)")
     p.add_argument("--micro", action="store_true", help="graph rewrite time and the fixed cost of one run")
-    p.add_argument("--rewrite-chunks", type=int, default=10_000)
+    p.add_argument("--rewrite-chunks", type=int, default=10_000, help="--micro: chunks of the rewritten rechunk (default 10000)")
     p.add_argument("--scale", action="store_true", help="the scale model: planning and bookkeeping of one run, no cluster")
     p.add_argument("--ranks", nargs="+", type=int, default=[2, 16, 256, 1024], help="--scale: rank counts")
-    p.add_argument("--scale-chunks", nargs="+", type=int, default=[1_000, 10_000, 100_000, 1_000_000])
-    p.add_argument("--cases-scale", nargs="+", default=["slab", "pencil", "uneven"], choices=["slab", "pencil", "uneven"])
+    p.add_argument(
+        "--scale-chunks", nargs="+", type=int, default=[1_000, 10_000, 100_000, 1_000_000],
+        help="--scale: chunk counts (default 1000 10000 100000 1000000)",
+    )  # fmt: skip
+    p.add_argument(
+        "--cases-scale", nargs="+", default=["slab", "pencil", "uneven"], choices=["slab", "pencil", "uneven"],
+        help="--scale: the rechunk shapes (default all)",
+    )  # fmt: skip
     p.add_argument("--budget", type=float, default=10.0, help="--scale: a part slower than this (s) stops growing")
     p.add_argument("--fft", action="store_true", help="dask_redist.fft.fftn against the four-step path (bench.fft)")
     p.set_defaults(func=bench)
@@ -371,7 +415,7 @@ def main(argv: list[str] | None = None) -> int:
     _cluster_args(p, workers=3)
     p.add_argument("--minutes", type=float, default=20.0, help="how long (default 20; whole cycles of every step kind)")
     p.add_argument("--steps", type=int, help="this many steps instead of --minutes")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seed of the random steps: the same seed, the same steps (default 0)")
     p.add_argument("--max-bytes", default="1MiB", help="largest array of a step (default 1MiB)")
     p.add_argument("--numpy", action="store_true", help="with --gpu: NumPy chunks on the dask-cuda workers")
     p.add_argument("--engine", choices=["auto", *engines], help="redist.engine for every rechunk")
@@ -382,9 +426,7 @@ def main(argv: list[str] | None = None) -> int:
     _cluster_args(p)
     p.set_defaults(func=doctor)
 
-    args = parser.parse_args(argv)
-    args.argv = argv[1:]
-    return args.func(args)
+    return parser
 
 
 if __name__ == "__main__":  # pragma: no cover

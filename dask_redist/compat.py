@@ -33,6 +33,14 @@ What is relied on, and where:
   functions that set ``Array._chunks`` after building) update the array, not the
   annotation, so while dask-redist is enabled ``compute_chunk_sizes`` and ``Array.rechunk``
   are wrapped to update both (`keep_annotations_current`);
+* ``dask.array.rechunk.rechunk`` (what ``x.rechunk`` calls, also exported as ``da.rechunk``):
+  wrapped while enabled to record a ``method=`` the caller passed (and that is to be kept) in
+  the output layer's annotation `METHOD_ANNOTATION` (`record_explicit_methods`): the layers of
+  ``tasks`` and ``p2p`` look the same whether dask chose the method or the caller did;
+* ``Array.__dask_optimize__`` is dask's ``GlobalMethod`` returning the config's
+  ``array_optimize``, read on the client when a collection becomes the expression that is
+  submitted (``dask._expr.HLGExpr.from_collection``): while dask-redist is enabled it is
+  read through a function that snapshots the settings there (`read_array_optimize_through`).
 * ``Client.scheduler_info(n_workers=-1)`` is NOT relied on for the worker set: it fetches the
   scheduler's identity into a cache and returns the cache, which the client's periodic refresh
   (``identity(n_workers=0)``, no workers) may overwrite in between; under load that returned no
@@ -43,6 +51,8 @@ What is relied on, and where:
 from __future__ import annotations
 
 import math
+import sys
+import threading
 
 from dask._task_spec import DataNode, GraphNode, Task, TaskRef
 
@@ -53,9 +63,13 @@ TESTED_DASK = ("2026.7.1", "2026.8.0")
 RECHUNK_PREFIXES = ("rechunk-merge-", "rechunk-split-", "rechunk-p2p-")
 P2P_PREFIX = "rechunk-p2p-"
 
+#: The key of a rechunk's output layer annotation that holds the ``method=`` its caller passed.
+METHOD_ANNOTATION = "redist-method"
+
 __all__ = [
     "DataNode", "GraphNode", "P2P_PREFIX", "RECHUNK_PREFIXES", "TESTED_DASK", "Task", "TaskRef", "array_expr",
-    "building_graph", "keep_annotations_current", "meta_of", "running_schedulers", "with_operand",
+    "METHOD_ANNOTATION", "building_graph", "keep_annotations_current", "meta_of", "original_rechunk",
+    "read_array_optimize_through", "record_explicit_methods", "running_schedulers", "with_operand", "worker_info",
 ]  # fmt: skip
 
 
@@ -127,6 +141,72 @@ def keep_annotations_current(on: bool) -> None:
         Array.rechunk = _rechunk if on else _original_rechunk
 
 
+def _rechunk_function(x, chunks="auto", threshold=None, block_size_limit=None, balance=False, method=None):
+    depth = getattr(_calls, "depth", 0)
+    _calls.depth = depth + 1
+    try:
+        y = _original_rechunk_function(x, chunks, threshold, block_size_limit, balance, method)
+    finally:
+        _calls.depth = depth
+    keep = _keep_method[0]
+    # (depth 0: the caller's own call; dask's p2p rechunk calls rechunk(method="tasks") inside it)
+    if method is not None and depth == 0 and y is not x and keep is not None and keep():
+        layer = y.dask.layers.get(y.name)
+        if layer is not None:
+            layer.collection_annotations = {**(layer.collection_annotations or {}), METHOD_ANNOTATION: method}
+    return y
+
+
+_keep_method: list = [None]
+_calls = threading.local()
+
+
+def original_rechunk(x, chunks, threshold=None, block_size_limit=None, balance=False, method=None):
+    """Dask's rechunk of ``x``, its ``method`` not recorded as the caller's (`record_explicit_methods`)."""
+    if _original_compute_chunk_sizes is None:  # (expression mode: the expression carries it)
+        return x.rechunk(chunks, threshold, block_size_limit, balance, method)
+    return _original_rechunk_function(x, chunks, threshold, block_size_limit, balance, method)
+
+
+def record_explicit_methods(keep=None) -> None:
+    """While ``keep`` is given, ``x.rechunk(..., method=m)`` and ``da.rechunk(x, ..., method=m)``
+    write ``m`` into their output layer's annotation `METHOD_ANNOTATION` where ``keep()`` says so
+    when they are called (``redist.respect-method``): the graph rewrite keeps Dask's method there.
+    Expression mode carries ``method`` in the expression."""
+    import dask.array
+
+    if _original_compute_chunk_sizes is not None:  # (the HighLevelGraph Array)
+        _keep_method[0] = keep
+        function = _original_rechunk_function if keep is None else _rechunk_function
+        sys.modules["dask.array.rechunk"].rechunk = function
+        dask.array.rechunk = function
+
+
+class _ReadThrough:
+    """``Array.__dask_optimize__``: dask's descriptor, its value passed through ``wrap``."""
+
+    def __init__(self, original, wrap):
+        self.original, self.wrap = original, wrap
+
+    def __get__(self, instance, owner=None):
+        return self.wrap(self.original.__get__(instance, owner), instance)
+
+
+def read_array_optimize_through(wrap=None) -> None:
+    """While ``wrap`` is given, ``x.__dask_optimize__`` (the ``array_optimize`` hook dask takes
+    for a collection on the client, before anything is sent) is ``wrap(hook, x)``; None: dask's."""
+    from dask.array import Array
+
+    if _original_optimize is not None:  # (expression mode's Array has a hook of its own, never the config's)
+        Array.__dask_optimize__ = _original_optimize if wrap is None else _ReadThrough(_original_optimize, wrap)
+
+
+def _array_dict() -> dict:
+    from dask.array import Array
+
+    return dict(vars(Array))
+
+
 def _original(name: str):
     from dask.array import Array
 
@@ -135,6 +215,8 @@ def _original(name: str):
 
 _original_compute_chunk_sizes = _original("compute_chunk_sizes")
 _original_rechunk = _original("rechunk")
+_original_rechunk_function = getattr(sys.modules.get("dask.array.rechunk"), "rechunk", None)
+_original_optimize = _array_dict().get("__dask_optimize__")  # (the descriptor, not what it returns)
 
 
 def worker_info(client) -> dict[str, dict]:

@@ -7,6 +7,7 @@ user had set, not on their own process's config.
 
 from __future__ import annotations
 
+import difflib
 import os
 from dataclasses import dataclass
 
@@ -30,9 +31,46 @@ class ConfigError(ValueError):
     """A ``redist.*`` config value has the wrong type or an impossible value."""
 
 
+def _default(key: str):
+    node = DEFAULTS["redist"]
+    for part in key.split("."):
+        node = node[part]
+    return node
+
+
+def restore_defaults() -> None:
+    """Put back the packaged defaults of every ``redist.*`` key dask's config lost.
+
+    ``update_defaults`` at import puts them into the config of that moment; a config replaced
+    wholesale later (``distributed.utils_test.reset_config()`` restores one copied before
+    dask_redist was imported) has none. Keys that are set keep their values.
+    """
+    dask.config.update(dask.config.config, DEFAULTS, priority="old")
+
+
+def flatten(options: dict, prefix: str = "redist") -> dict:
+    """``{"redist.a.b-c": value}`` from nested ``options`` (``_`` read as ``-``)."""
+    out = {}
+    for k, v in options.items():
+        key = f"{prefix}.{str(k).replace('_', '-')}"
+        out.update(flatten(v, key) if isinstance(v, dict) and v else {key: v})
+    return out
+
+
+def check_known(keys) -> None:
+    """ConfigError naming every key of ``keys`` (``redist.a.b``) that is not a ``redist.*`` setting,
+    with the nearest one: a misspelt key would otherwise be ignored without a word."""
+    known = flatten(DEFAULTS["redist"])
+    # (engines of one's own are registered under redist.engines: any name goes there)
+    if unknown := sorted(k for k in keys if k not in known and not k.startswith("redist.engines.")):
+        near = {k: difflib.get_close_matches(k, known, n=1) for k in unknown}
+        hints = "; ".join(f"{k}" + (f" (did you mean {m[0]}?)" if m else "") for k, m in near.items())
+        raise ConfigError(f"unknown option {hints}: the redist.* keys are listed in docs/configuration.md")
+
+
 def _get(key: str, config: dict | None):
-    if config is None:
-        return dask.config.get(f"redist.{key}")
+    if config is None:  # (the packaged default where dask's config lost the key)
+        return dask.config.get(f"redist.{key}", default=_default(key))
     node = config
     for part in key.split("."):
         node = node[part]
@@ -48,8 +86,8 @@ def _bool(key, value) -> bool:
 def _bytes(key, value) -> int:
     try:
         n = parse_bytes(value) if isinstance(value, str) else value
-    except ValueError as e:
-        raise ConfigError(f"redist.{key} must be a size like '1GiB', got {value!r}") from e
+    except ValueError:
+        raise ConfigError(f"redist.{key} must be a size like '1GiB', got {value!r}") from None
     if isinstance(n, bool) or not isinstance(n, int) or n < 0:
         raise ConfigError(f"redist.{key} must be a size like '1GiB' or a number of bytes >= 0, got {value!r}")
     return n
@@ -66,8 +104,8 @@ def _size_or_off(key, value) -> int | None:
 def _seconds(key, value) -> float:
     try:
         t = parse_timedelta(value, default="s")
-    except (ValueError, KeyError, TypeError) as e:
-        raise ConfigError(f"redist.{key} must be a duration like '60s', got {value!r}") from e
+    except (ValueError, KeyError, TypeError):
+        raise ConfigError(f"redist.{key} must be a duration like '60s', got {value!r}") from None
     if t is None or isinstance(value, bool) or t <= 0:
         raise ConfigError(f"redist.{key} must be a positive duration like '60s', got {value!r}")
     return float(t)
@@ -128,6 +166,7 @@ class Settings:
     bootstrap_timeout: float = 120.0
     symmetric_size: int | None = None
     exit_when_stuck: bool = True
+    respect_method: bool = True  # an explicit rechunk(method=...) keeps Dask's rechunk
 
     def engine_path(self, name: str) -> str:
         """Where engine ``name`` lives: "package.module:EngineClass" (a path names itself)."""
@@ -136,6 +175,8 @@ class Settings:
     @classmethod
     def from_config(cls, config: dict | None = None) -> Settings:
         """Read and check ``redist.*`` (from dask config, or from a dict shaped like it)."""
+        if config is None:
+            check_known(flatten(dask.config.get("redist", None) or {}))
         engines = _engines(config)
         engine = _engine(_get("engine", config), engines)
         types = _get("chunk-types", config)
@@ -149,7 +190,7 @@ class Settings:
         sym = _get("nvshmem.symmetric-size", config)
         budget = _bytes("memory-budget", _get("memory-budget", config))
         if budget == 0:
-            raise ConfigError("redist.memory-budget must be larger than 0")
+            raise ConfigError("redist.memory-budget must be a size larger than 0, got 0")
         return cls(
             engine=engine,
             engines=engines,
@@ -165,4 +206,5 @@ class Settings:
             bootstrap_timeout=_seconds("timeouts.bootstrap", _get("timeouts.bootstrap", config)),
             symmetric_size=None if sym is None else _bytes("nvshmem.symmetric-size", sym),
             exit_when_stuck=_bool("nvshmem.exit-when-stuck", _get("nvshmem.exit-when-stuck", config)),
+            respect_method=_bool("respect-method", _get("respect-method", config)),
         )

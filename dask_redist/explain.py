@@ -158,6 +158,14 @@ def _engine(spec, client) -> tuple[str, str]:
     return choose_engine(request, state["capabilities"], workers, records)
 
 
+def _kept_for_method(node) -> str | None:
+    """Expression mode: why dask's ``Rechunk`` given ``method=`` stays (a `CollectiveRechunk` took it)."""
+    from dask_redist.graph.expr import CollectiveRechunk
+    from dask_redist.graph.optimize import kept_for_method
+
+    return None if isinstance(node, CollectiveRechunk) else kept_for_method(node.method)
+
+
 def _decisions(x, settings: Settings, memory=None) -> list[tuple[str, str, object, str]]:
     """(output name, what dask planned, CollectiveSpec or None, reason) for every rechunk of ``x``."""
     expr = getattr(x, "expr", None)
@@ -173,9 +181,11 @@ def _decisions(x, settings: Settings, memory=None) -> list[tuple[str, str, objec
         for node in expr.walk():
             if isinstance(node, Rechunk) and node.chunks != node.array.chunks:
                 a = node.array
-                spec, why = collective_spec(
-                    a._name, node._name, a.chunks, node.chunks, a.dtype, typename(type(meta_of(a))), settings
-                )
+                spec, why = None, _kept_for_method(node)
+                if why is None:
+                    spec, why = collective_spec(
+                        a._name, node._name, a.chunks, node.chunks, a.dtype, typename(type(meta_of(a))), settings
+                    )
                 out.append((node._name, node.method or "auto", spec, why))
         return out
     graph = x.__dask_graph__()

@@ -12,7 +12,8 @@ module as a preload in the Dask configuration their sessions read (``/etc/dask/*
 
 * As a **client** preload it calls `dask_redist.enable` when each `Client` starts (and
   `dask_redist.disable` when it closes), unless ``redist.enabled`` is false: a user opts out
-  with ``DASK_REDIST__ENABLED=false`` or ``dask.config.set({"redist.enabled": False})``.
+  with ``DASK_REDIST__ENABLED=false`` or ``dask.config.set({"redist.enabled": False})``. Where
+  ``enable`` fails (a bad ``redist.*`` value), a ``RuntimeWarning`` and the log say so.
 * As a **scheduler** preload (``dask scheduler --preload dask_redist.preload``) it registers
   the scheduler plugin (which registers the worker plugin on every worker) at start, so the
   linear-time ordering of collective graphs applies from the first graph on, expression
@@ -21,11 +22,29 @@ module as a preload in the Dask configuration their sessions read (``/etc/dask/*
 
 from __future__ import annotations
 
+import logging
+import warnings
+
 import dask
 
 from dask_redist.api import Enabled, disable, enable
 
+logger = logging.getLogger(__name__)
 _handles: dict[int, Enabled] = {}
+
+
+def _enable_for(client) -> None:
+    """`enable` for this Client; where that fails, a warning and an error in the log that say the
+    collective is off and why (distributed would only log "Failed to start preload")."""
+    try:
+        _handles[id(client)] = enable()
+    except Exception as e:
+        message = (
+            f"dask_redist.preload could not turn the collective on: {type(e).__name__}: {e}. "
+            "This session's rechunks run as Dask's own"
+        )
+        logger.error(message)
+        warnings.warn(message, RuntimeWarning, stacklevel=2)
 
 
 async def dask_setup(dask_object) -> None:
@@ -33,7 +52,7 @@ async def dask_setup(dask_object) -> None:
 
     if isinstance(dask_object, Client):
         if dask.config.get("redist.enabled", True) and id(dask_object) not in _handles:
-            _handles[id(dask_object)] = enable()
+            _enable_for(dask_object)
     elif isinstance(dask_object, Scheduler):
         from dask_redist.runtime.tasks import register
 

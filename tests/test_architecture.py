@@ -1,7 +1,7 @@
 """The package's shape, checked: no import cycle, layers import downward only, small modules.
 
 Layers, bottom up (docs/design.md): ``config``/``errors``/``compat`` < ``planning`` < ``core``
-< ``engines`` < ``runtime`` < ``graph`` < the API (``api``, ``explain``, ``doctor``, the
+< ``engines`` < ``runtime`` < ``graph`` < ``report``/``submissions`` < the API (``api``, ``explain``, ``doctor``, the
 package itself) < ``bench`` < ``cli``. Every import counts, those inside functions too
 (only ``if TYPE_CHECKING:`` blocks are left out), and so do the modules named by strings:
 ``importlib.import_module("dask_redist.x")``, ``__import__("dask_redist.x")`` and an
@@ -32,6 +32,7 @@ LAYERS = [
     {"dask_redist.engines"},
     {"dask_redist.runtime"},
     {"dask_redist.graph"},
+    {"dask_redist.report", "dask_redist.submissions"},
     {"dask_redist", "dask_redist.api", "dask_redist.explain", "dask_redist.doctor", "dask_redist.preload", "dask_redist.fft"},
     {"dask_redist.bench"},
     {"dask_redist.cli"},

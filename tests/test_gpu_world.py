@@ -112,3 +112,24 @@ def test_two_worker_processes_that_each_see_one_gpu():
         assert record["outcome"] == "done", record
         assert record["engine"] == "cufftmp" or "NVSHMEM" in record["why"], record
         print(f"two `dask cuda worker` processes on GPUs {seen}: engine {record['engine']} ({record['why']})")
+
+
+def test_no_infiniband_error_line_on_one_host(capfd):
+    """NVSHMEM's default remote transport (ibrc) wrote "ibrc.cpp:...: no IB devices found" into every
+    GPU worker's log at every bootstrap on a host without InfiniBand (issue 26, item 10): a world
+    on one host now starts without a remote transport, and doctor says so."""
+    from distributed import Client
+
+    from dask_redist.engines.cufftmp import remote
+
+    if remote.ib_devices():
+        pytest.skip("this host has InfiniBand devices: NVSHMEM's default transport stays")
+    with _cluster(2) as cluster, Client(cluster.scheduler_address) as client:
+        run = _rechunk(client, 41, engine="cufftmp")
+        assert run["engine"] == "cufftmp" and run["outcome"] == "done", run
+        transport = client.run(lambda: os.environ.get("NVSHMEM_REMOTE_TRANSPORT"))
+        text = str(dask_redist.doctor(client))
+    assert set(transport.values()) == {"none"}, transport
+    out = capfd.readouterr()
+    assert "no IB devices found" not in out.err + out.out, (out.err + out.out)[-3000:]
+    assert "NVSHMEM remote transport none (every worker on one host" in text, text

@@ -222,7 +222,7 @@ def test_many_rechunks_from_threads_and_two_clients(own_cluster):
 def test_collective_next_to_a_p2p_rechunk_in_one_graph(own_cluster):
     cluster, client = own_cluster
     big, small = data((64, 64)), data((8, 8), seed=1)
-    with dask_redist.enable(engine="dask", min_bytes=10_000):
+    with dask_redist.enable(engine="dask", min_bytes=10_000, respect_method=False):
         y = da.from_array(big, chunks=(8, 64)).rechunk((64, 8), method="p2p")  # becomes a collective
         z = da.from_array(small, chunks=(1, 8)).rechunk((8, 1), method="p2p")  # stays dask's p2p
         before = len(scheduler_history(client))

@@ -37,7 +37,7 @@ def fixed_cost(client, reps: int = 20) -> dict:
 
     import dask_redist
 
-    labels = {"collective (dask engine)": lambda: dask_redist.enable(engine="dask", min_bytes=0), "dask tasks": nullcontext}
+    labels = {"collective (dask engine)": lambda: dask_redist.enable(engine="dask", min_bytes=0, respect_method=False), "dask tasks": nullcontext}
     times = {k: [] for k in labels}
     for i in range(reps + 2):
         for j, (label, ctx) in enumerate(labels.items()):

@@ -8,7 +8,8 @@ In expression mode a rechunk is a ``Rechunk`` expression that lowers to dask's
 settings of the moment. When it is lowered on a distributed scheduler and the
 array is eligible, its layer is the collective's stage, barrier and unpack
 tasks under the same output name; otherwise it lowers to dask's own rechunk. (Expression mode lowers on the
-client, so "distributed" means: a distributed Client is the default scheduler.)
+client, so "distributed" means: a distributed Client is the default scheduler.) A rechunk given
+``method=`` stays dask's ``Rechunk`` (``redist.respect-method``).
 """
 
 from __future__ import annotations
@@ -64,9 +65,10 @@ def distributed_is_default() -> bool:
 
 
 def _collective_rechunk(self, chunks="auto", threshold=None, block_size_limit=None, balance=False, method=None):
-    if self.ndim > 0 and all(s == 0 for s in self.shape):
-        return self
-    result = CollectiveRechunk(self, chunks, threshold, block_size_limit, balance, method, Settings.from_config())
+    settings = Settings.from_config()
+    if method is not None and settings.respect_method or self.ndim > 0 and all(s == 0 for s in self.shape):
+        return _original_rechunk(self, chunks, threshold, block_size_limit, balance, method)  # (the caller's method)
+    result = CollectiveRechunk(self, chunks, threshold, block_size_limit, balance, method, settings)
     result.chunks  # noqa: B018 - validates the chunks now, as dask does
     return result
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 import threading
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 from dask.base import tokenize
@@ -23,10 +23,11 @@ from dask.core import flatten
 from dask.highlevelgraph import HighLevelGraph, MaterializedLayer
 
 from dask_redist.compat import (
-    P2P_PREFIX, RECHUNK_PREFIXES, DataNode, GraphNode, Task, building_graph, running_schedulers,
+    METHOD_ANNOTATION, P2P_PREFIX, RECHUNK_PREFIXES, DataNode, GraphNode, Task, running_schedulers,
 )  # fmt: skip
 from dask_redist.config import Settings
-from dask_redist.core.spec import BARRIER_PREFIX, CollectiveSpec
+from dask_redist.core.spec import CollectiveSpec
+from dask_redist.graph.grouping import scheduler_in_process, stage_grouping
 from dask_redist.graph.layer import CollectiveLayer, collective_tasks
 from dask_redist.runtime import ordering
 from dask_redist.planning import PlanError, RechunkSpec
@@ -98,6 +99,16 @@ def _method(chain: RechunkChain) -> str:
     return f"tasks ({len(chain.layers)} step{'s' * (len(chain.layers) > 1)})"
 
 
+def kept_for_method(method: str | None) -> str | None:
+    """Why a rechunk whose caller passed ``method=`` (and ``redist.respect-method`` when it was called,
+    `compat.record_explicit_methods`) keeps Dask's rechunk; None: no method passed."""
+    if method is not None:
+        return (
+            f"method={method!r} was passed to rechunk: Dask's own {method} rechunk runs (redist.respect-method; "
+            "without method=, or with dask_redist.rechunk(x, chunks), the collective)"
+        )
+
+
 def collective_spec(
     input_name: str, output_name: str, old, new, dtype, meta_type: str, settings: Settings
 ) -> tuple[CollectiveSpec | None, str]:
@@ -128,7 +139,8 @@ def collective_spec(
             return None, faster
     elif rechunk.nbytes < settings.min_bytes:
         return None, f"{rechunk.nbytes} bytes is below redist.min-bytes ({settings.min_bytes})"
-    spec = CollectiveSpec(tokenize(output_name), input_name, output_name, rechunk, dtype, settings, chunk_type)
+    token = tokenize(output_name, settings)  # (other settings, other stage and barrier keys: a fresh run)
+    spec = CollectiveSpec(token, input_name, output_name, rechunk, dtype, settings, chunk_type)
     return spec, f"eligible; chunks converted to {chunk_type} when staged (redist.output-type)" if converts else "eligible"
 
 
@@ -169,6 +181,8 @@ def decide(hlg: HighLevelGraph, chain: RechunkChain, settings: Settings, old=Non
     method = _method(chain)
     source = hlg.layers.get(chain.source)
     out_ann = hlg.layers[chain.output].collection_annotations or {}
+    if kept := kept_for_method(out_ann.get(METHOD_ANNOTATION)):
+        return Decision(chain, None, kept, method)
     old = input_chunks(hlg, chain) if old is None else old
     if stale := stale_chunks(old, out_ann.get("chunks")):
         return Decision(chain, None, stale, method)
@@ -199,7 +213,7 @@ def rewrite(
     else:
         settings = settings or Settings.from_config()
         requested = {k[0] if isinstance(k, tuple) else k for k in flatten(keys)} if keys else set()
-        scheduler = _scheduler_in_process()
+        scheduler = scheduler_in_process()
         memory = memory_limits(ws.memory_limit for ws in scheduler.workers.values()) if scheduler else None
         decisions = [decide(hlg, c, settings, memory=memory) for c in find_rechunks(hlg, requested)]
     if not any(d.collective for d in decisions):
@@ -268,75 +282,6 @@ def inlined_inputs(
     return chunks, rest, exclusive
 
 
-def _scheduler_in_process():
-    """The scheduler building this graph, or None where that is unclear. Several can run in one
-    process (two LocalClusters in a notebook): the one building a graph now is taken
-    (`compat.building_graph`; where that cannot be told, only a lone scheduler is)."""
-    running = running_schedulers()
-    if len(running) > 1:  # (several in one process: the one whose graph is being built now)
-        running = [s for s in running if building_graph(s)]
-    return running[0] if len(running) == 1 else None
-
-
-#: The stage grouping each rechunk (by its plain token) got last on this scheduler, and
-#: whether its stage tasks ran their input chunks' tasks.
-_GROUPINGS: dict[str, tuple[str, list | None, bool]] = {}
-GROUPINGS_KEPT = 10_000
-
-
-def stage_grouping(spec: CollectiveSpec, inline=lambda force: None) -> tuple[CollectiveSpec, list | None, tuple | None]:
-    """The spec, stage groups and inlined inputs (``inline(force)``: `inlined_inputs`) of a
-    rechunk's graph; same keys always mean the same tasks.
-
-    Grouping depends on where the input is, which changes (a worker died, the input was
-    persisted again): a grouped graph gets a token of its own, so its stage and barrier keys
-    are its own. While the tasks of an earlier submission are still known to the scheduler,
-    the same rechunk gets that graph again, inlined inputs as before included, so that its
-    keys keep their tasks (distributed warns about a key resubmitted with other dependencies,
-    and keeps the old).
-    """
-    scheduler = _scheduler_in_process()
-    earlier = _GROUPINGS.get(spec.token)
-    if earlier is not None and scheduler is not None and BARRIER_PREFIX + earlier[0] in scheduler.tasks:
-        token, groups, inlined = earlier
-        inputs = inline(True) if inlined else None
-        if inlined and inputs is None:  # (cannot be built as before: keys of its own)
-            token = tokenize(token, "inputs not inlined")
-    else:
-        groups = persisted_groups(spec)
-        inputs = inline(False) if groups is None else None
-        token = spec.token if groups is None else tokenize(spec.token, groups)
-        _GROUPINGS.pop(spec.token, None)
-        _GROUPINGS[spec.token] = (token, groups, inputs is not None)
-        while len(_GROUPINGS) > GROUPINGS_KEPT:
-            del _GROUPINGS[next(iter(_GROUPINGS))]
-    return (spec if token == spec.token else replace(spec, token=token)), groups, inputs
-
-
-def persisted_groups(spec: CollectiveSpec) -> list[list[tuple[int, ...]]] | None:
-    """Input chunk indices grouped by the worker holding them, if all are in memory already.
-
-    Then one stage task per worker does: far fewer tasks than one per chunk. Read
-    from the scheduler's state (this runs on the scheduler while the graph is
-    materialized); anything unclear, and the plan stays one stage task per chunk.
-    """
-    scheduler = _scheduler_in_process()
-    if scheduler is None:
-        return None
-    groups: dict[str, list] = {}
-    try:
-        for idx in np.ndindex(*spec.rechunk.old_grid):
-            ts = scheduler.tasks.get((spec.input_name, *idx))
-            if ts is None or ts.state != "memory" or not ts.who_has:
-                return None
-            groups.setdefault(min(ws.address for ws in ts.who_has), []).append(idx)
-    except RuntimeError:  # state changed under us (another thread): no grouping
-        return None
-    if len(groups) >= math.prod(spec.rechunk.old_grid):
-        return None
-    return [groups[w] for w in sorted(groups)]
-
-
 def running_on_scheduler() -> bool:
     """Is this hook materializing a graph inside a distributed scheduler?
 
@@ -363,6 +308,12 @@ class CollectiveOptimizer:
     def __reduce__(self):
         return (CollectiveOptimizer, (self.chain, self.settings or Settings.from_config()))
 
+    def __eq__(self, other):  # (dask groups collections by their hook: equal snapshots, one graph)
+        return type(other) is CollectiveOptimizer and (self.chain, self.settings) == (other.chain, other.settings)
+
+    def __hash__(self):
+        return hash((CollectiveOptimizer, self.chain, self.settings))
+
     def __call__(self, dsk, keys, **kwargs):
         if isinstance(dsk, HighLevelGraph) and running_on_scheduler():
             dsk, decisions = rewrite(dsk, keys, self.settings or Settings.from_config())
@@ -373,3 +324,4 @@ class CollectiveOptimizer:
         from dask.array.optimization import optimize
 
         return optimize(dsk, keys, **kwargs)
+

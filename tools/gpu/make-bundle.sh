@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Build .gpu/ in the project checkout: what `pip install 'dask-redist[gpu]'` resolves to for the
+# Build .gpu/ in the project checkout: what `pip install -e '.[gpu]'` resolves to for the
 # GPU node (Python 3.12, x86_64), split into parts that each fit one transfer (64 MiB with the
 # working tree). Run here, where the package index is reachable; the node has no network.
 #

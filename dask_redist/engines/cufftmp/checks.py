@@ -7,11 +7,14 @@ from __future__ import annotations
 import os
 import socket
 
+from dask_redist.engines.cufftmp import remote
 from dask_redist.engines.cufftmp.nvshmem import nvshmem_problem
 
 FIXES = {
-    "cupy": "pip install 'dask-redist[gpu]' (CuPy for CUDA 13) on every worker",
-    "nvmath": "pip install 'dask-redist[gpu]' (nvmath-python, nvidia-cufftmp-cu13, nvidia-nvshmem-cu13)",
+    "cupy": "install dask-redist with its [gpu] extra on every worker (CuPy for CUDA 13): pip install -e '.[gpu]' "
+    "in the clone, or the wheel (docs/deployment.md#install)",
+    "nvmath": "install dask-redist with its [gpu] extra on every worker (nvmath-python, nvidia-cufftmp-cu13, "
+    "nvidia-nvshmem-cu13): pip install -e '.[gpu]' in the clone, or the wheel (docs/deployment.md#install)",
     "gpu": "start GPU workers: LocalCUDACluster() or `dask cuda worker <scheduler>`",
 }
 
@@ -24,6 +27,8 @@ def worker_report() -> dict:
     report["host"] = socket.gethostname()
     report["network devices"] = sorted(os.listdir(_IB_DEVICES)) if os.path.isdir(_IB_DEVICES) else []
     report["NVSHMEM environment"] = {k: v for k, v in os.environ.items() if k in _NVSHMEM_KEYS}
+    if remote.set_here():  # (not the environment's: dask-redist's, for the world of the moment)
+        report["NVSHMEM environment"].pop(remote.VARIABLE, None)
     report["NVSHMEM_SYMMETRIC_SIZE"] = os.environ.get("NVSHMEM_SYMMETRIC_SIZE", "unset (NVSHMEM default 1 GiB)")
     try:
         import cupy
@@ -136,3 +141,17 @@ def _peer_access() -> str:
         f"{i}->{j}" for i in range(n) for j in range(n) if i != j and not cupy.cuda.runtime.deviceCanAccessPeer(i, j)
     ]
     return "every pair" if not missing else f"missing for {', '.join(missing)}"
+
+
+def remote_transport_line(reports: dict[str, dict]) -> str:
+    """The NVSHMEM remote transport a world over every worker of ``reports`` would use, and why
+    (`dask_redist.engines.cufftmp.remote`); the first worker's where they differ, said so."""
+    from distributed.comm import get_address_host
+
+    hosts = {get_address_host(w) for w in reports}
+    seen = {
+        remote.remote_transport(hosts, r.get("network devices") or [], (r.get("NVSHMEM environment") or {}).get(remote.VARIABLE))
+        for r in reports.values()
+    }
+    value, why = sorted(seen)[0]
+    return f"NVSHMEM remote transport {value} ({why})" + ("; workers differ" if len(seen) > 1 else "")

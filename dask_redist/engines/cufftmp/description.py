@@ -92,13 +92,13 @@ class CufftMpDescription(EngineDescription):
         }
 
     def doctor_line(self, reports: dict[str, dict]) -> str:
-        from dask_redist.engines.cufftmp.checks import _peer_access
+        from dask_redist.engines.cufftmp.checks import _peer_access, remote_transport_line
 
         answers = {w: r.get("capabilities", {}) for w, r in reports.items()}
         if answers and all(_cpu_only(a) for a in answers.values()):
             return "no GPU on any worker (for GPU workers: pip install -e '.[gpu]', LocalCUDACluster)"
         bad = sorted(w for w, a in answers.items() if not a.get("ok"))
-        peers = f"; peer access between GPUs: {_peer_access()}"
+        peers = f"; peer access between GPUs: {_peer_access()}; {remote_transport_line(reports)}"
         if not bad:
             return "runs on every worker" + peers
         return f"not on {len(bad)} of {len(reports)} workers ({bad[0]}: {answers[bad[0]].get('reason')})" + peers

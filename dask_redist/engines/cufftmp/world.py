@@ -25,6 +25,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from dask_redist.engines.cufftmp import remote
 from dask_redist.engines.cufftmp.nvshmem import gpu_memory, heap_problem, parse_symmetric_size
 from dask_redist.errors import EngineUnavailableError, RedistError
 
@@ -113,6 +114,7 @@ class World:
             os.environ["NVSHMEM_SYMMETRIC_SIZE"] = str(settings.symmetric_size)
         elif "NVSHMEM_SYMMETRIC_SIZE" not in os.environ:  # the arena (budget + 13% + workspace) must fit
             os.environ["NVSHMEM_SYMMETRIC_SIZE"] = str(settings.memory_budget * 5 // 4 + 2**28)
+        remote.set_for_world(workers)  # (one host, no InfiniBand: no remote transport, no "no IB devices" line)
         start = time.perf_counter()
         group = DaskProcessGroup(
             f"nvshmem/{run.spec.token}/{run.run_id}", run.rank, len(workers), exchange_factory(run.rank, len(workers))

@@ -1,0 +1,89 @@
+"""The command line as a new user meets it: help for everything, tables that fit or are Markdown,
+a quiet demo (issue 26, item 7)."""
+
+from __future__ import annotations
+
+import argparse
+import io
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+from rich.console import Console
+
+from dask_redist import cli
+
+COMMANDS = ("demo", "bench", "soak", "doctor")
+
+
+def _commands() -> dict[str, argparse.ArgumentParser]:
+    (sub,) = [a for a in cli.parser()._actions if isinstance(a, argparse._SubParsersAction)]
+    return dict(sub.choices)
+
+
+def test_the_top_level_help_lists_every_command(capsys):
+    with pytest.raises(SystemExit) as exit:
+        cli.main(["--help"])
+    out = capsys.readouterr().out
+    assert exit.value.code == 0 and set(_commands()) == set(COMMANDS)
+    description = out.split("positional arguments:")[0]
+    assert all(f"{command} (" in description for command in COMMANDS), description
+    assert "Markdown" in description
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_every_option_has_help(command):
+    p = _commands()[command]
+    assert p.description or p.format_help()
+    missing = [a.option_strings for a in p._actions if not a.help]
+    assert missing == [], f"dask-redist {command}: options without help: {missing}"
+
+
+ROWS = [
+    {"case": "slab 2.00 GiB 16->16 float64", "method": "redist-dask", "median": "2.31 s", "note": "",
+     "GPU mem +": "", "of ceiling": "-", "checked": "equal"},
+    {"case": "slab 2.00 GiB 16->16 float64", "method": "p2p", "median": "4.05 s", "note": "a | b",
+     "GPU mem +": "", "of ceiling": "-", "checked": "equal"},
+]  # fmt: skip
+
+
+def _shown(console: Console, monkeypatch) -> str:
+    monkeypatch.setattr(cli, "console", console)
+    cli._show(ROWS, "all cases")
+    return console.file.getvalue()
+
+
+def test_tables_are_markdown_where_the_output_is_not_a_terminal(monkeypatch):
+    out = _shown(Console(file=io.StringIO(), force_terminal=False), monkeypatch)
+    assert out.splitlines()[:4] == [
+        "**all cases**", "", "| case | method | median | note | checked |", "|---|---|---|---|---|"
+    ]  # (the columns empty in every row are left out)
+    assert "| slab 2.00 GiB 16->16 float64 | p2p | 4.05 s | a \\| b | equal |" in out
+
+
+def test_tables_fit_the_terminal(monkeypatch):
+    out = _shown(Console(file=io.StringIO(), force_terminal=True, width=60, color_system=None), monkeypatch)
+    assert max(map(len, out.splitlines())) <= 60 and "redist-dask" in out and "GPU mem" not in out
+
+
+@pytest.mark.slow
+def test_the_demo_is_quiet():
+    """No "Port 8787 is already in use" (its dashboard takes a free port) and none of the warnings
+    Dask's p2p rechunk logs for every shuffle (the demo times it): stderr stays empty."""
+    held = socket.socket()
+    try:
+        held.bind(("127.0.0.1", 8787))  # (taken already, or by this test: the demo must not want it)
+        held.listen()
+    except OSError:
+        pass
+    try:
+        cmd = [sys.executable, "-m", "dask_redist.cli", "demo", "--size", "1MiB", "--chunks", "4", "--reps", "1"]
+        env = {**os.environ, "COLUMNS": "200"}
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+    finally:
+        held.close()
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert out.stderr == "", out.stderr[-3000:]
+    assert "| slab 1.00 MiB 4->4 float64 | p2p |" in out.stdout and "dashboard: http://" in out.stdout, out.stdout

@@ -1,0 +1,95 @@
+"""A ``method=`` passed to ``rechunk`` is the caller's choice: Dask's own method runs
+(``redist.respect-method``), and ``explain`` says so (issue 26, item 3)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import dask
+import dask.array as da
+import numpy as np
+import pytest
+from conftest import scheduler_history
+
+import dask_redist
+from dask_redist.config import Settings
+from dask_redist.graph.optimize import decide, find_rechunks
+
+NEW = (64, 8)
+
+
+def decision(y):
+    graph = y.__dask_graph__()
+    (chain,) = [c for c in find_rechunks(graph, {y.name}) if c.output == y.name]
+    return decide(graph, chain, Settings(min_bytes=0))
+
+
+def array():
+    return da.from_array(np.arange(64 * 64.0).reshape(64, 64), chunks=(8, 64))
+
+
+@pytest.mark.parametrize("method", ["tasks", "p2p"])
+@pytest.mark.parametrize("how", ["x.rechunk", "da.rechunk"])
+def test_an_explicit_method_keeps_dasks_rechunk_while_enabled(method, how):
+    x = array()
+    with dask_redist.enable():
+        y = x.rechunk(NEW, method=method) if how == "x.rechunk" else da.rechunk(x, NEW, method=method)
+        plain = x.rechunk(NEW)
+    d = decision(y)
+    assert not d.collective and d.reason.startswith(f"method={method!r} was passed to rechunk"), d.reason
+    assert "redist.respect-method" in d.reason
+    if method == "p2p":  # (dask's p2p rechunk calls rechunk(method="tasks") for its pre-chunking: not the caller)
+        annotations = [layer.collection_annotations or {} for layer in y.dask.layers.values()]
+        assert sum("redist-method" in a for a in annotations) == 1
+    assert decision(plain).collective
+    with dask_redist.enable(respect_method=False):  # the user asks otherwise
+        z = x.rechunk(NEW, method=method) if how == "x.rechunk" else da.rechunk(x, NEW, method=method)
+    assert decision(z).collective
+    with dask_redist.enable():  # the explicit form: the collective
+        assert dask_redist.rechunk(x, NEW, min_bytes=0).name == plain.name
+
+
+def test_respect_method_is_checked_like_every_setting():
+    with pytest.raises(dask_redist.ConfigError, match="redist.respect-method must be true or false, got 'no'"):
+        dask_redist.enable(respect_method="no")
+
+
+def test_an_explicit_method_runs_dasks_rechunk_and_explain_says_so(client):
+    a = np.arange(64 * 64.0).reshape(64, 64)
+    x = da.from_array(a, chunks=(8, 64))
+    with dask_redist.enable(engine="dask"):
+        before = len(scheduler_history(client))
+        y = x.rechunk(NEW, method="tasks")
+        (entry,) = dask_redist.explain(y)
+        assert entry.runs == "dask" and entry.method.startswith("tasks"), entry
+        assert "method='tasks' was passed to rechunk" in str(dask_redist.explain(y))
+        np.testing.assert_array_equal(y.compute(), a)
+        assert len(scheduler_history(client)) == before  # no collective ran
+        with dask.config.set({"redist.respect-method": False}):  # the user asks otherwise, for these calls
+            z = x.rechunk(NEW, method="tasks")
+        assert dask_redist.explain(y)[0].runs == "dask" and dask_redist.explain(z)[0].runs == "collective"
+        np.testing.assert_array_equal(z.compute(), a)
+        assert len(scheduler_history(client)) == before + 1
+
+
+def test_expression_mode_keeps_dasks_rechunk_for_an_explicit_method():
+    code = """
+import dask, dask.array as da, dask_redist
+from dask_redist.graph.expr import CollectiveRechunk
+x = da.ones((64, 64), chunks=(8, 64))
+with dask_redist.enable(min_bytes=0):
+    assert isinstance(x.rechunk((64, 8)).expr, CollectiveRechunk)
+    y = x.rechunk((64, 8), method="tasks")
+    assert not isinstance(y.expr, CollectiveRechunk) and y.expr.method == "tasks"
+    assert not isinstance(da.rechunk(x, (64, 8), method="tasks").expr, CollectiveRechunk)
+    (entry,) = dask_redist.explain(y)
+    assert entry.runs == "dask" and "method='tasks' was passed" in entry.reason, entry
+    with dask.config.set({"redist.respect-method": False}):
+        assert isinstance(x.rechunk((64, 8), method="tasks").expr, CollectiveRechunk)
+print("ok")
+"""
+    env = {**os.environ, "DASK_ARRAY__QUERY_PLANNING": "True"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-3000:]

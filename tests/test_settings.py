@@ -1,0 +1,163 @@
+"""The ``redist.*`` settings as a user meets them: checked on the client whichever way they were
+set, with a short error naming the key, and there even where dask's config lost them."""
+
+from __future__ import annotations
+
+import copy
+import subprocess
+import sys
+
+import dask
+import pytest
+
+import dask_redist
+from dask_redist.config import Settings
+from dask_redist.graph.optimize import CollectiveOptimizer
+
+
+def test_settings_fall_back_to_the_packaged_defaults_where_dask_lost_them():
+    """distributed's test utilities restore a config copied before dask_redist was imported (issue
+    26, item 9): enable() raised KeyError: 'redist'."""
+    code = (
+        "import distributed.utils_test as ut, dask, dask_redist\n"
+        "ut.reset_config()\n"
+        "assert dask.config.get('redist', None) is None\n"
+        "dask_redist.enable()\n"
+        "print(dask_redist.Settings.from_config() == dask_redist.Settings(), dask.config.get('redist.engine'))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split() == ["True", "auto"]
+
+
+def test_keys_dask_lost_one_by_one_are_read_from_the_packaged_defaults():
+    saved = copy.deepcopy(dask.config.config)
+    try:
+        del dask.config.config["redist"]["timeouts"]["barrier"]
+        del dask.config.config["redist"]["engine"]
+        with dask.config.set({"redist.min-bytes": 0}):
+            settings = Settings.from_config()
+        assert settings.barrier_timeout == 60.0 and settings.engine == "auto" and settings.min_bytes == 0
+    finally:
+        dask.config.config.clear()
+        dask.config.config.update(saved)
+
+
+def test_a_preload_that_cannot_enable_says_so(cluster):
+    from distributed import Client
+
+    with dask.config.set({"distributed.client.preload": ["dask_redist.preload"], "redist.engine": "mpi"}):
+        with pytest.warns(RuntimeWarning, match="could not turn the collective on: ConfigError: redist.engine"):
+            with Client(cluster, set_as_default=False):
+                pass
+    assert not isinstance(dask.config.get("array_optimize", None), CollectiveOptimizer)
+    assert dask_redist.api._enabled == []
+
+
+def _bad_in_config(how: str, tmp_path):
+    """A context in which ``redist.*`` holds a bad value, set ``how`` a user would."""
+    if how == "dask.config.set":
+        return dask.config.set({"redist.engine": "bogus"})
+    if how == "unknown key":
+        return dask.config.set({"redist.memory_budgit": "2GiB"})
+    if how == "yaml":
+        (tmp_path / "redist.yaml").write_text("redist:\n  engine: bogus\n")
+        collected = dask.config.collect(paths=[str(tmp_path)], env={})
+    else:  # environment, as dask reads it at import
+        collected = dask.config.collect(paths=[], env={"DASK_REDIST__MEMORY_BUDGET": "lots"})
+    return _config_updated(collected)
+
+
+class _config_updated:
+    def __init__(self, new: dict):
+        self.new, self.saved = new, None
+
+    def __enter__(self):
+        self.saved = copy.deepcopy(dask.config.config)
+        dask.config.update(dask.config.config, self.new)
+
+    def __exit__(self, *exc):
+        dask.config.config.clear()
+        dask.config.config.update(self.saved)
+
+
+MESSAGES = {
+    "dask.config.set": r"redist\.engine must be one of auto, dask, cufftmp or 'module:EngineClass', got 'bogus'",
+    "unknown key": r"unknown option redist\.memory-budgit \(did you mean redist\.memory-budget\?\)",
+    "yaml": r"redist\.engine must be one of auto, dask, cufftmp or 'module:EngineClass', got 'bogus'",
+    "environment": r"redist\.memory-budget must be a size like '1GiB', got 'lots'",
+}
+
+
+def _one_short_config_error(excinfo, capfd, client, name: str) -> None:
+    error = excinfo.value
+    assert error.__cause__ is None and (error.__context__ is None or error.__suppress_context__), repr(error)
+    assert len(excinfo.traceback) <= 12, str(excinfo.getrepr())
+    err = capfd.readouterr().err
+    assert "Logging error" not in err and "serialize" not in err, err[-3000:]
+    held = client.run_on_scheduler(lambda dask_scheduler: [str(k) for k in dask_scheduler.tasks])
+    assert not [k for k in held if name in k], "something was submitted"
+
+
+@pytest.mark.parametrize("how", list(MESSAGES))
+def test_a_bad_setting_after_enable_is_one_short_config_error_before_anything_is_sent(client, how, tmp_path, capfd):
+    """Issue 26 item 2: a bad value set after enable() was raised while the graph was pickled,
+    under ~100 lines of logging errors and a TypeError."""
+    import dask.array as da
+
+    x = da.random.random((64, 64), chunks=(8, 64))
+    with dask_redist.enable():
+        with _bad_in_config(how, tmp_path):
+            y = x.rechunk((64, 8))
+            for submit in (y.compute, y.persist, lambda: client.compute(y)):
+                with pytest.raises(dask_redist.ConfigError, match=MESSAGES[how]) as excinfo:
+                    submit()
+                _one_short_config_error(excinfo, capfd, client, y.name)
+        assert (y.compute() == x.compute()).all()  # (the same array, the setting gone)
+
+
+@pytest.mark.parametrize("how", list(MESSAGES))
+def test_a_bad_setting_before_enable_is_raised_by_enable(how, tmp_path):
+    before = list(dask_redist.api._enabled)
+    try:
+        with _bad_in_config(how, tmp_path):
+            with pytest.raises(dask_redist.ConfigError, match=MESSAGES[how]) as excinfo:
+                dask_redist.enable()
+        assert len(excinfo.traceback) <= 6 and excinfo.value.__cause__ is None
+        assert dask_redist.api._enabled == before
+    finally:
+        for handle in [h for h in dask_redist.api._enabled if h not in before]:
+            dask_redist.disable(handle)
+
+
+def _fails(y, client, how: str):
+    """``y`` computed where it fails (an engine the workers cannot load); ``future``: a Future of it
+    is kept, and with it the erred keys on the scheduler."""
+    timeouts = {"collective": "20s", "barrier": "20s"}
+    with dask_redist.enable(engine="no_such_module:Engine", timeouts=timeouts):
+        if how == "future":
+            future = client.compute(y)
+            assert "cannot load engine" in str(future.exception(timeout=60))
+            return future
+        with pytest.raises(dask_redist.RedistError, match="cannot load engine"):
+            y.compute()
+
+
+@pytest.mark.parametrize("how", ["future", "compute"])
+def test_a_retry_with_other_settings_or_after_disable_gets_a_fresh_run(client, how):
+    """Issue 26 item 8: the output keys are Dask's whatever the settings; right after a failure
+    (the Client's release of the failed keys reaches the scheduler after a graph submitted at
+    once) or while a Future of it is kept, the same rechunk submitted with another engine, or
+    after disable(), got the old error. Now the erred keys are cancelled first: a fresh run."""
+    import dask.array as da
+    import numpy as np
+
+    a = np.arange(48 * 48.0).reshape(48, 48)
+    y = da.from_array(a, chunks=(6, 48)).rechunk((48, 6))
+    kept = _fails(y, client, how)
+    with dask_redist.enable(engine="dask"):
+        np.testing.assert_array_equal(y.compute(), a)
+    if kept is not None:
+        assert kept.status == "cancelled"
+    kept = _fails(y, client, how)  # (its handle is the last: leaving it is disable())
+    np.testing.assert_array_equal(y.compute(), a)  # Dask's own rechunk

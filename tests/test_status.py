@@ -1,0 +1,49 @@
+"""``dask_redist.status``: readable (tables, durations), a dict as before, and a clear error on a
+closed Client (issue 26, item 5)."""
+
+from __future__ import annotations
+
+import re
+
+import dask.array as da
+import numpy as np
+import pytest
+
+import dask_redist
+from dask_redist.report import RUNS_SHOWN, Status
+
+
+def test_status_prints_tables_with_durations_and_stays_a_dict(client):
+    a = np.arange(64 * 64.0).reshape(64, 64)
+    with dask_redist.enable(engine="dask"):
+        np.testing.assert_array_equal(da.from_array(a, chunks=(8, 64)).rechunk((64, 8)).compute(), a)
+    s = dask_redist.status(client)
+    assert isinstance(s, dict) and s["history"][-1]["outcome"] == "done"  # (as callers index it)
+    assert set(s["workers"]) == set(client.scheduler_info()["workers"]) and "unanswered" in s
+    text = str(s)
+    assert text.startswith(f"dask-redist: {len(s['workers'])} workers answered;"), text
+    assert "runs finished, latest last" in text and "dask" in text and "done" in text
+    assert re.search(r"outputs in memory\s+\+[\d.]+ [mu]?s\s+[\d.]+ [mu]?s ago", text), text
+    epochs = [t for marks in [s["timeline"], *(w["timeline"] for w in s["workers"].values())] for t in marks.values()]
+    assert epochs and not any(str(int(t)) in text for t in epochs), text  # durations, not epoch seconds
+    assert repr(s) == text
+    page = s._repr_html_()
+    assert page.count("<table>") == len(s.sections()) >= 3 and "outputs in memory" in page
+
+
+def test_status_shows_the_latest_runs_and_says_where_the_rest_are():
+    history = [{"token": f"{i:08x}" * 4, "run": 1, "engine": "dask", "outcome": "done", "bytes": 2**20,
+                "bytes moved": 2**19, "seconds": 0.25, "why": "set by redist.engine"} for i in range(RUNS_SHOWN + 5)]  # fmt: skip
+    s = Status({"history": history, "active": [], "timeline": {}, "engines": {}, "workers": {}, "unanswered": {}})
+    text = str(s)
+    assert "(5 earlier in status['history'])" in text and "1.00 MiB" in text and "250.00 ms" in text
+    assert f"{RUNS_SHOWN + 4:08x} #1" in text and f"{4:08x} #1" not in text and f"{5:08x} #1" in text
+
+
+def test_status_of_a_closed_client_says_so(cluster):
+    from distributed import Client
+
+    c = Client(cluster, set_as_default=False)
+    c.close()
+    with pytest.raises(ValueError, match="client: the Client is closed; dask_redist needs an open one"):
+        dask_redist.status(c)
