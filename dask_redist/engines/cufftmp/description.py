@@ -96,7 +96,7 @@ class CufftMpDescription(EngineDescription):
 
         answers = {w: r.get("capabilities", {}) for w, r in reports.items()}
         if answers and all(_cpu_only(a) for a in answers.values()):
-            return "no GPU on any worker (for GPU workers: pip install -e '.[gpu]', LocalCUDACluster)"
+            return "no GPU on any worker (GPU workers need the [gpu] extra, docs/deployment.md#install)"
         bad = sorted(w for w, a in answers.items() if not a.get("ok"))
         peers = f"; peer access between GPUs: {_peer_access()}; {remote_transport_line(reports)}"
         if not bad:
