@@ -134,7 +134,7 @@ def bench(args) -> int:
             for case, methods in todo:
                 console.print(f"[bold]{case.name}[/] ({protocol}): {', '.join(methods)} ...")
                 done = b.run_case(client, case, methods, reps=args.reps, kind=kind, ceiling=ceiling)
-                console.print(_table([r.row() for r in done]))
+                console.print(_table([r.row() for r in b.relate_to_floor(done)]))
                 results.update({(r.case, r.method): r for r in done})
                 if stem:  # after every case: a run cut short keeps what it measured
                     _write(stem, _ordered(results, plan), env, command)
@@ -148,7 +148,7 @@ def bench(args) -> int:
     if stem and env:
         _write(stem, ordered, env, command)
         console.print(f"wrote {stem}.md and {stem}.json")
-    console.print(_table([r.row() for r in ordered], "all cases"))
+    console.print(_table([r.row() for r in b.relate_to_floor(ordered)], "all cases"))
     return 0 if all(r.correct is not False for r in ordered) else 1
 
 
@@ -183,14 +183,18 @@ def _bench_plan(args) -> list:
     if args.suite:
         return [(case, tuple(m for m in ms if not args.methods or m in args.methods)) for case, ms in b.gpu_suite()]
     methods = tuple(args.methods or ("redist-dask", "tasks", "p2p"))
-    plan = []
+    plan, names = [], set()
     for size in args.size:
         for dtype in args.dtype:
             for n in args.chunks:
-                if "slab" in args.cases:
-                    plan.append((b.slab_case(size, n, dtype), methods))
-                if "pencil" in args.cases:
-                    plan.append((b.pencil_case(size, max(1, round(n**0.5)), dtype), methods))
+                cases = [b.slab_case(size, n, dtype)] if "slab" in args.cases else []
+                cases += [b.pencil_case(size, max(1, round(n**0.5)), dtype)] if "pencil" in args.cases else []
+                for case in cases:  # (results are kept by case name: a second one would replace the first)
+                    if case.name in names:
+                        console.print(f"[yellow]--chunks {n}: {case.name} is planned already; run once[/]")
+                        continue
+                    names.add(case.name)
+                    plan.append((case, methods))
     return plan
 
 
@@ -315,7 +319,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--methods", nargs="+",
         help="redist-cufftmp redist-dask tasks p2p, tasks-ucx p2p-ucx (on a UCX cluster), nvmath (raw Redistribute), "
-        "ceiling (peer-copy bound); default: redist-dask tasks p2p, or the suite's",
+        "ceiling (peer-copy bound), floor (Dask's floor: a layer of one coroutine task per output chunk over a "
+        "persisted input; every row then says how many times the floor it took); default: redist-dask tasks p2p, or the suite's",
     )  # fmt: skip
     p.add_argument("--suite", choices=["gpu"], help="the whole GPU table (cases and methods of bench.gpu_suite)")
     p.add_argument("--numpy", action="store_true", help="with --gpu: NumPy chunks on the dask-cuda workers")

@@ -42,6 +42,7 @@ class Result:
     engine_stats: dict | None = None  # cufftmp: the last run's stage/reshape/unstage ms per worker
     timeline: list | None = None  # collective: (ms since submit, event) of the last timed run
     note: str | None = None
+    floor_s: float | None = None  # the median of Dask's floor for the case's chunk count (`relate_to_floor`)
 
     def _engine_note(self) -> str:
         if not self.engine_stats:
@@ -68,7 +69,8 @@ class Result:
             "median": _seconds(self.median) if self.times else "unsupported" if self.error else "-",
             "min .. max": f"{_seconds(t[0])} .. {_seconds(t[-1])}" if t else "",
             "runs": len(t),
-            "GB/s": f"{self.nbytes / self.median / 1e9:.2f}" if self.times else "",
+            "GB/s": f"{self.nbytes / self.median / 1e9:.2f}" if self.times and self.method != "floor" else "",
+            "x floor": f"{self.median / self.floor_s:.2f}" if self.times and self.floor_s else "",
             "checked": {True: "equal", False: "WRONG", None: "-"}[self.correct],
             "of ceiling": f"{self.ceiling_s / self.median:.0%}" if self.times and self.ceiling_s else "",
             "GPU mem +": format_bytes(max(self.peak_gpu_bytes.values())) if self.peak_gpu_bytes else "",
@@ -163,6 +165,9 @@ def run_case(
         if method == "nvmath":
             _raw(case, r, reps, nworkers)
             continue
+        if method == "floor":
+            _floor(client, case, r, reps, kind)
+            continue
         for rep in range(reps + 1):
             seed = rep + 1
             x = None
@@ -198,6 +203,30 @@ def run_case(
             del y
         if method == "redist-cufftmp" and r.times:
             r.engine_stats = engine_stats(client)
+    return results
+
+
+def _floor(client, case: Case, r: Result, reps: int, kind: str) -> None:
+    """Dask's floor for the case's chunk count (`dask_redist.bench.floor`)."""
+    from dask_redist.bench.floor import measure_floor
+
+    try:
+        r.times, r.correct = measure_floor(client, case, reps, kind)
+    except Exception as e:
+        r.error = f"{type(e).__name__}: {e}".splitlines()[0]
+    r.note = "Dask's floor: one coroutine task per output chunk over a persisted input, no data"
+
+
+def relate_to_floor(results: list[Result]) -> list[Result]:
+    """Give every result the floor measured for its chunk counts (same input and output chunk
+    counts; the floor of its own case where there is one), for the "x floor" column."""
+    floors, by_counts = {}, {}
+    for r in results:
+        if r.method == "floor" and r.times:
+            floors[r.case] = r.median
+            by_counts.setdefault((r.nchunks_in, r.nchunks_out), r.median)
+    for r in results:
+        r.floor_s = floors.get(r.case, by_counts.get((r.nchunks_in, r.nchunks_out)))
     return results
 
 
@@ -271,7 +300,7 @@ def load_json(path: str) -> tuple[list[Result], str]:
 
 
 def markdown(results: list[Result], env: dict, command: str) -> str:
-    rows = [r.row() for r in results]
+    rows = [r.row() for r in relate_to_floor(results)]
     head = list(rows[0])
     lines = [
         f"Command: `{command}`  ",
@@ -357,7 +386,8 @@ def phases(results: list[Result]) -> list:
 
 def to_json(results: list[Result], env: dict, command: str) -> str:
     return json.dumps(
-        {"command": command, "environment": env, "results": [asdict(r) | {"median": r.median} for r in results]},
+        {"command": command, "environment": env,
+         "results": [asdict(r) | {"median": r.median} for r in relate_to_floor(results)]},  # fmt: skip
         indent=1,
         default=str,
     )
