@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.table import Table
 
 console = Console()
+DEFAULT_SIZE = ["1GiB"]
 
 
 def _table(rows: list[dict], title: str = "") -> Table:
@@ -97,6 +98,8 @@ def bench(args) -> int:
     command = "dask-redist bench " + " ".join(shlex.quote(a) for a in args.argv)
     if args.scale:
         return _scale(args, command)
+    if args.calibrate:
+        return _calibrate(args, command)
     if args.micro:
         with _client(args) as client:
             env = b.environment(client)
@@ -152,6 +155,32 @@ def bench(args) -> int:
     return 0 if all(r.correct is not False for r in ordered) else 1
 
 
+def _calibrate(args, command: str) -> int:
+    """The cost model of `redist.min-bytes: auto`, measured on this cluster, written as dask config."""
+    import dask
+
+    from dask_redist import bench as b
+    from dask_redist.bench.calibrate import calibrate, write_model
+
+    kind = "cupy" if args.gpu and not args.numpy else "numpy"
+    sizes = args.size
+    if sizes is not None and len(sizes) != 2:
+        raise SystemExit("dask-redist: --calibrate takes two --size values (small and large), or none")
+    with _client(args) as client:
+        env = b.environment(client)
+        measured = f"measured {env['date']}, {env['machine']}, {env['workers']} workers, dask {env['dask']}"
+        model, results = calibrate(client, kind, args.reps, sizes, measured,
+                                   progress=lambda line: console.print(line, markup=False, highlight=False))  # fmt: skip
+    console.print(_table([r.row() for r in results], "calibration runs"))
+    folder = args.out or dask.config.PATH
+    path = write_model(model, folder, command)
+    if args.out:
+        _write(os.path.join(args.out, args.name), results, env, command)
+    console.print(f"cost model {model.name}: dask {model.dask}, collective {model.collective}")
+    console.print(f"wrote {path}" + ("" if args.out else " (dask's config directory: read by every new session)"))
+    return 0 if all(r.correct is not False for r in results) else 1
+
+
 def _scale(args, command: str) -> int:
     """The scale model: one run's planning and bookkeeping, no cluster (dask_redist.bench.scale)."""
     import json
@@ -184,7 +213,7 @@ def _bench_plan(args) -> list:
         return [(case, tuple(m for m in ms if not args.methods or m in args.methods)) for case, ms in b.gpu_suite()]
     methods = tuple(args.methods or ("redist-dask", "tasks", "p2p"))
     plan, names = [], set()
-    for size in args.size:
+    for size in args.size or DEFAULT_SIZE:
         for dtype in args.dtype:
             for n in args.chunks:
                 cases = [b.slab_case(size, n, dtype)] if "slab" in args.cases else []
@@ -312,7 +341,7 @@ def main(argv: list[str] | None = None) -> int:
 
     p = sub.add_parser("bench", help="time every method on placed inputs; write Markdown and JSON")
     _cluster_args(p)
-    p.add_argument("--size", nargs="+", default=["1GiB"])
+    p.add_argument("--size", nargs="+", help="array sizes (default 1GiB)")
     p.add_argument("--chunks", nargs="+", type=int, default=[16, 64])
     p.add_argument("--dtype", nargs="+", default=["float64"])
     p.add_argument("--cases", nargs="+", default=["slab"], choices=["slab", "pencil"])
@@ -329,6 +358,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", help="folder for <name>.md and <name>.json")
     p.add_argument("--name", default="results")
     p.add_argument("--micro", action="store_true", help="graph rewrite time and the fixed cost of one run")
+    p.add_argument(
+        "--calibrate", action="store_true",
+        help="measure the cost model of redist.min-bytes: auto on this cluster (the collective and Dask's tasks "
+        "on the calibration cases; --size SMALL LARGE to change their sizes) and write it as the dask config file "
+        "redist-cost-model-<kind>-<workers>.yaml into --out, or into dask's config directory",
+    )  # fmt: skip
     p.add_argument("--rewrite-chunks", type=int, default=10_000)
     p.add_argument("--scale", action="store_true", help="the scale model: planning and bookkeeping of one run, no cluster")
     p.add_argument("--ranks", nargs="+", type=int, default=[2, 16, 256, 1024], help="--scale: rank counts")

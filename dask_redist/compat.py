@@ -21,6 +21,11 @@ What is relied on, and where:
   the collective's tasks (graph.layer) and the barrier stand-in (runtime.ordering);
 * ``dask.order.order``, looked up on the module by the scheduler for every graph:
   wrapped by runtime.ordering;
+* ``dask.array.rechunk.plan_rechunk``: the steps of Dask's ``tasks`` rechunk, whose tasks the
+  cost model counts (`plan_dask_rechunk`; planning.cost);
+* ``Client._scheduler_identity`` (distributed's cache of the scheduler's identity, refreshed
+  every few seconds): how many workers a client's cluster has, without a round trip
+  (`cached_worker_count`; the cost model picks its model by it, on the client);
 * expression mode: ``ArrayExpr.rechunk``, ``Rechunk`` and ``TasksRechunk`` in
   ``dask.array._array_expr`` (graph.expr);
 * a layer's ``collection_annotations["chunks"]``: the input chunks of a rechunk as the
@@ -45,8 +50,25 @@ P2P_PREFIX = "rechunk-p2p-"
 
 __all__ = [
     "DataNode", "GraphNode", "P2P_PREFIX", "RECHUNK_PREFIXES", "TESTED_DASK", "Task", "TaskRef", "array_expr",
-    "keep_annotations_current",
+    "cached_worker_count", "keep_annotations_current", "plan_dask_rechunk",
 ]  # fmt: skip
+
+
+def cached_worker_count(client) -> int | None:
+    """How many workers ``client``'s cluster had when the client last heard (None: unknown)."""
+    info = getattr(client, "_scheduler_identity", None) or {}
+    n = info.get("n_workers") or len(info.get("workers") or ())
+    return int(n) if n else None
+
+
+def plan_dask_rechunk(old, new, itemsize: int) -> list:
+    """The chunks after each step of Dask's ``tasks`` rechunk from ``old`` to ``new`` (the last
+    is ``new``), as Dask's planner picks them with the config's threshold and block size."""
+    if any(sum(axis) == 0 for axis in old):
+        return [new]  # (Dask builds an empty array, no steps)
+    from dask.array.rechunk import plan_rechunk
+
+    return plan_rechunk(old, new, itemsize)
 
 
 def array_expr():

@@ -169,8 +169,9 @@ def _decisions(x, settings: Settings, memory=None) -> list[tuple[str, str, objec
             if isinstance(node, Rechunk) and node.chunks != node.array.chunks:
                 a = node.array
                 spec, why = collective_spec(
-                    a._name, node._name, a.chunks, node.chunks, a.dtype, typename(type(a._meta)), settings
-                )
+                    a._name, node._name, a.chunks, node.chunks, a.dtype, typename(type(a._meta)), settings,
+                    len(memory[0]) if memory else None,
+                )  # fmt: skip
                 out.append((node._name, node.method or "auto", spec, why))
         return out
     graph = x.__dask_graph__()

@@ -245,3 +245,26 @@ def test_floor_on_cupy_chunks(gpu_client):
     assert type(x.blocks[0, 0, 0].compute()).__module__.startswith("cupy")
     times, correct = measure_floor(gpu_client, case, reps=2, kind="cupy")
     assert len(times) == 2 and correct is True
+
+
+@pytest.mark.slow
+def test_cli_calibrate_writes_a_model_the_settings_read(cluster, tmp_path):
+    """`bench --calibrate`: both methods on every calibration case, each result checked, and a dask
+    config file whose model `Settings` reads (named by kind and worker count)."""
+    import dask
+
+    from dask_redist.config import DEFAULTS, Settings
+    from dask_redist.planning.cost import models
+
+    out = str(tmp_path)
+    assert main(["bench", "--calibrate", "--scheduler", cluster.scheduler_address, "--size", "64KiB", "256KiB",
+                 "--reps", "1", "--out", out, "--name", "cal"]) == 0  # fmt: skip
+    rows = json.loads((tmp_path / "cal.json").read_text())["results"]
+    assert {r["method"] for r in rows} == {"redist-auto", "tasks"} and all(r["correct"] for r in rows)
+    nworkers = len(cluster.workers)
+    path = tmp_path / f"redist-cost-model-numpy-{nworkers}.yaml"
+    merged = dask.config.merge(DEFAULTS, dask.config.collect([str(path)], env={}))
+    (model,) = [m for m in models(Settings.from_config(merged["redist"]).cost_model) if m.workers == nworkers]
+    assert model.kind == "numpy" and "measured" in model.measured and all(v >= 0 for v in model.dask + model.collective)
+    with pytest.raises(SystemExit, match="two --size values"):
+        main(["bench", "--calibrate", "--scheduler", cluster.scheduler_address, "--size", "64KiB"])

@@ -81,6 +81,15 @@ def _even(n: int, parts: int) -> tuple[int, ...]:
     return tuple(int(x) for x in np.diff(np.linspace(0, n, parts + 1).round().astype(np.int64)))
 
 
+def line_case(nbytes: int | str, chunks_in: int, chunks_out: int, dtype: str = "float64") -> Case:
+    """A 1-D array in ``chunks_in`` even chunks rechunked to ``chunks_out`` (merging or splitting)."""
+    nbytes = parse_bytes(nbytes) if isinstance(nbytes, str) else nbytes
+    n = max(chunks_in, chunks_out, nbytes // np.dtype(dtype).itemsize)
+    old, new = (_even(n, chunks_in),), (_even(n, chunks_out),)
+    size = format_bytes(n * np.dtype(dtype).itemsize)
+    return Case(f"line {size} {len(old[0])}->{len(new[0])} {dtype}", (n,), dtype, old, new)
+
+
 def uneven_case(nbytes: int | str, dtype: str = "float64", seed: int = 0) -> Case:
     """A cube in 13 uneven slabs along axis 0 to 11 uneven slabs along axis 1, axis 2 cut in two."""
     nbytes, n = _cube(nbytes, dtype)

@@ -28,7 +28,7 @@ from dask_redist.core.spec import BARRIER_PREFIX, CollectiveSpec
 from dask_redist.graph.layer import collective_tasks
 from dask_redist.runtime import ordering
 from dask_redist.planning import PlanError, RechunkSpec
-from dask_redist.planning.cost import beyond_memory, dask_is_faster, pause_fraction
+from dask_redist.planning.cost import beyond_memory, dask_is_faster, estimate, pause_fraction
 
 def is_rechunk_layer(name: str) -> bool:
     return isinstance(name, str) and name.startswith(RECHUNK_PREFIXES)
@@ -97,12 +97,14 @@ def _method(chain: RechunkChain) -> str:
 
 
 def collective_spec(
-    input_name: str, output_name: str, old, new, dtype, chunk_type: str, settings: Settings
+    input_name: str, output_name: str, old, new, dtype, chunk_type: str, settings: Settings,
+    workers: int | None = None,
 ) -> tuple[CollectiveSpec | None, str]:
     """The collective for rechunking ``input_name`` into ``output_name``, or None and why not.
 
-    Shared by the graph rewrite and by expression mode (`dask_redist.graph.expr`).
-    """
+    Shared by the graph rewrite and by expression mode (`dask_redist.graph.expr`). ``workers``:
+    how many the cluster has, where known (the cost model measured nearest is used).
+    """  # fmt: skip
     if old is None or new is None or dtype is None:
         return None, "the rechunk's input carries no array metadata"
     if any(isinstance(c, float) and math.isnan(c) for axis in tuple(old) + tuple(new) for c in axis):
@@ -121,13 +123,16 @@ def collective_spec(
         rechunk = RechunkSpec(old, new, dtype.itemsize)
     except PlanError as e:
         return None, f"inconsistent chunks: {e}"
+    estimated = ""
     if settings.min_bytes == "auto":
-        if faster := dask_is_faster(rechunk, kind):
+        if faster := dask_is_faster(rechunk, kind, settings.cost_model, workers):
             return None, faster
+        estimated = estimate(rechunk, kind, settings.cost_model, workers)
     elif rechunk.nbytes < settings.min_bytes:
         return None, f"{rechunk.nbytes} bytes is below redist.min-bytes ({settings.min_bytes})"
     spec = CollectiveSpec(tokenize(output_name), input_name, output_name, rechunk, dtype, settings, kind)
-    return spec, f"eligible; chunks converted to {kind} when staged (redist.output-type)" if converts else "eligible"
+    reason = f"eligible; chunks converted to {kind} when staged (redist.output-type)" if converts else "eligible"
+    return spec, f"{reason} ({estimated})" if estimated else reason
 
 
 def input_chunks(hlg: HighLevelGraph, chain: RechunkChain):
@@ -162,7 +167,7 @@ def decide(hlg: HighLevelGraph, chain: RechunkChain, settings: Settings, old=Non
 
     ``old``: the input's chunks where the caller knows them (from the array itself); else
     from the graph (`input_chunks`). ``memory``: the workers' memory limits and pause
-    fraction, where known (`planning.cost.beyond_memory`).
+    fraction, where known (`planning.cost.beyond_memory`; their number picks the cost model).
     """
     method = _method(chain)
     source = hlg.layers.get(chain.source)
@@ -172,7 +177,7 @@ def decide(hlg: HighLevelGraph, chain: RechunkChain, settings: Settings, old=Non
         return Decision(chain, None, stale, method)
     spec, reason = collective_spec(
         chain.source, chain.output, old, out_ann.get("chunks"),
-        out_ann.get("dtype"), str(out_ann.get("chunk_type", "")), settings,
+        out_ann.get("dtype"), str(out_ann.get("chunk_type", "")), settings, len(memory[0]) if memory else None,
     )  # fmt: skip
     if spec is not None and (chain.source,) + (0,) * spec.rechunk.ndim not in source.get_output_keys():
         spec, reason = None, f"input keys of layer {chain.source} are not ({chain.source}, i, j, ...)"
