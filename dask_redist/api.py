@@ -11,10 +11,11 @@ import threading
 import dask
 import numpy as np
 
-from dask_redist.compat import keep_annotations_current
+from dask_redist.compat import keep_annotations_current, use_rechunk_step
 from dask_redist.config import DEFAULTS, ConfigError, Settings
 from dask_redist.core.assemble import converted
 from dask_redist.errors import NotEligibleError, RedistError
+from dask_redist.graph.lazy import lazy_rechunk_step
 from dask_redist.graph.optimize import CollectiveOptimizer, decide, find_rechunks, rewrite
 
 
@@ -92,9 +93,11 @@ def enable(**options) -> Enabled:
 
 def _patches(on: bool) -> None:
     """What dask needs changed beyond its optimize hook while enabled: the chunk sizes that
-    ``compute_chunk_sizes()`` finds kept where the graph rewrite reads them, and in expression
-    mode (no optimize hook) the rechunk expression swapped."""
+    ``compute_chunk_sizes()`` finds kept where the graph rewrite reads them, the steps of Dask's
+    rechunk built only when read (`graph.lazy`), and in expression mode (no optimize hook) the
+    rechunk expression swapped."""
     keep_annotations_current(on)
+    use_rechunk_step(lazy_rechunk_step if on else None)
     try:
         from dask_redist.graph import expr
     except ImportError:  # pragma: no cover - a dask without array expressions

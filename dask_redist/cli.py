@@ -136,7 +136,7 @@ def bench(args) -> int:
             env = env or b.environment(client) | ({"ceiling": ceiling} if ceiling else {})
             for case, methods in todo:
                 console.print(f"[bold]{case.name}[/] ({protocol}): {', '.join(methods)} ...")
-                done = b.run_case(client, case, methods, reps=args.reps, kind=kind, ceiling=ceiling)
+                done = b.run_case(client, case, methods, reps=args.reps, kind=kind, ceiling=ceiling, interleave=args.interleave)
                 console.print(_table([r.row() for r in b.relate_to_floor(done)]))
                 results.update({(r.case, r.method): r for r in done})
                 if stem:  # after every case: a run cut short keeps what it measured
@@ -354,7 +354,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--suite", choices=["gpu"], help="the whole GPU table (cases and methods of bench.gpu_suite)")
     p.add_argument("--numpy", action="store_true", help="with --gpu: NumPy chunks on the dask-cuda workers")
     p.add_argument("--append", action="store_true", help="keep the results already in --out/--name, replace re-run ones")
-    p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--reps", type=int, default=3, help="timed runs of each method, after one warm-up (default 3)")
+    p.add_argument(
+        "--interleave", action="store_true",
+        help="the methods of a case take turns, one run each (A B A B ...): on a shared machine whose speed "
+        "drifts, all slow alike",
+    )  # fmt: skip
     p.add_argument("--out", help="folder for <name>.md and <name>.json")
     p.add_argument("--name", default="results")
     p.add_argument("--micro", action="store_true", help="graph rewrite time and the fixed cost of one run")

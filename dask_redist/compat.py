@@ -21,6 +21,9 @@ What is relied on, and where:
   the collective's tasks (graph.layer) and the barrier stand-in (runtime.ordering);
 * ``dask.order.order``, looked up on the module by the scheduler for every graph:
   wrapped by runtime.ordering;
+* ``dask.array.rechunk._compute_rechunk`` (one step of Dask's ``tasks`` rechunk) and how it
+  names its layer (``rechunk-merge-`` + ``tokenize(x, chunks)``): while enabled, the module's
+  function is swapped for one that builds the same layer lazily (`use_rechunk_step`, graph.lazy);
 * ``dask.array.rechunk.plan_rechunk``: the steps of Dask's ``tasks`` rechunk, whose tasks the
   cost model counts (`plan_dask_rechunk`; planning.cost);
 * ``Client._scheduler_identity`` (distributed's cache of the scheduler's identity, refreshed
@@ -50,8 +53,30 @@ P2P_PREFIX = "rechunk-p2p-"
 
 __all__ = [
     "DataNode", "GraphNode", "P2P_PREFIX", "RECHUNK_PREFIXES", "TESTED_DASK", "Task", "TaskRef", "array_expr",
-    "cached_worker_count", "keep_annotations_current", "plan_dask_rechunk",
+    "cached_worker_count", "keep_annotations_current", "original_rechunk_step", "plan_dask_rechunk",
+    "use_rechunk_step",
 ]  # fmt: skip
+
+
+def _rechunk_module():
+    import importlib
+
+    return importlib.import_module("dask.array.rechunk")  # (the package's attribute is the function)
+
+
+_original_step = _rechunk_module()._compute_rechunk
+
+
+def original_rechunk_step(x, chunks):
+    """Dask's own ``_compute_rechunk``: one step of its ``tasks`` rechunk, every task built."""
+    return _original_step(x, chunks)
+
+
+def use_rechunk_step(step=None) -> None:
+    """``dask.array.rechunk`` builds each step of its ``tasks`` rechunk with ``step`` (None: its own).
+
+    ``rechunk`` looks the function up on its module at every call."""
+    _rechunk_module()._compute_rechunk = step or _original_step
 
 
 def cached_worker_count(client) -> int | None:

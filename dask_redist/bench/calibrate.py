@@ -1,6 +1,7 @@
 """``dask-redist bench --calibrate``: measure the cost model of ``redist.min-bytes: auto`` here.
 
-Times the collective (``redist.engine: auto``, as users run it) and Dask's ``tasks`` rechunk on
+Times the collective (``redist.engine: auto``, as users run it) and Dask's ``tasks`` rechunk, taking
+turns run by run (a shared machine's drift then slows both alike), on
 cases chosen to tell the model's terms apart (`cases`): slabs at 2-256 chunks (per chunk and per
 task), two sizes (per byte), 1-D merges and a split (input and output chunk counts apart, the
 few tasks of a merge), then fits each method's line (`dask_redist.planning.cost.fit`) and writes
@@ -75,7 +76,7 @@ def calibrate(client, kind: str, reps: int, sizes=None, measured: str = "", prog
     results = []
     for case in case_list:
         progress(f"calibration: {case.name} ...")
-        results += run_case(client, case, tuple(METHODS.values()), reps=reps, kind=kind)
+        results += run_case(client, case, tuple(METHODS.values()), reps=reps, kind=kind, interleave=True)
     return model_from(results, case_list, kind, workers, measured), results
 
 

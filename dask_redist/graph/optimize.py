@@ -314,12 +314,21 @@ def stage_grouping(spec: CollectiveSpec, inline=lambda force: None) -> tuple[Col
     else:
         groups = persisted_groups(spec)
         inputs = inline(False) if groups is None else None
-        token = spec.token if groups is None else tokenize(spec.token, groups)
+        token = spec.token if groups is None else tokenize(spec.token, group_of_chunks(groups, spec.rechunk.old_grid))
         _GROUPINGS.pop(spec.token, None)
         _GROUPINGS[spec.token] = (token, groups, inputs is not None)
         while len(_GROUPINGS) > GROUPINGS_KEPT:
             del _GROUPINGS[next(iter(_GROUPINGS))]
     return (spec if token == spec.token else replace(spec, token=token)), groups, inputs
+
+
+def group_of_chunks(groups: list[list[tuple[int, ...]]], grid) -> np.ndarray:
+    """Each input chunk's group number, by flat index: the grouping as one array, which dask
+    tokenizes by its bytes (the groups as lists of index tuples took 0.53 s at 4096 chunks)."""
+    out = np.empty(math.prod(grid), dtype=np.int64)
+    for g, group in enumerate(groups):
+        out[np.ravel_multi_index(tuple(np.asarray(group).T), grid)] = g
+    return out
 
 
 def persisted_groups(spec: CollectiveSpec) -> list[list[tuple[int, ...]]] | None:
