@@ -163,17 +163,15 @@ def _calibrate(args, command: str) -> int:
     from dask_redist.bench.calibrate import calibrate, write_model
 
     kind = "cupy" if args.gpu and not args.numpy else "numpy"
-    sizes = args.size
-    if sizes is not None and len(sizes) != 2:
+    if args.size is not None and len(args.size) != 2:
         raise SystemExit("dask-redist: --calibrate takes two --size values (small and large), or none")
     with _client(args) as client:
         env = b.environment(client)
         measured = f"measured {env['date']}, {env['machine']}, {env['workers']} workers, dask {env['dask']}"
-        model, results = calibrate(client, kind, args.reps, sizes, measured,
+        model, results = calibrate(client, kind, args.reps, args.size, measured,
                                    progress=lambda line: console.print(line, markup=False, highlight=False))  # fmt: skip
     console.print(_table([r.row() for r in results], "calibration runs"))
-    folder = args.out or dask.config.PATH
-    path = write_model(model, folder, command)
+    path = write_model(model, args.out or dask.config.PATH, command)
     if args.out:
         _write(os.path.join(args.out, args.name), results, env, command)
     console.print(f"cost model {model.name}: dask {model.dask}, collective {model.collective}")

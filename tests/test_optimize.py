@@ -327,3 +327,25 @@ def test_min_bytes_auto_is_what_explain_says_and_what_runs(client):
         got = y.compute()
     np.testing.assert_array_equal(got, a)
     assert "Dask's rechunk is estimated faster" in text and "min-bytes: auto" in text  # (tests/test_cost.py)
+
+
+def test_dasks_optimizations_are_skipped_only_where_they_would_change_nothing(client, monkeypatch):
+    """A persisted array's rechunk, persisted: its graph is the collective's tasks over Futures, all
+    wanted, and dask's passes are skipped; with any other task, or fewer keys wanted, they run."""
+    import dask.array.optimization as optimization
+    from distributed import wait
+
+    calls = []
+    original = optimization.optimize
+    monkeypatch.setattr(optimization, "optimize", lambda dsk, keys, **kw: calls.append(1) or original(dsk, keys, **kw))
+    a = np.arange(40 * 36, dtype=np.float64).reshape(40, 36)
+    x = da.from_array(a, chunks=(4, 36)).persist()
+    with dask_redist.enable(engine="dask", min_bytes=0):
+        y = x.rechunk((40, 6)).persist()
+        wait(y)
+        assert calls == []
+        np.testing.assert_array_equal((x.rechunk((40, 3)) + 1).compute(), a + 1)
+        assert calls == [1]
+        np.testing.assert_array_equal(x.rechunk((40, 9))[:, :9].compute(), a[:, :9])
+        assert calls == [1, 1]
+    np.testing.assert_array_equal(y.compute(), a)

@@ -108,3 +108,25 @@ def measure_floor(client, case: Case, reps: int, kind: str = "numpy") -> tuple[l
             times.append(elapsed)
         del x, y, layer
     return times, correct
+
+
+def floor_row(client, case: Case, r, reps: int, kind: str) -> None:
+    """Fill the harness's `Result` ``r`` with Dask's floor for the case's chunk counts."""
+    try:
+        r.times, r.correct = measure_floor(client, case, reps, kind)
+    except Exception as e:
+        r.error = f"{type(e).__name__}: {e}".splitlines()[0]
+    r.note = "Dask's floor: one coroutine task per output chunk over a persisted input, no data"
+
+
+def relate_to_floor(results: list) -> list:
+    """Give every result the floor measured for its chunk counts (same input and output chunk
+    counts; the floor of its own case where there is one), for the "x floor" column."""
+    floors, by_counts = {}, {}
+    for r in results:
+        if r.method == "floor" and r.times:
+            floors[r.case] = r.median
+            by_counts.setdefault((r.nchunks_in, r.nchunks_out), r.median)
+    for r in results:
+        r.floor_s = floors.get(r.case, by_counts.get((r.nchunks_in, r.nchunks_out)))
+    return results

@@ -26,6 +26,7 @@ import numpy as np
 from dask.utils import format_bytes
 
 from dask_redist.bench.cases import METHODS, Case, check, contiguous, placed_array
+from dask_redist.bench.floor import floor_row, relate_to_floor
 
 @dataclass
 class Result:
@@ -179,7 +180,7 @@ def _measured_apart(client, case: Case, r: Result, reps: int, kind: str, nworker
     elif r.method == "nvmath":
         _raw(case, r, reps, nworkers)
     elif r.method == "floor":
-        _floor(client, case, r, reps, kind)
+        floor_row(client, case, r, reps, kind)
     else:
         return False
     return True
@@ -220,30 +221,6 @@ def _timed_run(client, case: Case, r: Result, rep: int, kind: str) -> None:
     r.correct = ok if r.correct is None else r.correct and ok
     if rep:  # rep 0 is the warm-up
         r.times.append(elapsed)
-
-
-def _floor(client, case: Case, r: Result, reps: int, kind: str) -> None:
-    """Dask's floor for the case's chunk count (`dask_redist.bench.floor`)."""
-    from dask_redist.bench.floor import measure_floor
-
-    try:
-        r.times, r.correct = measure_floor(client, case, reps, kind)
-    except Exception as e:
-        r.error = f"{type(e).__name__}: {e}".splitlines()[0]
-    r.note = "Dask's floor: one coroutine task per output chunk over a persisted input, no data"
-
-
-def relate_to_floor(results: list[Result]) -> list[Result]:
-    """Give every result the floor measured for its chunk counts (same input and output chunk
-    counts; the floor of its own case where there is one), for the "x floor" column."""
-    floors, by_counts = {}, {}
-    for r in results:
-        if r.method == "floor" and r.times:
-            floors[r.case] = r.median
-            by_counts.setdefault((r.nchunks_in, r.nchunks_out), r.median)
-    for r in results:
-        r.floor_s = floors.get(r.case, by_counts.get((r.nchunks_in, r.nchunks_out)))
-    return results
 
 
 def _raw(case: Case, r: Result, reps: int, nworkers: int) -> None:
