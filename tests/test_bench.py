@@ -62,8 +62,8 @@ def test_ceiling_row_and_fraction_of_ceiling():
 
 def _ceiling_only(case, ceiling):
     class FakeClient:  # the ceiling row needs only the worker count
-        def scheduler_info(self, n_workers=-1):
-            return {"workers": {"a": {}, "b": {}}}
+        def ncores(self):
+            return {"a": 1, "b": 1}
 
     return b.run_case(FakeClient(), case, ("ceiling",), ceiling=ceiling)
 

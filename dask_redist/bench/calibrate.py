@@ -16,7 +16,7 @@ import os
 import numpy as np
 import yaml
 
-from dask_redist.bench.cases import Case, line_case, pencil_case, slab_case
+from dask_redist.bench.cases import Case, line_case, pencil_case, slab_case, worker_addresses
 from dask_redist.bench.harness import Result, run_case
 from dask_redist.planning import RechunkSpec
 from dask_redist.planning.cost import CostModel, fit
@@ -71,7 +71,7 @@ def model_from(
 def calibrate(client, kind: str, reps: int, sizes=None, measured: str = "", progress=print) -> tuple[CostModel, list[Result]]:
     """Time the calibration cases on ``client``'s cluster and fit the model of ``kind``."""
     small, large = sizes or SIZES[kind]
-    workers = len(client.scheduler_info(n_workers=-1)["workers"])
+    workers = len(worker_addresses(client))
     case_list = cases(small, large)
     results = []
     for case in case_list:

@@ -181,11 +181,21 @@ def contiguous(i: int, n: int, nworkers: int) -> int:
     return i * nworkers // n
 
 
+def worker_addresses(client) -> list[str]:
+    """The cluster's workers, sorted, asked of the scheduler (``client.scheduler_info()`` reads a
+    cache that distributed's periodic refresh fills without workers: read right after one, it
+    says none, which failed a bench row with an IndexError on the busy CPU machine)."""
+    workers = sorted(client.ncores())
+    if not workers:
+        raise RuntimeError("the cluster has no workers")
+    return workers
+
+
 def placed_array(client, case: Case, seed: int, kind: str = "numpy", placement=contiguous) -> da.Array:
     """The case's input, chunk i of n created on worker ``placement(i, n, W)``."""
     from distributed import wait
 
-    workers = sorted(client.scheduler_info(n_workers=-1)["workers"])
+    workers = worker_addresses(client)
     grid = [len(c) for c in case.old]
     n = math.prod(grid)
     name = f"bench-input-{seed}-{dask.base.tokenize(case, kind, placement)}"

@@ -20,7 +20,7 @@ import dask.array as da
 import numpy as np
 from dask.highlevelgraph import HighLevelGraph
 
-from dask_redist.bench.cases import Case, contiguous
+from dask_redist.bench.cases import Case, contiguous, worker_addresses
 from dask_redist.compat import Task, TaskRef
 
 #: Values per chunk of the floor's arrays (the issue's definition: chunks of 8 float64).
@@ -56,7 +56,7 @@ def floor_input(client, case: Case, seed: int, kind: str = "numpy") -> da.Array:
     like the case's input."""
     from distributed import wait
 
-    workers = sorted(client.scheduler_info(n_workers=-1)["workers"])
+    workers = worker_addresses(client)
     grid = [len(c) for c in case.old]
     n = math.prod(grid)
     name = f"floor-input-{seed}-{dask.base.tokenize(case, kind)}"

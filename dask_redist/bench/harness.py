@@ -25,7 +25,7 @@ import dask
 import numpy as np
 from dask.utils import format_bytes
 
-from dask_redist.bench.cases import METHODS, Case, check, contiguous, placed_array
+from dask_redist.bench.cases import METHODS, Case, check, contiguous, placed_array, worker_addresses
 from dask_redist.bench.floor import floor_row, relate_to_floor
 
 @dataclass
@@ -140,7 +140,7 @@ def run_case(
     row gets the fraction of the physical ceiling it reached. ``interleave``: the methods take
     turns, one run each (A B A B ...), so that a machine whose speed drifts slows them alike.
     """  # fmt: skip
-    nworkers = len(client.scheduler_info(n_workers=-1)["workers"])
+    nworkers = len(worker_addresses(client))
     ceiling_s = crossing = None
     if ceiling and "peer GB/s per direction" in ceiling:
         crossing = crossing_bytes(case, nworkers)
