@@ -12,12 +12,13 @@ import numpy as np
 
 from dask_redist.compat import (
     keep_annotations_current, meta_of, original_rechunk, read_array_optimize_through, record_explicit_methods,
-    worker_info,
+    use_rechunk_step, worker_info,
 )  # fmt: skip
 from dask_redist.config import Settings, check_known, flatten, restore_defaults
 from dask_redist.core.assemble import converted
 from dask_redist.core.messages import ForgetWorld, SchedulerStatus
 from dask_redist.errors import NotEligibleError, RedistError, RedistTimeoutError
+from dask_redist.graph.lazy import lazy_rechunk_step
 from dask_redist.graph.optimize import CollectiveOptimizer, decide, find_rechunks, rewrite
 from dask_redist import submissions
 from dask_redist.report import Status
@@ -107,11 +108,12 @@ def _patches(on: bool) -> None:
     """What dask needs changed beyond its optimize hook while enabled: the chunk sizes that
     ``compute_chunk_sizes()`` finds kept where the graph rewrite reads them, a ``method=`` the
     caller passed to a rechunk recorded there too, the settings read (and checked) on the client
-    when a graph is submitted, and in expression mode (no optimize hook) the rechunk expression
-    swapped."""
+    when a graph is submitted, the steps of Dask's rechunk built only when read (`graph.lazy`),
+    and in expression mode (no optimize hook) the rechunk expression swapped."""
     keep_annotations_current(on)
     record_explicit_methods(_respect_method if on else None)
     read_array_optimize_through(snapshot if on else None)
+    use_rechunk_step(lazy_rechunk_step if on else None)
     try:
         from dask_redist.graph import expr
     except ImportError:  # pragma: no cover - a dask without array expressions

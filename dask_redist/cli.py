@@ -18,6 +18,7 @@ import sys
 from rich.console import Console
 
 console = Console()
+DEFAULT_SIZE = ["1GiB"]
 
 
 def _show(rows: list[dict], title: str = "") -> None:
@@ -147,6 +148,8 @@ def bench(args) -> int:
         from dask_redist.bench import fft
 
         return fft.main(args, command, _client, _show, _write)
+    if args.calibrate:
+        return _calibrate(args, command)
     if args.micro:
         with _client(args) as client:
             env = b.environment(client)
@@ -183,8 +186,8 @@ def bench(args) -> int:
             env = env or b.environment(client) | ({"ceiling": ceiling} if ceiling else {})
             for case, methods in todo:
                 console.print(f"[bold]{case.name}[/] ({protocol}): {', '.join(methods)} ...")
-                done = b.run_case(client, case, methods, reps=args.reps, kind=kind, ceiling=ceiling)
-                _show([r.row() for r in done])
+                done = b.run_case(client, case, methods, reps=args.reps, kind=kind, ceiling=ceiling, interleave=args.interleave)
+                _show([r.row() for r in b.relate_to_floor(done)])
                 results.update({(r.case, r.method): r for r in done})
                 if stem:  # after every case: a run cut short keeps what it measured
                     _write(stem, _ordered(results, plan), env, command)
@@ -198,8 +201,32 @@ def bench(args) -> int:
     if stem and env:
         _write(stem, ordered, env, command)
         console.print(f"wrote {stem}.md and {stem}.json")
-    _show([r.row() for r in ordered], "all cases")
+    _show([r.row() for r in b.relate_to_floor(ordered)], "all cases")
     return 0 if all(r.correct is not False for r in ordered) else 1
+
+
+def _calibrate(args, command: str) -> int:
+    """The cost model of `redist.min-bytes: auto`, measured on this cluster, written as dask config."""
+    import dask
+
+    from dask_redist import bench as b
+    from dask_redist.bench.calibrate import calibrate, write_model
+
+    kind = "cupy" if args.gpu and not args.numpy else "numpy"
+    if args.size is not None and len(args.size) != 2:
+        raise SystemExit("dask-redist: --calibrate takes two --size values (small and large), or none")
+    with _client(args) as client:
+        env = b.environment(client)
+        measured = f"measured {env['date']}, {env['machine']}, {env['workers']} workers, dask {env['dask']}"
+        model, results = calibrate(client, kind, args.reps, args.size, measured,
+                                   progress=lambda line: console.print(line, markup=False, highlight=False))  # fmt: skip
+    _show([r.row() for r in results], "calibration runs")
+    path = write_model(model, args.out or dask.config.PATH, command)
+    if args.out:
+        _write(os.path.join(args.out, args.name), results, env, command)
+    console.print(f"cost model {model.name}: dask {model.dask}, collective {model.collective}")
+    console.print(f"wrote {path}" + ("" if args.out else " (dask's config directory: read by every new session)"))
+    return 0 if all(r.correct is not False for r in results) else 1
 
 
 def _scale(args, command: str) -> int:
@@ -233,14 +260,18 @@ def _bench_plan(args) -> list:
     if args.suite:
         return [(case, tuple(m for m in ms if not args.methods or m in args.methods)) for case, ms in b.gpu_suite()]
     methods = tuple(args.methods or ("redist-dask", "tasks", "p2p"))
-    plan = []
-    for size in args.size:
+    plan, names = [], set()
+    for size in args.size or DEFAULT_SIZE:
         for dtype in args.dtype:
             for n in args.chunks:
-                if "slab" in args.cases:
-                    plan.append((b.slab_case(size, n, dtype), methods))
-                if "pencil" in args.cases:
-                    plan.append((b.pencil_case(size, max(1, round(n**0.5)), dtype), methods))
+                cases = [b.slab_case(size, n, dtype)] if "slab" in args.cases else []
+                cases += [b.pencil_case(size, max(1, round(n**0.5)), dtype)] if "pencil" in args.cases else []
+                for case in cases:  # (results are kept by case name: a second one would replace the first)
+                    if case.name in names:
+                        console.print(f"[yellow]--chunks {n}: {case.name} is planned already; run once[/]")
+                        continue
+                    names.add(case.name)
+                    plan.append((case, methods))
     return plan
 
 
@@ -377,7 +408,7 @@ def parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("bench", help="time every method on placed inputs; write Markdown and JSON")
     _cluster_args(p)
-    p.add_argument("--size", nargs="+", default=["1GiB"], help="array sizes, e.g. 256MiB 1GiB (default 1GiB)")
+    p.add_argument("--size", nargs="+", help="array sizes, e.g. 256MiB 1GiB (default 1GiB)")
     p.add_argument("--chunks", nargs="+", type=int, default=[16, 64], help="chunks before and after (default 16 64)")
     p.add_argument("--dtype", nargs="+", default=["float64"], help="NumPy dtypes of the arrays (default float64)")
     p.add_argument(
@@ -387,15 +418,28 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--methods", nargs="+",
         help=f"redist-ENGINE ({', '.join(engines)}), tasks p2p, tasks-ucx p2p-ucx (on a UCX cluster), nvmath (raw "
-        "Redistribute), ceiling (peer-copy bound); default: redist-dask tasks p2p, or the suite's",
+        "Redistribute), ceiling (peer-copy bound), floor (Dask's floor: a layer of one coroutine task per output "
+        "chunk over a persisted input; every row then says how many times the floor it took); default: "
+        "redist-dask tasks p2p, or the suite's",
     )  # fmt: skip
     p.add_argument("--suite", choices=["gpu"], help="the whole GPU table (cases and methods of bench.gpu_suite)")
     p.add_argument("--numpy", action="store_true", help="with --gpu: NumPy chunks on the dask-cuda workers")
     p.add_argument("--append", action="store_true", help="keep the results already in --out/--name, replace re-run ones")
     p.add_argument("--reps", type=int, default=3, help="timed runs of each method, after one warm-up (default 3)")
+    p.add_argument(
+        "--interleave", action="store_true",
+        help="the methods of a case take turns, one run each (A B A B ...): on a shared machine whose speed "
+        "drifts, all slow alike",
+    )  # fmt: skip
     p.add_argument("--out", metavar="FOLDER", help="write <name>.md and <name>.json there (default: print only)")
     p.add_argument("--name", default="results", help="file name (no extension) of the --out files (default results)")
     p.add_argument("--micro", action="store_true", help="graph rewrite time and the fixed cost of one run")
+    p.add_argument(
+        "--calibrate", action="store_true",
+        help="measure the cost model of redist.min-bytes: auto on this cluster (the collective and Dask's tasks "
+        "on the calibration cases; --size SMALL LARGE to change their sizes) and write it as the dask config file "
+        "redist-cost-model-<kind>-<workers>.yaml into --out, or into dask's config directory",
+    )  # fmt: skip
     p.add_argument("--rewrite-chunks", type=int, default=10_000, help="--micro: chunks of the rewritten rechunk (default 10000)")
     p.add_argument("--scale", action="store_true", help="the scale model: planning and bookkeeping of one run, no cluster")
     p.add_argument("--ranks", nargs="+", type=int, default=[2, 16, 256, 1024], help="--scale: rank counts")

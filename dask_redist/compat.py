@@ -21,6 +21,14 @@ What is relied on, and where:
   the collective's tasks (graph.layer) and the barrier stand-in (runtime.ordering);
 * ``dask.order.order``, looked up on the module by the scheduler for every graph:
   wrapped by runtime.ordering;
+* ``dask.array.rechunk._compute_rechunk`` (one step of Dask's ``tasks`` rechunk) and how it
+  names its layer (``rechunk-merge-`` + ``tokenize(x, chunks)``): while enabled, the module's
+  function is swapped for one that builds the same layer lazily (`use_rechunk_step`, graph.lazy);
+* ``dask.array.rechunk.plan_rechunk``: the steps of Dask's ``tasks`` rechunk, whose tasks the
+  cost model counts (`plan_dask_rechunk`; planning.cost);
+* ``Client._scheduler_identity`` (distributed's cache of the scheduler's identity, refreshed
+  every few seconds): how many workers a client's cluster has, without a round trip
+  (`cached_worker_count`; the cost model picks its model by it, on the client);
 * expression mode: ``ArrayExpr.rechunk``, ``Rechunk`` and ``TasksRechunk`` in
   ``dask.array._array_expr`` (graph.expr);
 * distributed's ``Scheduler._instances`` and ``Scheduler._active_graph_updates``: which
@@ -68,9 +76,48 @@ METHOD_ANNOTATION = "redist-method"
 
 __all__ = [
     "DataNode", "GraphNode", "P2P_PREFIX", "RECHUNK_PREFIXES", "TESTED_DASK", "Task", "TaskRef", "array_expr",
-    "METHOD_ANNOTATION", "building_graph", "keep_annotations_current", "meta_of", "original_rechunk",
-    "read_array_optimize_through", "record_explicit_methods", "running_schedulers", "with_operand", "worker_info",
+    "METHOD_ANNOTATION", "building_graph", "cached_worker_count", "keep_annotations_current", "meta_of",
+    "original_rechunk", "original_rechunk_step", "plan_dask_rechunk", "read_array_optimize_through",
+    "record_explicit_methods", "running_schedulers", "use_rechunk_step", "with_operand", "worker_info",
 ]  # fmt: skip
+
+
+def _rechunk_module():
+    import importlib
+
+    return importlib.import_module("dask.array.rechunk")  # (the package's attribute is the function)
+
+
+_original_step = _rechunk_module()._compute_rechunk
+
+
+def original_rechunk_step(x, chunks):
+    """Dask's own ``_compute_rechunk``: one step of its ``tasks`` rechunk, every task built."""
+    return _original_step(x, chunks)
+
+
+def use_rechunk_step(step=None) -> None:
+    """``dask.array.rechunk`` builds each step of its ``tasks`` rechunk with ``step`` (None: its own).
+
+    ``rechunk`` looks the function up on its module at every call."""
+    _rechunk_module()._compute_rechunk = step or _original_step
+
+
+def cached_worker_count(client) -> int | None:
+    """How many workers ``client``'s cluster had when the client last heard (None: unknown)."""
+    info = getattr(client, "_scheduler_identity", None) or {}
+    n = info.get("n_workers") or len(info.get("workers") or ())
+    return int(n) if n else None
+
+
+def plan_dask_rechunk(old, new, itemsize: int) -> list:
+    """The chunks after each step of Dask's ``tasks`` rechunk from ``old`` to ``new`` (the last
+    is ``new``), as Dask's planner picks them with the config's threshold and block size."""
+    if any(sum(axis) == 0 for axis in old):
+        return [new]  # (Dask builds an empty array, no steps)
+    from dask.array.rechunk import plan_rechunk
+
+    return plan_rechunk(old, new, itemsize)
 
 
 def array_expr():

@@ -10,6 +10,7 @@ from __future__ import annotations
 import difflib
 import os
 from dataclasses import dataclass
+from numbers import Real
 
 import dask
 import yaml
@@ -148,6 +149,48 @@ def _int(key, value, low=0) -> int:
     return value
 
 
+#: The terms of each method's line in a cost model (``redist.cost-model``; `dask_redist.planning.cost`).
+COST_TERMS = {
+    "dask": ("fixed", "per-task", "per-byte"),
+    "collective": ("fixed", "per-input-chunk", "per-output-chunk", "per-byte"),
+}
+
+
+def _cost_entry(name: str, entry) -> tuple:
+    key = f"redist.cost-model.{name}"
+    if not isinstance(entry, dict):
+        raise ConfigError(f"{key} must be a mapping with kind, workers, dask and collective, got {entry!r}")
+    if entry.get("kind") not in CHUNK_TYPES:
+        raise ConfigError(f"{key}.kind must be one of {', '.join(CHUNK_TYPES)}, got {entry.get('kind')!r}")
+    workers = entry.get("workers")
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+        raise ConfigError(f"{key}.workers must be an integer >= 1, got {workers!r}")
+    lines = []
+    for method, terms in COST_TERMS.items():
+        line = entry.get(method)
+        if not isinstance(line, dict) or set(line) != set(terms):
+            raise ConfigError(f"{key}.{method} must be a mapping of {', '.join(terms)} (seconds), got {line!r}")
+        for term in terms:
+            v = line[term]
+            if isinstance(v, bool) or not isinstance(v, Real) or not v >= 0:
+                raise ConfigError(f"{key}.{method}.{term} must be a number >= 0 (seconds), got {v!r}")
+        lines.append(tuple(float(line[t]) for t in terms))
+    return (name, entry["kind"], workers, str(entry.get("measured", "")), *lines)
+
+
+def _cost_model(value) -> tuple:
+    """``redist.cost-model`` as a tuple of (name, kind, workers, measured, dask line, collective line)."""
+    if value is None:
+        return ()
+    if not isinstance(value, dict):
+        raise ConfigError(f"redist.cost-model must be a mapping of named models (or null), got {value!r}")
+    return tuple(_cost_entry(name, entry) for name, entry in sorted(value.items()))
+
+
+#: The packaged cost models (redist.yaml): the default of `Settings.cost_model`.
+PACKAGED_COST_MODEL = _cost_model(DEFAULTS["redist"]["cost-model"])
+
+
 @dataclass(frozen=True)
 class Settings:
     """A validated snapshot of ``redist.*``."""
@@ -157,6 +200,7 @@ class Settings:
     chunk_types: tuple[str, ...] = CHUNK_TYPES
     output_type: str = "same"  # or a chunk type every input chunk is converted to when staged
     min_bytes: int | str = "auto"  # bytes, or "auto": the measured model of planning.cost
+    cost_model: tuple = PACKAGED_COST_MODEL  # the models "auto" reads (`_cost_model`)
     numpy_via_gpus: int | None = 256 << 20  # NumPy rechunks this large go through the GPUs under auto
     memory_budget: int = 2**30
     size_class_bits: int = 4
@@ -197,6 +241,7 @@ class Settings:
             chunk_types=tuple(types),
             output_type=output_type,
             min_bytes=_min_bytes(_get("min-bytes", config)),
+            cost_model=_cost_model(_get("cost-model", config)),
             numpy_via_gpus=_size_or_off("numpy-via-gpus", _get("numpy-via-gpus", config)),
             memory_budget=budget,
             size_class_bits=_int("size-class-bits", _get("size-class-bits", config)),

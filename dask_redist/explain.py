@@ -184,8 +184,9 @@ def _decisions(x, settings: Settings, memory=None) -> list[tuple[str, str, objec
                 spec, why = None, _kept_for_method(node)
                 if why is None:
                     spec, why = collective_spec(
-                        a._name, node._name, a.chunks, node.chunks, a.dtype, typename(type(meta_of(a))), settings
-                    )
+                        a._name, node._name, a.chunks, node.chunks, a.dtype, typename(type(meta_of(a))), settings,
+                        len(memory[0]) if memory else None,
+                    )  # fmt: skip
                 out.append((node._name, node.method or "auto", spec, why))
         return out
     graph = x.__dask_graph__()

@@ -164,3 +164,115 @@ def test_slopes_and_phases_tables():
     text = markdown(results, {"date": "d", "machine": "m", "workers": 2}, "cmd")
     assert "Cost per added chunk" in text and "Where the time goes" in text
     assert slopes(results[:1]) == [] and phases(results[:1]) == []
+
+
+def test_slab_cases_give_as_many_chunks_as_asked_beyond_the_cube_side():
+    """8 GiB of float64 is a cube of side 1024: 4096 slabs were 1024 (the same case as 1024, so the
+    bench kept one row for both). Now a (4096, 4096, 64) array of as many bytes."""
+    cases = {n: b.slab_case("8GiB", n) for n in (1024, 4096)}
+    assert cases[1024].shape == (1024, 1024, 1024)
+    big = cases[4096]
+    assert len(big.old[0]) == len(big.new[1]) == 4096 and big.nbytes == 8 * 2**30
+    assert big.name == "slab 8.00 GiB 4096->4096 float64" != cases[1024].name
+    tiny = b.slab_case("4MiB", 4096)  # below 4096^2 values: one value deep, the name says its size
+    assert tiny.shape == (4096, 4096, 1) and tiny.name.startswith("slab 128.00 MiB 4096->4096")
+    pencil = b.pencil_case("1MiB", 64)  # a 64^3 cube at least
+    assert pencil.shape == (64, 64, 64) and len(pencil.old[0]) == 64 and "2.00 MiB" in pencil.name
+
+
+def test_bench_plans_each_case_once():
+    """Two chunk counts giving the same case (pencils: 1000 and 1024 are both 32x32) run once."""
+    import argparse
+
+    from dask_redist.cli import _bench_plan
+
+    args = argparse.Namespace(suite=None, methods=["floor"], size=["8MiB"], dtype=["float64"],
+                              chunks=[1000, 1024, 16], cases=["slab", "pencil"])  # fmt: skip
+    names = [case.name for case, _ in _bench_plan(args)]
+    assert len(names) == len(set(names)) == 5  # slabs 1000, 1024 (cube side 102: beyond it), 16; pencils 32x32, 4x4
+
+
+def test_relate_to_floor_gives_each_row_its_chunk_counts_floor():
+    rows = [
+        b.Result("slab a 4->4", "floor", 1, 4, 4, times=[0.01]),
+        b.Result("slab a 4->4", "tasks", 1, 4, 4, times=[0.05]),
+        b.Result("slab b 4->4", "tasks", 1, 4, 4, times=[0.02]),  # no floor of its own: the same counts'
+        b.Result("slab a 8->8", "tasks", 1, 8, 8, times=[0.05]),  # no floor for 8 chunks
+    ]
+    b.relate_to_floor(rows)
+    assert [r.row()["x floor"] for r in rows] == ["1.00", "5.00", "2.00", ""]
+    assert rows[0].row()["GB/s"] == ""  # the floor moves no bytes
+
+
+def test_floor_layer_is_keyed_like_the_output_and_runs_coroutines(client):
+    """The floor's tasks: one per output chunk, keyed like the case's output chunks (grid included),
+    coroutines, each reading an input chunk; measured on a real cluster, every value checked."""
+    import inspect
+
+    from dask.core import flatten
+
+    from dask_redist.bench.floor import floor_input, floor_layer, measure_floor
+
+    case = b.uneven_case("1MiB")  # 13 input chunks, 11 x 2 output chunks
+    x = floor_input(client, case, seed=5)
+    y = floor_layer(x, case, seed=5)
+    assert y.numblocks == tuple(len(c) for c in case.new)
+    layer = y.__dask_graph__().layers[y.name]
+    assert len(layer) == math.prod(y.numblocks) == 22
+    assert all(inspect.iscoroutinefunction(t.func) and len(t.dependencies) == 1 for t in layer.values())
+    assert {d for t in layer.values() for d in t.dependencies} == set(flatten(x.__dask_keys__()))  # all 13
+    times, correct = measure_floor(client, case, reps=2)
+    assert len(times) == 2 and correct is True
+
+
+def test_cli_floor_rows(tmp_path):
+    """`--methods floor tasks`: a floor row per case, and every row as a multiple of it."""
+    out = str(tmp_path)
+    assert main(["bench", "--workers", "2", "--size", "1MiB", "--chunks", "4", "--reps", "1", "--out", out,
+                 "--name", "f", "--methods", "floor", "tasks"]) == 0  # fmt: skip
+    rows = {r["method"]: r for r in json.loads((tmp_path / "f.json").read_text())["results"]}
+    assert rows["floor"]["correct"] is True and len(rows["floor"]["times"]) == 1
+    assert rows["tasks"]["floor_s"] == rows["floor"]["median"]
+    assert "| x floor |" in (tmp_path / "f.md").read_text()
+
+
+@pytest.fixture
+def gpu_client():
+    import conftest
+
+    yield from conftest.gpu_client()
+
+
+@pytest.mark.gpu
+def test_floor_on_cupy_chunks(gpu_client):
+    """`bench --gpu --methods floor`: the floor's chunks are CuPy arrays on the workers."""
+    from dask_redist.bench.floor import floor_input, measure_floor
+
+    case = b.slab_case("8MiB", 16)
+    x = floor_input(gpu_client, case, seed=3, kind="cupy")
+    assert type(x.blocks[0, 0, 0].compute()).__module__.startswith("cupy")
+    times, correct = measure_floor(gpu_client, case, reps=2, kind="cupy")
+    assert len(times) == 2 and correct is True
+
+
+@pytest.mark.slow
+def test_cli_calibrate_writes_a_model_the_settings_read(cluster, tmp_path):
+    """`bench --calibrate`: both methods on every calibration case, each result checked, and a dask
+    config file whose model `Settings` reads (named by kind and worker count)."""
+    import dask
+
+    from dask_redist.config import DEFAULTS, Settings
+    from dask_redist.planning.cost import models
+
+    out = str(tmp_path)
+    assert main(["bench", "--calibrate", "--scheduler", cluster.scheduler_address, "--size", "64KiB", "256KiB",
+                 "--reps", "1", "--out", out, "--name", "cal"]) == 0  # fmt: skip
+    rows = json.loads((tmp_path / "cal.json").read_text())["results"]
+    assert {r["method"] for r in rows} == {"redist-auto", "tasks"} and all(r["correct"] for r in rows)
+    nworkers = len(cluster.workers)
+    path = tmp_path / f"redist-cost-model-numpy-{nworkers}.yaml"
+    merged = dask.config.merge(DEFAULTS, dask.config.collect([str(path)], env={}))
+    (model,) = [m for m in models(Settings.from_config(merged["redist"]).cost_model) if m.workers == nworkers]
+    assert model.kind == "numpy" and "measured" in model.measured and all(v >= 0 for v in model.dask + model.collective)
+    with pytest.raises(SystemExit, match="two --size values"):
+        main(["bench", "--calibrate", "--scheduler", cluster.scheduler_address, "--size", "64KiB"])

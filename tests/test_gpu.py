@@ -8,6 +8,7 @@ checks in the scheduler's history that the run went through cufftmp.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 
@@ -74,6 +75,24 @@ def two_workers(client):
         pytest.skip("needs 2 workers: REDIST_TEST_GPUS=2, or REDIST_TEST_PES=2 on one GPU")
 
 
+def _set_local_max(n):
+    from dask_redist.engines.cufftmp import engine
+
+    old, engine.LOCAL_MAX_PIECES = engine.LOCAL_MAX_PIECES, n
+    return old
+
+
+@contextlib.contextmanager
+def arena_rounds(client):
+    """A world of one PE (REDIST_TEST_GPUS=1) copies chunk to chunk without rounds: the tests of
+    rounds take the arena's rounds there too, as on several GPUs."""
+    old = client.run(_set_local_max, -1)
+    try:
+        yield
+    finally:
+        client.run(_set_local_max, max(old.values()))
+
+
 def test_placement_that_is_not_box_shaped(gpu_client):
     two_workers(gpu_client)
     # round robin: every worker holds every other slab -> packed layout
@@ -83,7 +102,8 @@ def test_placement_that_is_not_box_shaped(gpu_client):
 
 def test_rounds_when_the_run_exceeds_the_budget(gpu_client):
     c = case((128, 64, 64), (16, 64, 64), (128, 8, 64), name="4 MiB in rounds")
-    run_case(gpu_client, c, engine="cufftmp", memory_budget="1MiB")  # direct, in slabs
+    with arena_rounds(gpu_client):
+        run_case(gpu_client, c, engine="cufftmp", memory_budget="1MiB")  # direct, in slabs
     run_case(gpu_client, c, placement=lambda i, n, w: i % w, engine="cufftmp", memory_budget="1MiB")  # packed
 
 
@@ -133,11 +153,12 @@ def test_numpy_chunks_in_rounds_keep_gpu_memory_to_a_round(gpu_client):
 
 
 def test_several_rechunks_in_a_row_reuse_the_arena_and_plans(gpu_client):
-    run_case(gpu_client, CASES[0], seed=2, engine="cufftmp")
-    before = engine_stats(gpu_client, "cufftmp")
-    for seed in range(3, 7):
-        run_case(gpu_client, CASES[0], seed=seed, engine="cufftmp")
-    after = engine_stats(gpu_client, "cufftmp")
+    with arena_rounds(gpu_client):
+        run_case(gpu_client, CASES[0], seed=2, engine="cufftmp")
+        before = engine_stats(gpu_client, "cufftmp")
+        for seed in range(3, 7):
+            run_case(gpu_client, CASES[0], seed=seed, engine="cufftmp")
+        after = engine_stats(gpu_client, "cufftmp")
     for w in before:
         assert after[w]["runs"] == before[w]["runs"] + 4
         assert after[w]["plans"] == before[w]["plans"]  # plans are cached by geometry
@@ -307,7 +328,7 @@ def test_a_cancel_mid_run_is_completed_dry_and_costs_no_worker(gpu_client):
     x = placed_array(gpu_client, c, 5, kind="cupy")
     dask_redist.bootstrap(gpu_client)
     pids = gpu_client.run(_pid)
-    with dask_redist.enable(engine="cufftmp", memory_budget="1MiB"):
+    with dask_redist.enable(engine="cufftmp", memory_budget="1MiB"), arena_rounds(gpu_client):
         y = x.rechunk(c.new).persist()
         deadline = time.monotonic() + 60
         while not any(h["in flight"] for h in gpu_client.run(_health).values()):

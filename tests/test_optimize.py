@@ -313,34 +313,6 @@ def test_piece_count_is_the_number_of_nonempty_intersections(data):
     assert piece_count(spec) == nonempty
 
 
-@pytest.mark.parametrize(
-    "old, new, meta_type, collective",
-    [
-        ((50, 100), (100, 50), "numpy.ndarray", False),  # 2 slabs -> 2 slabs: 4 pieces, Dask is faster
-        ((100, 50), (50, 100), "numpy.ndarray", False),
-        ((34, 100), (100, 34), "numpy.ndarray", True),  # 3 -> 3 slabs: 9 pieces
-        ((10, 100), (100, 10), "numpy.ndarray", True),
-        ((50, 100), (100, 50), "cupy.ndarray", True),  # CuPy: not measured small, the collective
-    ],
-)
-def test_min_bytes_auto_keeps_dask_where_it_was_measured_faster(old, new, meta_type, collective):
-    from dask_redist.graph.optimize import collective_spec
-
-    old_chunks = tuple(_split(100, c) for c in old)
-    new_chunks = tuple(_split(100, c) for c in new)
-    spec, reason = collective_spec("x", "y", old_chunks, new_chunks, np.dtype("float64"), meta_type, Settings())
-    assert Settings().min_bytes == "auto"  # the default
-    assert (spec is not None) == collective, reason
-    if not collective:
-        assert "pieces" in reason and "redist.min-bytes: auto" in reason
-    spec, _ = collective_spec("x", "y", old_chunks, new_chunks, np.dtype("float64"), meta_type, Settings(min_bytes=0))
-    assert spec is not None  # deciding by bytes instead
-
-
-def _split(n: int, size: int) -> tuple[int, ...]:
-    return (size,) * (n // size) + ((n % size,) if n % size else ())
-
-
 def test_min_bytes_auto_is_what_explain_says_and_what_runs(client):
     """A 2 -> 2 slab rechunk under the default keeps Dask's rechunk, says why, and is right."""
     a = np.arange(40 * 40, dtype=np.float64).reshape(40, 40)
@@ -350,4 +322,26 @@ def test_min_bytes_auto_is_what_explain_says_and_what_runs(client):
         text = str(dask_redist.explain(y))
         got = y.compute()
     np.testing.assert_array_equal(got, a)
-    assert "4 pieces" in text and "min-bytes: auto" in text
+    assert "Dask's rechunk is estimated faster" in text and "min-bytes: auto" in text  # (tests/test_cost.py)
+
+
+def test_dasks_optimizations_are_skipped_only_where_they_would_change_nothing(client, monkeypatch):
+    """A persisted array's rechunk, persisted: its graph is the collective's tasks over Futures, all
+    wanted, and dask's passes are skipped; with any other task, or fewer keys wanted, they run."""
+    import dask.array.optimization as optimization
+    from distributed import wait
+
+    calls = []
+    original = optimization.optimize
+    monkeypatch.setattr(optimization, "optimize", lambda dsk, keys, **kw: calls.append(1) or original(dsk, keys, **kw))
+    a = np.arange(40 * 36, dtype=np.float64).reshape(40, 36)
+    x = da.from_array(a, chunks=(4, 36)).persist()
+    with dask_redist.enable(engine="dask", min_bytes=0):
+        y = x.rechunk((40, 6)).persist()
+        wait(y)
+        assert calls == []
+        np.testing.assert_array_equal((x.rechunk((40, 3)) + 1).compute(), a + 1)
+        assert calls == [1]
+        np.testing.assert_array_equal(x.rechunk((40, 9))[:, :9].compute(), a[:, :9])
+        assert calls == [1, 1]
+    np.testing.assert_array_equal(y.compute(), a)

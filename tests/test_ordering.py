@@ -88,3 +88,39 @@ def test_any_graph_with_barriers_gets_a_priority_for_every_task(n_in, n_workers,
     got = ordering.wrap(dask.order.order)(dsk)
     assert set(got) == set(dsk)
     assert sorted(got.values()) == list(range(len(dsk)))
+
+
+@given(n_in=st.integers(1, 30), n_out=st.integers(1, 30), collectives=st.integers(1, 3), grouped=st.booleans())
+@settings(max_examples=40, deadline=None)
+def test_a_graph_of_collective_tasks_only_is_ordered_without_dask(n_in, n_out, collectives, grouped):
+    """Stage, barrier and unpack tasks only (a persisted input's rechunks): priorities in one pass,
+    every task after its dependencies, dask's order not called."""
+    from dask_redist.core.spec import CollectiveTask
+
+    dsk: dict = {}
+    previous = [("in", i) for i in range(n_in)]
+    for c in range(collectives):
+        parts = [previous[w::2] for w in range(2)] if grouped else [[k] for k in previous]
+        stages = []
+        for w, part in enumerate(p for p in parts if p):
+            dsk[(f"stage{c}", w)] = CollectiveTask((f"stage{c}", w), _f, *map(TaskRef, part))
+            stages.append(TaskRef((f"stage{c}", w)))
+        dsk[f"barrier{c}"] = BarrierTask(f"barrier{c}", _f, *stages, spec=None)
+        previous = [(f"out{c}", j) for j in range(n_out)]
+        for key in previous:
+            dsk[key] = CollectiveTask(key, _f, TaskRef(f"barrier{c}"))
+
+    def dask_order(*args, **kwargs):
+        raise AssertionError("dask's order was called")
+
+    got = ordering.wrap(dask_order)(dsk)
+    assert sorted(got.values()) == list(range(len(dsk)))
+    for key, task in dsk.items():
+        assert all(got[d] < got[key] for d in task.dependencies if d in dsk), key
+    assert [k for k in sorted(got, key=got.get) if isinstance(k, tuple) and k[0] == "out0"] == [
+        ("out0", j) for j in range(n_out)
+    ]  # outputs in their own order
+    dsk["extra"] = Task("extra", _f, TaskRef(previous[0]))  # another task: dask orders it
+    calls = []
+    ordering.wrap(lambda g, d=None, **k: calls.append(g) or {})(dsk)
+    assert len(calls) == 1

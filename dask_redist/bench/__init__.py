@@ -3,6 +3,7 @@
 * `cases`: the inputs (slab, pencil, uneven, 4-D; the GPU suite), placed and checked;
 * `harness`: timing, the per-run timeline and engine statistics, Markdown/JSON output;
 * `baselines`: nvmath's own ``Redistribute`` and the measured peer-copy ceiling;
+* `floor`: Dask's own floor for a chunk count (a layer of coroutine tasks keyed like the output);
 * `micro`: the graph rewrite of a large rechunk, the fixed cost of a tiny one.
 
 Nothing in the library imports this package; the CLI does.
@@ -30,6 +31,7 @@ from dask_redist.bench.harness import (
     environment,
     load_json,
     markdown,
+    relate_to_floor,
     run_case,
     timeline,
     to_json,
@@ -55,6 +57,7 @@ __all__ = [
     "markdown",
     "pencil_case",
     "placed_array",
+    "relate_to_floor",
     "rewrite_time",
     "run_case",
     "slab_case",

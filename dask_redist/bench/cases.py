@@ -23,7 +23,7 @@ from dask_redist.compat import worker_info
 from dask_redist.engines import descriptions
 
 #: ``redist-<engine>`` for every engine of the registry (most preferred first), then Dask's own
-#: methods; also: tasks-ucx, p2p-ucx, nvmath, ceiling
+#: methods; also: tasks-ucx, p2p-ucx, nvmath, ceiling, floor
 METHODS = (*(f"redist-{d.name}" for d in descriptions()), "tasks", "p2p")
 
 
@@ -47,16 +47,28 @@ def _cube(nbytes: int | str, dtype: str) -> tuple[int, int]:
 
 
 def slab_case(nbytes: int | str, nchunks: int, dtype: str = "float64") -> Case:
-    """A cube split into ``nchunks`` slabs along axis 0, rechunked to slabs along axis 1."""
+    """A cube split into ``nchunks`` slabs along axis 0, rechunked to slabs along axis 1.
+
+    Where the cube's side is shorter than ``nchunks`` (8 GiB of float64 is 1024 on a side), the
+    array is ``(nchunks, nchunks, k)`` instead, ``k`` as large as the size allows (at least 1;
+    the name then gives the size there is): slabs one row thick, as many as asked.
+    """
     nbytes, n = _cube(nbytes, dtype)
-    shape, split = (n, n, n), _even(n, nchunks)
-    old, new = (split, (n,), (n,)), ((n,), split, (n,))
-    return Case(f"slab {format_bytes(nbytes)} {len(split)}->{len(split)} {dtype}", shape, dtype, old, new)
+    shape = (n, n, n)
+    if n < nchunks:
+        shape = (nchunks, nchunks, max(1, nbytes // np.dtype(dtype).itemsize // nchunks**2))
+    split = _even(shape[0], nchunks)
+    old, new = (split, (shape[1],), (shape[2],)), ((shape[0],), split, (shape[2],))
+    size = nbytes if n >= nchunks else math.prod(shape) * np.dtype(dtype).itemsize
+    return Case(f"slab {format_bytes(size)} {len(split)}->{len(split)} {dtype}", shape, dtype, old, new)
 
 
 def pencil_case(nbytes: int | str, per_axis: int, dtype: str = "float64") -> Case:
-    """Pencils along axis 2 (chunks on axes 0, 1) to pencils along axis 0 (chunks on 1, 2)."""
+    """Pencils along axis 2 (chunks on axes 0, 1) to pencils along axis 0 (chunks on 1, 2); a cube
+    of side ``per_axis`` where the size asked for is smaller (the name gives the size there is)."""
     nbytes, n = _cube(nbytes, dtype)
+    if n < per_axis:
+        n, nbytes = per_axis, per_axis**3 * np.dtype(dtype).itemsize
     shape, split = (n, n, n), _even(n, per_axis)
     old, new = (split, split, (n,)), ((n,), split, split)
     return Case(f"pencil {format_bytes(nbytes)} {len(split)}x{len(split)} {dtype}", shape, dtype, old, new)
@@ -67,10 +79,21 @@ def _even(n: int, parts: int) -> tuple[int, ...]:
 
     Until 2026-12-01 05:10 UTC the cases used chunks of ``ceil(n / parts)``, which gives fewer
     chunks than asked where ``n`` is not a multiple (a 2 GiB cube's side is 645: "1024 chunks"
-    were 645, "256" were 215); the case names now give the chunk count there is.
+    were 645, "256" were 215); the case names now give the chunk count there is. Until
+    2026-12-02 a slab case asking for more chunks than its cube's side got as many as the side
+    (8 GiB at 4096 chunks: 1024, the same case as 1024, so the bench kept one row for both).
     """
     parts = max(1, min(parts, n))
     return tuple(int(x) for x in np.diff(np.linspace(0, n, parts + 1).round().astype(np.int64)))
+
+
+def line_case(nbytes: int | str, chunks_in: int, chunks_out: int, dtype: str = "float64") -> Case:
+    """A 1-D array in ``chunks_in`` even chunks rechunked to ``chunks_out`` (merging or splitting)."""
+    nbytes = parse_bytes(nbytes) if isinstance(nbytes, str) else nbytes
+    n = max(chunks_in, chunks_out, nbytes // np.dtype(dtype).itemsize)
+    old, new = (_even(n, chunks_in),), (_even(n, chunks_out),)
+    size = format_bytes(n * np.dtype(dtype).itemsize)
+    return Case(f"line {size} {len(old[0])}->{len(new[0])} {dtype}", (n,), dtype, old, new)
 
 
 def uneven_case(nbytes: int | str, dtype: str = "float64", seed: int = 0) -> Case:
@@ -164,11 +187,20 @@ def contiguous(i: int, n: int, nworkers: int) -> int:
     return i * nworkers // n
 
 
+def worker_addresses(client) -> list[str]:
+    """The cluster's workers, sorted, asked of the scheduler (`compat.worker_info`: a bench row
+    failed with an IndexError on the busy CPU machine when read through scheduler_info's cache)."""
+    workers = sorted(worker_info(client))
+    if not workers:
+        raise RuntimeError("the cluster has no workers")
+    return workers
+
+
 def placed_array(client, case: Case, seed: int, kind: str = "numpy", placement=contiguous) -> da.Array:
     """The case's input, chunk i of n created on worker ``placement(i, n, W)``."""
     from distributed import wait
 
-    workers = sorted(worker_info(client))
+    workers = worker_addresses(client)
     grid = [len(c) for c in case.old]
     n = math.prod(grid)
     name = f"bench-input-{seed}-{dask.base.tokenize(case, kind, placement)}"

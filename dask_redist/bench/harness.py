@@ -25,7 +25,8 @@ import dask
 import numpy as np
 from dask.utils import format_bytes
 
-from dask_redist.bench.cases import METHODS, Case, check, contiguous, placed_array
+from dask_redist.bench.cases import METHODS, Case, check, contiguous, placed_array, worker_addresses
+from dask_redist.bench.floor import floor_row, relate_to_floor
 from dask_redist.compat import worker_info
 
 @dataclass
@@ -43,6 +44,7 @@ class Result:
     engine_stats: dict | None = None  # the engine's statistics per worker (cufftmp: the last run's stage/reshape/unstage ms)
     timeline: list | None = None  # collective: (ms since submit, event) of the last timed run
     note: str | None = None
+    floor_s: float | None = None  # the median of Dask's floor for the case's chunk count (`relate_to_floor`)
 
     def _engine_note(self) -> str:
         if not self.engine_stats:
@@ -69,7 +71,8 @@ class Result:
             "median": _seconds(self.median) if self.times else "unsupported" if self.error else "-",
             "min .. max": f"{_seconds(t[0])} .. {_seconds(t[-1])}" if t else "",
             "runs": len(t),
-            "GB/s": f"{self.nbytes / self.median / 1e9:.2f}" if self.times else "",
+            "GB/s": f"{self.nbytes / self.median / 1e9:.2f}" if self.times and self.method != "floor" else "",
+            "x floor": f"{self.median / self.floor_s:.2f}" if self.times and self.floor_s else "",
             "checked": {True: "equal", False: "WRONG", None: "-"}[self.correct],
             "of ceiling": f"{self.ceiling_s / self.median:.0%}" if self.times and self.ceiling_s else "",
             "GPU mem +": format_bytes(max(self.peak_gpu_bytes.values())) if self.peak_gpu_bytes else "",
@@ -129,77 +132,96 @@ def _gpu_used(reset: bool = False) -> int:
 
 
 def run_case(
-    client, case: Case, methods=METHODS, reps: int = 3, kind: str = "numpy", ceiling: dict | None = None
+    client, case: Case, methods=METHODS, reps: int = 3, kind: str = "numpy", ceiling: dict | None = None,
+    interleave: bool = False,
 ) -> list[Result]:
     """Time every method on the case: one warm-up, then ``reps`` timed runs on fresh inputs.
 
     ``ceiling`` is `dask_redist.bench.baselines.link_ceiling`'s measurement; with it every
-    row gets the fraction of the physical ceiling it reached.
-    """
-    from distributed import wait
-
-    nworkers = len(worker_info(client))
+    row gets the fraction of the physical ceiling it reached. ``interleave``: the methods take
+    turns, one run each (A B A B ...), so that a machine whose speed drifts slows them alike.
+    """  # fmt: skip
+    nworkers = len(worker_addresses(client))
     ceiling_s = crossing = None
     if ceiling and "peer GB/s per direction" in ceiling:
         crossing = crossing_bytes(case, nworkers)
         ceiling_s = crossing / (ceiling["peer GB/s per direction"] * 1e9)
-    results = []
+    results, timed = [], []
     for method in methods:
         r = Result(case.name, method, case.nbytes, math.prod(map(len, case.old)), math.prod(map(len, case.new)))
         r.ceiling_s = ceiling_s
         results.append(r)
-        if method == "ceiling":
-            if ceiling_s is None:
-                r.error = "no ceiling measured (needs two GPUs in the benchmark process)"
-            else:
-                r.times = [ceiling_s]
-                r.note = (
-                    f"{format_bytes(crossing)} cross per direction at "
-                    f"{ceiling['peer GB/s per direction']:.0f} GB/s (peer copy, both directions busy)"
-                )
-            continue
-        if method == "nvmath" and kind != "cupy":
-            r.error = "the raw Redistribute is timed on CuPy chunks only"
-            continue
-        if method == "nvmath":
-            _raw(case, r, reps, nworkers)
-            continue
-        for rep in range(reps + 1):
-            seed = rep + 1
-            x = None
-            ctx, dask_method = _method_context(method)
-            try:
-                x = placed_array(client, case, seed, kind)  # (a failure here fails this row, not the bench)
-                # GPU memory is measured on the warm-up run: freeing CuPy's cached blocks
-                # first would make the timed runs pay for fresh allocations
-                before = None
-                if kind == "cupy" and rep == 0:
-                    _settle(client, math.prod(map(len, case.old)))  # only this input left: a clean reading
-                    before = client.run(_gpu_used, True)
-                with ctx:
-                    start = time.perf_counter()
-                    y = x.rechunk(case.new, method=dask_method).persist()
-                    wait(y)
-                    elapsed = time.perf_counter() - start
-                if before is not None:
-                    after = client.run(_gpu_used)
-                    r.peak_gpu_bytes = {w: after[w] - before[w] for w in after}
-                if method.startswith("redist-"):  # (marks before start: an earlier run's, no collective ran)
-                    r.timeline = [m for m in timeline(client, start) if m[0] >= 0] or None
-                ok = check(y, case, seed)
-            except Exception as e:
-                r.error = f"{type(e).__name__}: {e}".splitlines()[0]
-                r.peak_gpu_bytes = None  # of a run that failed: not comparable
-                break
-            finally:
-                del x
-            r.correct = ok if r.correct is None else r.correct and ok
-            if rep:  # rep 0 is the warm-up
-                r.times.append(elapsed)
-            del y
-        if method.startswith("redist-") and r.times:
-            r.engine_stats = engine_stats(client, method.removesuffix("-ucx").split("-", 1)[1]) or None
+        if not _measured_apart(client, case, r, reps, kind, nworkers, ceiling, crossing):
+            timed.append(r)
+    order = [(rep, r) for rep in range(reps + 1) for r in timed] if interleave else [
+        (rep, r) for r in timed for rep in range(reps + 1)
+    ]  # fmt: skip
+    for rep, r in order:
+        if r.error is None:
+            _timed_run(client, case, r, rep, kind)
+    for r in timed:
+        if r.method.startswith("redist-") and r.times:
+            r.engine_stats = engine_stats(client, r.method.removesuffix("-ucx").split("-", 1)[1]) or None
     return results
+
+
+def _measured_apart(client, case: Case, r: Result, reps: int, kind: str, nworkers: int, ceiling, crossing) -> bool:
+    """Fill the rows that are not a timed rechunk (ceiling, nvmath, floor); False for the others."""
+    if r.method == "ceiling":
+        if r.ceiling_s is None:
+            r.error = "no ceiling measured (needs two GPUs in the benchmark process)"
+        else:
+            r.times = [r.ceiling_s]
+            r.note = (
+                f"{format_bytes(crossing)} cross per direction at "
+                f"{ceiling['peer GB/s per direction']:.0f} GB/s (peer copy, both directions busy)"
+            )
+    elif r.method == "nvmath" and kind != "cupy":
+        r.error = "the raw Redistribute is timed on CuPy chunks only"
+    elif r.method == "nvmath":
+        _raw(case, r, reps, nworkers)
+    elif r.method == "floor":
+        floor_row(client, case, r, reps, kind)
+    else:
+        return False
+    return True
+
+
+def _timed_run(client, case: Case, r: Result, rep: int, kind: str) -> None:
+    """One run of ``r``'s method (rep 0: the warm-up, not timed), checked; a failure goes in ``r.error``."""
+    from distributed import wait
+
+    seed = rep + 1
+    x = y = None
+    ctx, dask_method = _method_context(r.method)
+    try:
+        x = placed_array(client, case, seed, kind)  # (a failure here fails this row, not the bench)
+        # GPU memory is measured on the warm-up run: freeing CuPy's cached blocks
+        # first would make the timed runs pay for fresh allocations
+        before = None
+        if kind == "cupy" and rep == 0:
+            _settle(client, math.prod(map(len, case.old)))  # only this input left: a clean reading
+            before = client.run(_gpu_used, True)
+        with ctx:
+            start = time.perf_counter()
+            y = x.rechunk(case.new, method=dask_method).persist()
+            wait(y)
+            elapsed = time.perf_counter() - start
+        if before is not None:
+            after = client.run(_gpu_used)
+            r.peak_gpu_bytes = {w: after[w] - before[w] for w in after}
+        if r.method.startswith("redist-"):  # (marks before start: an earlier run's, no collective ran)
+            r.timeline = [m for m in timeline(client, start) if m[0] >= 0] or None
+        ok = check(y, case, seed)
+    except Exception as e:
+        r.error = f"{type(e).__name__}: {e}".splitlines()[0]
+        r.peak_gpu_bytes = None  # of a run that failed: not comparable
+        return
+    finally:
+        del x, y
+    r.correct = ok if r.correct is None else r.correct and ok
+    if rep:  # rep 0 is the warm-up
+        r.times.append(elapsed)
 
 
 def _raw(case: Case, r: Result, reps: int, nworkers: int) -> None:
@@ -273,7 +295,7 @@ def load_json(path: str) -> tuple[list[Result], str]:
 
 
 def markdown(results: list[Result], env: dict, command: str) -> str:
-    rows = [r.row() for r in results]
+    rows = [r.row() for r in relate_to_floor(results)]
     head = list(rows[0])
     lines = [
         f"Command: `{command}`  ",
@@ -359,7 +381,8 @@ def phases(results: list[Result]) -> list:
 
 def to_json(results: list[Result], env: dict, command: str) -> str:
     return json.dumps(
-        {"command": command, "environment": env, "results": [asdict(r) | {"median": r.median} for r in results]},
+        {"command": command, "environment": env,
+         "results": [asdict(r) | {"median": r.median} for r in relate_to_floor(results)]},  # fmt: skip
         indent=1,
         default=str,
     )

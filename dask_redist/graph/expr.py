@@ -18,7 +18,7 @@ from functools import cached_property
 
 from dask.utils import typename
 
-from dask_redist.compat import array_expr, meta_of, with_operand
+from dask_redist.compat import array_expr, cached_worker_count, meta_of, with_operand
 from dask_redist.config import Settings
 from dask_redist.graph.layer import collective_tasks
 from dask_redist.graph.optimize import collective_spec, running_on_scheduler
@@ -33,9 +33,10 @@ class CollectiveRechunk(Rechunk):
     @cached_property
     def decision(self):
         x = self.array
+        client = default_client()
         return collective_spec(
             x._name, self._name, x.chunks, self.chunks, x.dtype, typename(type(meta_of(x))),
-            self.operand("settings") or Settings.from_config(),
+            self.operand("settings") or Settings.from_config(), cached_worker_count(client) if client else None,
         )  # fmt: skip
 
     def _lower(self):
@@ -51,17 +52,22 @@ class CollectiveRechunk(Rechunk):
         return collective_tasks(spec)
 
 
+def default_client():
+    """distributed's default Client, or None."""
+    try:
+        from distributed import default_client as get
+
+        return get()
+    except (ImportError, ValueError):
+        return None
+
+
 def distributed_is_default() -> bool:
     """Will a graph built now run on a distributed cluster? (Expression mode lowers on the client.)"""
     from dask.base import get_scheduler
 
-    try:
-        from distributed import default_client
-
-        client = default_client()
-    except (ImportError, ValueError):
-        return False
-    return get_scheduler() == client.get
+    client = default_client()
+    return client is not None and get_scheduler() == client.get
 
 
 def _collective_rechunk(self, chunks="auto", threshold=None, block_size_limit=None, balance=False, method=None):

@@ -24,14 +24,12 @@ the N-D tails of the keys are dask's, converted here.
 
 from __future__ import annotations
 
-import math
 
 import numpy as np
 from dask.highlevelgraph import MaterializedLayer
 
 from dask_redist.compat import DataNode, TaskRef
 from dask_redist.core.spec import BarrierTask, CollectiveSpec, CollectiveTask
-from dask_redist.planning import flat_index
 from dask_redist.runtime.tasks import barrier, stage, unpack
 
 
@@ -49,7 +47,7 @@ def collective_tasks(
     chunk. With ``groups`` (input chunk indices already known to sit together on
     one worker each) there is one stage task per group: far fewer tasks, so less
     scheduling overhead, when the input is persisted. ``inputs``: tasks of input
-    chunks the stage tasks run themselves (by key; `graph.optimize.inlined_inputs`).
+    chunks the stage tasks run themselves (by key; `graph.stages.inlined_inputs`).
     """
     inputs = inputs or {}
     old = spec.rechunk.old
@@ -64,12 +62,11 @@ def collective_tasks(
         key = (spec.stage_name, *tail)
         shapes = [tuple(c[i] for c, i in zip(old, idx)) for idx in group]
         args = [inputs.get((spec.input_name, *idx)) or TaskRef((spec.input_name, *idx)) for idx in group]
-        indices = [flat_index(i, spec.rechunk.old_grid) for i in group]
+        indices = np.ravel_multi_index(tuple(np.asarray(group).T), spec.rechunk.old_grid).tolist()
         dsk[key] = CollectiveTask(key, stage, spec.token, tail, indices, shapes, spec.settings.output_type, *args)
         stage_refs.append(TaskRef(key))
     dsk[spec.barrier_key] = BarrierTask(spec.barrier_key, barrier, DataNode(None, spec), *stage_refs, spec=spec)
     barrier_ref = TaskRef(spec.barrier_key)
-    for flat in range(math.prod(spec.rechunk.new_grid)):
-        key = spec.output_key(flat)
+    for flat, key in enumerate(spec.output_keys()):
         dsk[key] = CollectiveTask(key, unpack, spec.token, flat, barrier_ref)
     return dsk

@@ -1,30 +1,80 @@
 """When Dask's own rechunk is faster: the measured model behind ``redist.min-bytes: auto``.
 
-The collective pays a fixed cost Dask's ``tasks`` rechunk does not: a barrier task, a
-round trip to the scheduler to plan and start the run, a message to every worker. Dask's
-rechunk pays per piece (old chunk x new chunk intersection): a task, its scheduling and
-often a transfer each. So what decides is the number of pieces, not the bytes.
+The collective pays a fixed cost Dask's ``tasks`` rechunk does not (a barrier task, a round
+trip to the scheduler to plan and start the run, a message to every worker) and a cost per
+input and per output chunk (a stage marker, an unpack task). Dask's rechunk pays per task it
+plans: a merge task per output chunk of each step and a split task per piece (old chunk x new
+chunk intersection) that is not a whole old chunk, each scheduled and often moved. Both pay
+per byte. So each method's seconds are modelled as a line:
 
-Measured (docs/benchmarks.md, "Small rechunks", with the command and the machine): at
-4 pieces (2 -> 2 slabs) Dask's ``tasks`` rechunk was faster at every size from 64 KiB to
-1 GiB; from 9 pieces (3 -> 3 slabs) on the collective was, by more as pieces grow.
-So ``auto`` keeps Dask's rechunk for NumPy chunks when a rechunk has at most
-`AUTO_MAX_PIECES` pieces, at any size. CuPy chunks are not measured small: Dask's
-comms move them through host memory over TCP, the collective over NVLink, so ``auto``
-keeps the collective for them.
+    Dask's rechunk   fixed + per-task x tasks + per-byte x bytes
+    the collective   fixed + per-input-chunk x n_in + per-output-chunk x n_out + per-byte x bytes
+
+where ``tasks`` counts the tasks of every step Dask plans (`dask_tasks`, with Dask's own
+planner). The coefficients are not set by hand: `fit` draws them (non-negative least squares,
+relative errors) through runs of both methods that ``dask-redist bench --calibrate`` measures
+on the machine it runs on (`dask_redist.bench.calibrate`), which writes them as a dask config
+file (``redist.cost-model``). The packaged models in ``redist.yaml`` are fits of the latest
+calibration runs recorded in docs/benchmarks.md ("The cost model"), one per chunk kind and
+worker count they were measured on; a rechunk is judged by the model of its kind measured on
+the nearest worker count (`model_for`). ``auto`` keeps Dask's rechunk where the model says it
+is faster, and says so with both estimates; a kind without a model keeps the collective.
+
+Only Dask's ``tasks`` rechunk is modelled. Where Dask itself would pick ``p2p`` (large graphs
+under distributed) the collective was measured faster at every size (docs/benchmarks.md).
 """
 
 from __future__ import annotations
 
+import itertools
 import math
+from dataclasses import dataclass
 
 import dask
+import numpy as np
 from dask.utils import format_bytes
 
+from dask_redist.compat import plan_dask_rechunk
+from dask_redist.config import COST_TERMS
 from dask_redist.planning.geometry import RechunkSpec, axis_segments
 
-#: Most pieces for which Dask's rechunk of NumPy chunks was measured faster (module docstring).
-AUTO_MAX_PIECES = 4
+
+@dataclass(frozen=True)
+class CostModel:
+    """One measured model: each method's coefficients in `COST_TERMS` order (seconds)."""
+
+    name: str
+    kind: str
+    workers: int
+    measured: str
+    dask: tuple[float, ...]
+    collective: tuple[float, ...]
+
+    def seconds(self, spec: RechunkSpec) -> tuple[float, float]:
+        """(Dask's rechunk, the collective): the estimated seconds of ``spec``."""
+        f = features(spec)
+        return float(np.dot(self.dask, f["dask"])), float(np.dot(self.collective, f["collective"]))
+
+    def entry(self) -> dict:
+        """As ``redist.cost-model.<name>`` in a dask config file."""
+        lines = {m: dict(zip(COST_TERMS[m], map(float, getattr(self, m)))) for m in COST_TERMS}
+        return {"kind": self.kind, "workers": self.workers, "measured": self.measured, **lines}
+
+
+def models(cost_model: tuple) -> list[CostModel]:
+    """`Settings.cost_model` (validated by `dask_redist.config`) as models."""
+    return [CostModel(*entry) for entry in cost_model]
+
+
+def model_for(cost_model: tuple, kind: str, workers: int | None) -> CostModel | None:
+    """The model of ``kind`` measured on the worker count nearest ``workers`` (the larger on a tie;
+    any where the count is unknown), or None without a model of that kind."""
+    mine = [m for m in models(cost_model) if m.kind == kind]
+    if not mine:
+        return None
+    if workers is None:
+        return max(mine, key=lambda m: m.workers)
+    return min(mine, key=lambda m: (abs(m.workers - workers), -m.workers))
 
 
 def piece_count(spec: RechunkSpec) -> int:
@@ -32,18 +82,95 @@ def piece_count(spec: RechunkSpec) -> int:
     return math.prod(len(axis_segments(o, n)) for o, n in zip(spec.old, spec.new))
 
 
-def dask_is_faster(spec: RechunkSpec, chunk_type: str) -> str | None:
-    """Why Dask's own rechunk is expected to be faster for this rechunk (``redist.min-bytes:
-    auto``), or None when the collective is."""
-    if chunk_type != "numpy":
-        return None
-    pieces = piece_count(spec)
-    if pieces > AUTO_MAX_PIECES:
-        return None
+def step_tasks(old, new) -> int:
+    """Tasks of one step of Dask's ``tasks`` rechunk from ``old`` to ``new`` chunks: one per new
+    chunk (a concatenation, or an alias of its one piece) and a split (getitem) per piece that is
+    not a whole old chunk. Pieces are a product over the axes, and so are the whole ones."""
+    pieces = whole = 1
+    for o, n in zip(old, new):
+        seg = axis_segments(o, n)
+        pieces *= len(seg.old)
+        whole *= int(np.count_nonzero(seg.stop - seg.start == np.asarray(o, dtype=np.int64)[seg.old]))
+    return math.prod(map(len, new)) + pieces - whole
+
+
+def dask_tasks(spec: RechunkSpec) -> int:
+    """Tasks of Dask's ``tasks`` rechunk: summed over the steps Dask's planner picks."""
+    steps = [spec.old, *plan_dask_rechunk(spec.old, spec.new, spec.itemsize)]
+    return sum(step_tasks(a, b) for a, b in itertools.pairwise(steps))
+
+
+def features(spec: RechunkSpec) -> dict[str, tuple]:
+    """What each method's coefficients multiply, in `COST_TERMS` order."""
+    n_in, n_out = math.prod(spec.old_grid), math.prod(spec.new_grid)
+    return {"dask": (1, dask_tasks(spec), spec.nbytes), "collective": (1, n_in, n_out, spec.nbytes)}
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.0f} ms" if seconds < 10 else f"{seconds:.0f} s"
+
+
+def estimate(spec: RechunkSpec, kind: str, cost_model: tuple, workers: int | None = None) -> str:
+    """The model's estimates of both methods, as text for ``explain`` ('' without a model)."""
+    model = model_for(cost_model, kind, workers)
+    if model is None:
+        return ""
+    dask_s, collective_s = model.seconds(spec)
     return (
-        f"{pieces} pieces: Dask's rechunk is faster up to {AUTO_MAX_PIECES} pieces (redist.min-bytes: auto; "
+        f"estimated {_ms(collective_s)} against {_ms(dask_s)} for Dask's rechunk by the cost model "
+        f"{model.name} ({model.measured or 'measured on ' + str(model.workers) + ' workers'})"
+    )
+
+
+def dask_is_faster(spec: RechunkSpec, kind: str, cost_model: tuple, workers: int | None = None) -> str | None:
+    """Why Dask's own rechunk is expected to be faster for this rechunk (``redist.min-bytes:
+    auto``), or None when the collective is (or no model covers ``kind``)."""
+    model = model_for(cost_model, kind, workers)
+    if model is None:
+        return None
+    dask_s, collective_s = model.seconds(spec)
+    if dask_s >= collective_s:
+        return None
+    f = features(spec)
+    return (
+        f"Dask's rechunk is estimated faster: {_ms(dask_s)} ({f['dask'][1]} tasks) against {_ms(collective_s)} "
+        f"for the collective ({f['collective'][1]} chunks in, {f['collective'][2]} out, "
+        f"{format_bytes(spec.nbytes)}), by the cost model {model.name} ({model.measured}; redist.min-bytes: auto; "
         "set redist.min-bytes to a size, e.g. 0, to decide by bytes instead)"
     )
+
+
+def nonnegative_fit(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """The non-negative coefficients ``c`` minimizing ``|x c - y|``: the least-squares fit on the
+    subset of columns whose fit is non-negative with the smallest residual (the optimum is one
+    of them; a handful of columns, so all subsets are tried). Ties keep the earlier columns."""
+    best, best_residual = np.zeros(x.shape[1]), float(np.sum(y**2))
+    for size in range(1, x.shape[1] + 1):
+        for cols in itertools.combinations(range(x.shape[1]), size):
+            c, *_ = np.linalg.lstsq(x[:, cols], y, rcond=None)
+            if np.any(c < 0):
+                continue
+            residual = float(np.sum((x[:, cols] @ c - y) ** 2))
+            if residual < best_residual * (1 - 1e-9):
+                best, best_residual = np.zeros(x.shape[1]), residual
+                best[list(cols)] = c
+    return best
+
+
+def fit_line(method: str, runs: list[tuple[RechunkSpec, float]]) -> tuple[float, ...]:
+    """``method``'s coefficients through ``runs`` (spec, seconds), in relative error: the small
+    rechunks, where the choice is close, weigh as much as the large."""
+    x = np.array([features(spec)[method] for spec, _ in runs], dtype=float)
+    y = np.array([seconds for _, seconds in runs], dtype=float)
+    scale = np.abs(x).max(axis=0)  # (columns of seconds, counts and bytes: conditioned first)
+    scale[scale == 0] = 1
+    c = nonnegative_fit(x / scale / y[:, None], np.ones(len(y)))
+    return tuple(float(v) for v in c / scale)
+
+
+def fit(name: str, kind: str, workers: int, measured: str, runs: dict[str, list]) -> CostModel:
+    """A model through measured ``runs`` ({"dask": [(spec, s)], "collective": [(spec, s)]})."""
+    return CostModel(name, kind, workers, measured, fit_line("dask", runs["dask"]), fit_line("collective", runs["collective"]))
 
 
 def pause_fraction() -> float:

@@ -12,6 +12,12 @@ the orders above and below each barrier are what dask would pick for those
 parts on their own, and whatever priority the barrier gets, it cannot run
 before its stage tasks. The real graph is not touched.
 
+A graph of nothing but the collective's own tasks (what persisting a rechunk of a persisted
+array submits: stage, barrier and unpack tasks) has one sensible order, its dependencies':
+`collective_order` gives it in one pass (Kahn's, ties in the graph's order), where dask's
+ordering of the cut graph took 0.26-1.1 s at 4096 chunks on the 2-core CPU machine (the
+barrier cut, each unpack task is a root of its own). Graphs with other tasks go to dask.
+
 `install` swaps this in for ``dask.order.order`` in the scheduler's process
 (the scheduler looks the function up on the module for every graph); graphs
 without a collective barrier go to dask's function unchanged. It is installed
@@ -28,7 +34,7 @@ import functools
 import dask.order
 
 from dask_redist.compat import Task
-from dask_redist.core.spec import BarrierTask
+from dask_redist.core.spec import BarrierTask, CollectiveTask
 
 
 def _never():  # pragma: no cover - stands in for a barrier while ordering, never run
@@ -46,9 +52,35 @@ def cut_barriers(dsk):
     return cut
 
 
+def collective_order(dsk) -> dict | None:
+    """Priorities of a graph of collective tasks only, dependencies first (ties: the graph's
+    order); None if it holds any other task."""
+    if not all(isinstance(task, CollectiveTask) for task in dsk.values()):
+        return None
+    waiting = {k: len(task.dependencies & dsk.keys()) for k, task in dsk.items()}
+    dependents: dict = {}
+    for k, task in dsk.items():
+        for d in task.dependencies:
+            if d in dsk:
+                dependents.setdefault(d, []).append(k)
+    ready = [k for k, n in waiting.items() if n == 0]
+    ready.reverse()  # (popped from the end: the graph's first key first)
+    out: dict = {}
+    while ready:
+        k = ready.pop()
+        out[k] = len(out)
+        for d in reversed(dependents.get(k, ())):
+            waiting[d] -= 1
+            if waiting[d] == 0:
+                ready.append(d)
+    return out if len(out) == len(dsk) else None  # (a cycle: dask's order reports it)
+
+
 def wrap(order):
     @functools.wraps(order)
     def order_with_collectives(dsk, dependencies=None, **kwargs):
+        if dependencies is None and not kwargs.get("return_stats") and (direct := collective_order(dsk)):
+            return direct
         cut = cut_barriers(dsk) if dependencies is None else None
         return order(dsk if cut is None else cut, dependencies, **kwargs)
 

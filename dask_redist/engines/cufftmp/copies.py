@@ -9,8 +9,10 @@ contiguous bytes, byte strides on both sides) and one launch of `box_copy` does 
 the jobs of a stage or unstage, each split into 64 KiB segments over the GPU.
 
 `ChunkTable` builds a round's jobs for every chunk at once with NumPy (chunks of at
-most 3 axes, C-contiguous: the usual case); `BoxCopies` folds copies one at a time for
-the others (packed layouts), falling back to CuPy for a copy that does not fold.
+most 3 axes, C-contiguous: the usual case), and `piece_jobs` the copies of every piece
+straight from its input chunk into its output chunk (a world of one PE needs nothing else);
+`BoxCopies` folds copies one at a time for the others (packed layouts), falling back to
+CuPy for a copy that does not fold.
 
 Job tables travel from pinned host memory (an asynchronous copy: the engine's thread
 must never block in a CUDA call behind a round that waits for a peer) and are kept
@@ -178,3 +180,20 @@ class ChunkTable:
         return np.stack(
             [src, dst, e[:, 0], e[:, 1], e[:, 2] * self.itemsize, s_st[:, 0], s_st[:, 1], d_st[:, 0], d_st[:, 1]], axis=1
         )
+
+
+def piece_jobs(src: ChunkTable, dst: ChunkTable, src_rows, dst_rows, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """Jobs copying each piece ``[lo, hi)`` (global bounds, one row each) from the chunk at row
+    ``src_rows`` of ``src`` straight into the chunk at row ``dst_rows`` of ``dst``."""
+    src_rows, dst_rows = np.asarray(src_rows, np.int64), np.asarray(dst_rows, np.int64)
+    s_st, d_st = src.strides[src_rows], dst.strides[dst_rows]
+    s_ptr = src.ptrs[src_rows] + (_padded(lo - src.lower[src_rows]) * s_st).sum(axis=1)
+    d_ptr = dst.ptrs[dst_rows] + (_padded(lo - dst.lower[dst_rows]) * d_st).sum(axis=1)
+    e = _extents(lo, hi)
+    n0, n1, nbytes = e[:, 0], e[:, 1], e[:, 2] * src.itemsize
+    # rows contiguous on both sides are one longer row (a slab's part of a slab: one row per plane)
+    inner = (s_st[:, 1] == nbytes) & (d_st[:, 1] == nbytes)
+    nbytes, n1 = np.where(inner, nbytes * n1, nbytes), np.where(inner, 1, n1)
+    outer = inner & (s_st[:, 0] == nbytes) & (d_st[:, 0] == nbytes)
+    nbytes, n0 = np.where(outer, nbytes * n0, nbytes), np.where(outer, 1, n0)
+    return np.stack([s_ptr, d_ptr, n0, n1, nbytes, s_st[:, 0], s_st[:, 1], d_st[:, 0], d_st[:, 1]], axis=1).reshape(-1, 9)

@@ -1,0 +1,80 @@
+"""Dask's ``tasks`` rechunk, its steps built only when someone reads their tasks.
+
+``x.rechunk(new)`` builds every step of Dask's plan as a layer of tasks: a split task per
+piece and a merge task per new chunk, thousands of Python objects at a few thousand chunks,
+which the client then packs and the scheduler unpacks. When the collective takes the
+rechunk, the graph rewrite (`dask_redist.graph.optimize`) throws those layers away unread.
+
+While dask-redist is enabled, each step is a `LazyRechunkStep` instead: the same layer name
+and output keys, computed the way Dask computes them, and the tasks of Dask's own step
+(``dask.array.rechunk._compute_rechunk``) built the first time anything reads them. The
+rewrite reads only the names, chunks and annotations; where it keeps Dask's rechunk, or
+the graph runs without the rewrite (a local scheduler, ``optimize_graph=False``), dask's
+own culling reads the tasks and gets exactly Dask's. Nothing a user sees changes: keys,
+chunks, dependencies and tasks are Dask's (tests/test_lazy.py compares them).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from dask.array import Array
+from dask.base import tokenize
+from dask.highlevelgraph import HighLevelGraph, Layer
+
+from dask_redist.compat import original_rechunk_step
+
+
+class LazyRechunkStep(Layer):
+    """One step of Dask's ``tasks`` rechunk of ``input_name`` from ``old`` to ``new`` chunks."""
+
+    def __init__(self, name: str, input_name: str, old, new, dtype, annotations=None, collection_annotations=None):
+        super().__init__(annotations=annotations, collection_annotations=collection_annotations)
+        self.name, self.input_name = name, input_name
+        self.old, self.new, self.dtype = old, new, np.dtype(dtype)
+        self._cached: dict | None = None
+
+    def __repr__(self) -> str:
+        return f"LazyRechunkStep<name='{self.name}', {len(self.old)}-d>"
+
+    def __getstate__(self):
+        return {**self.__dict__, "_cached": None}  # (the tasks are rebuilt where they are read)
+
+    def is_materialized(self) -> bool:
+        return self._cached is not None
+
+    def get_output_keys(self):
+        if self._cached is not None:
+            return self._cached.keys()
+        return {(self.name, *map(int, i)) for i in np.ndindex(*map(len, self.new))}
+
+    @property
+    def _dict(self) -> dict:
+        if self._cached is None:
+            meta = np.empty((0,) * len(self.old), dtype=self.dtype)
+            stand_in = Array(HighLevelGraph.from_collections(self.input_name, {}, ()), self.input_name, self.old, meta=meta)
+            step = original_rechunk_step(stand_in, self.new)
+            if step.name != self.name:  # pragma: no cover - only if dask changed how it names steps
+                raise RuntimeError(f"dask named a rechunk step {step.name}, expected {self.name}: see dask_redist.compat")
+            self._cached = dict(step.dask.layers[step.name])
+        return self._cached
+
+    def __getitem__(self, key):
+        return self._dict[key]
+
+    def __iter__(self):
+        return iter(self._dict)
+
+    def __len__(self) -> int:
+        return len(self._dict)
+
+
+def lazy_rechunk_step(x: Array, chunks) -> Array:
+    """What ``dask.array.rechunk._compute_rechunk(x, chunks)`` returns, its layer a `LazyRechunkStep`
+    (Dask's own where the layer could not be named the same way: empty or unknown-size chunks)."""
+    if x.size == 0 or any(math.isnan(c) for axis in (*x.chunks, *chunks) for c in axis):
+        return original_rechunk_step(x, chunks)
+    name = f"rechunk-merge-{tokenize(x, chunks)}"  # (as _compute_rechunk names it)
+    layer = LazyRechunkStep(name, x.name, x.chunks, chunks, x.dtype)
+    return Array(HighLevelGraph.from_collections(name, layer, dependencies=[x]), name, chunks, meta=x)

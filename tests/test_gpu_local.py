@@ -1,0 +1,71 @@
+"""A world of one PE (one GPU worker): cufftmp copies every piece from its input chunk straight
+into its output chunk in one launch, without the arena's rounds (marker ``gpu``; skipped
+without GPUs). Run on the GPU node: ``pytest -q tests/test_gpu_local.py``."""
+
+from __future__ import annotations
+
+import os
+
+import dask.array as da
+import pytest
+from distributed import wait
+
+import conftest
+import dask_redist
+from dask_redist.bench import Case, check, engine_stats, placed_array
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture(scope="module")
+def one_gpu():
+    before = os.environ.get("REDIST_TEST_GPUS")
+    os.environ["REDIST_TEST_GPUS"] = "1"
+    try:
+        yield from conftest.gpu_client()
+    finally:
+        os.environ.pop("REDIST_TEST_GPUS") if before is None else os.environ.update(REDIST_TEST_GPUS=before)
+
+
+def case(shape, old, new, dtype="float64", name=""):
+    normalize = da.core.normalize_chunks
+    return Case(name or f"{shape} {dtype}", shape, dtype, normalize(old, shape), normalize(new, shape))
+
+
+def layout_of_a_run(client, c: Case, seed: int, **options) -> str:
+    x = placed_array(client, c, seed, kind="cupy")
+    with dask_redist.enable(engine="cufftmp", **options):
+        y = x.rechunk(c.new).persist()
+        wait(y)
+    assert check(y, c, seed), f"{c.name}: values differ"
+    (stats,) = engine_stats(client).values()
+    return stats["last"]["layout"]
+
+
+CASES = [
+    case((64, 48, 32), (32, 48, 32), (64, 24, 32), name="2 slabs -> 2 slabs"),
+    case((64, 48, 32), (8, 48, 32), (64, 6, 32), name="slabs"),
+    case((60, 50, 40), (7, 50, 40), (60, 11, 40), name="uneven slabs"),
+    case((32, 32, 32), (8, 8, 32), (32, 8, 8), name="pencils"),
+    case((64, 48), (8, 48), (64, 6), "float16", name="float16, 2-D"),
+    case((40, 30, 20), (5, 30, 20), (40, 3, 20), "complex128", name="complex128"),
+    case((1000,), (7,), (33,), "float32", name="1-D uneven"),
+]
+
+
+@pytest.mark.parametrize("c", CASES, ids=lambda c: c.name)
+def test_one_pe_copies_chunk_to_chunk(one_gpu, c):
+    assert layout_of_a_run(one_gpu, c, 3).startswith("local")
+
+
+def test_beyond_the_piece_limit_and_in_4_d_the_arena_rounds_run(one_gpu):
+    from dask_redist.engines.cufftmp import engine
+
+    four_d = case((12, 10, 8, 6), (3, 10, 8, 6), (12, 10, 2, 6), name="4-D")
+    assert not layout_of_a_run(one_gpu, four_d, 4).startswith("local")  # (a job table has 3 axes)
+    old = one_gpu.run(lambda: setattr(engine, "LOCAL_MAX_PIECES", 10))
+    try:
+        assert not layout_of_a_run(one_gpu, CASES[1], 5, memory_budget="64KiB").startswith("local")  # 64 pieces
+    finally:
+        one_gpu.run(lambda: setattr(engine, "LOCAL_MAX_PIECES", 1 << 16))
+    assert old  # (every worker answered)
