@@ -137,7 +137,7 @@ def test_protocol_ucx_runs_every_method_on_ucx():
     """`bench --protocol ucx` puts every method on a UCX cluster; by default only ``-ucx`` names go there."""
     import argparse
 
-    from dask_redist.cli import _by_cluster
+    from dask_redist.cli.bench import _by_cluster
 
     plan = [("case", ["redist-dask", "tasks", "tasks-ucx"])]
     ucx = _by_cluster(argparse.Namespace(scheduler=None, protocol="ucx"), plan)
@@ -184,7 +184,7 @@ def test_bench_plans_each_case_once():
     """Two chunk counts giving the same case (pencils: 1000 and 1024 are both 32x32) run once."""
     import argparse
 
-    from dask_redist.cli import _bench_plan
+    from dask_redist.cli.bench import _bench_plan
 
     args = argparse.Namespace(suite=None, methods=["floor"], size=["8MiB"], dtype=["float64"],
                               chunks=[1000, 1024, 16], cases=["slab", "pencil"])  # fmt: skip

@@ -14,6 +14,7 @@ import pytest
 from rich.console import Console
 
 from dask_redist import cli
+from dask_redist.cli import output
 
 COMMANDS = ("demo", "bench", "soak", "doctor")
 
@@ -50,8 +51,8 @@ ROWS = [
 
 
 def _shown(console: Console, monkeypatch) -> str:
-    monkeypatch.setattr(cli, "console", console)
-    cli._show(ROWS, "all cases")
+    monkeypatch.setattr(output, "console", console)
+    output.show(ROWS, "all cases")
     return console.file.getvalue()
 
 

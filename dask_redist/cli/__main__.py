@@ -1,0 +1,5 @@
+import sys
+
+from dask_redist.cli import main
+
+sys.exit(main())

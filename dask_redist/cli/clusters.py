@@ -1,0 +1,85 @@
+"""The cluster a command runs on: a running scheduler's (``--scheduler``), or one started here."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+
+@contextlib.contextmanager
+def quiet_p2p_logs():
+    """Dask's p2p rechunk logs every shuffle's start and end at WARNING on the scheduler (here, for a
+    local cluster): silenced while the demo times it next to the collective."""
+    logger = logging.getLogger("distributed.shuffle")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
+@contextlib.contextmanager
+def client_for(args):
+    """A Client to ``--scheduler``, or to a local cluster started here (CUDA with --gpu)."""
+    import dask
+    from distributed import Client, LocalCluster
+
+    if args.scheduler:
+        try:
+            connected = Client(args.scheduler, timeout=args.wait_workers)
+        except OSError as e:  # (TimeoutError too)
+            raise SystemExit(
+                f"dask-redist: could not reach a scheduler at {args.scheduler} within {args.wait_workers:g}s "
+                f"({type(e).__name__}: {e}); check the address (e.g. tcp://host:8786) and that it is running"
+            ) from None
+        with connected as client:
+            try:
+                client.wait_for_workers(1, timeout=args.wait_workers)
+            except TimeoutError:
+                raise SystemExit(
+                    f"dask-redist: no worker joined the scheduler at {args.scheduler} within {args.wait_workers:g}s; "
+                    "start workers (`dask worker` / `dask cuda worker` with that address) or wait longer (--wait-workers)"
+                ) from None
+            yield client
+        return
+    # A worker killed (the soak's kills, a crash) is restarted by its nanny; on a loaded machine that
+    # can take longer than the 15 s after which LocalCluster closes the nanny of a lost worker name
+    # (distributed.deploy.lost-worker-timeout), shrinking the cluster for good.
+    with dask.config.set({"distributed.deploy.lost-worker-timeout": "1h"}):
+        if args.gpu and args.pes_per_gpu:
+            from dask_redist.bench.gpu_cluster import SharedGPUCluster
+
+            with SharedGPUCluster(args.workers, args.pes_per_gpu, protocol=args.protocol) as shared:
+                with Client(shared.scheduler_address) as client:
+                    yield client
+            return
+        if args.gpu:
+            from dask_cuda import LocalCUDACluster
+
+            cluster = LocalCUDACluster(n_workers=args.workers, dashboard_address=":0", protocol=args.protocol)
+        else:
+            cluster = LocalCluster(
+                n_workers=args.workers, threads_per_worker=args.threads, processes=True, dashboard_address=":0",
+                protocol=args.protocol,
+            )  # fmt: skip
+        with cluster, Client(cluster) as client:
+            client.wait_for_workers(args.workers)
+            yield client
+
+
+def cluster_args(p: argparse.ArgumentParser, workers: int = 2):
+    p.add_argument("--scheduler", help="address of a running scheduler (default: start a local cluster)")
+    p.add_argument(
+        "--wait-workers", type=float, default=60.0, metavar="SECONDS",
+        help="with --scheduler: how long to wait for the scheduler, then for its first worker (default 60)",
+    )  # fmt: skip
+    p.add_argument("--workers", type=int, default=workers, help="workers of the local cluster")
+    p.add_argument("--threads", type=int, default=1, help="threads per worker of the local CPU cluster")
+    p.add_argument("--gpu", action="store_true", help="LocalCUDACluster and CuPy chunks")
+    p.add_argument(
+        "--pes-per-gpu", type=int, metavar="N",
+        help="with --gpu: start --workers `dask cuda worker` processes, N sharing each GPU (one NVSHMEM PE each): "
+        "values, faults and restarts as on separate GPUs, but not their speed",
+    )  # fmt: skip
+    p.add_argument("--protocol", default="tcp", help="tcp or ucx (local cluster)")
