@@ -144,6 +144,17 @@ class BlockedGpuEngine(PeerDiesEngine):
         time.sleep(300)  # ignores the abort and never reaches a check
 
 
+class FrozenGpuEngine(BlockedGpuEngine):
+    """Rank 0's thread blocks in a native call that holds the interpreter lock, as NVSHMEM's
+    host-side wait for a dead PE did on PEs sharing a GPU: no Python thread of the process runs."""
+
+    def survive(self, run):
+        import ctypes
+
+        self.in_flight_since = time.monotonic()
+        ctypes.PyDLL(None).sleep(300)  # (PyDLL: the lock is held through the call)
+
+
 class BlockedBootstrapEngine(BlockedGpuEngine):
     """Rank 0's thread blocks before any GPU work, as in NVSHMEM's bootstrap retrying the dead
     peer's socket: nothing is in flight, and the abort is never seen."""

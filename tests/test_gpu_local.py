@@ -19,12 +19,14 @@ pytestmark = pytest.mark.gpu
 
 @pytest.fixture(scope="module")
 def one_gpu():
-    before = os.environ.get("REDIST_TEST_GPUS")
-    os.environ["REDIST_TEST_GPUS"] = "1"
+    """One worker on one GPU (a world of one PE), whatever REDIST_TEST_GPUS / REDIST_TEST_PES say."""
+    before = {k: os.environ.get(k) for k in ("REDIST_TEST_GPUS", "REDIST_TEST_PES")}
+    os.environ.update(REDIST_TEST_GPUS="1", REDIST_TEST_PES="1")
     try:
         yield from conftest.gpu_client()
     finally:
-        os.environ.pop("REDIST_TEST_GPUS") if before is None else os.environ.update(REDIST_TEST_GPUS=before)
+        for k, v in before.items():
+            os.environ.pop(k) if v is None else os.environ.update({k: v})
 
 
 def case(shape, old, new, dtype="float64", name=""):
@@ -38,7 +40,7 @@ def layout_of_a_run(client, c: Case, seed: int, **options) -> str:
         y = x.rechunk(c.new).persist()
         wait(y)
     assert check(y, c, seed), f"{c.name}: values differ"
-    (stats,) = engine_stats(client).values()
+    (stats,) = engine_stats(client, "cufftmp").values()
     return stats["last"]["layout"]
 
 

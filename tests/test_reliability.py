@@ -717,6 +717,31 @@ def test_a_worker_blocked_behind_its_stuck_gpu_exits(own_cluster, engine, exit_w
     assert len(replaced) == (2 if exit_when_stuck else 1)
 
 
+def test_a_worker_frozen_inside_a_native_call_exits_by_the_dead_mans_switch(own_cluster):
+    """Rank 0's thread blocks inside a native call that holds the interpreter lock (NVSHMEM's
+    host-side wait for a dead PE did, on PEs sharing a GPU): no thread of that process runs, the
+    watchdog included, so the faulthandler timer the watchdog keeps re-arming ends it. The
+    rechunk completes; the dead and the frozen worker's processes are both new (a peer blocked
+    sending to the frozen one past the grace may exit too: the stand-in engine is watched)."""
+    _, client = own_cluster
+    client.run(_short_stuck_grace)
+    before = client.run(_pid)
+    a = data((30, 30), seed=10)
+    with dask_redist.enable(engine="engines:FrozenGpuEngine", timeouts={"collective": "5s"}):
+        got = da.from_array(a, chunks=(3, 30)).rechunk((30, 3)).compute()
+    np.testing.assert_array_equal(got, a)
+    frozen, dead = before[sorted(before)[0]], before[sorted(before)[-1]]  # ranks 0 and 2 of run 1
+    deadline = time.monotonic() + 60
+    while True:
+        client.wait_for_workers(3)
+        now = client.run(_pid, on_error="return")
+        replaced = set(before.values()) - {p for p in now.values() if isinstance(p, int)}
+        if {frozen, dead} <= replaced or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert {frozen, dead} <= replaced, (before, now)
+
+
 def test_exit_when_stuck_can_be_turned_off():
     from dask_redist.config import Settings
 

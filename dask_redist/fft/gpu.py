@@ -100,16 +100,18 @@ def problem(x, op: FFTOp) -> str | None:
 
 def _engine_problem(client, workers) -> str | None:
     from dask_redist.api import _ensure_scheduler_plugin
+    from dask_redist.core.messages import Probe
+    from dask_redist.engines import Request, WorldRecord
     from dask_redist.engines.choice import choose_engine
 
     settings = Settings.from_config()
     if settings.engine not in ("auto", "cufftmp"):
         return f"redist.engine is {settings.engine}"
     _ensure_scheduler_plugin(client)
-    state = client.sync(client.scheduler.redist_probe)
-    engine, why = choose_engine(
-        "auto", "cupy", state["capabilities"], workers, state["world"], state["world broken"]
-    )
+    state = client.sync(Probe(dict(settings.engines)).call, client.scheduler)
+    records = {name: WorldRecord.from_state(r) for name, r in state["records"].items()}
+    request = Request("cupy", replace(settings, engine="auto"))
+    engine, why = choose_engine(request, state["capabilities"], workers, records)
     return None if engine == "cufftmp" else why
 
 

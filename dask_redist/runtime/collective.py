@@ -16,6 +16,7 @@ timeouts, ends the process so that its nanny starts a fresh one
 from __future__ import annotations
 
 import asyncio
+import faulthandler
 import heapq
 import itertools
 import logging
@@ -159,13 +160,27 @@ class RunExecutor:
         blocked inside one (an NVSHMEM call waiting for a dead peer, a CUDA call
         queued behind such a wait) never gets there. Once the run was aborted, or its
         oldest peer-dependent GPU work has been in flight past the collective timeout,
-        the engine gets `STUCK_GRACE_S` to return before this ends the process.
+        the engine gets `STUCK_GRACE_S` to return before this ends the process. A call that
+        blocks holding the interpreter lock stops this thread too: then `faulthandler`'s
+        timer, re-armed here every half second, ends the process after the same limit.
+        (It is the process's one such timer: a worker's own ``dump_traceback_later`` is
+        replaced while a watched run executes.)
         """
-        while not returned.wait(0.5):
-            now, since = time.monotonic(), engine.health().in_flight_since
-            aborted = run.must_stop() and now - run.failed_at > STUCK_GRACE_S  # (a completing run: its rounds' age)
-            if aborted or (since is not None and now - since > run.timeout + STUCK_GRACE_S):
-                self._exit_stuck(run, f" (its thread, in phase {run.phase!r}, did not return: watchdog)")
+        limit = run.timeout + STUCK_GRACE_S
+        try:
+            while True:
+                # a dead man's switch: faulthandler's own thread ends the process (its stacks in the
+                # log) unless this loop re-arms it first, which it cannot once a native call holds
+                # the interpreter lock (NVSHMEM's host-side wait for a dead PE did, on PEs sharing a GPU)
+                faulthandler.dump_traceback_later(limit, exit=True)
+                if returned.wait(0.5):
+                    return
+                now, since = time.monotonic(), engine.health().in_flight_since
+                aborted = run.must_stop() and now - run.failed_at > STUCK_GRACE_S  # (a completing run: its rounds' age)
+                if aborted or (since is not None and now - since > limit):
+                    self._exit_stuck(run, f" (its thread, in phase {run.phase!r}, did not return: watchdog)")
+        finally:
+            faulthandler.cancel_dump_traceback_later()
 
     def _exit_stuck(self, run: WorkerRun, how: str = "") -> None:
         """End this process: its GPU waits inside an NVSHMEM collective that can never finish.

@@ -52,7 +52,7 @@ ALIGN = 512
 #: Most pieces a world of one PE copies chunk to chunk (`_local_jobs`); beyond, the arena's rounds.
 LOCAL_MAX_PIECES = 1 << 16
 #: What a run of one PE reports as its layout (`CufftMpEngine._record`).
-LOCAL = namedtuple("Local", "kind rounds")("local (one PE: chunk to chunk)", 1)
+LOCAL = namedtuple("Local", "mapping rounds")("local (one PE: chunk to chunk)", 1)
 #: Whether cuFFTMp accepts a rank with an empty box (checked on the GPU node; see docs/gpu-testing.md).
 ALLOW_EMPTY_BOXES = False
 
