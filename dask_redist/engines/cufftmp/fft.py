@@ -6,7 +6,7 @@ the same engine, on the same collective thread, in the same global order as a re
 1. *leg in*: the input chunks are rechunked into this rank's X slab, by the engine's own
    rechunk path (`Leg`: a run as that path sees one, with its own plan and outputs);
 2. one cuFFTMp transform per batch, through nvmath-python's stateful ``FFT`` on an operand
-   on the symmetric heap (``Slab.X`` in, ``Slab.Y`` out, ``reshape=False``), kept per
+   on the symmetric heap (``Slab.X`` in, ``Slab.Y`` out, ``redistribute=False``), kept per
    geometry for later runs (`FFTs`); each transform is queued like a round of a rechunk and
    waited for by polling (`dask_redist.engines.rounds`);
 3. *leg out*: the Y slabs, scaled for ``norm``, are rechunked into the output chunks.
@@ -112,7 +112,7 @@ def _make(op, nranks: int, rank: int, stream) -> _Transform:
     operand = nfft.allocate_operand(
         shape, cupy, input_dtype=op.in_dtype, distribution=Slab.X, fft_type=op.fft_type
     )
-    options = nfft.FFTOptions(fft_type=op.fft_type, reshape=False, last_axis_parity=op.parity)
+    options = nfft.FFTOptions(fft_type=op.fft_type, redistribute=False, last_axis_parity=op.parity)  # (1.0: not `reshape`)
     fft = nfft.FFT(operand, distribution=Slab.X, options=options, stream=stream)
     fft.plan(stream=stream)
     return _Transform(fft, operand)
