@@ -273,6 +273,6 @@ def test_cli_calibrate_writes_a_model_the_settings_read(cluster, tmp_path):
     path = tmp_path / f"redist-cost-model-numpy-{nworkers}.yaml"
     merged = dask.config.merge(DEFAULTS, dask.config.collect([str(path)], env={}))
     (model,) = [m for m in models(Settings.from_config(merged["redist"]).cost_model) if m.workers == nworkers]
-    assert model.kind == "numpy" and "measured" in model.measured and all(v >= 0 for v in model.dask + model.collective)
+    assert model.kind == "numpy" and "workers, dask" in model.measured and all(v >= 0 for v in model.dask + model.collective)
     with pytest.raises(SystemExit, match="two --size values"):
         main(["bench", "--calibrate", "--scheduler", cluster.scheduler_address, "--size", "64KiB"])

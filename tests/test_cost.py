@@ -90,7 +90,7 @@ def test_the_decision_follows_the_estimates_and_says_why():
     cheap_dask = _model(dask=(0.01, 0.001, 0.0), collective=(0.05, 0.0, 0.0, 0.0))
     reason = dask_is_faster(rechunk, "numpy", cheap_dask, workers=2)
     assert reason.startswith("Dask's rechunk is estimated faster: 16 ms (6 tasks) against 50 ms")
-    assert "redist.min-bytes: auto" in reason and "cost model m (synthetic" in reason
+    assert "redist.min-bytes: auto" in reason and "cost model m, measured synthetic" in reason
     assert dask_is_faster(rechunk, "numpy", _model(dask=(0.01, 0.01, 0.0)), workers=2) is None  # 70 ms
     assert dask_is_faster(rechunk, "cupy", cheap_dask) is None  # a model of NumPy chunks only
 

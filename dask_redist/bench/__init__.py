@@ -3,6 +3,7 @@
 * `cases`: the inputs (slab, pencil, uneven, 4-D; the GPU suite), placed and checked;
 * `harness`: timing, the per-run timeline and engine statistics, Markdown/JSON output;
 * `baselines`: nvmath's own ``Redistribute`` and the measured peer-copy ceiling;
+* `calibrate`: ``bench --calibrate``, the cost model of ``redist.min-bytes: auto`` measured here;
 * `floor`: Dask's own floor for a chunk count (a layer of coroutine tasks keyed like the output);
 * `micro`: the graph rewrite of a large rechunk, the fixed cost of a tiny one.
 
@@ -19,6 +20,7 @@ from dask_redist.bench.cases import (
     expected_block,
     four_d_case,
     gpu_suite,
+    line_case,
     pencil_case,
     placed_array,
     slab_case,
@@ -53,6 +55,7 @@ __all__ = [
     "fixed_cost",
     "four_d_case",
     "gpu_suite",
+    "line_case",
     "load_json",
     "markdown",
     "pencil_case",

@@ -91,7 +91,7 @@ def _calibrate(args, command: str) -> int:
         raise SystemExit("dask-redist: --calibrate takes two --size values (small and large), or none")
     with client_for(args) as client:
         env = b.environment(client)
-        measured = f"measured {env['date']}, {env['machine']}, {env['workers']} workers, dask {env['dask']}"
+        measured = f"{env['date']}, {env['machine']}, {env['workers']} workers, dask {env['dask']}"
         model, results = calibrate(client, kind, args.reps, args.size, measured,
                                    progress=lambda line: console.print(line, markup=False, highlight=False))  # fmt: skip
     show([r.row() for r in results], "calibration runs")

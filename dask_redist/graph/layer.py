@@ -50,20 +50,22 @@ def collective_tasks(
     chunks the stage tasks run themselves (by key; `graph.stages.inlined_inputs`).
     """
     inputs = inputs or {}
-    old = spec.rechunk.old
-    if groups is None:
-        groups = [[idx] for idx in np.ndindex(*spec.rechunk.old_grid)]
+    old, grid = spec.rechunk.old, spec.rechunk.old_grid
+    if groups is None:  # (one chunk each, in C order: chunk g's flat index is g)
+        groups = [[idx] for idx in np.ndindex(*grid)]
         tails = [tuple(g[0]) for g in groups]
+        flats = [[g] for g in range(len(groups))]
     else:
         tails = [(i,) for i in range(len(groups))]
+        flats = [np.ravel_multi_index(tuple(np.asarray(g).T), grid).tolist() for g in groups]
     dsk: dict = {}
     stage_refs = []
-    for tail, group in zip(tails, groups):
+    output_type = spec.settings.output_type
+    for tail, group, indices in zip(tails, groups, flats):
         key = (spec.stage_name, *tail)
         shapes = [tuple(c[i] for c, i in zip(old, idx)) for idx in group]
         args = [inputs.get((spec.input_name, *idx)) or TaskRef((spec.input_name, *idx)) for idx in group]
-        indices = np.ravel_multi_index(tuple(np.asarray(group).T), spec.rechunk.old_grid).tolist()
-        dsk[key] = CollectiveTask(key, stage, spec.token, tail, indices, shapes, spec.settings.output_type, *args)
+        dsk[key] = CollectiveTask(key, stage, spec.token, tail, indices, shapes, output_type, *args)
         stage_refs.append(TaskRef(key))
     dsk[spec.barrier_key] = BarrierTask(spec.barrier_key, barrier, DataNode(None, spec), *stage_refs, spec=spec)
     barrier_ref = TaskRef(spec.barrier_key)

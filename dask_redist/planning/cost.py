@@ -116,10 +116,11 @@ def estimate(spec: RechunkSpec, kind: str, cost_model: tuple, workers: int | Non
     if model is None:
         return ""
     dask_s, collective_s = model.seconds(spec)
-    return (
-        f"estimated {_ms(collective_s)} against {_ms(dask_s)} for Dask's rechunk by the cost model "
-        f"{model.name} ({model.measured or 'measured on ' + str(model.workers) + ' workers'})"
-    )
+    return f"estimated {_ms(collective_s)} against {_ms(dask_s)} for Dask's rechunk; {_source(model)}"
+
+
+def _source(model: CostModel) -> str:
+    return f"cost model {model.name}, measured {model.measured or 'on ' + str(model.workers) + ' workers'}"
 
 
 def dask_is_faster(spec: RechunkSpec, kind: str, cost_model: tuple, workers: int | None = None) -> str | None:
@@ -135,8 +136,8 @@ def dask_is_faster(spec: RechunkSpec, kind: str, cost_model: tuple, workers: int
     return (
         f"Dask's rechunk is estimated faster: {_ms(dask_s)} ({f['dask'][1]} tasks) against {_ms(collective_s)} "
         f"for the collective ({f['collective'][1]} chunks in, {f['collective'][2]} out, "
-        f"{format_bytes(spec.nbytes)}), by the cost model {model.name} ({model.measured}; redist.min-bytes: auto; "
-        "set redist.min-bytes to a size, e.g. 0, to decide by bytes instead)"
+        f"{format_bytes(spec.nbytes)}; {_source(model)}); redist.min-bytes: auto (set it to a size, e.g. 0, "
+        "to decide by bytes instead)"
     )
 
 
