@@ -54,28 +54,45 @@ def _in_order(recv: Transfers, received: dict[int, list]) -> list:
     return blocks
 
 
-def _crossings(lo: np.ndarray, hi: np.ndarray, corners: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(block, chunk) index pairs where block boxes [lo, hi) and chunk boxes ``corners`` overlap."""
-    a = np.maximum(lo[:, None, :], corners[None, :, 0, :])
-    z = np.minimum(hi[:, None, :], corners[None, :, 1, :])
-    return np.nonzero(np.all(z > a, axis=2))
+def _crossings(lo: np.ndarray, hi: np.ndarray, new_chunks, owned: list[int], corners: np.ndarray, limit: int):
+    """(block, k, lower, upper) of every overlap of a block box [lo, hi) with output chunk
+    ``owned[k]`` (flat indices into the grid of ``new_chunks``; ``corners``: their boxes), or
+    None where there are more than ``limit``. Found on the chunk grid axis by axis: counted
+    before any is enumerated."""
+    bounds = [np.concatenate([[0], np.cumsum(c, dtype=np.int64)]) for c in new_chunks]
+    first = np.stack([np.searchsorted(b, lo[:, a], side="right") - 1 for a, b in enumerate(bounds)], axis=1)
+    stop = np.stack([np.searchsorted(b, hi[:, a], side="left") for a, b in enumerate(bounds)], axis=1)
+    counts = np.prod(np.maximum(stop - first, 0), axis=1)
+    if int(counts.sum()) > limit:
+        return None
+    grid = tuple(len(c) for c in new_chunks)
+    position = np.full(math.prod(grid), -1, dtype=np.int64)
+    position[np.asarray(owned, dtype=np.int64)] = np.arange(len(owned))
+    pairs = [
+        (i, np.ravel_multi_index([g.ravel() for g in np.meshgrid(*map(np.arange, first[i], stop[i]), indexing="ij")], grid))
+        for i in np.flatnonzero(counts).tolist()
+    ]
+    block = np.concatenate([np.full(len(f), i) for i, f in pairs]) if pairs else np.zeros(0, np.int64)
+    k = position[np.concatenate([f for _, f in pairs])] if pairs else np.zeros(0, np.int64)
+    block, k = block[k >= 0], k[k >= 0]
+    a, z = np.maximum(lo[block], corners[k, 0]), np.minimum(hi[block], corners[k, 1])
+    keep = np.all(z > a, axis=1)
+    return block[keep], k[keep], a[keep], z[keep]
 
 
 def _assemble_outputs(owned, corners, blocks, recv: Transfers, parts, dtype, like) -> dict:
     """Output chunks allocated and filled from the blocks that cross them (every chunk covered)."""
-    out = {f: empty(like, tuple((corners[k, 1] - corners[k, 0]).tolist()), dtype) for k, f in enumerate(owned)}
-    covered = np.zeros(len(owned), dtype=np.int64)
-    for i, k in zip(*parts):
-        a = np.maximum(recv.lo[i], corners[k, 0])
-        z = np.minimum(recv.hi[i], corners[k, 1])
-        out[owned[k]][tuple(slice(int(x - c), int(y - c)) for x, y, c in zip(a, z, corners[k, 0]))] = blocks[i][
-            tuple(slice(int(x - b), int(y - b)) for x, y, b in zip(a, z, recv.lo[i]))
-        ]
-        covered[k] += int(np.prod(z - a))
+    out = [empty(like, tuple((corners[k, 1] - corners[k, 0]).tolist()), dtype) for k in range(len(owned))]
+    block, k, a, z = parts
+    at_out, at_block = (a - corners[k, 0]).tolist(), (a - recv.lo[block]).tolist()
+    extent = (z - a).tolist()
+    for i, kk, o, b, e in zip(block.tolist(), k.tolist(), at_out, at_block, extent):
+        out[kk][tuple(slice(x, x + n) for x, n in zip(o, e))] = blocks[i][tuple(slice(x, x + n) for x, n in zip(b, e))]
+    covered = np.bincount(k, weights=np.prod(z - a, axis=1), minlength=len(owned)) if len(k) else np.zeros(len(owned))
     sizes = np.prod(corners[:, 1] - corners[:, 0], axis=1)
-    if not np.array_equal(covered, sizes):
-        raise RedistError(f"output chunks {[owned[k] for k in np.flatnonzero(covered != sizes)][:5]} were not covered")
-    return out
+    if not np.array_equal(covered.astype(np.int64), sizes):
+        raise RedistError(f"output chunks {[owned[j] for j in np.flatnonzero(covered != sizes)][:5]} were not covered")
+    return dict(zip(owned, out))
 
 
 def cut_pieces(run, t: Transfers) -> list:
@@ -133,9 +150,8 @@ class DaskEngine(Engine):
             return {}
         corners = np.array([spec.rechunk.new_box(f) for f in owned])  # (n, 2, ndim)
         blocks = _in_order(recv, received)
-        # (the crossing test is a blocks x chunks array: only where that is small)
-        parts = _crossings(recv.lo, recv.hi, corners) if len(blocks) * len(owned) <= 64 * DIRECT_MAX_PARTS else None
-        if parts is not None and len(parts[0]) <= DIRECT_MAX_PARTS:
+        parts = _crossings(recv.lo, recv.hi, spec.rechunk.new, owned, corners, DIRECT_MAX_PARTS)
+        if parts is not None:
             return _assemble_outputs(owned, corners, blocks, recv, parts, spec.dtype, like)
         lower, upper = tuple(corners[:, 0].min(axis=0).tolist()), tuple(corners[:, 1].max(axis=0).tolist())
         box = empty(like, tuple(u - l for l, u in zip(lower, upper)), spec.dtype)
