@@ -49,7 +49,13 @@ def _pe(rank, plan, queue, barrier, report):
             if plan == "destroyed":
                 cufftMp.destroy_reshape(handle)
             nvshmem.hostlib_finalize()
-            say("after finalize: status", nvshmem.init_status(), "(not initialized =", nvshmem.STATUS_NOT_INITIALIZED, ")")
+            say(
+                "after finalize: status",
+                nvshmem.init_status(),
+                "(not initialized =",
+                nvshmem.STATUS_NOT_INITIALIZED,
+                ")",
+            )
         barrier.wait(60)
         uid = nvshmem.UniqueId()
         if rank == 0:
@@ -73,9 +79,11 @@ def _pe(rank, plan, queue, barrier, report):
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
-        "--plan", choices=["none", "kept", "destroyed"], default="none",
+        "--plan",
+        choices=["none", "kept", "destroyed"],
+        default="none",
         help="make a cuFFTMp reshape plan in the first world, and keep it or destroy it before the finalize",
-    )  # fmt: skip
+    )
     args = parser.parse_args(argv)
     ctx = mp.get_context("spawn")
     queue, report, barrier = ctx.Queue(), ctx.Queue(), ctx.Barrier(2)
@@ -93,7 +101,10 @@ def main(argv=None) -> int:
     for rank, line in sorted(lines):
         print(f"rank {rank}: {line}")
     ok = sum("OK" in line for _, line in lines) == 2 and not hung
-    print(f"plan={args.plan}: {'re-bootstrap works' if ok else 'FAILED'}" + (f" (ranks {hung} hung)" if hung else ""))
+    print(
+        f"plan={args.plan}: {'re-bootstrap works' if ok else 'FAILED'}"
+        + (f" (ranks {hung} hung)" if hung else "")
+    )
     return 0 if ok else 1
 
 

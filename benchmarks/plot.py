@@ -20,11 +20,15 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("files", nargs="+")
     parser.add_argument("-o", "--output", required=True)
     parser.add_argument("--title", default="")
-    parser.add_argument("--match", nargs="+", default=[], help="plot only cases whose name contains all of these")
+    parser.add_argument(
+        "--match", nargs="+", default=[], help="plot only cases whose name contains all of these"
+    )
     args = parser.parse_args()
 
     fig, ax = plt.subplots(figsize=(9, 4.5))
@@ -52,7 +56,13 @@ def main() -> None:
     title = args.title or f"{env.get('date', '')}, {env.get('workers')} workers"
     ax.set_title(title, fontsize=9)
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=7, title="\n".join(sorted(set(notes))) or None, title_fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
+    ax.legend(
+        fontsize=7,
+        title="\n".join(sorted(set(notes))) or None,
+        title_fontsize=7,
+        loc="upper left",
+        bbox_to_anchor=(1.01, 1),
+    )
     fig.tight_layout()
     fig.savefig(args.output, dpi=120)
     print(f"wrote {args.output}")

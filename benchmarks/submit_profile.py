@@ -93,7 +93,11 @@ def one(client, case, seed: int, profile: bool) -> dict:
         end = time.perf_counter()
     marks = timeline(client, start)
     first_stage = min((t for t, e in marks if e.endswith(": first stage")), default=float("nan"))
-    events = [e for _, e in client.get_events("scheduler") if isinstance(e, dict) and e.get("action") == "update-graph"]
+    events = [
+        e
+        for _, e in client.get_events("scheduler")
+        if isinstance(e, dict) and e.get("action") == "update-graph"
+    ]
     metrics = events[-1].get("metrics", {}) if events else {}
     del x, y
     return {
@@ -114,14 +118,21 @@ def main() -> None:
     p.add_argument("--chunks", nargs="+", type=int, default=[256, 1024, 4096])
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--reps", type=int, default=3)
-    p.add_argument("--profile", action="store_true", help="cProfile's top functions of the last run of each count")
+    p.add_argument(
+        "--profile", action="store_true", help="cProfile's top functions of the last run of each count"
+    )
     args = p.parse_args()
     instrument(args.profile)
-    with LocalCluster(n_workers=args.workers, threads_per_worker=1, dashboard_address=None) as cluster, Client(cluster) as client:
+    with (
+        LocalCluster(n_workers=args.workers, threads_per_worker=1, dashboard_address=None) as cluster,
+        Client(cluster) as client,
+    ):
         rows = []
         for n in args.chunks:
             case = slab_case(args.size, n)
-            runs = [one(client, case, seed, args.profile and seed == args.reps) for seed in range(args.reps + 1)][1:]
+            runs = [
+                one(client, case, seed, args.profile and seed == args.reps) for seed in range(args.reps + 1)
+            ][1:]
             rows.append({"case": case.name, **{k: statistics.median(r[k] for r in runs) for k in runs[0]}})
             if args.profile:
                 for name, prof in PROFILES.items():

@@ -11,9 +11,14 @@ import dask
 import numpy as np
 
 from dask_redist.compat import (
-    keep_annotations_current, meta_of, original_rechunk, read_array_optimize_through, record_explicit_methods,
-    use_rechunk_step, worker_info,
-)  # fmt: skip
+    keep_annotations_current,
+    meta_of,
+    original_rechunk,
+    read_array_optimize_through,
+    record_explicit_methods,
+    use_rechunk_step,
+    worker_info,
+)
 from dask_redist.config import Settings, check_known, flatten, restore_defaults
 from dask_redist.core.assemble import converted
 from dask_redist.core.messages import ForgetWorld, SchedulerStatus
@@ -261,7 +266,11 @@ def bootstrap(client=None, *, restart_broken: bool = False, engine: str | None =
     wait(y)
     if not np.array_equal(converted(y.compute(), "numpy"), expected):
         raise RedistError("the bootstrap rechunk returned wrong values")
-    return {w: s["engines"][d.name]["stats"] for w, s in status(client)["workers"].items() if d.name in s["engines"]}
+    return {
+        w: s["engines"][d.name]["stats"]
+        for w, s in status(client)["workers"].items()
+        if d.name in s["engines"]
+    }
 
 
 def _world_engine(settings: Settings, name: str | None):

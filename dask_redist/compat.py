@@ -75,11 +75,29 @@ P2P_PREFIX = "rechunk-p2p-"
 METHOD_ANNOTATION = "redist-method"
 
 __all__ = [
-    "DataNode", "GraphNode", "P2P_PREFIX", "RECHUNK_PREFIXES", "TESTED_DASK", "Task", "TaskRef", "array_expr",
-    "METHOD_ANNOTATION", "building_graph", "cached_worker_count", "keep_annotations_current", "meta_of",
-    "original_rechunk", "original_rechunk_step", "plan_dask_rechunk", "read_array_optimize_through",
-    "record_explicit_methods", "running_schedulers", "use_rechunk_step", "with_operand", "worker_info",
-]  # fmt: skip
+    "DataNode",
+    "GraphNode",
+    "P2P_PREFIX",
+    "RECHUNK_PREFIXES",
+    "TESTED_DASK",
+    "Task",
+    "TaskRef",
+    "array_expr",
+    "METHOD_ANNOTATION",
+    "building_graph",
+    "cached_worker_count",
+    "keep_annotations_current",
+    "meta_of",
+    "original_rechunk",
+    "original_rechunk_step",
+    "plan_dask_rechunk",
+    "read_array_optimize_through",
+    "record_explicit_methods",
+    "running_schedulers",
+    "use_rechunk_step",
+    "with_operand",
+    "worker_info",
+]
 
 
 def _rechunk_module():
@@ -245,7 +263,9 @@ def read_array_optimize_through(wrap=None) -> None:
     from dask.array import Array
 
     if _original_optimize is not None:  # (expression mode's Array has a hook of its own, never the config's)
-        Array.__dask_optimize__ = _original_optimize if wrap is None else _ReadThrough(_original_optimize, wrap)
+        Array.__dask_optimize__ = (
+            _original_optimize if wrap is None else _ReadThrough(_original_optimize, wrap)
+        )
 
 
 def _array_dict() -> dict:

@@ -119,13 +119,17 @@ def _engines(config: dict | None) -> tuple[tuple[str, str], ...]:
     except KeyError:
         table = {}
     if not isinstance(table, dict):
-        raise ConfigError(f"redist.engines must map engine names to 'package.module:EngineClass', got {table!r}")
+        raise ConfigError(
+            f"redist.engines must map engine names to 'package.module:EngineClass', got {table!r}"
+        )
     out = dict(BUILTIN_ENGINES)
     for name, path in table.items():
         if not isinstance(name, str) or not name.replace("-", "_").isidentifier():
             raise ConfigError(f"redist.engines: an engine's name must be a word like 'nccl', got {name!r}")
         if name == "auto":
-            raise ConfigError("redist.engines: 'auto' is not an engine's name (redist.engine: auto chooses one)")
+            raise ConfigError(
+                "redist.engines: 'auto' is not an engine's name (redist.engine: auto chooses one)"
+            )
         module, _, attr = path.partition(":") if isinstance(path, str) else ("", "", "")
         if not module or not attr.isidentifier():
             raise ConfigError(f"redist.engines.{name} must be 'package.module:EngineClass', got {path!r}")
@@ -169,7 +173,9 @@ def _cost_entry(name: str, entry) -> tuple:
     for method, terms in COST_TERMS.items():
         line = entry.get(method)
         if not isinstance(line, dict) or set(line) != set(terms):
-            raise ConfigError(f"{key}.{method} must be a mapping of {', '.join(terms)} (seconds), got {line!r}")
+            raise ConfigError(
+                f"{key}.{method} must be a mapping of {', '.join(terms)} (seconds), got {line!r}"
+            )
         for term in terms:
             v = line[term]
             if isinstance(v, bool) or not isinstance(v, Real) or not v >= 0:
@@ -196,7 +202,9 @@ class Settings:
     """A validated snapshot of ``redist.*``."""
 
     engine: str = "auto"  # "auto", a name of ``engines``, or "package.module:EngineClass"
-    engines: tuple[tuple[str, str], ...] = BUILTIN_ENGINES  # the registry: (name, "package.module:EngineClass")
+    engines: tuple[tuple[str, str], ...] = (
+        BUILTIN_ENGINES  # the registry: (name, "package.module:EngineClass")
+    )
     chunk_types: tuple[str, ...] = CHUNK_TYPES
     output_type: str = "same"  # or a chunk type every input chunk is converted to when staged
     min_bytes: int | str = "auto"  # bytes, or "auto": the measured model of planning.cost
@@ -227,10 +235,14 @@ class Settings:
         if isinstance(types, str):
             types = [types]
         if not isinstance(types, (list, tuple)) or not set(types) <= set(CHUNK_TYPES):
-            raise ConfigError(f"redist.chunk-types must be a list drawn from {list(CHUNK_TYPES)}, got {types!r}")
+            raise ConfigError(
+                f"redist.chunk-types must be a list drawn from {list(CHUNK_TYPES)}, got {types!r}"
+            )
         output_type = _get("output-type", config)
         if output_type not in OUTPUT_TYPES:
-            raise ConfigError(f"redist.output-type must be one of {', '.join(OUTPUT_TYPES)}, got {output_type!r}")
+            raise ConfigError(
+                f"redist.output-type must be one of {', '.join(OUTPUT_TYPES)}, got {output_type!r}"
+            )
         sym = _get("nvshmem.symmetric-size", config)
         budget = _bytes("memory-budget", _get("memory-budget", config))
         if budget == 0:

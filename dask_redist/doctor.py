@@ -64,7 +64,9 @@ class Diagnosis:
     def _repr_html_(self) -> str:
         rows = self.rows()
         head = "".join(f"<th>{html.escape(k)}</th>" for k in rows[0]) if rows else ""
-        body = "".join("<tr>" + "".join(f"<td>{html.escape(str(v))}</td>" for v in r.values()) + "</tr>" for r in rows)
+        body = "".join(
+            "<tr>" + "".join(f"<td>{html.escape(str(v))}</td>" for v in r.values()) + "</tr>" for r in rows
+        )
         notes = "".join(f"<li>{html.escape(f)}</li>" for f in (*self.warnings, *self.fixes))
         engines = "".join(f"<li>{html.escape(n)}: {html.escape(line)}</li>" for n, line in self.lines)
         picks = "; ".join(f"{_chunks(t)}: <b>{e}</b> ({html.escape(why)})" for t, e, why in self.picks)
@@ -91,11 +93,16 @@ def doctor(client, settings: Settings | None = None) -> Diagnosis:
         more_warnings, more_fixes = d.doctor_notes(by_engine[d.name])
         warnings += more_warnings
         fixes += [f for f in more_fixes if f not in fixes]
-    columns = tuple((w, {k: v for d in engines for k, v in d.doctor_columns(by_engine[d.name][w]).items()}) for w in workers)
+    columns = tuple(
+        (w, {k: v for d in engines for k, v in d.doctor_columns(by_engine[d.name][w]).items()})
+        for w in workers
+    )
     able = {w: {d.name: by_engine[d.name][w].get("capabilities", {}) for d in engines} for w in workers}
     picks, auto = [], dataclasses.replace(settings, engine="auto")
     for chunk_type in ("cupy", "numpy"):  # (NumPy chunks: of any size)
         engine, why = choose_engine(Request(chunk_type, auto), able, workers)
         picks.append((chunk_type, engine, why))
     (_, engine, reason), _ = picks
-    return Diagnosis(reports, engine, reason, tuple(fixes), tuple(warnings), tuple(lines), tuple(picks), columns)
+    return Diagnosis(
+        reports, engine, reason, tuple(fixes), tuple(warnings), tuple(lines), tuple(picks), columns
+    )

@@ -103,7 +103,9 @@ class Explanation:
         body = "".join(
             "<tr>" + "".join(f"<td>{html.escape(str(v))}</td>" for v in r.values()) + "</tr>" for r in rows
         )
-        note = "" if self.enabled else "<p><i>dask_redist is not enabled: this is what enable() would do</i></p>"
+        note = (
+            "" if self.enabled else "<p><i>dask_redist is not enabled: this is what enable() would do</i></p>"
+        )
         table = f"{note}<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
         return table + fft_describe.table(self.ffts)
 
@@ -184,9 +186,15 @@ def _decisions(x, settings: Settings, memory=None) -> list[tuple[str, str, objec
                 spec, why = None, _kept_for_method(node)
                 if why is None:
                     spec, why = collective_spec(
-                        a._name, node._name, a.chunks, node.chunks, a.dtype, typename(type(meta_of(a))), settings,
+                        a._name,
+                        node._name,
+                        a.chunks,
+                        node.chunks,
+                        a.dtype,
+                        typename(type(meta_of(a))),
+                        settings,
                         len(memory[0]) if memory else None,
-                    )  # fmt: skip
+                    )
                 out.append((node._name, node.method or "auto", spec, why))
         return out
     graph = x.__dask_graph__()
@@ -220,9 +228,14 @@ def explain(x, *, nworkers: int | None = None, settings: Settings | None = None)
             continue
         runs = "collective"
         if client is None:
-            reason, runs = "eligible, but no distributed Client: dask's rechunk runs on local schedulers", "dask"
+            reason, runs = (
+                "eligible, but no distributed Client: dask's rechunk runs on local schedulers",
+                "dask",
+            )
         elif not enabled:
-            reason = f"dask_redist is not enabled: dask's rechunk runs; enable() would run a collective ({reason})"
+            reason = (
+                f"dask_redist is not enabled: dask's rechunk runs; enable() would run a collective ({reason})"
+            )
             runs = "dask"
         in_ranks, where = _placement(spec, x, client, nworkers)
         plan = make_plan(spec.rechunk, in_ranks, nworkers)

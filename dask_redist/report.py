@@ -28,7 +28,9 @@ def text_table(rows: list[dict], title: str = "", width: int | None = None) -> s
     for row in rows:
         table.add_row(*(str(v) for v in row.values()))
     out = io.StringIO()
-    Console(file=out, width=width or 120, color_system=None, force_terminal=False, highlight=False).print(table)
+    Console(file=out, width=width or 120, color_system=None, force_terminal=False, highlight=False).print(
+        table
+    )
     return "\n".join(line.rstrip() for line in out.getvalue().splitlines())
 
 
@@ -56,7 +58,9 @@ def fitted_table(rows: list[dict], title: str = "", terminal: bool = True, width
 
 def html_table(rows: list[dict], title: str = "") -> str:
     head = "".join(f"<th>{html.escape(str(k))}</th>" for k in rows[0])
-    body = "".join("<tr>" + "".join(f"<td>{html.escape(str(v))}</td>" for v in r.values()) + "</tr>" for r in rows)
+    body = "".join(
+        "<tr>" + "".join(f"<td>{html.escape(str(v))}</td>" for v in r.values()) + "</tr>" for r in rows
+    )
     caption = f"<p><b>{html.escape(title)}</b></p>" if title else ""
     return f"{caption}<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
@@ -96,31 +100,53 @@ class Status(dict):
         """(title, rows) of each table shown; empty ones left out."""
         history = list(self.get("history", ()))
         runs = [
-            {"run": f"{h.get('token', '')[:8]} #{h.get('run', '-')}", "engine": h.get("engine", "-"),
-             "outcome": h.get("outcome", "-"), "bytes": format_bytes(h["bytes"]) if "bytes" in h else "-",
-             "moved": format_bytes(h["bytes moved"]) if "bytes moved" in h else "-",
-             "took": format_time(h["seconds"]) if "seconds" in h else "-", "why": h.get("why", "")}
+            {
+                "run": f"{h.get('token', '')[:8]} #{h.get('run', '-')}",
+                "engine": h.get("engine", "-"),
+                "outcome": h.get("outcome", "-"),
+                "bytes": format_bytes(h["bytes"]) if "bytes" in h else "-",
+                "moved": format_bytes(h["bytes moved"]) if "bytes moved" in h else "-",
+                "took": format_time(h["seconds"]) if "seconds" in h else "-",
+                "why": h.get("why", ""),
+            }
             for h in history[-RUNS_SHOWN:]
-        ]  # fmt: skip
-        earlier = f" ({len(history) - RUNS_SHOWN} earlier in status['history'])" if len(history) > RUNS_SHOWN else ""
+        ]
+        earlier = (
+            f" ({len(history) - RUNS_SHOWN} earlier in status['history'])"
+            if len(history) > RUNS_SHOWN
+            else ""
+        )
         marks = self.get("timeline", {})
         first = min(marks.values(), default=None)
-        timeline = [{"mark": m, "after the first": f"+{format_time(t - first)}" if t > first else "0",
-                     "when": _ago(self.taken, t)}
-                    for m, t in sorted(marks.items(), key=lambda kv: kv[1])]  # fmt: skip
+        timeline = [
+            {
+                "mark": m,
+                "after the first": f"+{format_time(t - first)}" if t > first else "0",
+                "when": _ago(self.taken, t),
+            }
+            for m, t in sorted(marks.items(), key=lambda kv: kv[1])
+        ]
         workers = [
-            {"worker": w, "staged chunks": s.get("staged chunks", "-"), "stage keys": s.get("stage keys", "-"),
-             "runs held": ", ".join(f"{r} ({p})" for r, p in s.get("runs", {}).items()) or "-",
-             "early pieces": s.get("early pieces", "-"), "engines": _engines(s.get("engines", {})),
-             "last mark": _ago(self.taken, max(s.get("timeline", {}).values(), default=None))}
+            {
+                "worker": w,
+                "staged chunks": s.get("staged chunks", "-"),
+                "stage keys": s.get("stage keys", "-"),
+                "runs held": ", ".join(f"{r} ({p})" for r, p in s.get("runs", {}).items()) or "-",
+                "early pieces": s.get("early pieces", "-"),
+                "engines": _engines(s.get("engines", {})),
+                "last mark": _ago(self.taken, max(s.get("timeline", {}).values(), default=None)),
+            }
             for w, s in sorted(self.get("workers", {}).items())
-        ]  # fmt: skip
+        ]
         sections = [
             (f"runs finished, latest last{earlier}", runs),
             ("runs in flight", [{"run": r} for r in self.get("active", ())]),
             ("latest run, on the scheduler", timeline),
             ("workers", workers),
-            ("workers that did not answer", [{"worker": w, "why": why} for w, why in self.get("unanswered", {}).items()]),
+            (
+                "workers that did not answer",
+                [{"worker": w, "why": why} for w, why in self.get("unanswered", {}).items()],
+            ),
             ("NVSHMEM world (cufftmp)", self._world()),
         ]
         return [(title, rows) for title, rows in sections if rows]
@@ -129,8 +155,13 @@ class Status(dict):
         engines = self.get("engines", {})
         if not engines.get("world") and not engines.get("stranded"):
             return []
-        return [{"members": len(engines.get("world") or ()), "broken": engines.get("world broken") or "-",
-                 "stranded": ", ".join(engines.get("stranded") or ()) or "-"}]  # fmt: skip
+        return [
+            {
+                "members": len(engines.get("world") or ()),
+                "broken": engines.get("world broken") or "-",
+                "stranded": ", ".join(engines.get("stranded") or ()) or "-",
+            }
+        ]
 
     def __str__(self) -> str:
         parts = [self.summary()] + [text_table(rows, title) for title, rows in self.sections()]
@@ -139,5 +170,7 @@ class Status(dict):
     __repr__ = __str__
 
     def _repr_html_(self) -> str:
-        parts = [f"<p>{html.escape(self.summary())}</p>"] + [html_table(rows, title) for title, rows in self.sections()]
+        parts = [f"<p>{html.escape(self.summary())}</p>"] + [
+            html_table(rows, title) for title, rows in self.sections()
+        ]
         return "".join(parts)

@@ -70,15 +70,23 @@ def _cancel_erred(names) -> list:
         client = default_client()
     except (ImportError, ValueError):
         return []
-    if client.status != "running" or _in_event_loop():  # (a preload's teardown runs on the loop: no sync call there)
+    if (
+        client.status != "running" or _in_event_loop()
+    ):  # (a preload's teardown runs on the loop: no sync call there)
         return []
     try:
         keys = client.run_on_scheduler(_erred_and_wanted, names=sorted(names), client=client.id)
         keys = [tuple(k) if isinstance(k, list) else k for k in keys]
         if keys:
-            client.cancel([Future(k, client) for k in keys], reason="submitted again with other redist.* settings")
-    except Exception as e:  # (never the reason a compute or disable() fails: the retry meets Dask's behaviour)
-        logger.warning("could not clear the erred keys of %s before a retry: %s: %s", sorted(names), type(e).__name__, e)
+            client.cancel(
+                [Future(k, client) for k in keys], reason="submitted again with other redist.* settings"
+            )
+    except (
+        Exception
+    ) as e:  # (never the reason a compute or disable() fails: the retry meets Dask's behaviour)
+        logger.warning(
+            "could not clear the erred keys of %s before a retry: %s: %s", sorted(names), type(e).__name__, e
+        )
         return []
     return keys
 

@@ -94,8 +94,12 @@ def timed(client, y) -> tuple[object, float, list[dict]]:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--n", type=int, default=64, help="edge of the cube (default 64)")
-    p.add_argument("--slabs", type=int, default=8, help="slabs (chunks) of the input and of the result (default 8)")
-    p.add_argument("--workers", type=int, default=None, help="workers (default: 2 on CPU, one per GPU with --gpu)")
+    p.add_argument(
+        "--slabs", type=int, default=8, help="slabs (chunks) of the input and of the result (default 8)"
+    )
+    p.add_argument(
+        "--workers", type=int, default=None, help="workers (default: 2 on CPU, one per GPU with --gpu)"
+    )
     p.add_argument("--threads", type=int, default=1, help="threads per CPU worker (default 1)")
     p.add_argument("--gpu", action="store_true", help="LocalCUDACluster and CuPy chunks")
     p.add_argument("--fft-gpu", action="store_true", help="with --gpu: the GPU path (redist.fft.gpu: true)")
@@ -111,7 +115,9 @@ def main(argv=None) -> int:
     with connect(args) as client:
         print(f"cluster: {len(client.scheduler_info(n_workers=-1)['workers'])} workers, {xp.__name__} chunks")
 
-        x = da.random.default_rng(0).standard_normal((n, n, n), chunks=(c, n, n)).astype(np.complex128)  # slabs
+        x = (
+            da.random.default_rng(0).standard_normal((n, n, n), chunks=(c, n, n)).astype(np.complex128)
+        )  # slabs
         if args.gpu:
             x = x.map_blocks(xp.asarray)
         x = x.persist()
@@ -129,16 +135,22 @@ def main(argv=None) -> int:
         if not runs or any(r["outcome"] != "done" for r in runs):
             raise SystemExit(f"the transform made no collective run: {runs}")
         for r in runs:
-            print(f"collective run: engine {r['engine']} ({r['why']}), {format_bytes(r['bytes'])}, {r['seconds'] * 1e3:.1f} ms")
+            print(
+                f"collective run: engine {r['engine']} ({r['why']}), {format_bytes(r['bytes'])}, {r['seconds'] * 1e3:.1f} ms"
+            )
         check(xp, got, expected)
-        print(f"check: dask_redist.fft.fftn ({elapsed * 1e3:.0f} ms end to end) equals {xp.__name__}.fft.fftn of the whole array")
+        print(
+            f"check: dask_redist.fft.fftn ({elapsed * 1e3:.0f} ms end to end) equals {xp.__name__}.fft.fftn of the whole array"
+        )
 
         # the old way, for comparison: the four steps by hand, with the rechunk made collective
         with dask_redist.enable():
             old = four_steps(x, c, meta)
             got, elapsed, _ = timed(client, old)
         check(xp, got, expected)
-        print(f"check: the four steps by hand ({elapsed * 1e3:.0f} ms end to end) equal {xp.__name__}.fft.fftn too")
+        print(
+            f"check: the four steps by hand ({elapsed * 1e3:.0f} ms end to end) equal {xp.__name__}.fft.fftn too"
+        )
     return 0
 
 

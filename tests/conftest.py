@@ -45,7 +45,12 @@ def local_cluster(n_workers: int, **kwargs):
     """A LocalCluster of worker processes (under nannies), without dashboards."""
     from distributed import LocalCluster
 
-    options = {"threads_per_worker": 2, "processes": True, "dashboard_address": None, "worker_dashboard_address": None}
+    options = {
+        "threads_per_worker": 2,
+        "processes": True,
+        "dashboard_address": None,
+        "worker_dashboard_address": None,
+    }
     return LocalCluster(n_workers=n_workers, **{**options, **kwargs})
 
 
@@ -76,11 +81,17 @@ def gpu_client(**cluster_options):
 
         tests = os.path.dirname(os.path.abspath(__file__))  # (functions the tests run there live here)
         env = {"PYTHONPATH": os.pathsep.join(filter(None, [tests, os.environ.get("PYTHONPATH")]))}
-        with SharedGPUCluster(n * pes, pes, env=env, **cluster_options) as shared, Client(shared.scheduler_address) as client:
+        with (
+            SharedGPUCluster(n * pes, pes, env=env, **cluster_options) as shared,
+            Client(shared.scheduler_address) as client,
+        ):
             yield client
         return
     os.environ.setdefault("NVSHMEM_SYMMETRIC_SIZE", "4G")  # inherited by the workers
-    with LocalCUDACluster(n_workers=n, dashboard_address=None, **cluster_options) as cluster, Client(cluster) as client:
+    with (
+        LocalCUDACluster(n_workers=n, dashboard_address=None, **cluster_options) as cluster,
+        Client(cluster) as client,
+    ):
         yield client
 
 

@@ -225,7 +225,9 @@ class LockstepEngine(DaskEngine):
         n = len(run.spec.workers)
 
         def complete(rounds):
-            return lambda: all(os.path.exists(os.path.join(folder, f"{k}.{r}")) for k in rounds for r in range(n))
+            return lambda: all(
+                os.path.exists(os.path.join(folder, f"{k}.{r}")) for k in rounds for r in range(n)
+            )
 
         self.rounds.reset()
         self._queued, self._complete = [], complete
@@ -290,7 +292,9 @@ class FolderDescription(EngineDescription):
 
     def doctor_line(self, reports: dict[str, dict]) -> str:
         hosts = sorted({r.get("capabilities", {}).get("host") for r in reports.values()})
-        return f"every worker writes {FOLDER}" + (f" on {hosts[0]}" if len(hosts) == 1 else f" on {len(hosts)} hosts")
+        return f"every worker writes {FOLDER}" + (
+            f" on {hosts[0]}" if len(hosts) == 1 else f" on {len(hosts)} hosts"
+        )
 
 
 class FolderEngine(Engine):
@@ -306,7 +310,11 @@ class FolderEngine(Engine):
     def capabilities() -> dict:
         os.makedirs(FOLDER, exist_ok=True)
         ok = os.access(FOLDER, os.W_OK)
-        return {"ok": ok, "reason": f"writes {FOLDER}" if ok else f"cannot write {FOLDER}", "host": socket.gethostname()}
+        return {
+            "ok": ok,
+            "reason": f"writes {FOLDER}" if ok else f"cannot write {FOLDER}",
+            "host": socket.gethostname(),
+        }
 
     def execute(self, run, transport):
         from dask_redist.core.assemble import cut
@@ -323,7 +331,10 @@ class FolderEngine(Engine):
         sends = sends.take(sends.canonical_order())
         for dst in sorted(set(sends.dst.tolist())):
             mine = sends.take(sends.dst == dst)
-            arrays = [cut(run.inputs[int(f)], rechunk.old_box(int(f))[0], lo, hi) for f, lo, hi in zip(mine.old_block, mine.lo, mine.hi)]
+            arrays = [
+                cut(run.inputs[int(f)], rechunk.old_box(int(f))[0], lo, hi)
+                for f, lo, hi in zip(mine.old_block, mine.lo, mine.hi)
+            ]
             if dst == run.rank:
                 run.receive(run.rank, 0, arrays)
                 continue
@@ -339,7 +350,9 @@ class FolderEngine(Engine):
             while not os.path.exists(path):
                 run.set_phase("exchange")  # raises once the run is aborted
                 if time.monotonic() > deadline:
-                    raise RedistTimeoutError(f"{run.name()}: no file from rank {src} in {folder} after {run.timeout:g}s")
+                    raise RedistTimeoutError(
+                        f"{run.name()}: no file from rank {src} in {folder} after {run.timeout:g}s"
+                    )
                 time.sleep(self.poll_s)
             buffer = np.fromfile(path, dtype=np.uint8)
             os.remove(path)

@@ -162,7 +162,6 @@ def chunk_box(chunks: Chunks, index: tuple[int, ...]) -> tuple[tuple[int, ...], 
     return tuple(lower), tuple(upper)
 
 
-
 def chunk_boxes(chunks: Chunks) -> list[Box]:
     """The box of every chunk, in flat (C-order) chunk index order."""
     return [Box(*chunk_box(chunks, index)) for index in np.ndindex(*map(len, chunks))]

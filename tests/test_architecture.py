@@ -33,7 +33,14 @@ LAYERS = [
     {"dask_redist.runtime"},
     {"dask_redist.graph"},
     {"dask_redist.report", "dask_redist.submissions"},
-    {"dask_redist", "dask_redist.api", "dask_redist.explain", "dask_redist.doctor", "dask_redist.preload", "dask_redist.fft"},
+    {
+        "dask_redist",
+        "dask_redist.api",
+        "dask_redist.explain",
+        "dask_redist.doctor",
+        "dask_redist.preload",
+        "dask_redist.fft",
+    },
     {"dask_redist.bench"},
     {"dask_redist.cli"},
 ]
@@ -56,7 +63,8 @@ def _modules() -> dict[str, Path]:
 
 def _type_checking_only(node, parents) -> bool:
     return any(
-        isinstance(p, ast.If) and "TYPE_CHECKING" in ast.unparse(p.test) and node in ast.walk(p) for p in parents
+        isinstance(p, ast.If) and "TYPE_CHECKING" in ast.unparse(p.test) and node in ast.walk(p)
+        for p in parents
     )
 
 
@@ -84,7 +92,9 @@ def import_graph() -> dict[str, set[str]]:
     graph = {}
     for name, path in modules.items():
         tree = ast.parse(path.read_text())
-        guards = [n for n in ast.walk(tree) if isinstance(n, ast.If) and "TYPE_CHECKING" in ast.unparse(n.test)]
+        guards = [
+            n for n in ast.walk(tree) if isinstance(n, ast.If) and "TYPE_CHECKING" in ast.unparse(n.test)
+        ]
         deps = _named_by_strings(tree, modules) - {name}
         for node in ast.walk(tree):
             if not isinstance(node, (ast.Import, ast.ImportFrom)) or _type_checking_only(node, guards):
@@ -145,8 +155,12 @@ def _room(module: str) -> str | None:
 def test_engines_do_not_import_each_other_and_nothing_else_imports_a_specific_engine():
     """Inside the engines layer each engine keeps to itself; the runtime, graph, API and bench
     ask the registry, never a named engine."""
-    crossing = [(m, d) for m, deps in import_graph().items() for d in deps if _room(d) and _room(m) != _room(d)]
-    assert crossing == [], "imports of another engine's modules: " + ", ".join(f"{m} -> {d}" for m, d in crossing)
+    crossing = [
+        (m, d) for m, deps in import_graph().items() for d in deps if _room(d) and _room(m) != _room(d)
+    ]
+    assert crossing == [], "imports of another engine's modules: " + ", ".join(
+        f"{m} -> {d}" for m, d in crossing
+    )
 
 
 def test_the_plugins_do_not_import_each_other():
@@ -190,4 +204,6 @@ def test_the_invariant_checks_find_what_they_look_for(tmp_path, monkeypatch):
 @pytest.mark.parametrize("heavy", ["dask_redist.bench", "rich"])
 def test_importing_the_package_leaves_out(heavy):
     code = f"import sys, dask_redist; sys.exit({heavy!r} in sys.modules)"
-    assert subprocess.run([sys.executable, "-c", code], timeout=120).returncode == 0, f"import dask_redist imports {heavy}"
+    assert subprocess.run([sys.executable, "-c", code], timeout=120).returncode == 0, (
+        f"import dask_redist imports {heavy}"
+    )

@@ -14,7 +14,12 @@ from dask_redist.cli import main
 
 @pytest.mark.parametrize(
     "case",
-    [b.slab_case("8MiB", 5), b.pencil_case("8MiB", 3), b.uneven_case("8MiB"), b.four_d_case("8MiB", 4, "float32")]
+    [
+        b.slab_case("8MiB", 5),
+        b.pencil_case("8MiB", 3),
+        b.uneven_case("8MiB"),
+        b.four_d_case("8MiB", 4, "float32"),
+    ]
     + [case for case, _ in b.gpu_suite()],
     ids=lambda c: c.name,
 )
@@ -78,7 +83,21 @@ def _ceiling_only(case, ceiling):
 
 def test_cli_runs_checks_writes_and_appends(tmp_path):
     out = str(tmp_path)
-    args = ["bench", "--workers", "2", "--size", "4MiB", "--chunks", "4", "--reps", "1", "--out", out, "--name", "t"]
+    args = [
+        "bench",
+        "--workers",
+        "2",
+        "--size",
+        "4MiB",
+        "--chunks",
+        "4",
+        "--reps",
+        "1",
+        "--out",
+        out,
+        "--name",
+        "t",
+    ]
     assert main(args + ["--methods", "redist-dask", "tasks", "tasks-ucx", "nvmath"]) == 0
     first = json.loads((tmp_path / "t.json").read_text())
     rows = {r["method"]: r for r in first["results"]}
@@ -121,15 +140,37 @@ def test_cli_against_an_address_where_no_scheduler_is_says_so():
 def test_the_scale_model_measures_every_part_and_fits_growth(tmp_path):
     from dask_redist.bench import scale
 
-    results = scale.run_model(("slab", "uneven"), ranks=(2, 4), chunks=(16, 64, 256), reps=1, progress=lambda _: None)
+    results = scale.run_model(
+        ("slab", "uneven"), ranks=(2, 4), chunks=(16, 64, 256), reps=1, progress=lambda _: None
+    )
     assert {m.part for m in results} == set(scale.PARTS)
     assert all(m.seconds is not None and m.seconds > 0 and m.peak_bytes >= 0 for m in results)
     slab = [m for m in results if m.case == "slab" and m.part == "scheduler: owners" and m.ranks == 2]
     assert [m.pieces for m in slab] == [16 * 16, 64 * 64, 256 * 256]  # row slabs to column slabs
     exponents = scale.fit(results)
     assert ("slab", "worker: plan", 2) in exponents and all(np.isfinite(k) for k in exponents.values())
-    assert main(["bench", "--scale", "--ranks", "2", "--scale-chunks", "16", "64", "--cases-scale", "slab",
-                 "--reps", "1", "--out", str(tmp_path), "--name", "s"]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "bench",
+                "--scale",
+                "--ranks",
+                "2",
+                "--scale-chunks",
+                "16",
+                "64",
+                "--cases-scale",
+                "slab",
+                "--reps",
+                "1",
+                "--out",
+                str(tmp_path),
+                "--name",
+                "s",
+            ]
+        )
+        == 0
+    )
     assert "scheduler: owners" in (tmp_path / "s.md").read_text()
 
 
@@ -148,19 +189,37 @@ def test_protocol_ucx_runs_every_method_on_ucx():
 
 def test_slopes_and_phases_tables():
     """The markdown's per-chunk cost (a line through the medians) and per-phase timeline tables."""
-    from dask_redist.bench.harness import Result, markdown, phases, slopes
+    from dask_redist.bench.harness import Result
+    from dask_redist.bench.results import markdown, phases, slopes
 
     results = [
-        Result(f"slab 1.00 MiB {n}->{n} float64", "redist-dask", 2**20, n, n, times=[(10 + 0.5 * n) / 1e3]) for n in (4, 16, 64)
+        Result(f"slab 1.00 MiB {n}->{n} float64", "redist-dask", 2**20, n, n, times=[(10 + 0.5 * n) / 1e3])
+        for n in (4, 16, 64)
     ]
-    results[-1].timeline = [(1.0, "worker 0: first stage"), (2.0, "worker 1: first stage"), (5.0, "scheduler: barrier called"),
-                            (9.0, "worker 0: executed"), (12.0, "worker 1: executed"), (20.0, "scheduler: outputs in memory")]  # fmt: skip
+    results[-1].timeline = [
+        (1.0, "worker 0: first stage"),
+        (2.0, "worker 1: first stage"),
+        (5.0, "scheduler: barrier called"),
+        (9.0, "worker 0: executed"),
+        (12.0, "worker 1: executed"),
+        (20.0, "scheduler: outputs in memory"),
+    ]
     table = slopes(results)
     assert table[1][3] == "ms per added chunk"
     (row,) = table[2:]
-    assert row[:3] == ["slab 1.00 MiB", "redist-dask", "4-64"] and float(row[3]) == 0.5 and float(row[4]) == 10.0
+    assert (
+        row[:3] == ["slab 1.00 MiB", "redist-dask", "4-64"] and float(row[3]) == 0.5 and float(row[4]) == 10.0
+    )
     (phase_row,) = phases(results)[2:]
-    assert phase_row[2:] == ["1.0", "5.0", "", "12.0", "", "20.0", "42.0"]  # first stage: earliest; executed: latest
+    assert phase_row[2:] == [
+        "1.0",
+        "5.0",
+        "",
+        "12.0",
+        "",
+        "20.0",
+        "42.0",
+    ]  # first stage: earliest; executed: latest
     text = markdown(results, {"date": "d", "machine": "m", "workers": 2}, "cmd")
     assert "Cost per added chunk" in text and "Where the time goes" in text
     assert slopes(results[:1]) == [] and phases(results[:1]) == []
@@ -186,10 +245,18 @@ def test_bench_plans_each_case_once():
 
     from dask_redist.cli.bench import _bench_plan
 
-    args = argparse.Namespace(suite=None, methods=["floor"], size=["8MiB"], dtype=["float64"],
-                              chunks=[1000, 1024, 16], cases=["slab", "pencil"])  # fmt: skip
+    args = argparse.Namespace(
+        suite=None,
+        methods=["floor"],
+        size=["8MiB"],
+        dtype=["float64"],
+        chunks=[1000, 1024, 16],
+        cases=["slab", "pencil"],
+    )
     names = [case.name for case, _ in _bench_plan(args)]
-    assert len(names) == len(set(names)) == 5  # slabs 1000, 1024 (cube side 102: beyond it), 16; pencils 32x32, 4x4
+    assert (
+        len(names) == len(set(names)) == 5
+    )  # slabs 1000, 1024 (cube side 102: beyond it), 16; pencils 32x32, 4x4
 
 
 def test_relate_to_floor_gives_each_row_its_chunk_counts_floor():
@@ -228,8 +295,29 @@ def test_floor_layer_is_keyed_like_the_output_and_runs_coroutines(client):
 def test_cli_floor_rows(tmp_path):
     """`--methods floor tasks`: a floor row per case, and every row as a multiple of it."""
     out = str(tmp_path)
-    assert main(["bench", "--workers", "2", "--size", "1MiB", "--chunks", "4", "--reps", "1", "--out", out,
-                 "--name", "f", "--methods", "floor", "tasks"]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "bench",
+                "--workers",
+                "2",
+                "--size",
+                "1MiB",
+                "--chunks",
+                "4",
+                "--reps",
+                "1",
+                "--out",
+                out,
+                "--name",
+                "f",
+                "--methods",
+                "floor",
+                "tasks",
+            ]
+        )
+        == 0
+    )
     rows = {r["method"]: r for r in json.loads((tmp_path / "f.json").read_text())["results"]}
     assert rows["floor"]["correct"] is True and len(rows["floor"]["times"]) == 1
     assert rows["tasks"]["floor_s"] == rows["floor"]["median"]
@@ -265,14 +353,36 @@ def test_cli_calibrate_writes_a_model_the_settings_read(cluster, tmp_path):
     from dask_redist.planning.cost import models
 
     out = str(tmp_path)
-    assert main(["bench", "--calibrate", "--scheduler", cluster.scheduler_address, "--size", "64KiB", "256KiB",
-                 "--reps", "1", "--out", out, "--name", "cal"]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "bench",
+                "--calibrate",
+                "--scheduler",
+                cluster.scheduler_address,
+                "--size",
+                "64KiB",
+                "256KiB",
+                "--reps",
+                "1",
+                "--out",
+                out,
+                "--name",
+                "cal",
+            ]
+        )
+        == 0
+    )
     rows = json.loads((tmp_path / "cal.json").read_text())["results"]
     assert {r["method"] for r in rows} == {"redist-auto", "tasks"} and all(r["correct"] for r in rows)
     nworkers = len(cluster.workers)
     path = tmp_path / f"redist-cost-model-numpy-{nworkers}.yaml"
     merged = dask.config.merge(DEFAULTS, dask.config.collect([str(path)], env={}))
     (model,) = [m for m in models(Settings.from_config(merged["redist"]).cost_model) if m.workers == nworkers]
-    assert model.kind == "numpy" and "workers, dask" in model.measured and all(v >= 0 for v in model.dask + model.collective)
+    assert (
+        model.kind == "numpy"
+        and "workers, dask" in model.measured
+        and all(v >= 0 for v in model.dask + model.collective)
+    )
     with pytest.raises(SystemExit, match="two --size values"):
         main(["bench", "--calibrate", "--scheduler", cluster.scheduler_address, "--size", "64KiB"])

@@ -43,11 +43,25 @@ def test_every_option_has_help(command):
 
 
 ROWS = [
-    {"case": "slab 2.00 GiB 16->16 float64", "method": "redist-dask", "median": "2.31 s", "note": "",
-     "GPU mem +": "", "of ceiling": "-", "checked": "equal"},
-    {"case": "slab 2.00 GiB 16->16 float64", "method": "p2p", "median": "4.05 s", "note": "a | b",
-     "GPU mem +": "", "of ceiling": "-", "checked": "equal"},
-]  # fmt: skip
+    {
+        "case": "slab 2.00 GiB 16->16 float64",
+        "method": "redist-dask",
+        "median": "2.31 s",
+        "note": "",
+        "GPU mem +": "",
+        "of ceiling": "-",
+        "checked": "equal",
+    },
+    {
+        "case": "slab 2.00 GiB 16->16 float64",
+        "method": "p2p",
+        "median": "4.05 s",
+        "note": "a | b",
+        "GPU mem +": "",
+        "of ceiling": "-",
+        "checked": "equal",
+    },
+]
 
 
 def _shown(console: Console, monkeypatch) -> str:
@@ -59,7 +73,10 @@ def _shown(console: Console, monkeypatch) -> str:
 def test_tables_are_markdown_where_the_output_is_not_a_terminal(monkeypatch):
     out = _shown(Console(file=io.StringIO(), force_terminal=False), monkeypatch)
     assert out.splitlines()[:4] == [
-        "**all cases**", "", "| case | method | median | note | checked |", "|---|---|---|---|---|"
+        "**all cases**",
+        "",
+        "| case | method | median | note | checked |",
+        "|---|---|---|---|---|",
     ]  # (the columns empty in every row are left out)
     assert "| slab 2.00 GiB 16->16 float64 | p2p | 4.05 s | a \\| b | equal |" in out
 
@@ -80,11 +97,24 @@ def test_the_demo_is_quiet():
     except OSError:
         pass
     try:
-        cmd = [sys.executable, "-m", "dask_redist.cli", "demo", "--size", "1MiB", "--chunks", "4", "--reps", "1"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "dask_redist.cli",
+            "demo",
+            "--size",
+            "1MiB",
+            "--chunks",
+            "4",
+            "--reps",
+            "1",
+        ]
         env = {**os.environ, "COLUMNS": "200"}
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
     finally:
         held.close()
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert out.stderr == "", out.stderr[-3000:]
-    assert "| slab 1.00 MiB 4->4 float64 | p2p |" in out.stdout and "dashboard: http://" in out.stdout, out.stdout
+    assert "| slab 1.00 MiB 4->4 float64 | p2p |" in out.stdout and "dashboard: http://" in out.stdout, (
+        out.stdout
+    )

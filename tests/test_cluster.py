@@ -81,7 +81,9 @@ def test_generated_chunkings_equal_numpy(client, enabled, case, dtype):
         assert y.compute().dtype == a.dtype
 
 
-@pytest.mark.parametrize("dtype", ["bool", "int8", "float16", "float32", "float64", "complex128", "U3", "i4,f8"])
+@pytest.mark.parametrize(
+    "dtype", ["bool", "int8", "float16", "float32", "float64", "complex128", "U3", "i4,f8"]
+)
 def test_dtypes(client, enabled, dtype):
     shape = (24, 10, 6)
     if dtype == "U3":
@@ -280,7 +282,10 @@ def test_cufftmp_asked_for_where_it_cannot_run_says_why(client):
     if importlib.util.find_spec("cupy") is not None:
         pytest.skip("CuPy is installed here: the workers may well run cufftmp")
     x = da.from_array(data_for((32, 32), "float64"), chunks=(4, 32))
-    with dask_redist.enable(engine="cufftmp"), pytest.raises(dask_redist.RedistError, match="cufftmp cannot run on this worker: CuPy unusable"):
+    with (
+        dask_redist.enable(engine="cufftmp"),
+        pytest.raises(dask_redist.RedistError, match="cufftmp cannot run on this worker: CuPy unusable"),
+    ):
         x.rechunk((32, 4)).compute()
     words = da.from_array(np.array(["ab"] * 1024).reshape(32, 32), chunks=(4, 32))
     with dask_redist.enable(engine="cufftmp"), pytest.raises(dask_redist.RedistError, match="not <U2"):
@@ -359,7 +364,9 @@ def test_output_type(client):
         return
     with dask_redist.enable(engine="dask", output_type="cupy"):
         assert "converted to cupy" in dask_redist.explain(x.rechunk((32, 4)))[0].reason
-        with pytest.raises(dask_redist.RedistError, match="redist.output-type is cupy but CuPy cannot be imported"):
+        with pytest.raises(
+            dask_redist.RedistError, match="redist.output-type is cupy but CuPy cannot be imported"
+        ):
             x.rechunk((32, 4)).compute()
 
 
@@ -372,7 +379,9 @@ def test_an_engine_the_workers_cannot_load_fails_the_rechunk_not_the_workers(cli
     with dask_redist.enable(engine="no_such_module:Engine", timeouts=timeouts):
         with pytest.raises(dask_redist.RedistError, match="cannot load engine 'no_such_module:Engine'"):
             x.rechunk((32, 4)).compute()
-    with dask_redist.enable(engine="dask", timeouts=timeouts):  # (other keys: the erred ones may linger a moment)
+    with dask_redist.enable(
+        engine="dask", timeouts=timeouts
+    ):  # (other keys: the erred ones may linger a moment)
         np.testing.assert_array_equal(x.rechunk((32, 8)).compute(), a)
 
 
@@ -413,7 +422,9 @@ def test_explain_says_what_runs_when_not_enabled(client):
         if ran:
             assert entry.runs == "collective" and entry.reason == "eligible", entry
         else:
-            assert entry.runs == "dask" and "not enabled" in entry.reason and entry.engine.startswith("dask"), entry
+            assert (
+                entry.runs == "dask" and "not enabled" in entry.reason and entry.engine.startswith("dask")
+            ), entry
     assert ran == 1
 
 
@@ -524,7 +535,10 @@ def test_the_collective_on_a_tls_cluster():
     from distributed.security import Security
 
     security = Security.temporary()
-    with local_cluster(2, protocol="tls", security=security) as cluster, Client(cluster, security=security) as c:
+    with (
+        local_cluster(2, protocol="tls", security=security) as cluster,
+        Client(cluster, security=security) as c,
+    ):
         assert cluster.scheduler_address.startswith("tls://")
         a = data_for((64, 64), "float64", seed=7)
         with dask_redist.enable(engine="dask"):
@@ -581,7 +595,10 @@ def _has_plugin(dask_scheduler):
 def test_a_scheduler_preload_registers_the_plugins_at_start():
     from distributed import Client
 
-    with local_cluster(1, scheduler_kwargs={"preload": ["dask_redist.preload"]}) as cluster, Client(cluster) as c:
+    with (
+        local_cluster(1, scheduler_kwargs={"preload": ["dask_redist.preload"]}) as cluster,
+        Client(cluster) as c,
+    ):
         assert c.run_on_scheduler(_has_plugin)  # before any rechunk ran
         a = data_for((16, 16), "float64", seed=9)
         with dask_redist.enable():

@@ -38,7 +38,9 @@ def copy_rows(n0, n1, nbytes, s0, s1, d0, d1, src_memory, src_at, dst_memory, ds
 
 def replay(job, dst_buffer, dst, src_buffer, src) -> None:
     """A folded copy between two views, each inside its own buffer."""
-    copy_rows(*job, src_buffer, address(src) - address(src_buffer), dst_buffer, address(dst) - address(dst_buffer))
+    copy_rows(
+        *job, src_buffer, address(src) - address(src_buffer), dst_buffer, address(dst) - address(dst_buffer)
+    )
 
 
 @st.composite
@@ -281,7 +283,9 @@ def test_piece_jobs_copy_every_piece_from_input_to_output_chunk(data):
                 memory[offset : offset + part.nbytes] = np.ascontiguousarray(part).view(np.uint8).ravel()
             ptrs.append(offset)
             offset += part.nbytes
-        tables.append((ChunkTable(corners[:, 0], corners[:, 1], np.array(ptrs, np.int64), dtype.itemsize), corners))
+        tables.append(
+            (ChunkTable(corners[:, 0], corners[:, 1], np.array(ptrs, np.int64), dtype.itemsize), corners)
+        )
     (src, _), (dst, out_corners) = tables
     old_flat, new_flat, lo, hi = pieces(spec)
     replay_all(piece_jobs(src, dst, old_flat, new_flat, lo, hi), memory)

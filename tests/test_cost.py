@@ -74,15 +74,20 @@ def _model(**lines) -> tuple:
 
 
 def test_model_for_takes_the_kind_measured_on_the_nearest_worker_count():
-    entries = (("a", "numpy", 2, "", (0,) * 3, (0,) * 4), ("b", "numpy", 8, "", (0,) * 3, (0,) * 4),
-               ("c", "cupy", 1, "", (0,) * 3, (0,) * 4))  # fmt: skip
+    entries = (
+        ("a", "numpy", 2, "", (0,) * 3, (0,) * 4),
+        ("b", "numpy", 8, "", (0,) * 3, (0,) * 4),
+        ("c", "cupy", 1, "", (0,) * 3, (0,) * 4),
+    )
     pick = {w: model_for(entries, "numpy", w).name for w in (1, 2, 4, 5, 6, 100)}
     assert pick == {1: "a", 2: "a", 4: "a", 5: "b", 6: "b", 100: "b"}  # (5: equally near, the larger)
     assert model_for(entries, "numpy", None).name == "b"
     assert model_for(entries, "cupy", 16).name == "c"
     assert model_for(entries, "cupy", None).name == "c"
     assert model_for(entries[:2], "cupy", 2) is None
-    assert dask_is_faster(RechunkSpec(((5, 5),), ((10,),), 8), "cupy", entries[:2]) is None  # no model: collective
+    assert (
+        dask_is_faster(RechunkSpec(((5, 5),), ((10,),), 8), "cupy", entries[:2]) is None
+    )  # no model: collective
 
 
 def test_the_decision_follows_the_estimates_and_says_why():
@@ -96,7 +101,10 @@ def test_the_decision_follows_the_estimates_and_says_why():
 
 
 def test_fit_recovers_a_line_and_stays_non_negative():
-    cases = [slab_case("1MiB", n) for n in (2, 4, 16, 64)] + [line_case("1MiB", 64, 4), line_case("8MiB", 4, 64)]
+    cases = [slab_case("1MiB", n) for n in (2, 4, 16, 64)] + [
+        line_case("1MiB", 64, 4),
+        line_case("8MiB", 4, 64),
+    ]
     truth = CostModel("t", "numpy", 2, "", (0.02, 0.003, 2e-9), (0.05, 1e-4, 5e-4, 1e-9))
     runs = {"dask": [], "collective": []}
     for case in cases:
@@ -113,12 +121,22 @@ def test_fit_recovers_a_line_and_stays_non_negative():
 
 #: How each packaged model was fitted: (its calibration file, its cases, {model method: bench method}).
 RECIPES = {
-    "numpy-2": ("calibration-numpy-2.json", lambda: calibrate.cases(*calibrate.SIZES["numpy"]), calibrate.METHODS),
-    "cupy-1": ("calibration-cupy-1.json", lambda: [slab_case("8GiB", n) for n in (2, 16, 64, 256, 1024)],
-               {"collective": "redist-cufftmp", "dask": "tasks"}),
-    "cupy-2": ("gpu-suite.json", lambda: [case for case, _ in gpu_suite()],
-               {"collective": "redist-cufftmp", "dask": "tasks"}),
-}  # fmt: skip
+    "numpy-2": (
+        "calibration-numpy-2.json",
+        lambda: calibrate.cases(*calibrate.SIZES["numpy"]),
+        calibrate.METHODS,
+    ),
+    "cupy-1": (
+        "calibration-cupy-1.json",
+        lambda: [slab_case("8GiB", n) for n in (2, 16, 64, 256, 1024)],
+        {"collective": "redist-cufftmp", "dask": "tasks"},
+    ),
+    "cupy-2": (
+        "gpu-suite.json",
+        lambda: [case for case, _ in gpu_suite()],
+        {"collective": "redist-cufftmp", "dask": "tasks"},
+    ),
+}
 
 
 @pytest.mark.parametrize("name", sorted(RECIPES))
@@ -136,7 +154,12 @@ def test_packaged_models_are_fits_of_recorded_calibration_runs(name):
 @pytest.mark.parametrize(
     "case, kind, workers, dask_wins",
     [
-        (line_case("8MB", 100, 4), "numpy", 2, True),  # issue 26: 0.10 s with Dask, 0.18 s with the collective
+        (
+            line_case("8MB", 100, 4),
+            "numpy",
+            2,
+            True,
+        ),  # issue 26: 0.10 s with Dask, 0.18 s with the collective
         (slab_case("1MiB", 2), "numpy", 2, True),  # 2 -> 2 slabs, small: 26 ms with Dask, 45 ms
         (slab_case("1MiB", 256), "numpy", 2, False),
         (slab_case("2GiB", 16), "numpy", 2, False),  # 2.31 s against 2.92 s
@@ -155,10 +178,14 @@ def test_packaged_models_keep_dask_where_it_was_measured_faster(case, kind, work
     reason = dask_is_faster(rechunk, kind, PACKAGED, workers)
     assert (reason is not None) == dask_wins, reason
     chunk_type = {"numpy": "numpy.ndarray", "cupy": "cupy.ndarray"}[kind]
-    made, why = collective_spec("x", "y", rechunk.old, rechunk.new, np.dtype(case.dtype), chunk_type, Settings(), workers)
+    made, why = collective_spec(
+        "x", "y", rechunk.old, rechunk.new, np.dtype(case.dtype), chunk_type, Settings(), workers
+    )
     assert (made is None) == dask_wins
     assert ("estimated" in why) and ("redist.min-bytes: auto" in why) == dask_wins, why
-    made, _ = collective_spec("x", "y", rechunk.old, rechunk.new, np.dtype(case.dtype), chunk_type, Settings(min_bytes=0))
+    made, _ = collective_spec(
+        "x", "y", rechunk.old, rechunk.new, np.dtype(case.dtype), chunk_type, Settings(min_bytes=0)
+    )
     assert made is not None  # deciding by bytes instead
 
 
@@ -183,11 +210,21 @@ def _cost_config(entry) -> dict:
         ("fast", "redist.cost-model.mine must be a mapping"),
         ({"kind": "tpu", "workers": 2}, "redist.cost-model.mine.kind"),
         ({"kind": "numpy", "workers": 0}, "redist.cost-model.mine.workers"),
-        ({"kind": "numpy", "workers": 2, "dask": {"fixed": 1}}, "redist.cost-model.mine.dask must be a mapping"),
-        ({"kind": "numpy", "workers": 2, "dask": dict.fromkeys(COST_TERMS["dask"], -1.0),
-          "collective": dict.fromkeys(COST_TERMS["collective"], 0.0)}, "redist.cost-model.mine.dask.fixed"),
+        (
+            {"kind": "numpy", "workers": 2, "dask": {"fixed": 1}},
+            "redist.cost-model.mine.dask must be a mapping",
+        ),
+        (
+            {
+                "kind": "numpy",
+                "workers": 2,
+                "dask": dict.fromkeys(COST_TERMS["dask"], -1.0),
+                "collective": dict.fromkeys(COST_TERMS["collective"], 0.0),
+            },
+            "redist.cost-model.mine.dask.fixed",
+        ),
     ],
-)  # fmt: skip
+)
 def test_a_bad_cost_model_names_its_key(entry, names):
     with pytest.raises(ConfigError, match=names.replace(".", r"\.")):
         Settings.from_config(_cost_config(entry))
@@ -202,4 +239,9 @@ def test_a_calibration_file_is_a_dask_config_file_the_settings_read(tmp_path):
     merged = dask.config.merge(DEFAULTS, config)
     got = {m.name: m for m in models(Settings.from_config(merged["redist"]).cost_model)}
     assert got["numpy-3"] == model and set(got) == {"numpy-3", *RECIPES}
-    assert dask_is_faster(RechunkSpec(((5, 5),), ((10,),), 8), "numpy", Settings.from_config(merged["redist"]).cost_model, 3) is None
+    assert (
+        dask_is_faster(
+            RechunkSpec(((5, 5),), ((10,),), 8), "numpy", Settings.from_config(merged["redist"]).cost_model, 3
+        )
+        is None
+    )

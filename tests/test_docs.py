@@ -47,7 +47,9 @@ def test_the_sample_outputs_in_the_docs_are_what_the_code_prints(client):
 
     if importlib.util.find_spec("cupy") is not None:
         pytest.skip("CuPy is installed here: the workers may have GPUs, the samples are of CPU workers")
-    spec = importlib.util.spec_from_file_location("docs_samples", os.path.join(ROOT, "tools", "docs_samples.py"))
+    spec = importlib.util.spec_from_file_location(
+        "docs_samples", os.path.join(ROOT, "tools", "docs_samples.py")
+    )
     samples = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(samples)
     for name, text in samples.printed(client).items():

@@ -22,7 +22,9 @@ from dask_redist.planning import RechunkSpec
 ABLE = {"cufftmp": {"ok": True, "gpus": 1, "reason": "loads"}}
 NO_CUPY = {"cufftmp": {"ok": False, "reason": "CuPy unusable: ModuleNotFoundError: No module named 'cupy'"}}
 NO_GPU = {"cufftmp": {"ok": False, "gpus": 0, "reason": "no GPU visible"}}
-NO_NVMATH = {"cufftmp": {"ok": False, "gpus": 1, "reason": "nvmath-python / cuFFTMp / NVSHMEM unusable: ImportError"}}
+NO_NVMATH = {
+    "cufftmp": {"ok": False, "gpus": 1, "reason": "nvmath-python / cuFFTMp / NVSHMEM unusable: ImportError"}
+}
 MiB = 2**20
 
 
@@ -55,16 +57,25 @@ def _config() -> dict:
 def test_engine_names_are_checked_against_the_registry():
     """redist.engine: auto, a name of redist.engines (the built-in ones and any added), or a path."""
     assert [n for n, _ in Settings.from_config().engines] == ["dask", "cufftmp"]  # from redist.yaml
-    with pytest.raises(ConfigError, match=r"redist.engine must be auto, an engine of redist.engines \(dask, cufftmp\)"):
+    with pytest.raises(
+        ConfigError, match=r"redist.engine must be auto, an engine of redist.engines \(dask, cufftmp\)"
+    ):
         Settings.from_config({**_config(), "engine": "nccl"})
-    added = Settings.from_config({**_config(), "engine": "nccl", "engines": {"nccl": "mypackage.nccl:NcclEngine"}})
+    added = Settings.from_config(
+        {**_config(), "engine": "nccl", "engines": {"nccl": "mypackage.nccl:NcclEngine"}}
+    )
     assert added.engine == "nccl" and added.engine_path("nccl") == "mypackage.nccl:NcclEngine"
     assert added.engine_path("dask") == "dask_redist.engines.dask:DaskEngine"  # the built-in ones stay
-    for bad, key in [({"nccl": "no-colon"}, "redist.engines.nccl"), ({"auto": "a:B"}, "'auto' is not"),
-                     ({"two words": "a:B"}, "a word")]:  # fmt: skip
+    for bad, key in [
+        ({"nccl": "no-colon"}, "redist.engines.nccl"),
+        ({"auto": "a:B"}, "'auto' is not"),
+        ({"two words": "a:B"}, "a word"),
+    ]:
         with pytest.raises(ConfigError, match=key):
             Settings.from_config({**_config(), "engines": bad})
-    with dask_redist.enable(engines={"nccl": "mypackage.nccl:NcclEngine"}, engine="nccl"):  # (a key under engines)
+    with dask_redist.enable(
+        engines={"nccl": "mypackage.nccl:NcclEngine"}, engine="nccl"
+    ):  # (a key under engines)
         assert Settings.from_config().engine == "nccl"
 
 
@@ -95,11 +106,18 @@ def test_auto_takes_numpy_chunks_through_the_gpus_only_where_every_worker_can():
     engine, why = choose_engine(big, {"a": ABLE, "b": NO_NVMATH}, workers)
     assert engine == "dask" and "cufftmp cannot run on b: nvmath-python" in why and "doctor" in why
     assert choose_engine(small, {w: ABLE for w in workers}, workers) == (
-        "dask", "NumPy chunks, 16.00 MiB is below redist.numpy-via-gpus (256.00 MiB)"
-    )  # fmt: skip
+        "dask",
+        "NumPy chunks, 16.00 MiB is below redist.numpy-via-gpus (256.00 MiB)",
+    )
     assert choose_engine(request(), {w: ABLE for w in workers}, workers)[0] == "cufftmp"  # (doctor: any size)
-    assert choose_engine(request(engine="cufftmp"), {}, workers) == ("cufftmp", "set by redist.engine")  # asked for
-    assert choose_engine(request(chunk_type="cupy", engine="dask"), {w: ABLE for w in workers}, workers)[0] == "dask"
+    assert choose_engine(request(engine="cufftmp"), {}, workers) == (
+        "cufftmp",
+        "set by redist.engine",
+    )  # asked for
+    assert (
+        choose_engine(request(chunk_type="cupy", engine="dask"), {w: ABLE for w in workers}, workers)[0]
+        == "dask"
+    )
 
 
 @pytest.mark.parametrize("chunk_type", ["numpy", "cupy"])
@@ -110,13 +128,19 @@ def test_reasons_on_cpu_workers_say_so_and_name_no_gpu_threshold(chunk_type):
     for cpu in (NO_CUPY, NO_GPU):
         for nbytes in (16 * MiB, 512 * MiB):
             engine, why = choose_engine(request(nbytes, chunk_type), {w: cpu for w in workers}, workers)
-            assert (engine, why) == ("dask", f"{'CuPy' if chunk_type == 'cupy' else 'NumPy'} chunks on CPU workers")
+            assert (engine, why) == (
+                "dask",
+                f"{'CuPy' if chunk_type == 'cupy' else 'NumPy'} chunks on CPU workers",
+            )
     engine, why = choose_engine(request(512 * MiB, chunk_type), {"a": ABLE, "b": NO_GPU}, workers)
     assert engine == "dask" and "b has no GPU (cufftmp needs one on every worker)" in why, why
 
 
 def test_without_a_client_auto_assumes_the_workers_can():
-    assert choose_engine(request(chunk_type="cupy"), None, []) == ("cufftmp", "if every worker can run it; no Client to ask")
+    assert choose_engine(request(chunk_type="cupy"), None, []) == (
+        "cufftmp",
+        "if every worker can run it; no Client to ask",
+    )
     assert choose_engine(request(16 * MiB), None, [])[0] == "dask"  # declined without asking anyone
 
 
@@ -125,7 +149,10 @@ def test_a_world_that_broke_or_changed_is_passed_over_until_bootstrap():
     able = {w: ABLE for w in workers}
     broken = {"cufftmp": WorldRecord(("a", "b"), broken="run 1 failed on a")}
     engine, why = choose_engine(request(chunk_type="cupy"), able, workers, broken)
-    assert engine == "dask" and why == "NVSHMEM needs a new bootstrap (run 1 failed on a); see dask_redist.bootstrap"
+    assert (
+        engine == "dask"
+        and why == "NVSHMEM needs a new bootstrap (run 1 failed on a); see dask_redist.bootstrap"
+    )
     engine, why = choose_engine(request(chunk_type="cupy"), able, ["a"], {"cufftmp": WorldRecord(("a", "b"))})
     assert engine == "dask" and "worker set changed since NVSHMEM was bootstrapped" in why
 

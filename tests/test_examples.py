@@ -126,6 +126,9 @@ def test_doctor_cli_gpu():
     with gpu_workers() as where:
         out = subprocess.run(
             [sys.executable, "-m", "dask_redist.cli", "doctor", "--gpu", *where],
-            capture_output=True, text=True, timeout=300, check=True,
-        ).stdout  # fmt: skip
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=True,
+        ).stdout
     assert "engine `auto` picks for CuPy chunks: cufftmp" in out, out

@@ -40,7 +40,9 @@ def test_an_explicit_method_keeps_dasks_rechunk_while_enabled(method, how):
     d = decision(y)
     assert not d.collective and d.reason.startswith(f"method={method!r} was passed to rechunk"), d.reason
     assert "redist.respect-method" in d.reason
-    if method == "p2p":  # (dask's p2p rechunk calls rechunk(method="tasks") for its pre-chunking: not the caller)
+    if (
+        method == "p2p"
+    ):  # (dask's p2p rechunk calls rechunk(method="tasks") for its pre-chunking: not the caller)
         annotations = [layer.collection_annotations or {} for layer in y.dask.layers.values()]
         assert sum("redist-method" in a for a in annotations) == 1
     assert decision(plain).collective
@@ -52,7 +54,9 @@ def test_an_explicit_method_keeps_dasks_rechunk_while_enabled(method, how):
 
 
 def test_respect_method_is_checked_like_every_setting():
-    with pytest.raises(dask_redist.ConfigError, match="redist.respect-method must be true or false, got 'no'"):
+    with pytest.raises(
+        dask_redist.ConfigError, match="redist.respect-method must be true or false, got 'no'"
+    ):
         dask_redist.enable(respect_method="no")
 
 

@@ -17,9 +17,11 @@ import dask_redist.fft as F
 from dask_redist.fft.plan import normalize, pass_chunks, passes, slab_sizes
 
 NUMPY = {
-    ("c2c", False): np.fft.fftn, ("c2c", True): np.fft.ifftn,
-    ("r2c", False): np.fft.rfftn, ("c2r", True): np.fft.irfftn,
-}  # fmt: skip
+    ("c2c", False): np.fft.fftn,
+    ("c2c", True): np.fft.ifftn,
+    ("r2c", False): np.fft.rfftn,
+    ("c2r", True): np.fft.irfftn,
+}
 OURS = {("c2c", False): F.fftn, ("c2c", True): F.ifftn, ("r2c", False): F.rfftn, ("c2r", True): F.irfftn}
 
 

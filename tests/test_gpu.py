@@ -144,7 +144,9 @@ def test_numpy_chunks_in_rounds_keep_gpu_memory_to_a_round(gpu_client):
             pool.free_all_blocks()
         return pool.total_bytes()
 
-    placements = [contiguous] + ([lambda i, n, w: i % w] if len(gpu_client.scheduler_info()["workers"]) > 1 else [])
+    placements = [contiguous] + (
+        [lambda i, n, w: i % w] if len(gpu_client.scheduler_info()["workers"]) > 1 else []
+    )
     for placement in placements:  # direct, then packed
         gpu_client.run(pool_bytes, True)
         run_case(gpu_client, c, placement=placement, kind="numpy", engine="cufftmp", memory_budget="1MiB")
@@ -195,7 +197,9 @@ def test_mixed_numpy_and_cupy_chunks_fail_clearly(gpu_client):
         x.rechunk((16, 4)).compute()
 
 
-@pytest.mark.parametrize("inputs, output_type", [("mixed", "numpy"), ("mixed", "cupy"), ("numpy", "cupy"), ("cupy", "numpy")])
+@pytest.mark.parametrize(
+    "inputs, output_type", [("mixed", "numpy"), ("mixed", "cupy"), ("numpy", "cupy"), ("cupy", "numpy")]
+)
 def test_output_type_converts_the_chunks(gpu_client, inputs, output_type):
     """redist.output-type: every input chunk converted when staged, mixed inputs included; the
     outputs are of that type and equal; dask_redist.rechunk gives the array that meta."""

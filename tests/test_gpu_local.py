@@ -67,7 +67,9 @@ def test_beyond_the_piece_limit_and_in_4_d_the_arena_rounds_run(one_gpu):
     assert not layout_of_a_run(one_gpu, four_d, 4).startswith("local")  # (a job table has 3 axes)
     old = one_gpu.run(lambda: setattr(engine, "LOCAL_MAX_PIECES", 10))
     try:
-        assert not layout_of_a_run(one_gpu, CASES[1], 5, memory_budget="64KiB").startswith("local")  # 64 pieces
+        assert not layout_of_a_run(one_gpu, CASES[1], 5, memory_budget="64KiB").startswith(
+            "local"
+        )  # 64 pieces
     finally:
         one_gpu.run(lambda: setattr(engine, "LOCAL_MAX_PIECES", 1 << 16))
     assert old  # (every worker answered)

@@ -36,7 +36,9 @@ def test_spilled_inputs_give_the_right_values(spilling_client, engine):
     client = spilling_client
     shape = (512, 512, 512)  # 1 GiB of float64 in 16 slabs of 64 MiB
     normalize = da.core.normalize_chunks
-    case = Case("spilled", shape, "float64", normalize((32, 512, 512), shape), normalize((512, 32, 512), shape))
+    case = Case(
+        "spilled", shape, "float64", normalize((32, 512, 512), shape), normalize((512, 32, 512), shape)
+    )
     x = placed_array(client, case, 3, kind="cupy")
     on_host = sum(host for _, host in client.run(_held).values())
     assert on_host >= 8, f"expected most of the 16 input chunks spilled to host, {on_host} were"

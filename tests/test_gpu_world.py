@@ -82,7 +82,9 @@ def test_an_rmm_pool_that_leaves_no_room_for_nvshmem():
     with _cluster(2, rmm_pool_size=pool) as cluster, Client(cluster.scheduler_address) as client:
         with dask.config.set({"redist.nvshmem.symmetric-size": "32GiB"}):
             fell_back = _rechunk(client, 41, engine="auto")
-            assert fell_back["engine"] == "dask" and "redist.nvshmem.symmetric-size" in fell_back["why"], fell_back
+            assert fell_back["engine"] == "dask" and "redist.nvshmem.symmetric-size" in fell_back["why"], (
+                fell_back
+            )
             assert "RMM" in fell_back["why"], fell_back
             with pytest.raises(dask_redist.RedistError, match="rmm_pool_size"):
                 dask_redist.bootstrap(client)

@@ -89,7 +89,9 @@ def test_every_pip_install_of_this_project_names_a_path_and_extras_it_has():
             try:
                 name = Requirement(req).name
             except InvalidRequirement:
-                pytest.fail(f"{path}: pip install {' '.join(args)}: {req!r} is neither a path nor a requirement")
+                pytest.fail(
+                    f"{path}: pip install {' '.join(args)}: {req!r} is neither a path nor a requirement"
+                )
             assert name.lower().replace("_", "-") not in OURS, (
                 f"{path}: pip install {req}: dask-redist is not published; install the clone ('.[gpu]') or a wheel"
             )
@@ -121,7 +123,9 @@ def _documented_wheel() -> str:
 def test_the_documented_wheel_builds_and_installs_with_its_extras(tmp_path):
     """The block's commands, run as written in a copy of the project (what a wheel needs)."""
     src = tmp_path / "clone"
-    shutil.copytree(os.path.join(ROOT, "dask_redist"), src / "dask_redist", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(
+        os.path.join(ROOT, "dask_redist"), src / "dask_redist", ignore=shutil.ignore_patterns("__pycache__")
+    )
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(os.path.join(ROOT, name), src / name)
     build, install = _wheel_commands()
@@ -138,5 +142,7 @@ def test_the_documented_wheel_builds_and_installs_with_its_extras(tmp_path):
     assert {"gpu", "ucx"} <= set(re.findall(r"^Provides-Extra: (\S+)$", metadata, re.M))
     dry = [sys.executable, "-m", *install[:2], "--dry-run", "--no-deps", "--no-index", *install[2:]]
     out = subprocess.run(dry, cwd=src, capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0 and "Would install dask-redist-0.1.0" in out.stdout, out.stdout + out.stderr[-2000:]
+    assert out.returncode == 0 and "Would install dask-redist-0.1.0" in out.stdout, (
+        out.stdout + out.stderr[-2000:]
+    )
     assert "does not provide the extra" not in out.stderr, out.stderr

@@ -27,7 +27,10 @@ def _graph(y) -> dict:
     """Every layer of ``y``'s graph: name -> (dependencies, {key: (function, dependencies)})."""
     hlg = y.__dask_graph__()
     return {
-        name: (hlg.dependencies[name], {k: (getattr(t, "func", None), t.dependencies) for k, t in dict(layer).items()})
+        name: (
+            hlg.dependencies[name],
+            {k: (getattr(t, "func", None), t.dependencies) for k, t in dict(layer).items()},
+        )
         for name, layer in hlg.layers.items()
     }
 

@@ -38,7 +38,9 @@ class FakeScheduler:
     def __init__(self):
         self.tasks, self.sent = {}, []
         self.workers = dict.fromkeys(WORKERS)
-        self.stream_comms = {w: SimpleNamespace(send=lambda msg, w=w: self.sent.append((w, msg))) for w in WORKERS}
+        self.stream_comms = {
+            w: SimpleNamespace(send=lambda msg, w=w: self.sent.append((w, msg))) for w in WORKERS
+        }
 
     def set_restrictions(self, restrictions):
         pass
@@ -64,7 +66,9 @@ def test_a_failure_report_from_outside_the_run_is_ignored(address, failure):
     plugin = plugin_with_an_active_run()
     token = next(iter(plugin.runs.rechunks))
     plugin.failed(token, 1, address, "boom", failure)
-    assert plugin.runs.rechunks[token].active is not None and plugin.scheduler.sent == [] and not plugin.history
+    assert (
+        plugin.runs.rechunks[token].active is not None and plugin.scheduler.sent == [] and not plugin.history
+    )
 
 
 def test_a_failure_report_from_a_rank_aborts_the_run_everywhere():
@@ -75,7 +79,9 @@ def test_a_failure_report_from_a_rank_aborts_the_run_everywhere():
     plugin.failed(token, 1, WORKERS[0], "boom", "error")
     assert plugin.runs.rechunks[token].active is None and plugin.history[-1]["outcome"] == "failed"
     assert sorted(w for w, m in plugin.scheduler.sent if m["op"] == "redist-abort") == sorted(WORKERS)
-    assert all(m["gone"] == [] for _, m in plugin.scheduler.sent)  # every rank alive: the run is completed dry
+    assert all(
+        m["gone"] == [] for _, m in plugin.scheduler.sent
+    )  # every rank alive: the run is completed dry
 
 
 def test_an_abort_names_the_ranks_that_left_and_they_stop_the_run_for_good():
@@ -158,7 +164,9 @@ def test_an_unpack_with_a_stale_barrier_result_has_the_barrier_run_again():
     plugin.runs.rechunks[token].barrier = (barrier, 1, np.array([True, False]))
     run = plugin.runs.rechunks[token].active
     run.pending.add(run.spec.collective.output_key(0))
-    assert plugin.stale(token, 1, 0) == {"stale": False}  # owed by the run started for this task: a real error
+    assert plugin.stale(token, 1, 0) == {
+        "stale": False
+    }  # owed by the run started for this task: a real error
     assert barrier.state == "memory"
     run.pending.clear()  # delivered already, its key forgotten and submitted again
     assert plugin.stale(token, 1, 0) == {"stale": True, "released": True}
@@ -182,7 +190,10 @@ def test_a_worker_leaving_stops_the_completion_of_runs_aborted_before():
     the scheduler's redist-gone makes it stop for good instead of waiting for the dead rank's
     calls until the collective timeout. Runs still running learn it from their own abort."""
     state = WorkerState(SimpleNamespace(address=WORKERS[0]))
-    aborted, running = WorkerRun(run_spec(), WORKERS[0], {}), WorkerRun(run_spec(token="other"), WORKERS[0], {})
+    aborted, running = (
+        WorkerRun(run_spec(), WORKERS[0], {}),
+        WorkerRun(run_spec(token="other"), WORKERS[0], {}),
+    )
     for run in (aborted, running):
         run.completes_when_aborted = True
         state.runs[run.spec.token] = run
@@ -221,14 +232,28 @@ def test_every_message_matches_the_handler_that_takes_it():
     worker = Worker()
     RedistWorkerPlugin().setup(worker)
     plugin = RedistSchedulerPlugin()
-    scheduler = SimpleNamespace(plugins={}, handlers={}, add_plugin=lambda *a, **k: None, worker_plugins={}, workers={})
+    scheduler = SimpleNamespace(
+        plugins={}, handlers={}, add_plugin=lambda *a, **k: None, worker_plugins={}, workers={}
+    )
     asyncio.run(plugin.start(scheduler))
     handlers = {**worker.handlers, **worker.stream_handlers, **scheduler.handlers}
-    messages = [c for c in vars(m).values() if isinstance(c, type) and issubclass(c, m.Message) and c is not m.Message]
-    assert {c.op for c in messages} == set(handlers)  # a handler for every message, a message for every handler
-    assert m.Status.op == m.SchedulerStatus.op  # (the scheduler's handler asks every worker's of the same name)
+    messages = [
+        c for c in vars(m).values() if isinstance(c, type) and issubclass(c, m.Message) and c is not m.Message
+    ]
+    assert {c.op for c in messages} == set(
+        handlers
+    )  # a handler for every message, a message for every handler
+    assert (
+        m.Status.op == m.SchedulerStatus.op
+    )  # (the scheduler's handler asks every worker's of the same name)
     for cls in messages:
         fields = [f.name for f in dataclasses.fields(cls)]
-        side = worker.handlers if cls is m.Status else scheduler.handlers if cls is m.SchedulerStatus else handlers
+        side = (
+            worker.handlers
+            if cls is m.Status
+            else scheduler.handlers
+            if cls is m.SchedulerStatus
+            else handlers
+        )
         params = list(inspect.signature(side[cls.op]).parameters)
         assert params == fields, (cls.__name__, params, fields)

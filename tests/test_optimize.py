@@ -129,7 +129,9 @@ def test_chunks_filled_in_by_compute_chunk_sizes(method):
     y = x.rechunk(new, method=method)
     (chain,) = find_rechunks(y.__dask_graph__(), {y.name})
     d = decide(y.__dask_graph__(), chain, Settings(min_bytes=0))
-    assert not d.collective and "compute_chunk_sizes" in d.reason and "persist the input" in d.reason, d.reason
+    assert not d.collective and "compute_chunk_sizes" in d.reason and "persist the input" in d.reason, (
+        d.reason
+    )
     z = dask_redist.rechunk(x, new, min_bytes=0)  # the explicit form reads the array's own chunks
     assert z.chunks == ((len(expected),), (2, 2))  # (its values: test_cluster.py, on a cluster)
     with dask_redist.enable(respect_method=False):  # (method= for the graph's shape)
@@ -161,7 +163,10 @@ def test_chunks_dask_sets_after_building_a_layer_are_read():
 @pytest.mark.parametrize(
     "make, reason",
     [
-        (lambda: da.from_array(np.array([object()] * 8, dtype=object), chunks=4).rechunk(2), "Python objects"),
+        (
+            lambda: da.from_array(np.array([object()] * 8, dtype=object), chunks=4).rechunk(2),
+            "Python objects",
+        ),
         (lambda: da.ones(8, chunks=4).rechunk(2), None),
     ],
 )
@@ -257,7 +262,10 @@ def test_handles_end_in_any_order():
         assert dask.config.get("redist.engine") == "dask"
     assert dask.config.get("redist.engine") == "auto" and dask.config.get("redist.memory-budget") == "3GiB"
     dask_redist.disable(second)
-    assert dask.config.get("array_optimize", None) is before and dask.config.get("redist.memory-budget") == "1GiB"
+    assert (
+        dask.config.get("array_optimize", None) is before
+        and dask.config.get("redist.memory-budget") == "1GiB"
+    )
 
 
 def test_enable_rejects_options_it_does_not_know():
@@ -333,7 +341,9 @@ def test_dasks_optimizations_are_skipped_only_where_they_would_change_nothing(cl
 
     calls = []
     original = optimization.optimize
-    monkeypatch.setattr(optimization, "optimize", lambda dsk, keys, **kw: calls.append(1) or original(dsk, keys, **kw))
+    monkeypatch.setattr(
+        optimization, "optimize", lambda dsk, keys, **kw: calls.append(1) or original(dsk, keys, **kw)
+    )
     a = np.arange(40 * 36, dtype=np.float64).reshape(40, 36)
     x = da.from_array(a, chunks=(4, 36)).persist()
     with dask_redist.enable(engine="dask", min_bytes=0):

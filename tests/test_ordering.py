@@ -15,7 +15,9 @@ def _f(*args):
 
 def collective_graph(n: int) -> dict:
     """n input chunks on 2 workers -> 2 stage tasks -> barrier -> n unpacks -> n downstream tasks."""
-    dsk = {("stage", w): Task(("stage", w), _f, *[TaskRef(("in", i)) for i in range(w, n, 2)]) for w in range(2)}
+    dsk = {
+        ("stage", w): Task(("stage", w), _f, *[TaskRef(("in", i)) for i in range(w, n, 2)]) for w in range(2)
+    }
     dsk["barrier"] = BarrierTask("barrier", _f, TaskRef(("stage", 0)), TaskRef(("stage", 1)), spec=None)
     for j in range(n):
         dsk[("out", j)] = Task(("out", j), _f, TaskRef("barrier"))
@@ -68,7 +70,9 @@ def test_install_is_idempotent(monkeypatch):
     collectives=st.integers(1, 3),
 )
 @settings(max_examples=60, deadline=None)
-def test_any_graph_with_barriers_gets_a_priority_for_every_task(n_in, n_workers, n_out, downstream, collectives):
+def test_any_graph_with_barriers_gets_a_priority_for_every_task(
+    n_in, n_workers, n_out, downstream, collectives
+):
     """Chains of collectives (each one's outputs feed the next one's stages), with extra consumers."""
     dsk: dict = {}
     previous = [("in", i) for i in range(n_in)]  # external keys, as for a persisted input
@@ -90,7 +94,9 @@ def test_any_graph_with_barriers_gets_a_priority_for_every_task(n_in, n_workers,
     assert sorted(got.values()) == list(range(len(dsk)))
 
 
-@given(n_in=st.integers(1, 30), n_out=st.integers(1, 30), collectives=st.integers(1, 3), grouped=st.booleans())
+@given(
+    n_in=st.integers(1, 30), n_out=st.integers(1, 30), collectives=st.integers(1, 3), grouped=st.booleans()
+)
 @settings(max_examples=40, deadline=None)
 def test_a_graph_of_collective_tasks_only_is_ordered_without_dask(n_in, n_out, collectives, grouped):
     """Stage, barrier and unpack tasks only (a persisted input's rechunks): priorities in one pass,

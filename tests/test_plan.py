@@ -280,7 +280,11 @@ def test_outer_blocks_answer_as_their_dense_arrays(plan, rnd):
     from dask_redist.planning.local import Local, Outer
 
     local = plan.local
-    dense = Local(tuple((r, lo, b.array() if isinstance(b, Outer) else b) for r, lo, b in local.blocks), local.grid, local.nranks)
+    dense = Local(
+        tuple((r, lo, b.array() if isinstance(b, Outer) else b) for r, lo, b in local.blocks),
+        local.grid,
+        local.nranks,
+    )
     grid = plan.spec.new_grid
     boxes = []
     for _ in range(8):
@@ -300,9 +304,13 @@ def test_outer_blocks_answer_as_their_dense_arrays(plan, rnd):
 
 
 @FAST
-@given(st.lists(st.integers(1, 4), min_size=1, max_size=3).flatmap(
-    lambda shape: st.lists(st.booleans(), min_size=math.prod(shape), max_size=math.prod(shape)).map(
-        lambda cells: np.array(cells, dtype=bool).reshape(shape))))  # fmt: skip
+@given(
+    st.lists(st.integers(1, 4), min_size=1, max_size=3).flatmap(
+        lambda shape: st.lists(st.booleans(), min_size=math.prod(shape), max_size=math.prod(shape)).map(
+            lambda cells: np.array(cells, dtype=bool).reshape(shape)
+        )
+    )
+)
 def test_a_mask_cut_into_boxes_is_covered_exactly_once(mask):
     from dask_redist.planning.local import _boxes
 

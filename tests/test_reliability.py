@@ -274,7 +274,9 @@ def test_persisted_input_is_staged_by_one_task_per_worker_beside_another_schedul
         client.run_on_scheduler(lambda dask_scheduler: dask_scheduler.add_plugin(StageKeys()))
         with dask_redist.enable(engine="dask"):
             np.testing.assert_array_equal(x.rechunk((64, 4, 8)).compute(), a)
-        counts = client.run_on_scheduler(lambda dask_scheduler: dask_scheduler.plugins["test-stage-keys"].counts)
+        counts = client.run_on_scheduler(
+            lambda dask_scheduler: dask_scheduler.plugins["test-stage-keys"].counts
+        )
         holders = len({w for ws in client.who_has(x).values() for w in ws})
         assert counts == [holders], counts
 
@@ -304,7 +306,9 @@ def test_fortran_ordered_and_sliced_chunks(client):
     y = da.from_array(np.concatenate([a, a], axis=2), chunks=(6, 20, 20))[:, :, ::2]  # strided views
     with dask_redist.enable(engine="dask"):
         np.testing.assert_array_equal(x.rechunk((30, 4, 10)).compute(), a)
-        np.testing.assert_array_equal(y.rechunk((30, 4, 5)).compute(), np.concatenate([a, a], axis=2)[:, :, ::2])
+        np.testing.assert_array_equal(
+            y.rechunk((30, 4, 5)).compute(), np.concatenate([a, a], axis=2)[:, :, ::2]
+        )
 
 
 def test_config_of_the_wrong_type_is_named():
@@ -394,12 +398,15 @@ def test_under_auto_an_engine_that_cannot_start_falls_back_to_dask(own_cluster):
     runs = scheduler_history(client)
     assert [r["engine"] for r in runs] == ["stand-in", "dask"], runs
     assert runs[-1]["outcome"] == "done" and "redist.injected-key" in runs[-1]["why"], runs
-    assert dask_redist.status(client)["engines"]["records"]["stand-in"]["broken"]  # passed over until bootstrap()
+    assert dask_redist.status(client)["engines"]["records"]["stand-in"][
+        "broken"
+    ]  # passed over until bootstrap()
     assert worker_leftovers(client, timeout=15) == {}
 
 
 @pytest.mark.parametrize(
-    "text, nbytes", [("4G", 4 * 2**30), ("512M", 512 * 2**20), ("1073741824", 2**30), ("1.5g", 3 * 2**29), ("2GB", 2**31)]
+    "text, nbytes",
+    [("4G", 4 * 2**30), ("512M", 512 * 2**20), ("1073741824", 2**30), ("1.5g", 3 * 2**29), ("2GB", 2**31)],
 )
 def test_symmetric_size_is_read_as_nvshmem_reads_it(text, nbytes):
     from dask_redist.engines.cufftmp.nvshmem import parse_symmetric_size
@@ -587,9 +594,11 @@ def _stage_state(dask_scheduler):
     slow = [
         ts.processing_on.address
         for ts in dask_scheduler.tasks.values()
-        if type(ts.key) is tuple and str(ts.key[0]).startswith("_slow_first_block") and ts.key[1] == 0
+        if type(ts.key) is tuple
+        and str(ts.key[0]).startswith("_slow_first_block")
+        and ts.key[1] == 0
         and ts.processing_on is not None
-    ]  # fmt: skip
+    ]
     return staged, slow
 
 
@@ -778,7 +787,9 @@ def test_a_cancel_mid_run_costs_no_worker_when_ranks_must_make_matching_calls(ow
         time.sleep(0.3)  # some rounds in: the fast rank is ahead of the slow ones
         client.cancel(y)
         del y
-        while time.monotonic() < deadline and (not scheduler_history(client) or scheduler_history(client)[-1]["outcome"] != "cancelled"):  # fmt: skip
+        while time.monotonic() < deadline and (
+            not scheduler_history(client) or scheduler_history(client)[-1]["outcome"] != "cancelled"
+        ):
             time.sleep(0.05)
         assert scheduler_history(client)[-1]["outcome"] == "cancelled", scheduler_history(client)[-1]
         (folder,) = tmp_path.iterdir()

@@ -48,6 +48,10 @@ def test_the_doctor_line_names_the_remote_transport():
     from dask_redist.engines.cufftmp.checks import remote_transport_line
 
     reports = {w: {"network devices": [], "NVSHMEM environment": {}} for w in ONE_HOST}
-    assert remote_transport_line(reports).startswith("NVSHMEM remote transport none (every worker on one host")
+    assert remote_transport_line(reports).startswith(
+        "NVSHMEM remote transport none (every worker on one host"
+    )
     reports = {w: {"network devices": [], "NVSHMEM environment": {}} for w in TWO_HOSTS}
-    assert remote_transport_line(reports).startswith("NVSHMEM remote transport ibrc (NVSHMEM's default; workers on 2")
+    assert remote_transport_line(reports).startswith(
+        "NVSHMEM remote transport ibrc (NVSHMEM's default; workers on 2"
+    )

@@ -92,7 +92,12 @@ def rank_thread(fabric: Fabric, run: Run, outcome: dict, on_round=None):
             rounds.wait(run)
         except Exception as e:
             error = e
-        outcome[run.rank] = {"error": error, "copied": copied, "stuck": rounds.stuck, "in flight": rounds.in_flight_since}
+        outcome[run.rank] = {
+            "error": error,
+            "copied": copied,
+            "stuck": rounds.stuck,
+            "in flight": rounds.in_flight_since,
+        }
 
     return threading.Thread(target=body, daemon=True)
 

@@ -177,8 +177,15 @@ def test_unpack_waits_at_most_twice_the_timeout_plus_five_seconds():
 
 
 @settings(max_examples=120, deadline=None)
-@given(rechunk_specs(max_elements=2048), st.integers(1, 4), st.booleans(), st.booleans(), st.integers(1, 8),
-       st.booleans(), st.data())  # fmt: skip
+@given(
+    rechunk_specs(max_elements=2048),
+    st.integers(1, 4),
+    st.booleans(),
+    st.booleans(),
+    st.integers(1, 8),
+    st.booleans(),
+    st.data(),
+)
 def test_both_paths_of_the_dask_engine_match_numpy(spec, nranks, box_in, box_out, budget_items, direct, data):
     """Input chunks cut to output boxes (outputs tiling boxes; assembled straight into the
     output chunks or through the box) or pieces (any placement), any input placement, every
@@ -193,12 +200,23 @@ def test_both_paths_of_the_dask_engine_match_numpy(spec, nranks, box_in, box_out
 
 
 def _both_paths(spec, nranks, box_in, box_out, budget_items, data):
-    in_ranks = data.draw(box_placements(spec.old, nranks) if box_in else random_placements(spec.old_grid, nranks))
-    out_ranks = data.draw(box_placements(spec.new, nranks) if box_out else random_placements(spec.new_grid, nranks))
+    in_ranks = data.draw(
+        box_placements(spec.old, nranks) if box_in else random_placements(spec.old_grid, nranks)
+    )
+    out_ranks = data.draw(
+        box_placements(spec.new, nranks) if box_out else random_placements(spec.new_grid, nranks)
+    )
     dtype = {1: np.int8, 2: np.float16, 4: np.float32, 8: np.float64, 16: np.complex128}[spec.itemsize]
     array = (np.arange(int(np.prod(spec.shape))) % 101).astype(dtype).reshape(spec.shape)
-    runs = make_runs(array, spec.old, spec.new, nranks, in_ranks=in_ranks, out_ranks=out_ranks,
-                     budget=budget_items * spec.itemsize * 7)  # fmt: skip
+    runs = make_runs(
+        array,
+        spec.old,
+        spec.new,
+        nranks,
+        in_ranks=in_ranks,
+        out_ranks=out_ranks,
+        budget=budget_items * spec.itemsize * 7,
+    )
     if box_out:
         assert box_transfers_of(runs[0]) is not None  # the box path
     assert execute_all(runs) == {}

@@ -47,7 +47,9 @@ def test_a_preload_that_cannot_enable_says_so(cluster):
     from distributed import Client
 
     with dask.config.set({"distributed.client.preload": ["dask_redist.preload"], "redist.engine": "mpi"}):
-        with pytest.warns(RuntimeWarning, match="could not turn the collective on: ConfigError: redist.engine"):
+        with pytest.warns(
+            RuntimeWarning, match="could not turn the collective on: ConfigError: redist.engine"
+        ):
             with Client(cluster, set_as_default=False):
                 pass
     assert not isinstance(dask.config.get("array_optimize", None), CollectiveOptimizer)
@@ -100,7 +102,9 @@ def _one_short_config_error(excinfo, capfd, client, name: str) -> None:
 
 
 @pytest.mark.parametrize("how", list(MESSAGES))
-def test_a_bad_setting_after_enable_is_one_short_config_error_before_anything_is_sent(client, how, tmp_path, capfd):
+def test_a_bad_setting_after_enable_is_one_short_config_error_before_anything_is_sent(
+    client, how, tmp_path, capfd
+):
     """Issue 26 item 2: a bad value set after enable() was raised while the graph was pickled,
     under ~100 lines of logging errors and a TypeError."""
     import dask.array as da

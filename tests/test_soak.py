@@ -47,8 +47,15 @@ def test_a_stalled_step_is_reported_with_the_workers_stacks():
     lines = []
     with local_cluster(2, threads_per_worker=2) as cluster, Client(cluster) as client:
         client.wait_for_workers(2)
-        soak = Soak(client, seed=3, steps=("rechunk",), progress=lines.append, stall_grace=1.0,
-                    engine="engines:SleepingEngine", timeouts={"collective": "1s"})  # fmt: skip
+        soak = Soak(
+            client,
+            seed=3,
+            steps=("rechunk",),
+            progress=lines.append,
+            stall_grace=1.0,
+            engine="engines:SleepingEngine",
+            timeouts={"collective": "1s"},
+        )
         report = soak.run(steps=1)
     assert any("still running after 2s" in p for p in report.problems), report.problems
     dumped = "\n".join(lines)

@@ -24,7 +24,11 @@ def test_status_prints_tables_with_durations_and_stays_a_dict(client):
     assert text.startswith(f"dask-redist: {len(s['workers'])} workers answered;"), text
     assert "runs finished, latest last" in text and "dask" in text and "done" in text
     assert re.search(r"outputs in memory\s+\+[\d.]+ [mu]?s\s+[\d.]+ [mu]?s ago", text), text
-    epochs = [t for marks in [s["timeline"], *(w["timeline"] for w in s["workers"].values())] for t in marks.values()]
+    epochs = [
+        t
+        for marks in [s["timeline"], *(w["timeline"] for w in s["workers"].values())]
+        for t in marks.values()
+    ]
     assert epochs and not any(str(int(t)) in text for t in epochs), text  # durations, not epoch seconds
     assert repr(s) == text
     page = s._repr_html_()
@@ -32,9 +36,22 @@ def test_status_prints_tables_with_durations_and_stays_a_dict(client):
 
 
 def test_status_shows_the_latest_runs_and_says_where_the_rest_are():
-    history = [{"token": f"{i:08x}" * 4, "run": 1, "engine": "dask", "outcome": "done", "bytes": 2**20,
-                "bytes moved": 2**19, "seconds": 0.25, "why": "set by redist.engine"} for i in range(RUNS_SHOWN + 5)]  # fmt: skip
-    s = Status({"history": history, "active": [], "timeline": {}, "engines": {}, "workers": {}, "unanswered": {}})
+    history = [
+        {
+            "token": f"{i:08x}" * 4,
+            "run": 1,
+            "engine": "dask",
+            "outcome": "done",
+            "bytes": 2**20,
+            "bytes moved": 2**19,
+            "seconds": 0.25,
+            "why": "set by redist.engine",
+        }
+        for i in range(RUNS_SHOWN + 5)
+    ]
+    s = Status(
+        {"history": history, "active": [], "timeline": {}, "engines": {}, "workers": {}, "unanswered": {}}
+    )
     text = str(s)
     assert "(5 earlier in status['history'])" in text and "1.00 MiB" in text and "250.00 ms" in text
     assert f"{RUNS_SHOWN + 4:08x} #1" in text and f"{4:08x} #1" not in text and f"{5:08x} #1" in text

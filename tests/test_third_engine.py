@@ -28,7 +28,10 @@ def test_an_engine_registered_by_configuration_runs_end_to_end(client):
     with dask_redist.enable(engines=REGISTER):
         y = da.from_array(ints, chunks=(8, 48)).rechunk((64, 6))
         (entry,) = dask_redist.explain(y)
-        assert (entry.engine, entry.engine_reason) == ("folder", "integer NumPy chunks, every worker on one host: through files")
+        assert (entry.engine, entry.engine_reason) == (
+            "folder",
+            "integer NumPy chunks, every worker on one host: through files",
+        )
         assert entry.mapping == f"one file per pair of ranks in {FOLDER}"
         np.testing.assert_array_equal(y.compute(), ints)
         run = scheduler_history(client)[-1]
@@ -46,7 +49,9 @@ def test_an_engine_registered_by_configuration_runs_end_to_end(client):
     assert "engine folder: every worker writes" in str(diagnosis)
     assert worker_leftovers(client) == {}
     ranks = hashlib.sha1(" ".join(sorted(client.scheduler_info()["workers"])).encode()).hexdigest()[:12]
-    assert not os.path.exists(os.path.join(FOLDER, f"{run['token']}-{run['run']}-{ranks}"))  # every file taken
+    assert not os.path.exists(
+        os.path.join(FOLDER, f"{run['token']}-{run['run']}-{ranks}")
+    )  # every file taken
 
 
 def test_the_registered_engine_is_named_by_no_file_of_the_package():

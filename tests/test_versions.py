@@ -59,7 +59,9 @@ def test_version_warnings():
     assert "different NVSHMEM versions" in warning and "3.4.5" in warning and "3.8.0" in warning
 
     shadowed = version_warnings({"w1": _report((3, 4, 5), "3.8.0")})
-    assert len(shadowed) == 1 and re.search(r"loaded NVSHMEM 3\.4\.5 .* pip installed nvidia-nvshmem-cu13 3\.8\.0", shadowed[0])
+    assert len(shadowed) == 1 and re.search(
+        r"loaded NVSHMEM 3\.4\.5 .* pip installed nvidia-nvshmem-cu13 3\.8\.0", shadowed[0]
+    )
 
     old = version_warnings({"w1": _report((3, 2, 5)), "w2": _report((3, 2, 5))})
     assert len(old) == 2 and all("outside" in w for w in old)
@@ -72,15 +74,24 @@ def test_cluster_warnings():
     from dask_redist.engines.cufftmp.checks import cluster_warnings
 
     one_host = {
-        f"w{i}": {"host": "a", "nvmath": "1.0.0", "cuFFTMp": "12.1.3.2", "cupy": "14.2.0",
-                  "NVSHMEM_SYMMETRIC_SIZE": "4G", "network devices": [], "NVSHMEM environment": {}}
+        f"w{i}": {
+            "host": "a",
+            "nvmath": "1.0.0",
+            "cuFFTMp": "12.1.3.2",
+            "cupy": "14.2.0",
+            "NVSHMEM_SYMMETRIC_SIZE": "4G",
+            "network devices": [],
+            "NVSHMEM environment": {},
+        }
         for i in range(2)
-    }  # fmt: skip
+    }
     assert cluster_warnings(one_host) == []  # one node: NVLink, no remote transport needed
 
     mixed = {**one_host, "w1": {**one_host["w1"], "nvmath": "0.9.0", "NVSHMEM_SYMMETRIC_SIZE": "8G"}}
     found = cluster_warnings(mixed)
-    assert any("nvmath-python: 0.9.0, 1.0.0" in w for w in found) and any("symmetric heap" in w for w in found)
+    assert any("nvmath-python: 0.9.0, 1.0.0" in w for w in found) and any(
+        "symmetric heap" in w for w in found
+    )
 
     two_hosts = {**one_host, "w1": {**one_host["w1"], "host": "b", "network devices": ["mlx5_0"]}}
     found = cluster_warnings(two_hosts)
@@ -88,6 +99,14 @@ def test_cluster_warnings():
     assert not any(w.startswith("w1") for w in found)  # it has a device
     assert any("NVSHMEM_BOOTSTRAP_UID_SOCK_IFNAME" in w for w in found)
 
-    ucx = {w: {**r, "NVSHMEM environment": {"NVSHMEM_REMOTE_TRANSPORT": "ucx", "NVSHMEM_BOOTSTRAP_UID_SOCK_IFNAME": "ib0"}}
-           for w, r in two_hosts.items()}  # fmt: skip
+    ucx = {
+        w: {
+            **r,
+            "NVSHMEM environment": {
+                "NVSHMEM_REMOTE_TRANSPORT": "ucx",
+                "NVSHMEM_BOOTSTRAP_UID_SOCK_IFNAME": "ib0",
+            },
+        }
+        for w, r in two_hosts.items()
+    }
     assert cluster_warnings(ucx) == []

@@ -61,8 +61,14 @@ def in_docs(name: str) -> str:
 
 
 def printed(client) -> dict[str, str]:
-    """Every sample as the code prints it on ``client``'s cluster."""
-    return {name: make(client).rstrip("\n") + "\n" for name, (_, make) in SAMPLES.items()}
+    """Every sample as the code prints it on ``client``'s cluster, with the packaged settings (what a
+    user gets; the test suite sets some of its own, such as ``redist.min-bytes``)."""
+    import dask
+
+    from dask_redist.config import DEFAULTS
+
+    with dask.config.set({"redist": DEFAULTS["redist"]}):
+        return {name: make(client).rstrip("\n") + "\n" for name, (_, make) in SAMPLES.items()}
 
 
 def write(client) -> None:
@@ -77,7 +83,12 @@ def write(client) -> None:
 if __name__ == "__main__":  # pragma: no cover - run by hand
     from distributed import Client, LocalCluster
 
-    with LocalCluster(n_workers=3, threads_per_worker=1, dashboard_address=None, worker_dashboard_address=None) as cluster, Client(cluster) as c:
+    with (
+        LocalCluster(
+            n_workers=3, threads_per_worker=1, dashboard_address=None, worker_dashboard_address=None
+        ) as cluster,
+        Client(cluster) as c,
+    ):
         c.wait_for_workers(3)
         write(c)
     sys.exit(0)

@@ -1,7 +1,7 @@
 """``dask-redist bench``: every rechunk method, timed on the same placed input, every result checked.
 
 * `cases`: the inputs (slab, pencil, uneven, 4-D; the GPU suite), placed and checked;
-* `harness`: timing, the per-run timeline and engine statistics, Markdown/JSON output;
+* `harness`: timing, the per-run timeline and engine statistics; `results`: Markdown/JSON output;
 * `baselines`: nvmath's own ``Redistribute`` and the measured peer-copy ceiling;
 * `calibrate`: ``bench --calibrate``, the cost model of ``redist.min-bytes: auto`` measured here;
 * `floor`: Dask's own floor for a chunk count (a layer of coroutine tasks keyed like the output);
@@ -31,13 +31,11 @@ from dask_redist.bench.harness import (
     crossing_bytes,
     engine_stats,
     environment,
-    load_json,
-    markdown,
-    relate_to_floor,
     run_case,
     timeline,
-    to_json,
 )
+from dask_redist.bench.floor import relate_to_floor
+from dask_redist.bench.results import load_json, markdown, to_json
 from dask_redist.bench.micro import fixed_cost, rewrite_time
 
 __all__ = [

@@ -25,7 +25,9 @@ def _slab_boxes(shape, rank: int, nranks: int):
     return ((lo0, 0, 0), (hi0, *shape[1:])), ((0, lo1, 0), (n0, hi1, shape[2]))
 
 
-def _redistribute_rank(rank: int, nranks: int, port: int, shape, dtype: str, seed: int, reps: int, queue) -> None:
+def _redistribute_rank(
+    rank: int, nranks: int, port: int, shape, dtype: str, seed: int, reps: int, queue
+) -> None:
     """One process of the raw measurement: GPU ``rank`` (modulo the GPUs visible), NVSHMEM bootstrapped through torch's gloo group."""
     import os
     import pickle
@@ -40,7 +42,9 @@ def _redistribute_rank(rank: int, nranks: int, port: int, shape, dtype: str, see
         from dask_redist.bench.cases import expected_block
 
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-        device = rank % cupy.cuda.runtime.getDeviceCount()  # (several ranks share a GPU where fewer are visible)
+        device = (
+            rank % cupy.cuda.runtime.getDeviceCount()
+        )  # (several ranks share a GPU where fewer are visible)
         cupy.cuda.Device(device).use()
         dist.init_process_group("gloo", rank=rank, world_size=nranks)
         group = nd.TorchProcessGroup(device_id="cpu")
@@ -75,7 +79,9 @@ def _redistribute_rank(rank: int, nranks: int, port: int, shape, dtype: str, see
         queue.put((rank, {"error": f"{type(e).__name__}: {e}"}))
 
 
-def raw_redistribute(shape, dtype: str, seed: int, reps: int, nranks: int = 2, timeout: float = 300) -> tuple[list[float], bool]:
+def raw_redistribute(
+    shape, dtype: str, seed: int, reps: int, nranks: int = 2, timeout: float = 300
+) -> tuple[list[float], bool]:
     """nvmath's ``Redistribute`` of a slab -> slab array over ``nranks`` GPUs, without Dask.
 
     Run in fresh processes (one per GPU, NVSHMEM bootstrapped through torch's gloo
@@ -92,7 +98,9 @@ def raw_redistribute(shape, dtype: str, seed: int, reps: int, nranks: int = 2, t
     ctx = multiprocessing.get_context("spawn")
     q = ctx.Queue()
     procs = [
-        ctx.Process(target=_redistribute_rank, args=(r, nranks, port, tuple(shape), dtype, seed, reps, q), daemon=True)
+        ctx.Process(
+            target=_redistribute_rank, args=(r, nranks, port, tuple(shape), dtype, seed, reps, q), daemon=True
+        )
         for r in range(nranks)
     ]
     for p in procs:
@@ -141,7 +149,9 @@ def link_ceiling(nbytes: int = 2**31, reps: int = 5) -> dict:
         start = time.perf_counter()
         for d in (0, 1):  # d -> 1 - d, both at once
             with cupy.cuda.Device(d):
-                cupy.cuda.runtime.memcpyPeerAsync(bufs[1 - d][1].data.ptr, 1 - d, bufs[d][0].data.ptr, d, nbytes, streams[d].ptr)
+                cupy.cuda.runtime.memcpyPeerAsync(
+                    bufs[1 - d][1].data.ptr, 1 - d, bufs[d][0].data.ptr, d, nbytes, streams[d].ptr
+                )
         for d in (0, 1):
             streams[d].synchronize()
         peer.append(time.perf_counter() - start)
@@ -205,4 +215,9 @@ def _threaded_copy(dst: np.ndarray, src: np.ndarray, threads: int) -> None:
 
     bounds = np.linspace(0, len(src), threads + 1).astype(int)
     with ThreadPoolExecutor(threads) as pool:  # NumPy copies release the GIL
-        list(pool.map(lambda i: np.copyto(dst[bounds[i] : bounds[i + 1]], src[bounds[i] : bounds[i + 1]]), range(threads)))
+        list(
+            pool.map(
+                lambda i: np.copyto(dst[bounds[i] : bounds[i + 1]], src[bounds[i] : bounds[i + 1]]),
+                range(threads),
+            )
+        )

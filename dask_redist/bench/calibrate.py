@@ -57,18 +57,30 @@ def runs(results: list[Result], methods: dict = METHODS) -> dict[str, list]:
 
 
 def model_from(
-    results: list[Result], case_list: list[Case], kind: str, workers: int, measured: str, methods: dict = METHODS
+    results: list[Result],
+    case_list: list[Case],
+    kind: str,
+    workers: int,
+    measured: str,
+    methods: dict = METHODS,
 ) -> CostModel:
     """Fit the model of ``kind`` through the ``results`` of ``case_list`` (others are left out)."""
     specs = {c.name: spec(c) for c in case_list}
-    found = {m: [(specs[name], s) for name, s in rows if name in specs] for m, rows in runs(results, methods).items()}
+    found = {
+        m: [(specs[name], s) for name, s in rows if name in specs]
+        for m, rows in runs(results, methods).items()
+    }
     for method, rows in found.items():
         if len(rows) < 3:
-            raise RuntimeError(f"calibration: only {len(rows)} checked runs of {methods[method]}; see the table")
+            raise RuntimeError(
+                f"calibration: only {len(rows)} checked runs of {methods[method]}; see the table"
+            )
     return fit(f"{kind}-{workers}", kind, workers, measured, found)
 
 
-def calibrate(client, kind: str, reps: int, sizes=None, measured: str = "", progress=print) -> tuple[CostModel, list[Result]]:
+def calibrate(
+    client, kind: str, reps: int, sizes=None, measured: str = "", progress=print
+) -> tuple[CostModel, list[Result]]:
     """Time the calibration cases on ``client``'s cluster and fit the model of ``kind``."""
     small, large = sizes or SIZES[kind]
     workers = len(worker_addresses(client))

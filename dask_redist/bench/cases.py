@@ -122,7 +122,16 @@ def four_d_case(nbytes: int | str, nchunks: int, dtype: str = "float32") -> Case
 
 #: Every method on the 8 GiB slabs at 2-256 chunks: the collective on a TCP and on a UCX
 #: dask-cuda cluster, Dask's own rechunks, and the peer-copy ceiling.
-HEADLINE = ("redist-cufftmp", "redist-dask", "tasks", "p2p", "redist-cufftmp-ucx", "redist-dask-ucx", "tasks-ucx", "ceiling")
+HEADLINE = (
+    "redist-cufftmp",
+    "redist-dask",
+    "tasks",
+    "p2p",
+    "redist-cufftmp-ucx",
+    "redist-dask-ucx",
+    "tasks-ucx",
+    "ceiling",
+)
 FAST = ("redist-cufftmp", "tasks-ucx", "ceiling")
 
 
@@ -210,9 +219,18 @@ def placed_array(client, case: Case, seed: int, kind: str = "numpy", placement=c
         shape = tuple(c[j] for c, j in zip(case.old, idx))
         lower = tuple(int(b[j]) for b, j in zip(bounds, idx))
         futures[(name, *idx)] = client.submit(
-            make_block, case.dtype, seed, shape, lower, case.shape, kind,
-            key=(name, *idx), workers=[workers[placement(i, n, len(workers))]], allow_other_workers=False, pure=False,
-        )  # fmt: skip
+            make_block,
+            case.dtype,
+            seed,
+            shape,
+            lower,
+            case.shape,
+            kind,
+            key=(name, *idx),
+            workers=[workers[placement(i, n, len(workers))]],
+            allow_other_workers=False,
+            pure=False,
+        )
     wait(list(futures.values()))
     meta = np.empty((0,) * len(grid), dtype=case.dtype)
     if kind == "cupy":
@@ -234,7 +252,13 @@ def _check_block(block, dtype, seed, global_shape, block_info=None):
 
 def check(y: da.Array, case: Case, seed: int) -> bool:
     flags = y.map_blocks(
-        _check_block, case.dtype, seed, case.shape, dtype=bool, chunks=(1,) * y.ndim, meta=np.empty((0,) * y.ndim, bool)
+        _check_block,
+        case.dtype,
+        seed,
+        case.shape,
+        dtype=bool,
+        chunks=(1,) * y.ndim,
+        meta=np.empty((0,) * y.ndim, bool),
     )
     return bool(flags.all().compute())
 
@@ -256,7 +280,9 @@ def random_case(rng: np.random.Generator, max_bytes: int) -> Case:
     old, new = chunks(), chunks()
     while new == old:
         new = chunks()
-    return Case(f"{shape} {dtype} {tuple(map(len, old))}->{tuple(map(len, new))} chunks", shape, dtype, old, new)
+    return Case(
+        f"{shape} {dtype} {tuple(map(len, old))}->{tuple(map(len, new))} chunks", shape, dtype, old, new
+    )
 
 
 def _split(rng: np.random.Generator, n: int) -> tuple[int, ...]:
@@ -273,7 +299,9 @@ def generated(case: Case, seed: int, kind: str) -> da.Array:
 
         meta = cupy.empty((0,) * len(case.shape), dtype=case.dtype)
     template = da.zeros(case.shape, chunks=case.old, dtype=np.int8)
-    return template.map_blocks(_block, case.dtype, seed, case.shape, kind, dtype=case.dtype, meta=meta).persist()
+    return template.map_blocks(
+        _block, case.dtype, seed, case.shape, kind, dtype=case.dtype, meta=meta
+    ).persist()
 
 
 def _block(template, dtype, seed, global_shape, kind, block_info=None):

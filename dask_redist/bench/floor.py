@@ -64,9 +64,14 @@ def floor_input(client, case: Case, seed: int, kind: str = "numpy") -> da.Array:
     for i, idx in enumerate(np.ndindex(*grid)):
         key = (name, *idx)
         futures[key] = client.submit(
-            _block, len(grid), kind, key=key, workers=[workers[contiguous(i, n, len(workers))]],
-            allow_other_workers=False, pure=False,
-        )  # fmt: skip
+            _block,
+            len(grid),
+            kind,
+            key=key,
+            workers=[workers[contiguous(i, n, len(workers))]],
+            allow_other_workers=False,
+            pure=False,
+        )
     wait(list(futures.values()))
     graph = HighLevelGraph.from_collections(name, futures, dependencies=())
     return da.Array(graph, name, _tiny_chunks(grid), meta=_meta(len(grid), kind))

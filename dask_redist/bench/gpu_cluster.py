@@ -50,8 +50,16 @@ class SharedGPUCluster:
     ``worker_options``: ``dask cuda worker`` options, e.g. ``device_memory_limit="256MiB"``.
     """
 
-    def __init__(self, workers: int, pes_per_gpu: int, *, protocol: str = "tcp", env: dict | None = None,
-                 timeout: float = 180.0, **worker_options):  # fmt: skip
+    def __init__(
+        self,
+        workers: int,
+        pes_per_gpu: int,
+        *,
+        protocol: str = "tcp",
+        env: dict | None = None,
+        timeout: float = 180.0,
+        **worker_options,
+    ):
         self.gpus = visible_gpus()
         if pes_per_gpu < 1 or workers < 1:
             raise ValueError(f"workers ({workers}) and pes_per_gpu ({pes_per_gpu}) must be at least 1")
@@ -103,9 +111,21 @@ class SharedGPUCluster:
     def _start_worker(self, device: str) -> subprocess.Popen:
         dask = shutil.which("dask", path=os.path.dirname(sys.executable)) or shutil.which("dask")
         if dask is None:
-            raise RuntimeError("no `dask` command next to this Python: install distributed (and dask-cuda) here")
-        command = [dask, "cuda", "worker", self.scheduler_address, "--nthreads", "1", "--no-dashboard",
-                   "--death-timeout", "60", *self.options]  # fmt: skip
+            raise RuntimeError(
+                "no `dask` command next to this Python: install distributed (and dask-cuda) here"
+            )
+        command = [
+            dask,
+            "cuda",
+            "worker",
+            self.scheduler_address,
+            "--nthreads",
+            "1",
+            "--no-dashboard",
+            "--death-timeout",
+            "60",
+            *self.options,
+        ]
         env = {**os.environ, **self.env, "CUDA_VISIBLE_DEVICES": device}
         # a session of its own: closing the cluster signals the nanny and its worker together
         return subprocess.Popen(command, env=env, start_new_session=True)

@@ -11,14 +11,12 @@ command, the machine and the date beside every figure.
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import math
 import platform
 import statistics
 import time
 from contextlib import nullcontext
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
 import dask
@@ -26,8 +24,9 @@ import numpy as np
 from dask.utils import format_bytes
 
 from dask_redist.bench.cases import METHODS, Case, check, contiguous, placed_array, worker_addresses
-from dask_redist.bench.floor import floor_row, relate_to_floor
+from dask_redist.bench.floor import floor_row
 from dask_redist.compat import worker_info
+
 
 @dataclass
 class Result:
@@ -41,7 +40,9 @@ class Result:
     error: str | None = None
     peak_gpu_bytes: dict | None = None  # per worker: GPU memory the warm-up run added
     ceiling_s: float | None = None  # the case's bytes crossing GPUs at the peer-copy rate
-    engine_stats: dict | None = None  # the engine's statistics per worker (cufftmp: the last run's stage/reshape/unstage ms)
+    engine_stats: dict | None = (
+        None  # the engine's statistics per worker (cufftmp: the last run's stage/reshape/unstage ms)
+    )
     timeline: list | None = None  # collective: (ms since submit, event) of the last timed run
     note: str | None = None
     floor_s: float | None = None  # the median of Dask's floor for the case's chunk count (`relate_to_floor`)
@@ -54,9 +55,8 @@ class Result:
             return ""
         worst = {k: max(x[k] for x in last) for k in ("stage ms", "reshape ms", "unstage ms")}
         arena = f", arena {format_bytes(last[0]['arena bytes'])}" if last[0].get("arena bytes") else ""
-        return (
-            f"{last[0]['layout']}, {last[0]['rounds']} round(s){arena}; "
-            + ", ".join(f"{k} {v:.2f}" for k, v in worst.items())
+        return f"{last[0]['layout']}, {last[0]['rounds']} round(s){arena}; " + ", ".join(
+            f"{k} {v:.2f}" for k, v in worst.items()
         )
 
     @property
@@ -104,7 +104,9 @@ def crossing_bytes(case: Case, nworkers: int, placement=contiguous) -> int:
 
     n = math.prod(map(len, case.old))
     in_ranks = [placement(i, n, nworkers) for i in range(n)]
-    traffic = make_plan(RechunkSpec(case.old, case.new, np.dtype(case.dtype).itemsize), in_ranks, nworkers).traffic
+    traffic = make_plan(
+        RechunkSpec(case.old, case.new, np.dtype(case.dtype).itemsize), in_ranks, nworkers
+    ).traffic
     np.fill_diagonal(traffic, 0)
     return int(traffic.max(initial=0))
 
@@ -132,7 +134,12 @@ def _gpu_used(reset: bool = False) -> int:
 
 
 def run_case(
-    client, case: Case, methods=METHODS, reps: int = 3, kind: str = "numpy", ceiling: dict | None = None,
+    client,
+    case: Case,
+    methods=METHODS,
+    reps: int = 3,
+    kind: str = "numpy",
+    ceiling: dict | None = None,
     interleave: bool = False,
 ) -> list[Result]:
     """Time every method on the case: one warm-up, then ``reps`` timed runs on fresh inputs.
@@ -140,7 +147,7 @@ def run_case(
     ``ceiling`` is `dask_redist.bench.baselines.link_ceiling`'s measurement; with it every
     row gets the fraction of the physical ceiling it reached. ``interleave``: the methods take
     turns, one run each (A B A B ...), so that a machine whose speed drifts slows them alike.
-    """  # fmt: skip
+    """
     nworkers = len(worker_addresses(client))
     ceiling_s = crossing = None
     if ceiling and "peer GB/s per direction" in ceiling:
@@ -148,14 +155,18 @@ def run_case(
         ceiling_s = crossing / (ceiling["peer GB/s per direction"] * 1e9)
     results, timed = [], []
     for method in methods:
-        r = Result(case.name, method, case.nbytes, math.prod(map(len, case.old)), math.prod(map(len, case.new)))
+        r = Result(
+            case.name, method, case.nbytes, math.prod(map(len, case.old)), math.prod(map(len, case.new))
+        )
         r.ceiling_s = ceiling_s
         results.append(r)
         if not _measured_apart(client, case, r, reps, kind, nworkers, ceiling, crossing):
             timed.append(r)
-    order = [(rep, r) for rep in range(reps + 1) for r in timed] if interleave else [
-        (rep, r) for r in timed for rep in range(reps + 1)
-    ]  # fmt: skip
+    order = (
+        [(rep, r) for rep in range(reps + 1) for r in timed]
+        if interleave
+        else [(rep, r) for r in timed for rep in range(reps + 1)]
+    )
     for rep, r in order:
         if r.error is None:
             _timed_run(client, case, r, rep, kind)
@@ -165,7 +176,9 @@ def run_case(
     return results
 
 
-def _measured_apart(client, case: Case, r: Result, reps: int, kind: str, nworkers: int, ceiling, crossing) -> bool:
+def _measured_apart(
+    client, case: Case, r: Result, reps: int, kind: str, nworkers: int, ceiling, crossing
+) -> bool:
     """Fill the rows that are not a timed rechunk (ceiling, nvmath, floor); False for the others."""
     if r.method == "ceiling":
         if r.ceiling_s is None:
@@ -284,105 +297,3 @@ def _cpus():
     import os
 
     return os.cpu_count()
-
-
-def load_json(path: str) -> tuple[list[Result], str]:
-    """The results and the command of a file written by `to_json`."""
-    with open(path) as f:
-        data = json.load(f)
-    names = {f.name for f in dataclasses.fields(Result)}
-    return [Result(**{k: v for k, v in r.items() if k in names}) for r in data["results"]], data["command"]
-
-
-def markdown(results: list[Result], env: dict, command: str) -> str:
-    rows = [r.row() for r in relate_to_floor(results)]
-    head = list(rows[0])
-    lines = [
-        f"Command: `{command}`  ",
-        f"Date: {env['date']}; machine: {env['machine']}; {env['workers']} workers; "
-        + ", ".join(f"{k} {env[k]}" for k in ("dask", "distributed", "numpy", "cupy", "dask_cuda", "nvmath") if k in env),
-    ]
-    c = env.get("ceiling") or {}
-    if "peer GB/s per direction" in c:
-        lines[-1] += "  "
-        lines.append(
-            f"Physical ceiling, measured in the benchmark process: peer copy {c['peer GB/s per direction']:.0f} GB/s "
-            f"per direction with both directions busy, local copy {c['local copy GB/s (read + write)']:.0f} GB/s "
-            "(read + write). \"of ceiling\": the bytes the collective's plan moves in the busiest direction at the "
-            "peer rate, over the median. \"GPU mem +\": the most GPU memory one worker had in use more after the "
-            "warm-up run than before it, CuPy's cached blocks freed first (the pool keeps freed blocks, so "
-            "temporaries count; the NVSHMEM symmetric heap, reserved once, does not)."
-        )
-    if "pinned H2D GB/s" in c:
-        lines[-1] += "  "
-        lines.append(
-            "Host link, measured in the benchmark process on its GPU (1 thread): "
-            + ", ".join(f"{k.replace(' GB/s', '')} {v:.1f} GB/s" for k, v in c.items() if k.endswith("GB/s") and "peer" not in k and "local" not in k)
-            + "."
-        )
-    lines += ["", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    lines += ["| " + " | ".join(str(r[h]) for h in head) + " |" for r in rows]
-    for title, table in (("Cost per added chunk", slopes(results)), ("Where the time goes", phases(results))):
-        if table:
-            lines += ["", f"**{title}** " + table[0], "", "| " + " | ".join(table[1]) + " |", "|" + "---|" * len(table[1])]
-            lines += ["| " + " | ".join(map(str, row)) + " |" for row in table[2:]]
-    return "\n".join(lines) + "\n"
-
-
-def slopes(results: list[Result]) -> list:
-    """[note, header, rows...]: each method's ms per added chunk over the chunk counts of one
-    case family and size (a least-squares line through the medians), or [] with fewer than two."""
-    groups: dict = {}
-    for r in results:
-        if r.times:
-            groups.setdefault((r.case.split()[0], r.nbytes, r.method), []).append((r.nchunks_in, r.median * 1e3))
-    rows = []
-    for (family, nbytes, method), points in groups.items():
-        if len({c for c, _ in points}) < 2:
-            continue
-        chunks, ms = np.array(points, dtype=float).T
-        slope, intercept = np.polyfit(chunks, ms, 1)
-        rows.append([f"{family} {format_bytes(nbytes)}", method, f"{int(chunks.min())}-{int(chunks.max())}",
-                     f"{slope:.3f}", f"{intercept:.1f}"])  # fmt: skip
-    if not rows:
-        return []
-    return ["(a least-squares line through the medians against the input chunk count):",
-            ["case", "method", "chunks", "ms per added chunk", "ms at 0 chunks"], *rows]  # fmt: skip
-
-
-#: Timeline marks shown per phase: (column, source, event, which of several workers' marks).
-PHASES = (
-    ("stages start", "worker", "first stage", min),
-    ("barrier at scheduler", "scheduler", "barrier called", min),
-    ("start sent", "scheduler", "start sent", min),
-    ("executed", "worker", "executed", max),
-    ("first unpack", "worker", "first unpack", min),
-    ("outputs in memory", "scheduler", "outputs in memory", min),
-)
-
-
-def phases(results: list[Result]) -> list:
-    """[note, header, rows...]: ms after submit at which the last timed run of each collective
-    row reached each phase (`PHASES`), or [] without timelines."""
-    rows = []
-    for r in results:
-        if not r.timeline:
-            continue
-        cells = []
-        for _, source, event, pick in PHASES:
-            found = [t for t, e in r.timeline if e.startswith(source) and e.endswith(": " + event)]
-            cells.append(f"{pick(found):.1f}" if found else "")
-        rows.append([r.case, r.method, *cells, f"{r.times[-1] * 1e3:.1f}" if r.times else ""])
-    if not rows:
-        return []
-    return ["(ms after `persist()` of the last timed run; worker marks: the first worker, or the last for "
-            "\"executed\"):", ["case", "method", *(p[0] for p in PHASES), "end"], *rows]  # fmt: skip
-
-
-def to_json(results: list[Result], env: dict, command: str) -> str:
-    return json.dumps(
-        {"command": command, "environment": env,
-         "results": [asdict(r) | {"median": r.median} for r in relate_to_floor(results)]},  # fmt: skip
-        indent=1,
-        default=str,
-    )

@@ -9,6 +9,7 @@ from contextlib import nullcontext
 import dask.array as da
 import numpy as np
 
+
 def rewrite_time(nchunks: int = 10_000, reps: int = 3) -> dict:
     """Seconds to rewrite (and then optimize) the graph of an ``nchunks``-chunk rechunk."""
     from dask.array.optimization import optimize
@@ -32,7 +33,11 @@ def rewrite_time(nchunks: int = 10_000, reps: int = 3) -> dict:
         t2 = time.perf_counter()
         rewrite_s.append(t1 - t0)
         total_s.append(t2 - t0)
-    return {"chunks": nchunks, "rewrite": statistics.median(rewrite_s), "rewrite + dask optimize": statistics.median(total_s)}
+    return {
+        "chunks": nchunks,
+        "rewrite": statistics.median(rewrite_s),
+        "rewrite + dask optimize": statistics.median(total_s),
+    }
 
 
 def fixed_cost(client, reps: int = 20) -> dict:
@@ -41,7 +46,12 @@ def fixed_cost(client, reps: int = 20) -> dict:
 
     import dask_redist
 
-    labels = {"collective (dask engine)": lambda: dask_redist.enable(engine="dask", min_bytes=0, respect_method=False), "dask tasks": nullcontext}
+    labels = {
+        "collective (dask engine)": lambda: dask_redist.enable(
+            engine="dask", min_bytes=0, respect_method=False
+        ),
+        "dask tasks": nullcontext,
+    }
     times = {k: [] for k in labels}
     for i in range(reps + 2):
         for j, (label, ctx) in enumerate(labels.items()):

@@ -45,7 +45,13 @@ TRACE_MAX_S = 2.0
 #: the grid). Not run past this many pairs (a 24 GiB machine runs out of memory near 10^9).
 MAX_PAIRS = 10**8
 
-PARTS = ("scheduler: owners", "scheduler: bookkeeping", "worker: plan", "worker: cufftmp layout", "worker: dask blocks")
+PARTS = (
+    "scheduler: owners",
+    "scheduler: bookkeeping",
+    "worker: plan",
+    "worker: cufftmp layout",
+    "worker: dask blocks",
+)
 
 
 def _split(length: int, parts: int) -> tuple[int, ...]:
@@ -66,7 +72,12 @@ def geometry(kind: str, chunks: int, seed: int = 0) -> RechunkSpec:
         n = 4 * k
 
         def cuts():
-            return tuple(int(d) for d in np.diff(np.sort(np.concatenate([[0, n], rng.choice(np.arange(1, n), k - 1, replace=False)]))))
+            return tuple(
+                int(d)
+                for d in np.diff(
+                    np.sort(np.concatenate([[0, n], rng.choice(np.arange(1, n), k - 1, replace=False)]))
+                )
+            )
 
         return RechunkSpec((cuts(), cuts()), (cuts(), cuts()), 8)
     raise ValueError(f"unknown geometry {kind!r}: slab, pencil or uneven")
@@ -101,7 +112,9 @@ def _timed(fn, reps: int, memory: bool):
     return value, best, peak
 
 
-def measure(kind: str, ranks: int, chunks: int, reps: int = 2, skip: set = frozenset(), memory: bool = True) -> list[Measurement]:
+def measure(
+    kind: str, ranks: int, chunks: int, reps: int = 2, skip: set = frozenset(), memory: bool = True
+) -> list[Measurement]:
     """Every part of one run of ``geometry(kind, chunks)`` over ``ranks`` ranks (contiguous placement)."""
     spec = geometry(kind, chunks)
     n_old = math.prod(spec.old_grid)
@@ -112,7 +125,9 @@ def measure(kind: str, ranks: int, chunks: int, reps: int = 2, skip: set = froze
 
     def record(part, fn):
         if part in skip:
-            out.append(Measurement(kind, ranks, n_old, 0, part, None, None, "skipped: too slow at a smaller size"))
+            out.append(
+                Measurement(kind, ranks, n_old, 0, part, None, None, "skipped: too slow at a smaller size")
+            )
             return None
         value, seconds, peak = _timed(fn, reps, memory)
         out.append(Measurement(kind, ranks, n_old, 0, part, seconds, peak))
@@ -134,8 +149,16 @@ def measure(kind: str, ranks: int, chunks: int, reps: int = 2, skip: set = froze
         needed = {k: True for k in keys}  # the barrier asks the scheduler's task table per key
         owners = plan.out_ranks.ravel()
         pins = {k: {f"tcp://10.0.{r // 250}.{r % 250}:1"} for k, r in zip(keys, owners.tolist()) if needed[k]}
-        run = RunSpec(collective, 1, 1, tuple(f"w{r}" for r in range(ranks)), plan.in_ranks, plan.out_ranks,
-                      plan.needed, "cufftmp")  # fmt: skip
+        run = RunSpec(
+            collective,
+            1,
+            1,
+            tuple(f"w{r}" for r in range(ranks)),
+            plan.in_ranks,
+            plan.out_ranks,
+            plan.needed,
+            "cufftmp",
+        )
         return len(pins), len(pickle.dumps(run))
 
     record("scheduler: bookkeeping", bookkeeping)
@@ -159,8 +182,11 @@ def measure(kind: str, ranks: int, chunks: int, reps: int = 2, skip: set = froze
         if m.seconds is None and m.part == "worker: cufftmp layout" and not direct:
             m.note = f"not run: the packed layout enumerates {plan.piece_count:.2g} pieces"
         if m.seconds is None and m.part == "worker: dask blocks":
-            m.note = (f"not run: up to {n_old} x {ranks} = {n_old * ranks:.2g} blocks" if boxes
-                      else f"not run: the piece path enumerates {plan.piece_count:.2g} pieces")  # fmt: skip
+            m.note = (
+                f"not run: up to {n_old} x {ranks} = {n_old * ranks:.2g} blocks"
+                if boxes
+                else f"not run: the piece path enumerates {plan.piece_count:.2g} pieces"
+            )
     for m in out:
         m.pieces = plan.piece_count
     return out
@@ -176,8 +202,14 @@ def _bisected_owners(spec: RechunkSpec, ranks: int) -> np.ndarray:
     return owners
 
 
-def run_model(kinds=("slab", "pencil", "uneven"), ranks=(2, 16, 256, 1024), chunks=(1_000, 10_000, 100_000, 1_000_000),
-              reps: int = 2, budget_s: float = 10.0, progress=print) -> list[Measurement]:  # fmt: skip
+def run_model(
+    kinds=("slab", "pencil", "uneven"),
+    ranks=(2, 16, 256, 1024),
+    chunks=(1_000, 10_000, 100_000, 1_000_000),
+    reps: int = 2,
+    budget_s: float = 10.0,
+    progress=print,
+) -> list[Measurement]:
     """`measure` over every geometry, rank count and size; a part over ``budget_s`` stops growing."""
     results: list[Measurement] = []
     for kind in kinds:
@@ -189,8 +221,13 @@ def run_model(kinds=("slab", "pencil", "uneven"), ranks=(2, 16, 256, 1024), chun
                 found = measure(kind, r, c, reps=reps, skip=skip)
                 results += found
                 skip |= {m.part for m in found if m.seconds is not None and m.seconds > budget_s}
-                progress(f"{kind} ranks={r} chunks={found[0].chunks}: " + ", ".join(
-                    f"{m.part.split(': ')[1]} {'-' if m.seconds is None else f'{m.seconds * 1e3:.1f} ms'}" for m in found))
+                progress(
+                    f"{kind} ranks={r} chunks={found[0].chunks}: "
+                    + ", ".join(
+                        f"{m.part.split(': ')[1]} {'-' if m.seconds is None else f'{m.seconds * 1e3:.1f} ms'}"
+                        for m in found
+                    )
+                )
     return results
 
 
@@ -210,15 +247,31 @@ def fit(results: list[Measurement]) -> dict[tuple[str, str, int], float]:
 def markdown(results: list[Measurement], command: str, env: str) -> str:
     from dask.utils import format_bytes
 
-    lines = [f"Command: `{command}`  ", f"{env}", "",
-             "| case | ranks | old chunks | pieces | part | time | peak memory | note |", "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    lines = [
+        f"Command: `{command}`  ",
+        f"{env}",
+        "",
+        "| case | ranks | old chunks | pieces | part | time | peak memory | note |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for m in results:
-        t = "-" if m.seconds is None else (f"{m.seconds * 1e3:.1f} ms" if m.seconds < 1 else f"{m.seconds:.2f} s")
+        t = (
+            "-"
+            if m.seconds is None
+            else (f"{m.seconds * 1e3:.1f} ms" if m.seconds < 1 else f"{m.seconds:.2f} s")
+        )
         mem = "-" if m.peak_bytes is None else format_bytes(m.peak_bytes)  # Python-allocated (NumPy included)
-        lines.append(f"| {m.case} | {m.ranks} | {m.chunks} | {m.pieces} | {m.part} | {t} | {mem} | {m.note} |")
+        lines.append(
+            f"| {m.case} | {m.ranks} | {m.chunks} | {m.pieces} | {m.part} | {t} | {mem} | {m.note} |"
+        )
     exponents = fit(results)
     if exponents:
-        lines += ["", "Growth, time ~ chunks^k (k fitted over the sizes measured):", "",
-                  "| case | part | ranks | k |", "|---|---|---|---|"]  # fmt: skip
+        lines += [
+            "",
+            "Growth, time ~ chunks^k (k fitted over the sizes measured):",
+            "",
+            "| case | part | ranks | k |",
+            "|---|---|---|---|",
+        ]
         lines += [f"| {c} | {p} | {r} | {k:.2f} |" for (c, p, r), k in sorted(exponents.items())]
     return "\n".join(lines) + "\n"

@@ -68,7 +68,9 @@ class Step:
     engines: list[str] = field(default_factory=list)  # the engine of each collective run the step ended
     memory_delta: int = 0  # bytes the workers alive before and after the step grew by, together
     killed: list[str] = field(default_factory=list)  # the worker the step killed
-    exited: list[str] = field(default_factory=list)  # GPU peers of a killed worker that exited or were restarted
+    exited: list[str] = field(
+        default_factory=list
+    )  # GPU peers of a killed worker that exited or were restarted
 
     def line(self) -> str:
         """One line for the soak's progress: what ran, on which engines, how long, its problems."""
@@ -95,13 +97,27 @@ class Soak:
     is called with one line per step as it ends, and with the stacks of a stalled step.
     """
 
-    def __init__(self, client, seed: int = 0, kind: str = "numpy", max_bytes: int = 2**20, steps=STEPS,
-                 gpu: bool = False, progress: Callable[[str], None] | None = None, stall_grace: float = STALL_GRACE_S,
-                 **options):  # fmt: skip
+    def __init__(
+        self,
+        client,
+        seed: int = 0,
+        kind: str = "numpy",
+        max_bytes: int = 2**20,
+        steps=STEPS,
+        gpu: bool = False,
+        progress: Callable[[str], None] | None = None,
+        stall_grace: float = STALL_GRACE_S,
+        **options,
+    ):
         if unknown := set(steps) - set(STEPS):
             raise ValueError(f"unknown soak steps {sorted(unknown)}; choose from {STEPS}")
         # every rechunk through the collective, also those `redist.min-bytes: auto` leaves to Dask
-        self.client, self.kind, self.max_bytes, self.options = client, kind, max_bytes, {"min_bytes": 0, **options}
+        self.client, self.kind, self.max_bytes, self.options = (
+            client,
+            kind,
+            max_bytes,
+            {"min_bytes": 0, **options},
+        )
         self.kinds = tuple(steps)
         self.gpu = gpu
         self.progress = progress or (lambda line: None)
@@ -163,7 +179,9 @@ class Soak:
 
     def _stalled(self, step: Step, limit: float) -> None:
         """The step made no progress past the collective timeout: say so now, with every worker's stacks."""
-        step.problems.append(f"still running after {limit:g}s (redist.timeouts.collective + {self.stall_grace:g}s)")
+        step.problems.append(
+            f"still running after {limit:g}s (redist.timeouts.collective + {self.stall_grace:g}s)"
+        )
         stacks = self._stacks()
         self.progress(f"step {step.index} ({step.kind}, {step.case}) still running after {limit:g}s; stacks:")
         for worker, text in stacks.items():
@@ -258,7 +276,9 @@ class Soak:
             if victim not in workers and len(workers) >= n:
                 return
             time.sleep(0.2)
-        step.problems.append(f"the nanny of killed worker {victim} did not bring a new one within {3 * WAIT_S:g}s")
+        step.problems.append(
+            f"the nanny of killed worker {victim} did not bring a new one within {3 * WAIT_S:g}s"
+        )
 
     def _reform_world(self, step: Step) -> None:
         """After a kill on GPUs the survivors are stranded in a world that lost a PE: do what a user
@@ -297,7 +317,9 @@ class Soak:
                 del y
                 time.sleep(pause)
                 pause = min(2 * pause, 1.0)
-        step.problems.append(f"Dask cancelled the re-submitted rechunk for {WAIT_S:g}s ({step.cancelled_by_dask} tries)")
+        step.problems.append(
+            f"Dask cancelled the re-submitted rechunk for {WAIT_S:g}s ({step.cancelled_by_dask} tries)"
+        )
 
     def _wait_and_check(self, y, case: Case, step: Step, seed: int) -> None:
         from distributed import wait
@@ -329,7 +351,9 @@ class Soak:
         # distributed's own errors about the worker a step killed (its peers' comms to it broke)
         # are what any Dask computation logs when a worker dies: not the collective's
         try:
-            step.problems += [f"log: {line[:300]}" for line in self._logs_now() if not any(k in line for k in killed)]
+            step.problems += [
+                f"log: {line[:300]}" for line in self._logs_now() if not any(k in line for k in killed)
+            ]
         except TimeoutError as e:
             step.problems.append(f"logs not read: {e}")
         now = {w: int(i.get("metrics", {}).get("memory", 0)) for w, i in worker_info(self.client).items()}

@@ -15,6 +15,7 @@ from dask_redist.cli.bench import bench
 from dask_redist.cli.clusters import cluster_args
 from dask_redist.cli.commands import demo, doctor, soak
 
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = parser().parse_args(argv)
@@ -40,67 +41,123 @@ def parser() -> argparse.ArgumentParser:
     cluster_args(p)
     p.add_argument("--size", default="256MiB", help="array size (default 256MiB)")
     p.add_argument("--chunks", type=int, default=16, help="slabs before and after (default 16)")
-    p.add_argument("--reps", type=int, default=3, help="timed runs of each method, after one warm-up (default 3)")
+    p.add_argument(
+        "--reps", type=int, default=3, help="timed runs of each method, after one warm-up (default 3)"
+    )
     p.set_defaults(func=demo)
 
     p = sub.add_parser("bench", help="time every method on placed inputs; write Markdown and JSON")
     cluster_args(p)
     p.add_argument("--size", nargs="+", help="array sizes, e.g. 256MiB 1GiB (default 1GiB)")
-    p.add_argument("--chunks", nargs="+", type=int, default=[16, 64], help="chunks before and after (default 16 64)")
-    p.add_argument("--dtype", nargs="+", default=["float64"], help="NumPy dtypes of the arrays (default float64)")
     p.add_argument(
-        "--cases", nargs="+", default=["slab"], choices=["slab", "pencil"],
+        "--chunks", nargs="+", type=int, default=[16, 64], help="chunks before and after (default 16 64)"
+    )
+    p.add_argument(
+        "--dtype", nargs="+", default=["float64"], help="NumPy dtypes of the arrays (default float64)"
+    )
+    p.add_argument(
+        "--cases",
+        nargs="+",
+        default=["slab"],
+        choices=["slab", "pencil"],
         help="slab: slabs along one axis to slabs along another; pencil: pencils to pencils (default slab)",
-    )  # fmt: skip
+    )
     p.add_argument(
-        "--methods", nargs="+",
+        "--methods",
+        nargs="+",
         help=f"redist-ENGINE ({', '.join(engines)}), tasks p2p, tasks-ucx p2p-ucx (on a UCX cluster), nvmath (raw "
         "Redistribute), ceiling (peer-copy bound), floor (Dask's floor: a layer of one coroutine task per output "
         "chunk over a persisted input; every row then says how many times the floor it took); default: "
         "redist-dask tasks p2p, or the suite's",
-    )  # fmt: skip
-    p.add_argument("--suite", choices=["gpu"], help="the whole GPU table (cases and methods of bench.gpu_suite)")
-    p.add_argument("--numpy", action="store_true", help="with --gpu: NumPy chunks on the dask-cuda workers")
-    p.add_argument("--append", action="store_true", help="keep the results already in --out/--name, replace re-run ones")
-    p.add_argument("--reps", type=int, default=3, help="timed runs of each method, after one warm-up (default 3)")
+    )
     p.add_argument(
-        "--interleave", action="store_true",
+        "--suite", choices=["gpu"], help="the whole GPU table (cases and methods of bench.gpu_suite)"
+    )
+    p.add_argument("--numpy", action="store_true", help="with --gpu: NumPy chunks on the dask-cuda workers")
+    p.add_argument(
+        "--append", action="store_true", help="keep the results already in --out/--name, replace re-run ones"
+    )
+    p.add_argument(
+        "--reps", type=int, default=3, help="timed runs of each method, after one warm-up (default 3)"
+    )
+    p.add_argument(
+        "--interleave",
+        action="store_true",
         help="the methods of a case take turns, one run each (A B A B ...): on a shared machine whose speed "
         "drifts, all slow alike",
-    )  # fmt: skip
-    p.add_argument("--out", metavar="FOLDER", help="write <name>.md and <name>.json there (default: print only)")
-    p.add_argument("--name", default="results", help="file name (no extension) of the --out files (default results)")
+    )
+    p.add_argument(
+        "--out", metavar="FOLDER", help="write <name>.md and <name>.json there (default: print only)"
+    )
+    p.add_argument(
+        "--name", default="results", help="file name (no extension) of the --out files (default results)"
+    )
     p.add_argument("--micro", action="store_true", help="graph rewrite time and the fixed cost of one run")
     p.add_argument(
-        "--calibrate", action="store_true",
+        "--calibrate",
+        action="store_true",
         help="measure the cost model of redist.min-bytes: auto on this cluster (the collective and Dask's tasks "
         "on the calibration cases; --size SMALL LARGE to change their sizes) and write it as the dask config file "
         "redist-cost-model-<kind>-<workers>.yaml into --out, or into dask's config directory",
-    )  # fmt: skip
-    p.add_argument("--rewrite-chunks", type=int, default=10_000, help="--micro: chunks of the rewritten rechunk (default 10000)")
-    p.add_argument("--scale", action="store_true", help="the scale model: planning and bookkeeping of one run, no cluster")
+    )
+    p.add_argument(
+        "--rewrite-chunks",
+        type=int,
+        default=10_000,
+        help="--micro: chunks of the rewritten rechunk (default 10000)",
+    )
+    p.add_argument(
+        "--scale",
+        action="store_true",
+        help="the scale model: planning and bookkeeping of one run, no cluster",
+    )
     p.add_argument("--ranks", nargs="+", type=int, default=[2, 16, 256, 1024], help="--scale: rank counts")
     p.add_argument(
-        "--scale-chunks", nargs="+", type=int, default=[1_000, 10_000, 100_000, 1_000_000],
+        "--scale-chunks",
+        nargs="+",
+        type=int,
+        default=[1_000, 10_000, 100_000, 1_000_000],
         help="--scale: chunk counts (default 1000 10000 100000 1000000)",
-    )  # fmt: skip
+    )
     p.add_argument(
-        "--cases-scale", nargs="+", default=["slab", "pencil", "uneven"], choices=["slab", "pencil", "uneven"],
+        "--cases-scale",
+        nargs="+",
+        default=["slab", "pencil", "uneven"],
+        choices=["slab", "pencil", "uneven"],
         help="--scale: the rechunk shapes (default all)",
-    )  # fmt: skip
-    p.add_argument("--budget", type=float, default=10.0, help="--scale: a part slower than this (s) stops growing")
-    p.add_argument("--fft", action="store_true", help="dask_redist.fft.fftn against the four-step path (bench.fft)")
+    )
+    p.add_argument(
+        "--budget", type=float, default=10.0, help="--scale: a part slower than this (s) stops growing"
+    )
+    p.add_argument(
+        "--fft", action="store_true", help="dask_redist.fft.fftn against the four-step path (bench.fft)"
+    )
     p.set_defaults(func=bench)
 
-    p = sub.add_parser("soak", help="random rechunks, cancels, re-submits, two clients, kills; invariants after each")
+    p = sub.add_parser(
+        "soak", help="random rechunks, cancels, re-submits, two clients, kills; invariants after each"
+    )
     cluster_args(p, workers=3)
-    p.add_argument("--minutes", type=float, default=20.0, help="how long (default 20; whole cycles of every step kind)")
+    p.add_argument(
+        "--minutes", type=float, default=20.0, help="how long (default 20; whole cycles of every step kind)"
+    )
     p.add_argument("--steps", type=int, help="this many steps instead of --minutes")
-    p.add_argument("--seed", type=int, default=0, help="seed of the random steps: the same seed, the same steps (default 0)")
+    p.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="seed of the random steps: the same seed, the same steps (default 0)",
+    )
     p.add_argument("--max-bytes", default="1MiB", help="largest array of a step (default 1MiB)")
     p.add_argument("--numpy", action="store_true", help="with --gpu: NumPy chunks on the dask-cuda workers")
     p.add_argument("--engine", choices=["auto", *engines], help="redist.engine for every rechunk")
-    p.add_argument("--kinds", nargs="+", default=list(STEPS), choices=list(STEPS), help="step kinds to draw (default all)")
+    p.add_argument(
+        "--kinds",
+        nargs="+",
+        default=list(STEPS),
+        choices=list(STEPS),
+        help="step kinds to draw (default all)",
+    )
     p.set_defaults(func=soak)
 
     p = sub.add_parser("doctor", help="check every worker: GPU, CuPy, nvmath, cuFFTMp, NVSHMEM, engine")

@@ -12,6 +12,7 @@ from dask_redist.cli.output import console, show, text
 
 DEFAULT_SIZE = ["1GiB"]  # (--size: the calibration has sizes of its own)
 
+
 def bench(args) -> int:
     from dask_redist import bench as b
 
@@ -33,9 +34,18 @@ def bench(args) -> int:
             show([r])
         if args.out:
             os.makedirs(args.out, exist_ok=True)
-            lines = [f"Command: `{command}`  ", f"Date: {env['date']}; machine: {env['machine']}; {env['workers']} workers", ""]
+            lines = [
+                f"Command: `{command}`  ",
+                f"Date: {env['date']}; machine: {env['machine']}; {env['workers']} workers",
+                "",
+            ]
             for r in rows:
-                lines += ["| " + " | ".join(r) + " |", "|" + "---|" * len(r), "| " + " | ".join(map(str, r.values())) + " |", ""]
+                lines += [
+                    "| " + " | ".join(r) + " |",
+                    "|" + "---|" * len(r),
+                    "| " + " | ".join(map(str, r.values())) + " |",
+                    "",
+                ]
             with open(os.path.join(args.out, args.name + ".md"), "w") as f:
                 f.write("\n".join(lines))
         return 0
@@ -51,16 +61,32 @@ def bench(args) -> int:
     for protocol, todo in _by_cluster(args, plan):
         with contextlib.ExitStack() as stack:
             try:
-                client = stack.enter_context(client_for(argparse.Namespace(**{**vars(args), "protocol": protocol})))
+                client = stack.enter_context(
+                    client_for(argparse.Namespace(**{**vars(args), "protocol": protocol}))
+                )
             except Exception as e:  # e.g. no UCX stack installed: say so in every row it would have filled
                 error = f"{protocol} cluster did not start: {type(e).__name__}: {e}".splitlines()[0]
                 console.print(f"[red]{error}[/]")
-                results.update({(c.name, m): b.Result(c.name, m, c.nbytes, 0, 0, error=error) for c, ms in todo for m in ms})
+                results.update(
+                    {
+                        (c.name, m): b.Result(c.name, m, c.nbytes, 0, 0, error=error)
+                        for c, ms in todo
+                        for m in ms
+                    }
+                )
                 continue
             env = env or b.environment(client) | ({"ceiling": ceiling} if ceiling else {})
             for case, methods in todo:
                 console.print(f"[bold]{case.name}[/] ({protocol}): {', '.join(methods)} ...")
-                done = b.run_case(client, case, methods, reps=args.reps, kind=kind, ceiling=ceiling, interleave=args.interleave)
+                done = b.run_case(
+                    client,
+                    case,
+                    methods,
+                    reps=args.reps,
+                    kind=kind,
+                    ceiling=ceiling,
+                    interleave=args.interleave,
+                )
                 show([r.row() for r in b.relate_to_floor(done)])
                 results.update({(r.case, r.method): r for r in done})
                 if stem:  # after every case: a run cut short keeps what it measured
@@ -92,14 +118,22 @@ def _calibrate(args, command: str) -> int:
     with client_for(args) as client:
         env = b.environment(client)
         measured = f"{env['date']}, {env['machine']}, {env['workers']} workers, dask {env['dask']}"
-        model, results = calibrate(client, kind, args.reps, args.size, measured,
-                                   progress=lambda line: console.print(line, markup=False, highlight=False))  # fmt: skip
+        model, results = calibrate(
+            client,
+            kind,
+            args.reps,
+            args.size,
+            measured,
+            progress=lambda line: console.print(line, markup=False, highlight=False),
+        )
     show([r.row() for r in results], "calibration runs")
     path = write_model(model, args.out or dask.config.PATH, command)
     if args.out:
         write(os.path.join(args.out, args.name), results, env, command)
     console.print(f"cost model {model.name}: dask {model.dask}, collective {model.collective}")
-    console.print(f"wrote {path}" + ("" if args.out else " (dask's config directory: read by every new session)"))
+    console.print(
+        f"wrote {path}" + ("" if args.out else " (dask's config directory: read by every new session)")
+    )
     return 0 if all(r.correct is not False for r in results) else 1
 
 
@@ -112,8 +146,14 @@ def _scale(args, command: str) -> int:
 
     from dask_redist.bench import scale
 
-    results = scale.run_model(args.cases_scale, args.ranks, args.scale_chunks, reps=args.reps, budget_s=args.budget,
-                              progress=lambda line: console.print(line, markup=False, highlight=False))  # fmt: skip
+    results = scale.run_model(
+        args.cases_scale,
+        args.ranks,
+        args.scale_chunks,
+        reps=args.reps,
+        budget_s=args.budget,
+        progress=lambda line: console.print(line, markup=False, highlight=False),
+    )
     env = f"Date: {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC; machine: {platform.machine()}, {os.cpu_count()} CPUs, one process"
     page = scale.markdown(results, command, env)
     text(page)
@@ -123,7 +163,9 @@ def _scale(args, command: str) -> int:
         with open(stem + ".md", "w") as f:
             f.write(page)
         with open(stem + ".json", "w") as f:
-            json.dump({"command": command, "environment": env, "results": [asdict(m) for m in results]}, f, indent=1)
+            json.dump(
+                {"command": command, "environment": env, "results": [asdict(m) for m in results]}, f, indent=1
+            )
     return 0
 
 
@@ -132,7 +174,10 @@ def _bench_plan(args) -> list:
     from dask_redist import bench as b
 
     if args.suite:
-        return [(case, tuple(m for m in ms if not args.methods or m in args.methods)) for case, ms in b.gpu_suite()]
+        return [
+            (case, tuple(m for m in ms if not args.methods or m in args.methods))
+            for case, ms in b.gpu_suite()
+        ]
     methods = tuple(args.methods or ("redist-dask", "tasks", "p2p"))
     plan, names = [], set()
     for size in args.size or DEFAULT_SIZE:
@@ -175,7 +220,10 @@ def _by_cluster(args, plan) -> list:
         return [(args.protocol, plan)]
     groups = []
     base = args.protocol  # the cluster of methods not named -ucx
-    for protocol, wanted in ((base, lambda m: not m.endswith("-ucx") or base == "ucx"), ("ucx", lambda m: m.endswith("-ucx") and base != "ucx")):
+    for protocol, wanted in (
+        (base, lambda m: not m.endswith("-ucx") or base == "ucx"),
+        ("ucx", lambda m: m.endswith("-ucx") and base != "ucx"),
+    ):
         todo = [(case, [m for m in methods if wanted(m)]) for case, methods in plan]
         if todo := [(case, methods) for case, methods in todo if methods]:
             groups.append((protocol, todo))

@@ -6,6 +6,7 @@ import argparse
 import contextlib
 import logging
 
+
 @contextlib.contextmanager
 def quiet_p2p_logs():
     """Dask's p2p rechunk logs every shuffle's start and end at WARNING on the scheduler (here, for a
@@ -60,9 +61,12 @@ def client_for(args):
             cluster = LocalCUDACluster(n_workers=args.workers, dashboard_address=":0", protocol=args.protocol)
         else:
             cluster = LocalCluster(
-                n_workers=args.workers, threads_per_worker=args.threads, processes=True, dashboard_address=":0",
+                n_workers=args.workers,
+                threads_per_worker=args.threads,
+                processes=True,
+                dashboard_address=":0",
                 protocol=args.protocol,
-            )  # fmt: skip
+            )
         with cluster, Client(cluster) as client:
             client.wait_for_workers(args.workers)
             yield client
@@ -71,15 +75,20 @@ def client_for(args):
 def cluster_args(p: argparse.ArgumentParser, workers: int = 2):
     p.add_argument("--scheduler", help="address of a running scheduler (default: start a local cluster)")
     p.add_argument(
-        "--wait-workers", type=float, default=60.0, metavar="SECONDS",
+        "--wait-workers",
+        type=float,
+        default=60.0,
+        metavar="SECONDS",
         help="with --scheduler: how long to wait for the scheduler, then for its first worker (default 60)",
-    )  # fmt: skip
+    )
     p.add_argument("--workers", type=int, default=workers, help="workers of the local cluster")
     p.add_argument("--threads", type=int, default=1, help="threads per worker of the local CPU cluster")
     p.add_argument("--gpu", action="store_true", help="LocalCUDACluster and CuPy chunks")
     p.add_argument(
-        "--pes-per-gpu", type=int, metavar="N",
+        "--pes-per-gpu",
+        type=int,
+        metavar="N",
         help="with --gpu: start --workers `dask cuda worker` processes, N sharing each GPU (one NVSHMEM PE each): "
         "values, faults and restarts as on separate GPUs, but not their speed",
-    )  # fmt: skip
+    )
     p.add_argument("--protocol", default="tcp", help="tcp or ucx (local cluster)")

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dask_redist.cli.clusters import client_for, quiet_p2p_logs
 from dask_redist.cli.output import console, show, text
 
+
 def demo(args) -> int:
     import dask_redist
     from dask_redist.bench import run_case, slab_case
@@ -22,7 +23,9 @@ def demo(args) -> int:
             explanation = dask_redist.explain(x.rechunk(case.new))
             text(str(explanation))
         entry = explanation[0] if len(explanation) else None
-        engine = entry.engine if entry is not None and entry.runs == "collective" else "auto"  # as `auto` picks
+        engine = (
+            entry.engine if entry is not None and entry.runs == "collective" else "auto"
+        )  # as `auto` picks
         results = run_case(client, case, (f"redist-{engine}", "tasks"), reps=args.reps, kind=kind)
         with quiet_p2p_logs():
             results += run_case(client, case, ("p2p",), reps=args.reps, kind=kind)
@@ -45,23 +48,45 @@ def soak(args) -> int:
         console.print(line, markup=False, highlight=False, soft_wrap=True)
 
     with client_for(args) as client:
-        s = Soak(client, seed=args.seed, kind=kind, max_bytes=parse_bytes(args.max_bytes), steps=args.kinds,
-                 gpu=args.gpu, progress=progress, **options)  # fmt: skip
+        s = Soak(
+            client,
+            seed=args.seed,
+            kind=kind,
+            max_bytes=parse_bytes(args.max_bytes),
+            steps=args.kinds,
+            gpu=args.gpu,
+            progress=progress,
+            **options,
+        )
         report = s.run(steps=args.steps, minutes=None if args.steps else args.minutes)
     by_kind = collections.defaultdict(list)
     for step in report.steps:
         by_kind[step.kind].append(step)
     rows = [
-        {"step": k, "runs": len(v), "with problems": sum(bool(x.problems) for x in v),
-         "median s": f"{sorted(x.seconds for x in v)[len(v) // 2]:.2f}", "max s": f"{max(x.seconds for x in v):.2f}",
-         "re-submits Dask cancelled": sum(x.cancelled_by_dask for x in v),
-         "memory + MiB per step": f"{sum(x.memory_delta for x in v) / len(v) / 2**20:+.1f}",
-         "peers exited (stuck GPU)": sum(len(x.exited) for x in v)}
+        {
+            "step": k,
+            "runs": len(v),
+            "with problems": sum(bool(x.problems) for x in v),
+            "median s": f"{sorted(x.seconds for x in v)[len(v) // 2]:.2f}",
+            "max s": f"{max(x.seconds for x in v):.2f}",
+            "re-submits Dask cancelled": sum(x.cancelled_by_dask for x in v),
+            "memory + MiB per step": f"{sum(x.memory_delta for x in v) / len(v) / 2**20:+.1f}",
+            "peers exited (stuck GPU)": sum(len(x.exited) for x in v),
+        }
         for k, v in sorted(by_kind.items())
-    ]  # fmt: skip
+    ]
     show(rows, f"soak: seed {args.seed}, {len(report.steps)} steps, {kind} chunks")
-    memory = [{"worker": w, "first MiB": m[0] >> 20, "last MiB": m[-1] >> 20, "max MiB": max(m) >> 20, "steps": len(m)}
-              for w, m in report.memory.items() if m]  # fmt: skip
+    memory = [
+        {
+            "worker": w,
+            "first MiB": m[0] >> 20,
+            "last MiB": m[-1] >> 20,
+            "max MiB": max(m) >> 20,
+            "steps": len(m),
+        }
+        for w, m in report.memory.items()
+        if m
+    ]
     if memory:
         show(memory, "process memory after the steps (workers that were killed restart at 0)")
     for line in report.problems:

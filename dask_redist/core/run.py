@@ -149,7 +149,9 @@ class WorkerRun:
                         arrays = self._unpacked(recv, src, first, arrays)
                     slot = slots.get(src)
                     if slot is None or first + len(arrays) > len(slot):
-                        raise RedistError(f"{self.name()}: unexpected pieces {first}..{first + len(arrays)} from rank {src}")
+                        raise RedistError(
+                            f"{self.name()}: unexpected pieces {first}..{first + len(arrays)} from rank {src}"
+                        )
                     for i, a in enumerate(arrays):
                         missing[src] -= slot[first + i] is None
                         slot[first + i] = a
@@ -169,7 +171,9 @@ class WorkerRun:
     def _unpacked(self, recv, src: int, first: int, packed: Packed) -> list:
         mine = np.flatnonzero(recv.src == src)[first : first + packed.count]
         if len(mine) != packed.count:
-            raise RedistError(f"{self.name()}: unexpected pieces {first}..{first + packed.count} from rank {src}")
+            raise RedistError(
+                f"{self.name()}: unexpected pieces {first}..{first + packed.count} from rank {src}"
+            )
         shapes = [tuple(int(h - l) for l, h in zip(recv.lo[i], recv.hi[i])) for i in mine]
         return unpack_views(packed.buffer, shapes, self.spec.collective.dtype)
 

@@ -123,7 +123,11 @@ class RunSpec:
     @cached_property
     def plan(self) -> Plan:
         return make_plan(
-            self.collective.rechunk, self.in_ranks, len(self.workers), out_ranks=self.out_ranks, needed=self.needed
+            self.collective.rechunk,
+            self.in_ranks,
+            len(self.workers),
+            out_ranks=self.out_ranks,
+            needed=self.needed,
         )
 
     def name(self, rank: int | None = None) -> str:

@@ -16,6 +16,14 @@ from dask_redist.engines.protocol import Engine, Health, Transport
 from dask_redist.engines.registry import description, descriptions, get_engine, loaded_engines
 
 __all__ = [
-    "Engine", "EngineDescription", "Health", "Request", "Transport", "WorldRecord", "description", "descriptions",
-    "get_engine", "loaded_engines",
-]  # fmt: skip
+    "Engine",
+    "EngineDescription",
+    "Health",
+    "Request",
+    "Transport",
+    "WorldRecord",
+    "description",
+    "descriptions",
+    "get_engine",
+    "loaded_engines",
+]

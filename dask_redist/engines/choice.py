@@ -27,12 +27,16 @@ def _answers(d: EngineDescription, capabilities: dict, workers) -> dict[str, dic
     return {w: capabilities.get(w, {}).get(d.name, {}) for w in workers}
 
 
-def _passed_over(d: EngineDescription, request: Request, capabilities: dict | None, workers, record) -> str | None:
+def _passed_over(
+    d: EngineDescription, request: Request, capabilities: dict | None, workers, record
+) -> str | None:
     """Why ``auto`` does not take ``d`` (`UNASKED` where that depends on workers not asked), or None.
 
     What the workers answered comes first where every one did: on workers without GPUs the
     reason says so, not a threshold that only matters with GPUs."""
-    known = capabilities is not None and bool(workers) and all(d.name in capabilities.get(w, {}) for w in workers)
+    known = (
+        capabilities is not None and bool(workers) and all(d.name in capabilities.get(w, {}) for w in workers)
+    )
     if d.probes and known and (why := d.unable(_answers(d, capabilities, workers), request)):
         return why
     if why := d.declines(request) or d.refuses(request):
@@ -41,7 +45,12 @@ def _passed_over(d: EngineDescription, request: Request, capabilities: dict | No
         return UNASKED
     if record is not None and record.broken:
         return d.cannot_start(record.broken)
-    if d.world and record is not None and record.members is not None and tuple(record.members) != tuple(workers):
+    if (
+        d.world
+        and record is not None
+        and record.members is not None
+        and tuple(record.members) != tuple(workers)
+    ):
         return d.world_changed()
     return None
 
@@ -69,7 +78,9 @@ def choose_engine(
         if why is None:
             return d.name, d.chosen(request, passed_over)
         passed_over.append(why if why != UNASKED else f"{d.name}: the workers gave no answer")
-    raise RedistError(f"no engine of redist.engines takes this rechunk under redist.engine: auto: {'; '.join(passed_over)}")
+    raise RedistError(
+        f"no engine of redist.engines takes this rechunk under redist.engine: auto: {'; '.join(passed_over)}"
+    )
 
 
 def needs_probe(request: Request, capabilities: dict, workers, records: dict | None = None) -> list[str]:
@@ -152,7 +163,9 @@ class EngineSelector:
         )
 
     def run_started(self, engine: str, settings: Settings, workers) -> None:
-        if description(engine, settings).world:  # the workers start a world over this set if they have not yet
+        if description(
+            engine, settings
+        ).world:  # the workers start a world over this set if they have not yet
             self.record(engine).members = tuple(workers)
 
     def run_failed(self, engine: str, settings: Settings, failure: str, why: str) -> None:

@@ -69,7 +69,12 @@ def _crossings(lo: np.ndarray, hi: np.ndarray, new_chunks, owned: list[int], cor
     position = np.full(math.prod(grid), -1, dtype=np.int64)
     position[np.asarray(owned, dtype=np.int64)] = np.arange(len(owned))
     pairs = [
-        (i, np.ravel_multi_index([g.ravel() for g in np.meshgrid(*map(np.arange, first[i], stop[i]), indexing="ij")], grid))
+        (
+            i,
+            np.ravel_multi_index(
+                [g.ravel() for g in np.meshgrid(*map(np.arange, first[i], stop[i]), indexing="ij")], grid
+            ),
+        )
         for i in np.flatnonzero(counts).tolist()
     ]
     block = np.concatenate([np.full(len(f), i) for i, f in pairs]) if pairs else np.zeros(0, np.int64)
@@ -87,11 +92,19 @@ def _assemble_outputs(owned, corners, blocks, recv: Transfers, parts, dtype, lik
     at_out, at_block = (a - corners[k, 0]).tolist(), (a - recv.lo[block]).tolist()
     extent = (z - a).tolist()
     for i, kk, o, b, e in zip(block.tolist(), k.tolist(), at_out, at_block, extent):
-        out[kk][tuple(slice(x, x + n) for x, n in zip(o, e))] = blocks[i][tuple(slice(x, x + n) for x, n in zip(b, e))]
-    covered = np.bincount(k, weights=np.prod(z - a, axis=1), minlength=len(owned)) if len(k) else np.zeros(len(owned))
+        out[kk][tuple(slice(x, x + n) for x, n in zip(o, e))] = blocks[i][
+            tuple(slice(x, x + n) for x, n in zip(b, e))
+        ]
+    covered = (
+        np.bincount(k, weights=np.prod(z - a, axis=1), minlength=len(owned))
+        if len(k)
+        else np.zeros(len(owned))
+    )
     sizes = np.prod(corners[:, 1] - corners[:, 0], axis=1)
     if not np.array_equal(covered.astype(np.int64), sizes):
-        raise RedistError(f"output chunks {[owned[j] for j in np.flatnonzero(covered != sizes)][:5]} were not covered")
+        raise RedistError(
+            f"output chunks {[owned[j] for j in np.flatnonzero(covered != sizes)][:5]} were not covered"
+        )
     return dict(zip(owned, out))
 
 
@@ -121,7 +134,11 @@ class DaskDescription(EngineDescription):
         t = plan.traffic
         largest = int((t - np.diag(np.diag(t))).max(initial=0))  # (between two ranks)
         messages = max(1, math.ceil(largest / settings.memory_budget))
-        return f"pieces over dask comms, packed per peer (up to {messages} message(s) per peer, all sent at once)", 0, 1
+        return (
+            f"pieces over dask comms, packed per peer (up to {messages} message(s) per peer, all sent at once)",
+            0,
+            1,
+        )
 
 
 class DaskEngine(Engine):

@@ -46,7 +46,7 @@ class Request:
 
     @property
     def chunks(self) -> str:
-        """"NumPy chunks" or "CuPy chunks", for reasons."""
+        """ "NumPy chunks" or "CuPy chunks", for reasons."""
         return "CuPy chunks" if self.chunk_type == "cupy" else "NumPy chunks"
 
 

@@ -23,7 +23,9 @@ def engine_class(path: str) -> type[Engine]:
     """The `Engine` subclass at ``path`` ("package.module:EngineClass")."""
     module, _, attr = path.partition(":")
     if not attr:
-        raise ValueError(f"unknown engine {path!r}: expected a name of redist.engines or 'package.module:EngineClass'")
+        raise ValueError(
+            f"unknown engine {path!r}: expected a name of redist.engines or 'package.module:EngineClass'"
+        )
     cls = getattr(importlib.import_module(module), attr)
     if not (isinstance(cls, type) and issubclass(cls, Engine)):
         raise TypeError(f"{path} is not an engine: subclass dask_redist.engines.Engine")

@@ -14,8 +14,19 @@ cuFFTMp (`gpu`).
 from __future__ import annotations
 
 from dask_redist.fft.api import (
-    fft, fft2, fftn, ifft, ifft2, ifftn, irfft, irfft2, irfftn, rfft, rfft2, rfftn,
-)  # fmt: skip
+    fft,
+    fft2,
+    fftn,
+    ifft,
+    ifft2,
+    ifftn,
+    irfft,
+    irfft2,
+    irfftn,
+    rfft,
+    rfft2,
+    rfftn,
+)
 
 __all__ = [
     "fft",

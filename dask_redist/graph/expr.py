@@ -35,9 +35,15 @@ class CollectiveRechunk(Rechunk):
         x = self.array
         client = default_client()
         return collective_spec(
-            x._name, self._name, x.chunks, self.chunks, x.dtype, typename(type(meta_of(x))),
-            self.operand("settings") or Settings.from_config(), cached_worker_count(client) if client else None,
-        )  # fmt: skip
+            x._name,
+            self._name,
+            x.chunks,
+            self.chunks,
+            x.dtype,
+            typename(type(meta_of(x))),
+            self.operand("settings") or Settings.from_config(),
+            cached_worker_count(client) if client else None,
+        )
 
     def _lower(self):
         if not self.balance and self.chunks == self.array.chunks:
@@ -70,10 +76,14 @@ def distributed_is_default() -> bool:
     return client is not None and get_scheduler() == client.get
 
 
-def _collective_rechunk(self, chunks="auto", threshold=None, block_size_limit=None, balance=False, method=None):
+def _collective_rechunk(
+    self, chunks="auto", threshold=None, block_size_limit=None, balance=False, method=None
+):
     settings = Settings.from_config()
     if method is not None and settings.respect_method or self.ndim > 0 and all(s == 0 for s in self.shape):
-        return _original_rechunk(self, chunks, threshold, block_size_limit, balance, method)  # (the caller's method)
+        return _original_rechunk(
+            self, chunks, threshold, block_size_limit, balance, method
+        )  # (the caller's method)
     result = CollectiveRechunk(self, chunks, threshold, block_size_limit, balance, method, settings)
     result.chunks  # noqa: B018 - validates the chunks now, as dask does
     return result

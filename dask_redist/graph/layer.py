@@ -67,7 +67,9 @@ def collective_tasks(
         args = [inputs.get((spec.input_name, *idx)) or TaskRef((spec.input_name, *idx)) for idx in group]
         dsk[key] = CollectiveTask(key, stage, spec.token, tail, indices, shapes, output_type, *args)
         stage_refs.append(TaskRef(key))
-    dsk[spec.barrier_key] = BarrierTask(spec.barrier_key, barrier, DataNode(None, spec), *stage_refs, spec=spec)
+    dsk[spec.barrier_key] = BarrierTask(
+        spec.barrier_key, barrier, DataNode(None, spec), *stage_refs, spec=spec
+    )
     barrier_ref = TaskRef(spec.barrier_key)
     for flat, key in enumerate(spec.output_keys()):
         dsk[key] = CollectiveTask(key, unpack, spec.token, flat, barrier_ref)

@@ -29,7 +29,9 @@ from dask_redist.compat import original_rechunk_step
 class LazyRechunkStep(Layer):
     """One step of Dask's ``tasks`` rechunk of ``input_name`` from ``old`` to ``new`` chunks."""
 
-    def __init__(self, name: str, input_name: str, old, new, dtype, annotations=None, collection_annotations=None):
+    def __init__(
+        self, name: str, input_name: str, old, new, dtype, annotations=None, collection_annotations=None
+    ):
         super().__init__(annotations=annotations, collection_annotations=collection_annotations)
         self.name, self.input_name = name, input_name
         self.old, self.new, self.dtype = old, new, np.dtype(dtype)
@@ -53,10 +55,14 @@ class LazyRechunkStep(Layer):
     def _dict(self) -> dict:
         if self._cached is None:
             meta = np.empty((0,) * len(self.old), dtype=self.dtype)
-            stand_in = Array(HighLevelGraph.from_collections(self.input_name, {}, ()), self.input_name, self.old, meta=meta)
+            stand_in = Array(
+                HighLevelGraph.from_collections(self.input_name, {}, ()), self.input_name, self.old, meta=meta
+            )
             step = original_rechunk_step(stand_in, self.new)
             if step.name != self.name:  # pragma: no cover - only if dask changed how it names steps
-                raise RuntimeError(f"dask named a rechunk step {step.name}, expected {self.name}: see dask_redist.compat")
+                raise RuntimeError(
+                    f"dask named a rechunk step {step.name}, expected {self.name}: see dask_redist.compat"
+                )
             self._cached = dict(step.dask.layers[step.name])
         return self._cached
 

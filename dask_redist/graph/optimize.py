@@ -32,6 +32,7 @@ from dask_redist.runtime import ordering
 from dask_redist.planning import PlanError, RechunkSpec
 from dask_redist.planning.cost import beyond_memory, dask_is_faster, estimate, pause_fraction
 
+
 def is_rechunk_layer(name: str) -> bool:
     return isinstance(name, str) and name.startswith(RECHUNK_PREFIXES)
 
@@ -109,14 +110,20 @@ def kept_for_method(method: str | None) -> str | None:
 
 
 def collective_spec(
-    input_name: str, output_name: str, old, new, dtype, meta_type: str, settings: Settings,
+    input_name: str,
+    output_name: str,
+    old,
+    new,
+    dtype,
+    meta_type: str,
+    settings: Settings,
     workers: int | None = None,
 ) -> tuple[CollectiveSpec | None, str]:
     """The collective for rechunking ``input_name`` into ``output_name``, or None and why not.
 
     Shared by the graph rewrite and by expression mode (`dask_redist.graph.expr`). ``workers``:
     how many the cluster has, where known (the cost model measured nearest is used).
-    """  # fmt: skip
+    """
     if old is None or new is None or dtype is None:
         return None, "the rechunk's input carries no array metadata"
     if any(isinstance(c, float) and math.isnan(c) for axis in tuple(old) + tuple(new) for c in axis):
@@ -124,9 +131,14 @@ def collective_spec(
     dtype = np.dtype(dtype)
     if dtype.hasobject:
         return None, f"dtype {dtype} holds Python objects"
-    chunk_type = "cupy" if meta_type.startswith("cupy") else "numpy" if meta_type == "numpy.ndarray" else meta_type
+    chunk_type = (
+        "cupy" if meta_type.startswith("cupy") else "numpy" if meta_type == "numpy.ndarray" else meta_type
+    )
     if chunk_type not in settings.chunk_types:
-        return None, f"chunk type {meta_type or 'unknown'} is not in redist.chunk-types {list(settings.chunk_types)}"
+        return (
+            None,
+            f"chunk type {meta_type or 'unknown'} is not in redist.chunk-types {list(settings.chunk_types)}",
+        )
     if len(old) == 0:
         return None, "0-d arrays have nothing to rechunk"
     converts = settings.output_type not in ("same", chunk_type)
@@ -144,7 +156,11 @@ def collective_spec(
         return None, f"{rechunk.nbytes} bytes is below redist.min-bytes ({settings.min_bytes})"
     token = tokenize(output_name, settings)  # (other settings, other stage and barrier keys: a fresh run)
     spec = CollectiveSpec(token, input_name, output_name, rechunk, dtype, settings, chunk_type)
-    reason = f"eligible; chunks converted to {chunk_type} when staged (redist.output-type)" if converts else "eligible"
+    reason = (
+        f"eligible; chunks converted to {chunk_type} when staged (redist.output-type)"
+        if converts
+        else "eligible"
+    )
     return spec, f"{reason} ({estimated})" if estimated else reason
 
 
@@ -164,7 +180,11 @@ def input_chunks(hlg: HighLevelGraph, chain: RechunkChain):
 
 def stale_chunks(old, new) -> str | None:
     """Why ``old`` chunks cannot be the input of a rechunk to ``new`` chunks, or None."""
-    if old is None or new is None or any(isinstance(c, float) for axis in tuple(old) + tuple(new) for c in axis):
+    if (
+        old is None
+        or new is None
+        or any(isinstance(c, float) for axis in tuple(old) + tuple(new) for c in axis)
+    ):
         return None  # (collective_spec names missing metadata and unknown sizes)
     if len(old) == len(new) and all(sum(a) == sum(b) for a, b in zip(old, new)):
         return None
@@ -191,9 +211,15 @@ def decide(hlg: HighLevelGraph, chain: RechunkChain, settings: Settings, old=Non
     if stale := stale_chunks(old, out_ann.get("chunks")):
         return Decision(chain, None, stale, method)
     spec, reason = collective_spec(
-        chain.source, chain.output, old, out_ann.get("chunks"),
-        out_ann.get("dtype"), str(out_ann.get("chunk_type", "")), settings, len(memory[0]) if memory else None,
-    )  # fmt: skip
+        chain.source,
+        chain.output,
+        old,
+        out_ann.get("chunks"),
+        out_ann.get("dtype"),
+        str(out_ann.get("chunk_type", "")),
+        settings,
+        len(memory[0]) if memory else None,
+    )
     if spec is not None and (chain.source,) + (0,) * spec.rechunk.ndim not in source.get_output_keys():
         spec, reason = None, f"input keys of layer {chain.source} are not ({chain.source}, i, j, ...)"
     if spec is not None and memory is not None and spec.chunk_type == "numpy":
@@ -230,6 +256,7 @@ def rewrite(
             del layers[name]
             del deps[name]
         out, source = d.chain.output, d.chain.source
+
         def inline(force: bool, chain=d.chain, grid=d.spec.rechunk.old_grid):
             return None if only is not None else inlined_inputs(hlg, chain, requested, grid, force=force)
 
@@ -276,7 +303,10 @@ class CollectiveOptimizer:
         return (CollectiveOptimizer, (self.chain, self.settings or Settings.from_config()))
 
     def __eq__(self, other):  # (dask groups collections by their hook: equal snapshots, one graph)
-        return type(other) is CollectiveOptimizer and (self.chain, self.settings) == (other.chain, other.settings)
+        return type(other) is CollectiveOptimizer and (self.chain, self.settings) == (
+            other.chain,
+            other.settings,
+        )
 
     def __hash__(self):
         return hash((CollectiveOptimizer, self.chain, self.settings))

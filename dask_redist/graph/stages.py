@@ -74,7 +74,9 @@ _GROUPINGS: dict[str, tuple[str, list | None, bool]] = {}
 GROUPINGS_KEPT = 10_000
 
 
-def stage_grouping(spec: CollectiveSpec, inline=lambda force: None) -> tuple[CollectiveSpec, list | None, tuple | None]:
+def stage_grouping(
+    spec: CollectiveSpec, inline=lambda force: None
+) -> tuple[CollectiveSpec, list | None, tuple | None]:
     """The spec, stage groups and inlined inputs (``inline(force)``: `inlined_inputs`) of a
     rechunk's graph; same keys always mean the same tasks.
 
@@ -95,7 +97,11 @@ def stage_grouping(spec: CollectiveSpec, inline=lambda force: None) -> tuple[Col
     else:
         groups = persisted_groups(spec)
         inputs = inline(False) if groups is None else None
-        token = spec.token if groups is None else tokenize(spec.token, group_of_chunks(groups, spec.rechunk.old_grid))
+        token = (
+            spec.token
+            if groups is None
+            else tokenize(spec.token, group_of_chunks(groups, spec.rechunk.old_grid))
+        )
         _GROUPINGS.pop(spec.token, None)
         _GROUPINGS[spec.token] = (token, groups, inputs is not None)
         while len(_GROUPINGS) > GROUPINGS_KEPT:

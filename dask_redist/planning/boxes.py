@@ -55,7 +55,9 @@ def rank_boxes(chunks: Chunks, ranks: np.ndarray, nranks: int) -> list[Box | Non
     bounds = [np.concatenate([[0], np.cumsum(c)]) for c in chunks]
     lo, hi, _ = rank_extents(chunks, ranks, nranks)
     return [
-        None if l[0] < 0 else Box(tuple(int(b[i]) for b, i in zip(bounds, l)), tuple(int(b[i]) for b, i in zip(bounds, h)))
+        None
+        if l[0] < 0
+        else Box(tuple(int(b[i]) for b, i in zip(bounds, l)), tuple(int(b[i]) for b, i in zip(bounds, h)))
         for l, h in zip(lo.tolist(), hi.tolist())
     ]
 
@@ -136,8 +138,14 @@ def fold_boxes(shape: Sequence[int], lower: np.ndarray, upper: np.ndarray, items
 # -- input chunks cut to output boxes (the dask engine's box mapping) -----------------------
 
 
-def box_transfers(chunks_in: Chunks, in_ranks: np.ndarray, chunks_out: Chunks, out_ranks: np.ndarray,
-                  nranks: int, itemsize: int):  # fmt: skip
+def box_transfers(
+    chunks_in: Chunks,
+    in_ranks: np.ndarray,
+    chunks_out: Chunks,
+    out_ranks: np.ndarray,
+    nranks: int,
+    itemsize: int,
+):
     """What moves when every rank's (needed) output chunks tile one box: each input chunk cut
     to each rank's output box, as `dask_redist.planning.plan.Transfers` (``new_block`` -1);
     None when the outputs do not tile boxes. ``out_ranks`` is -1 for chunks nobody needs.
@@ -166,6 +174,14 @@ def box_transfers(chunks_in: Chunks, in_ranks: np.ndarray, chunks_out: Chunks, o
         parts.append((src[keep], np.full(n, d, np.int64), flat[keep], plo[keep], phi[keep]))
     if not parts:
         empty = np.zeros(0, np.int64)
-        return Transfers(empty, empty, empty, empty, np.zeros((0, len(grid)), np.int64), np.zeros((0, len(grid)), np.int64), itemsize)
+        return Transfers(
+            empty,
+            empty,
+            empty,
+            empty,
+            np.zeros((0, len(grid)), np.int64),
+            np.zeros((0, len(grid)), np.int64),
+            itemsize,
+        )
     s, d, f, plo, phi = (np.concatenate(c) for c in zip(*parts))
     return Transfers(s, d, f, np.full(len(s), -1, np.int64), plo, phi, itemsize)

@@ -171,7 +171,14 @@ def fit_line(method: str, runs: list[tuple[RechunkSpec, float]]) -> tuple[float,
 
 def fit(name: str, kind: str, workers: int, measured: str, runs: dict[str, list]) -> CostModel:
     """A model through measured ``runs`` ({"dask": [(spec, s)], "collective": [(spec, s)]})."""
-    return CostModel(name, kind, workers, measured, fit_line("dask", runs["dask"]), fit_line("collective", runs["collective"]))
+    return CostModel(
+        name,
+        kind,
+        workers,
+        measured,
+        fit_line("dask", runs["dask"]),
+        fit_line("collective", runs["collective"]),
+    )
 
 
 def pause_fraction() -> float:

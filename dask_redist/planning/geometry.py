@@ -21,6 +21,7 @@ import numpy as np
 
 Chunks = tuple[tuple[int, ...], ...]
 
+
 class PlanError(ValueError):
     """The chunks, placement or rank count given to the planner are inconsistent."""
 
@@ -56,9 +57,7 @@ class RechunkSpec:
             raise PlanError(f"old chunks have {len(old)} axes, new chunks {len(new)}")
         for axis, (a, b) in enumerate(zip(old, new)):
             if sum(a) != sum(b):
-                raise PlanError(
-                    f"axis {axis}: old chunks sum to {sum(a)}, new chunks to {sum(b)}"
-                )
+                raise PlanError(f"axis {axis}: old chunks sum to {sum(a)}, new chunks to {sum(b)}")
         if not isinstance(self.itemsize, (int, np.integer)) or self.itemsize <= 0:
             raise PlanError(f"itemsize must be a positive integer, got {self.itemsize!r}")
         object.__setattr__(self, "old", old)

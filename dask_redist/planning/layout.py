@@ -69,7 +69,8 @@ class DirectLayout:
     def arena_bytes(self, rank: int) -> int:
         """Staging memory this rank needs: its largest round."""
         return max(
-            (i[rank].size + o[rank].size) * self.itemsize for i, o in (self.boxes(k) for k in range(self.rounds))
+            (i[rank].size + o[rank].size) * self.itemsize
+            for i, o in (self.boxes(k) for k in range(self.rounds))
         )
 
     @cached_property
@@ -91,9 +92,7 @@ def _slab_rounds(shape, itemsize, in_boxes, out_boxes, budget) -> tuple[Box, ...
     """Fewest slabs along one axis such that each rank's boxes in a slab fit the budget."""
     ndim = len(shape)
     full = Box((0,) * ndim, tuple(shape))
-    need = max(
-        ((i.size if i else 0) + (o.size if o else 0)) * itemsize for i, o in zip(in_boxes, out_boxes)
-    )  # fmt: skip
+    need = max(((i.size if i else 0) + (o.size if o else 0)) * itemsize for i, o in zip(in_boxes, out_boxes))
     if need <= budget:
         return (full,)
     best = None
@@ -109,8 +108,9 @@ def _slab_rounds(shape, itemsize, in_boxes, out_boxes, budget) -> tuple[Box, ...
                 slabs.append(Box(tuple(lo), tuple(hi)))
             worst = max(
                 ((i.intersect(s).size if i else 0) + (o.intersect(s).size if o else 0)) * itemsize
-                for s in slabs for i, o in zip(in_boxes, out_boxes)
-            )  # fmt: skip
+                for s in slabs
+                for i, o in zip(in_boxes, out_boxes)
+            )
             if worst <= budget:
                 if best is None or len(slabs) < len(best):
                     best = tuple(slabs)
@@ -119,9 +119,7 @@ def _slab_rounds(shape, itemsize, in_boxes, out_boxes, budget) -> tuple[Box, ...
     return best
 
 
-def direct_layout(
-    plan: Plan, budget: int, *, allow_empty: bool = True
-) -> tuple[DirectLayout | None, str]:
+def direct_layout(plan: Plan, budget: int, *, allow_empty: bool = True) -> tuple[DirectLayout | None, str]:
     """The direct layout of ``plan`` within ``budget`` bytes per rank, or None and why not."""
     if not plan.boxes:
         return None, "placement is not one box per rank"
@@ -251,7 +249,9 @@ def packed_layout(plan: Plan, budget: int, *, size_class_bits: int = 4) -> Packe
         first = np.searchsorted(seg, seg, side="left")
         before = cum - cum[first]
         which = np.minimum(before // quota[parts.src, parts.dst], rounds - 1)
-        packed = tuple(_pack_round(parts.take(which == k), nranks, word, size_class_bits) for k in range(rounds))
+        packed = tuple(
+            _pack_round(parts.take(which == k), nranks, word, size_class_bits) for k in range(rounds)
+        )
         worst = max(p.arena_bytes(r) for p in packed for r in range(nranks))
         if worst <= budget:
             return PackedLayout(packed, word)

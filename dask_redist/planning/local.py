@@ -79,7 +79,9 @@ def _count_nonzero(block) -> int:
 class Local:
     """Per rank, the bytes it holds of each new chunk in a box of the new grid (needed chunks only)."""
 
-    blocks: tuple[tuple[int, tuple[int, ...], np.ndarray | Outer], ...]  # (rank, lower grid index, bytes block)
+    blocks: tuple[
+        tuple[int, tuple[int, ...], np.ndarray | Outer], ...
+    ]  # (rank, lower grid index, bytes block)
     grid: tuple[int, ...]  # the new chunk grid
     nranks: int
 
@@ -131,7 +133,9 @@ class Local:
         out = np.zeros((self.nranks, self.nranks), dtype=np.int64)
         for r, lower, b in self.blocks:
             weights = _array(b).ravel()
-            out[r] += np.bincount(self._region(lower, b, owners).ravel(), weights=weights, minlength=self.nranks).astype(np.int64)
+            out[r] += np.bincount(
+                self._region(lower, b, owners).ravel(), weights=weights, minlength=self.nranks
+            ).astype(np.int64)
         return out
 
     @cached_property
@@ -155,8 +159,12 @@ class Local:
         """Bytes each rank holds of each box of new chunks (``[(lo, hi), ...]`` grid-index ranges
         per axis, or None for none), as (nboxes, nranks): 2^ndim look-ups per box and block."""
         ndim = len(self.grid)
-        lo = np.array([[r[0] for r in box] if box is not None else [0] * ndim for box in boxes], dtype=np.int64).reshape(-1, ndim)
-        hi = np.array([[r[1] for r in box] if box is not None else [0] * ndim for box in boxes], dtype=np.int64).reshape(-1, ndim)
+        lo = np.array(
+            [[r[0] for r in box] if box is not None else [0] * ndim for box in boxes], dtype=np.int64
+        ).reshape(-1, ndim)
+        hi = np.array(
+            [[r[1] for r in box] if box is not None else [0] * ndim for box in boxes], dtype=np.int64
+        ).reshape(-1, ndim)
         out = np.zeros((len(lo), self.nranks), dtype=np.int64)
         for (r, lower, b), table in zip(self.blocks, self._tables):
             shape = np.array(b.shape)
@@ -279,7 +287,12 @@ def _axis_map(seg, old: slice):
     if a == z:
         return None
     new = seg.new[a:z]
-    return int(new[0]), (seg.old[a:z] - old.start, new - new[0], seg.stop[a:z] - seg.start[a:z], int(new[-1] - new[0] + 1))
+    return int(new[0]), (
+        seg.old[a:z] - old.start,
+        new - new[0],
+        seg.stop[a:z] - seg.start[a:z],
+        int(new[-1] - new[0] + 1),
+    )
 
 
 def _mode_product(m: np.ndarray, axis: int, old: np.ndarray, new: np.ndarray, length: np.ndarray, n_new: int):

@@ -50,6 +50,7 @@ from dask_redist.planning.geometry import PlanError, RechunkSpec, axis_segments,
 from dask_redist.planning.local import Local, local_bytes
 from dask_redist.planning.owners import choose_owners, is_box_placement
 
+
 @dataclass(frozen=True, eq=False)
 class Transfers:
     """Boxes of the global array moving from a source rank to a destination rank.
@@ -76,9 +77,14 @@ class Transfers:
 
     def take(self, index) -> Transfers:
         return Transfers(
-            self.src[index], self.dst[index], self.old_block[index], self.new_block[index],
-            self.lo[index], self.hi[index], self.itemsize,
-        )  # fmt: skip
+            self.src[index],
+            self.dst[index],
+            self.old_block[index],
+            self.new_block[index],
+            self.lo[index],
+            self.hi[index],
+            self.itemsize,
+        )
 
     def traffic(self, nranks: int) -> np.ndarray:
         """Bytes sent from rank s to rank d, as an (nranks, nranks) matrix."""
@@ -118,7 +124,13 @@ class Transfers:
             lo[np.arange(len(which)), a] = start + k * per[which]
             hi[np.arange(len(which)), a] = np.minimum(start + (k + 1) * per[which], todo.hi[which, a])
             cut = Transfers(
-                todo.src[which], todo.dst[which], todo.old_block[which], todo.new_block[which], lo, hi, self.itemsize
+                todo.src[which],
+                todo.dst[which],
+                todo.old_block[which],
+                todo.new_block[which],
+                lo,
+                hi,
+                self.itemsize,
             )
             still = cut.nbytes > max_bytes  # one row of more than max_bytes: on to the next axis
             parts.append(cut.take(~still))
@@ -136,9 +148,12 @@ def box_volumes(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
 
 def concat_transfers(parts: Sequence[Transfers]) -> Transfers:
     return Transfers(
-        *(np.concatenate([getattr(p, f) for p in parts]) for f in ("src", "dst", "old_block", "new_block", "lo", "hi")),
+        *(
+            np.concatenate([getattr(p, f) for p in parts])
+            for f in ("src", "dst", "old_block", "new_block", "lo", "hi")
+        ),
         parts[0].itemsize,
-    )  # fmt: skip
+    )
 
 
 def pieces(spec: RechunkSpec) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -210,7 +225,10 @@ class Plan:
     @cached_property
     def piece_count(self) -> int:
         """How many pieces the needed chunks have (counted per axis, not enumerated)."""
-        per_axis = [np.bincount(axis_segments(o, n).new, minlength=len(n)) for o, n in zip(self.spec.old, self.spec.new)]
+        per_axis = [
+            np.bincount(axis_segments(o, n).new, minlength=len(n))
+            for o, n in zip(self.spec.old, self.spec.new)
+        ]
         counts = functools.reduce(np.multiply.outer, per_axis) if per_axis else np.ones(())
         return int(counts[self.needed].sum())
 

@@ -127,7 +127,12 @@ class RunExecutor:
         except Exception as e:  # noqa: BLE001 - an engine this worker cannot load fails the run, not this thread
             if run.start():
                 what = f"{type(e).__name__}: {e}"
-                self.fail(run, EngineUnavailableError(f"{run.name()}: cannot load engine {run.spec.engine!r} here: {what}"))
+                self.fail(
+                    run,
+                    EngineUnavailableError(
+                        f"{run.name()}: cannot load engine {run.spec.engine!r} here: {what}"
+                    ),
+                )
             return
         run.completes_when_aborted = engine.completes_aborted_runs
         if not run.start() and run.must_stop():  # (else aborted before it started: completed, dry)
@@ -176,7 +181,9 @@ class RunExecutor:
                 if returned.wait(0.5):
                     return
                 now, since = time.monotonic(), engine.health().in_flight_since
-                aborted = run.must_stop() and now - run.failed_at > STUCK_GRACE_S  # (a completing run: its rounds' age)
+                aborted = (
+                    run.must_stop() and now - run.failed_at > STUCK_GRACE_S
+                )  # (a completing run: its rounds' age)
                 if aborted or (since is not None and now - since > limit):
                     self._exit_stuck(run, f" (its thread, in phase {run.phase!r}, did not return: watchdog)")
         finally:
@@ -192,8 +199,10 @@ class RunExecutor:
         """
         logger.error(
             "%s left this worker's GPU inside an NVSHMEM collective that cannot finish%s; exiting so that "
-            "the nanny starts a fresh process (redist.nvshmem.exit-when-stuck)", run.name(), how,
-        )  # fmt: skip
+            "the nanny starts a fresh process (redist.nvshmem.exit-when-stuck)",
+            run.name(),
+            how,
+        )
         for handler in logging.getLogger().handlers + logger.handlers:
             handler.flush()
         os._exit(70)
@@ -214,8 +223,9 @@ class RunExecutor:
     def _abandoned(self, run: WorkerRun) -> None:
         logger.warning(
             "%s was aborted but its engine has not returned (phase %r); later runs use a new thread",
-            run.name(), run.phase,
-        )  # fmt: skip
+            run.name(),
+            run.phase,
+        )
         get_engine(run.spec.engine, run.spec.collective.settings).abandoned(run)
 
     def _report(self, run: WorkerRun, error: RedistError) -> None:
@@ -223,7 +233,9 @@ class RunExecutor:
 
         async def report():
             try:
-                failed = m.Failed(run.spec.token, run.run_id, self.worker.address, str(error), failure_of(error))
+                failed = m.Failed(
+                    run.spec.token, run.run_id, self.worker.address, str(error), failure_of(error)
+                )
                 await failed.call(self.worker.scheduler)
             except Exception:  # the scheduler may be gone; the other ranks time out on their own
                 logger.exception("could not report the failure of %s", run.name())

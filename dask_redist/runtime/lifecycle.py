@@ -45,15 +45,25 @@ class Runs:
         run = rechunk.active if rechunk is not None else None
         return run if run is not None and run_id in (None, run.spec.run_id) else None
 
-    def start(self, spec: CollectiveSpec, ranks, plan, needed, engine: str, chunk_type: str, reason: str) -> RunSpec:
+    def start(
+        self, spec: CollectiveSpec, ranks, plan, needed, engine: str, chunk_type: str, reason: str
+    ) -> RunSpec:
         """Number the run, pin its unpack tasks to their owners, send every rank the start."""
         rechunk = self.rechunks.setdefault(spec.token, Rechunk(spec.token))
         if rechunk.active is not None:
             self.abort(spec.token, "superseded by a new run", failure="restart")
         run = RunSpec(
-            collective=spec, run_id=self.run_ids.next(spec.token), seq=next(self._seq), workers=tuple(ranks),
-            in_ranks=plan.in_ranks, out_ranks=plan.out_ranks, needed=needed, engine=engine, chunk_type=chunk_type, reason=reason,
-        )  # fmt: skip
+            collective=spec,
+            run_id=self.run_ids.next(spec.token),
+            seq=next(self._seq),
+            workers=tuple(ranks),
+            in_ranks=plan.in_ranks,
+            out_ranks=plan.out_ranks,
+            needed=needed,
+            engine=engine,
+            chunk_type=chunk_type,
+            reason=reason,
+        )
         pending, restrictions, pins = set(), {}, {}
         owners = plan.out_ranks.ravel()
         tasks = self.scheduler.tasks
@@ -67,7 +77,9 @@ class Runs:
             pending.add(out_key)
         self.scheduler.set_restrictions(pins)
         rechunk.active = ActiveRun(run, pending, restrictions, plan.nbytes, plan.moved_bytes)
-        self.send(ranks, m.Start(ToPickle(run)))  # no await since the sequence number: starts leave in seq order
+        self.send(
+            ranks, m.Start(ToPickle(run))
+        )  # no await since the sequence number: starts leave in seq order
         self.timeline["start sent"] = time.time()
         logger.debug("started %s on %d workers (engine %s)", run.name(), len(ranks), engine)
         if not pending:
@@ -122,7 +134,9 @@ class Runs:
         rechunk.restarts += 1
         if settings is not None and rechunk.restarts > settings.retries:
             self.abort(
-                token, f"{reason} (gave up after {settings.retries} restarts, see redist.retries)", failure="error"
+                token,
+                f"{reason} (gave up after {settings.retries} restarts, see redist.retries)",
+                failure="error",
             )
             return
         self.abort(token, reason, failure="restart")

@@ -119,9 +119,11 @@ def barrier_is_current(rechunk: Rechunk | None, ts, run_id: int, index: int) -> 
     barrier_ts, barrier_run, needed = rechunk.barrier
     run = rechunk.active
     return (
-        barrier_ts is ts and barrier_run == run_id == run.spec.run_id and bool(needed[index])
+        barrier_ts is ts
+        and barrier_run == run_id == run.spec.run_id
+        and bool(needed[index])
         and run.spec.collective.output_key(index) in run.pending
-    )  # fmt: skip
+    )
 
 
 def restart_recommendations(tasks: dict, token: str, stale=()) -> dict:
@@ -130,7 +132,9 @@ def restart_recommendations(tasks: dict, token: str, stale=()) -> dict:
     barrier = tasks.get(BARRIER_PREFIX + token)
     if barrier is None:
         return {}
-    recs = {dt.key: "released" for dt in barrier.dependents if dt.state in ("processing", "waiting", "no-worker")}
+    recs = {
+        dt.key: "released" for dt in barrier.dependents if dt.state in ("processing", "waiting", "no-worker")
+    }
     if barrier.state in ("memory", "processing"):
         recs[barrier.key] = "released"
     recs.update({k: "released" for k in stale if k in tasks and tasks[k].state == "memory"})
@@ -152,7 +156,9 @@ def over_memory(plan: Plan, ranks: list[str], workers: dict) -> str | None:
     fraction = pause_fraction()
     limits = [getattr(workers.get(w), "memory_limit", 0) or 0 for w in ranks]
     in_bytes = np.bincount(
-        plan.in_ranks.ravel(), weights=chunk_nbytes(plan.spec.old, plan.spec.itemsize).ravel(), minlength=plan.nranks
+        plan.in_ranks.ravel(),
+        weights=chunk_nbytes(plan.spec.old, plan.spec.itemsize).ravel(),
+        minlength=plan.nranks,
     )
     for rank, limit in enumerate(limits):
         need = int(in_bytes[rank] + plan.out_bytes[rank])

@@ -42,7 +42,9 @@ class Rendezvous:
             self._slots.pop(tag, None)
         return [slot["values"][r] for r in range(nranks)]
 
-    async def handle(self, tag: str, rank: int, nranks: int, payload: bytes, timeout: float) -> AllgatherReply:
+    async def handle(
+        self, tag: str, rank: int, nranks: int, payload: bytes, timeout: float
+    ) -> AllgatherReply:
         """The ``redist_allgather`` handler: every rank's payload, or the timeout's message."""
         try:
             return {"status": "OK", "values": await self.gather(tag, rank, nranks, payload, timeout)}

@@ -92,7 +92,9 @@ class RedistSchedulerPlugin(SchedulerPlugin):
     # -- handlers -------------------------------------------------------------------
 
     @log_errors
-    async def barrier(self, token: str, workers: list[str], holders: list[int], homes: list, chunk_type: str) -> m.BarrierReply:
+    async def barrier(
+        self, token: str, workers: list[str], holders: list[int], homes: list, chunk_type: str
+    ) -> m.BarrierReply:
         """Start a run of rechunk ``token`` over the chunks the stage tasks staged."""
         self.runs.timeline = {"barrier called": time.time()}
         await self._ready.wait()
@@ -108,10 +110,15 @@ class RedistSchedulerPlugin(SchedulerPlugin):
         ranks, in_ranks = ranks_of(workers, holders, self.scheduler.workers)
         tasks = self.scheduler.tasks
         # outputs of this graph only: an output key resubmitted with another grouping belongs to another barrier
-        wanted = (k in tasks and tasks[k].state != "memory" and ts in tasks[k].dependencies for k in spec.output_keys())
+        wanted = (
+            k in tasks and tasks[k].state != "memory" and ts in tasks[k].dependencies
+            for k in spec.output_keys()
+        )
         needed = np.fromiter(wanted, dtype=bool)
         if not needed.any():  # every output was released (a cancel) or is in memory already
-            self.runs.history.append({"token": token, "outcome": "cancelled", "why": "no output of it is wanted"})
+            self.runs.history.append(
+                {"token": token, "outcome": "cancelled", "why": "no output of it is wanted"}
+            )
             return {"status": "OK", "run_id": 0}
         request = Request.of(spec, chunk_type)
         engine, reason = await self._choose_engine(request, ranks, token)
@@ -119,14 +126,19 @@ class RedistSchedulerPlugin(SchedulerPlugin):
             return {"status": "error", "fatal": True, "message": f"{problem} ({reason})"}
         if problem := self.engines.refusal(engine, request, ranks):
             return {"status": "error", "fatal": True, "message": problem}
-        self.engines.run_started(engine, spec.settings, ranks)  # (a worker leaving while we plan breaks that world)
+        self.engines.run_started(
+            engine, spec.settings, ranks
+        )  # (a worker leaving while we plan breaks that world)
         plan = await offload(spec.plan_run, in_ranks, len(ranks), needed)
         if chunk_type == "numpy" and (too_big := over_memory(plan, ranks, self.scheduler.workers)):
             return {"status": "error", "fatal": True, "message": too_big}
         if lost := self._lost(ranks, homes, spec, "left while the run was planned", workers):
             return lost
         if self.scheduler.tasks.get(ts.key) is not ts or not self._processing(ts):  # released meanwhile
-            return {"status": "stale", "message": f"barrier task {ts.key} was released while the run was planned"}
+            return {
+                "status": "stale",
+                "message": f"barrier task {ts.key} was released while the run was planned",
+            }
         run = self.runs.start(spec, ranks, plan, needed, engine, chunk_type, reason)
         self.runs.rechunks[spec.token].barrier = (ts, run.run_id, needed)
         return {"status": "OK", "run_id": run.run_id}
@@ -149,7 +161,9 @@ class RedistSchedulerPlugin(SchedulerPlugin):
     def _processing(ts) -> bool:
         return ts is not None and ts.state == "processing" and isinstance(ts.run_spec, BarrierTask)
 
-    def _lost(self, who: list[str], homes: list, spec: CollectiveSpec, what: str, holders=None) -> dict | None:
+    def _lost(
+        self, who: list[str], homes: list, spec: CollectiveSpec, what: str, holders=None
+    ) -> dict | None:
         """Restart the rechunk if any of ``who`` left; the barrier's answer then."""
         lost = [w for w in who if w not in self.scheduler.workers]
         if not lost:
@@ -180,7 +194,9 @@ class RedistSchedulerPlugin(SchedulerPlugin):
         the built-in ones) it can run (for ``explain``)."""
         engines = dict(Settings().engines) if engines is None else engines
         known = self.engines.capabilities
-        await self._learn([w for w in self.scheduler.workers if not set(engines) <= set(known.get(w, {}))], engines)
+        await self._learn(
+            [w for w in self.scheduler.workers if not set(engines) <= set(known.get(w, {}))], engines
+        )
         return self.engines.state()
 
     @log_errors
@@ -191,7 +207,9 @@ class RedistSchedulerPlugin(SchedulerPlugin):
         if run is None:  # an old run's late report, or no such rechunk
             return
         if address not in run.spec.workers or failure not in FAILURES:  # not a rank of this run: refused
-            logger.debug("ignored a failure report for %s from %s (failure %r)", run.spec.name(), address, failure)
+            logger.debug(
+                "ignored a failure report for %s from %s (failure %r)", run.spec.name(), address, failure
+            )
             return
         logger.warning("%s failed on %s: %s", run.spec.name(), address, message)
         unavailable = failure == "unavailable"
@@ -212,7 +230,9 @@ class RedistSchedulerPlugin(SchedulerPlugin):
 
     async def get_status(self) -> dict:
         """Runs finished, runs active, the engines' state, and what every worker holds."""
-        answers = await ask_each(self.scheduler, m.Status().to_dict(), self.scheduler.workers, STATUS_TIMEOUT_S)
+        answers = await ask_each(
+            self.scheduler, m.Status().to_dict(), self.scheduler.workers, STATUS_TIMEOUT_S
+        )
         return {
             "history": list(self.runs.history),
             "active": [r.active.spec.name() for r in self.runs.rechunks.values() if r.active is not None],

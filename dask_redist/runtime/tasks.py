@@ -29,7 +29,9 @@ from dask_redist.runtime.worker import RedistWorkerPlugin, get_state
 _registered: set[str] = set()  # scheduler addresses where this process registered the plugins
 
 
-def stage(token: str, tail: tuple, indices: list[int], shapes: list, output_type: str, *chunks) -> list[Staged]:
+def stage(
+    token: str, tail: tuple, indices: list[int], shapes: list, output_type: str, *chunks
+) -> list[Staged]:
     worker = _worker()
     # (before the first barrier too: the plugins drop staged chunks whose rechunk fails or is
     # cancelled before its barrier ran; without them those chunks stayed held for good)

@@ -53,7 +53,9 @@ class CommsTransport:
             address = run.spec.workers[dst]
             try:
                 for first, packed in items:
-                    pieces = m.Pieces(run.spec.token, run.run_id, run.rank, first, packed.count, to_serialize(packed.buffer))
+                    pieces = m.Pieces(
+                        run.spec.token, run.run_id, run.rank, first, packed.count, to_serialize(packed.buffer)
+                    )
                     await pieces.call(worker.rpc(address))
                 unsent.discard(dst)
             except OSError as e:  # (CommClosedError too) a peer leaving: the run restarts without it
@@ -68,11 +70,15 @@ class CommsTransport:
             call_on_loop(worker, send_all, run.timeout, f"{run.name()} phase 'send'")
         except RedistTimeoutError as e:
             peers = ", ".join(f"{d} ({run.spec.workers[d]})" for d in sorted(unsent))
-            raise RedistTimeoutError(f"{e}: ranks {peers} did not take their pieces (stopped or busy?)") from None
+            raise RedistTimeoutError(
+                f"{e}: ranks {peers} did not take their pieces (stopped or busy?)"
+            ) from None
 
     def exchange_factory(self, rank: int, nranks: int) -> Callable[[str, bytes], list]:
         """The all-gather of a process group over the scheduler, for NVSHMEM's bootstrap."""
-        return scheduler_exchange(self.worker, nranks, rank, self.run.spec.collective.settings.bootstrap_timeout)
+        return scheduler_exchange(
+            self.worker, nranks, rank, self.run.spec.collective.settings.bootstrap_timeout
+        )
 
 
 def scheduler_exchange(worker, nranks: int, rank: int, timeout: float) -> Callable[[str, bytes], list]:

@@ -66,11 +66,15 @@ class WorkerState:
 
     # -- task bodies (dask_redist.runtime.tasks) ------------------------------------------
 
-    def stage(self, token: str, tail: tuple, indices: list[int], shapes: list, chunks, output_type="same") -> list[Staged]:
+    def stage(
+        self, token: str, tail: tuple, indices: list[int], shapes: list, chunks, output_type="same"
+    ) -> list[Staged]:
         if "start message" in self.timeline:  # those marks are of a run that started: a new one stages
             self.timeline = {}
         markers = []
-        chunks = [converted(c, output_type, f"input chunk {i} on {self.address}") for i, c in zip(indices, chunks)]
+        chunks = [
+            converted(c, output_type, f"input chunk {i} on {self.address}") for i, c in zip(indices, chunks)
+        ]
         for index, shape, chunk in zip(indices, shapes, chunks):
             chunk_type = chunk_type_of(chunk)
             if chunk_type not in ("numpy", "cupy"):
@@ -159,7 +163,9 @@ class WorkerState:
     # -- messages from the scheduler and peers (event loop) --------------------------------
 
     def handle_start(self, run: RunSpec) -> None:
-        self.timeline = {k: v for k, v in self.timeline.items() if k in ("first stage", "barrier task", "barrier reply")}
+        self.timeline = {
+            k: v for k, v in self.timeline.items() if k in ("first stage", "barrier task", "barrier reply")
+        }
         self.mark("start message")
         rank = run.workers.index(self.address)
         mine = np.flatnonzero(run.in_ranks.ravel() == rank).tolist()
@@ -172,7 +178,12 @@ class WorkerState:
             old.fail(RedistConsistencyError(f"{old.name()} superseded by run {run.run_id}"))
         missing = [i for i in mine if i not in inputs]
         if missing:
-            self.executor.fail(wr, RedistConsistencyError(f"{wr.name()}: staged input chunks {missing[:5]} are not on this worker"))
+            self.executor.fail(
+                wr,
+                RedistConsistencyError(
+                    f"{wr.name()}: staged input chunks {missing[:5]} are not on this worker"
+                ),
+            )
             return
         for src, first, arrays in early:
             if self._peer(wr, src):
@@ -262,7 +273,10 @@ class WorkerState:
     def handle_status(self) -> dict:
         """What this worker holds for the collective, and its engines' health (``dask_redist.status``)."""
         with self._lock:
-            held = {"runs": {run.name(): run.phase for run in self.runs.values()}, "early pieces": len(self.early)}
+            held = {
+                "runs": {run.name(): run.phase for run in self.runs.values()},
+                "early pieces": len(self.early),
+            }
         engines = {name: {**asdict(e.health()), "stats": e.stats()} for name, e in loaded_engines().items()}
         return {**self.staging.counts(), **held, "timeline": dict(self.timeline), "engines": engines}
 

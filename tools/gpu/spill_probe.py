@@ -24,6 +24,7 @@ from distributed import Client, wait
 import dask_redist
 from dask_redist.bench import Case, check, placed_array
 
+
 def _start_poll(dask_worker):
     import cupy
 
@@ -72,11 +73,20 @@ def one(args) -> dict:
     side = int(round((size / 8) ** (1 / 3) / n)) * n
     shape = (side, side, side)
     normalize = da.core.normalize_chunks
-    case = Case("spill", shape, "float64", normalize((side // n, side, side), shape), normalize((side, side // n, side), shape))
+    case = Case(
+        "spill",
+        shape,
+        "float64",
+        normalize((side // n, side, side), shape),
+        normalize((side, side // n, side), shape),
+    )
     row = {"input": format_bytes(8 * side**3), "chunks": n, "limit": args.limit, "engine": args.engine}
-    with LocalCUDACluster(
-        n_workers=args.workers, device_memory_limit=args.limit, dashboard_address=None
-    ) as cluster, Client(cluster) as client:
+    with (
+        LocalCUDACluster(
+            n_workers=args.workers, device_memory_limit=args.limit, dashboard_address=None
+        ) as cluster,
+        Client(cluster) as client,
+    ):
         warm = Case("warm-up", (64, 64), "float64", ((32, 32), (64,)), ((64,), (32, 32)))
         with dask_redist.enable(engine=args.engine):  # the first rechunk bootstraps NVSHMEM: not timed
             wait(placed_array(client, warm, 1, kind="cupy").rechunk(warm.new).persist())

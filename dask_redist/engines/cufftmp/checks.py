@@ -29,18 +29,26 @@ def worker_report() -> dict:
     report["NVSHMEM environment"] = {k: v for k, v in os.environ.items() if k in _NVSHMEM_KEYS}
     if remote.set_here():  # (not the environment's: dask-redist's, for the world of the moment)
         report["NVSHMEM environment"].pop(remote.VARIABLE, None)
-    report["NVSHMEM_SYMMETRIC_SIZE"] = os.environ.get("NVSHMEM_SYMMETRIC_SIZE", "unset (NVSHMEM default 1 GiB)")
+    report["NVSHMEM_SYMMETRIC_SIZE"] = os.environ.get(
+        "NVSHMEM_SYMMETRIC_SIZE", "unset (NVSHMEM default 1 GiB)"
+    )
     try:
         import cupy
 
         report["cupy"] = cupy.__version__
         props = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.runtime.getDevice())
-        report["gpu uuid"] = bytes(props.get("uuid", b"")).hex() if isinstance(props.get("uuid"), bytes) else ""
+        report["gpu uuid"] = (
+            bytes(props.get("uuid", b"")).hex() if isinstance(props.get("uuid"), bytes) else ""
+        )
         free, total = cupy.cuda.runtime.memGetInfo()
         report["gpu memory free"] = f"{free / 2**30:.1f} of {total / 2**30:.1f} GiB"
     except Exception as e:
         report["cupy"] = f"missing ({type(e).__name__})"
-    for name, module in (("nvmath", "nvmath"), ("cuFFTMp", "nvmath.bindings.cufftMp"), ("NVSHMEM", "nvmath.bindings.nvshmem")):
+    for name, module in (
+        ("nvmath", "nvmath"),
+        ("cuFFTMp", "nvmath.bindings.cufftMp"),
+        ("NVSHMEM", "nvmath.bindings.nvshmem"),
+    ):
         try:
             m = __import__(module, fromlist=["_"])
             report[name] = getattr(m, "__version__", "loads")
@@ -49,7 +57,9 @@ def worker_report() -> dict:
     try:
         from nvmath.bindings import nvshmem
 
-        report["NVSHMEM state"] = "initialized" if nvshmem.init_status() >= nvshmem.STATUS_IS_INITIALIZED else "not started"
+        report["NVSHMEM state"] = (
+            "initialized" if nvshmem.init_status() >= nvshmem.STATUS_IS_INITIALIZED else "not started"
+        )
         report["NVSHMEM library"] = nvshmem_library()
         report["NVSHMEM"] = ".".join(map(str, report["NVSHMEM library"]["version"]))
         report["cuFFTMp"] = report["NVSHMEM library"]["nvidia-cufftmp-cu13"] or report["cuFFTMp"]
@@ -61,7 +71,12 @@ def worker_report() -> dict:
 
 #: Where Linux lists InfiniBand / RoCE devices (what NVSHMEM's remote transports use).
 _IB_DEVICES = "/sys/class/infiniband"
-_NVSHMEM_KEYS = ("NVSHMEM_REMOTE_TRANSPORT", "NVSHMEM_BOOTSTRAP_UID_SOCK_IFNAME", "NVSHMEM_IB_ENABLE_IBGDA", "NVSHMEM_HCA_LIST")
+_NVSHMEM_KEYS = (
+    "NVSHMEM_REMOTE_TRANSPORT",
+    "NVSHMEM_BOOTSTRAP_UID_SOCK_IFNAME",
+    "NVSHMEM_IB_ENABLE_IBGDA",
+    "NVSHMEM_HCA_LIST",
+)
 
 
 def cluster_warnings(reports: dict[str, dict]) -> list[str]:
@@ -74,8 +89,12 @@ def cluster_warnings(reports: dict[str, dict]) -> list[str]:
     naming one that does not need it (``ucx``, ``libfabric``).
     """
     out = []
-    for key, what in (("nvmath", "nvmath-python"), ("cuFFTMp", "cuFFTMp"), ("cupy", "CuPy"),
-                      ("NVSHMEM_SYMMETRIC_SIZE", "symmetric heap size (NVSHMEM_SYMMETRIC_SIZE)")):  # fmt: skip
+    for key, what in (
+        ("nvmath", "nvmath-python"),
+        ("cuFFTMp", "cuFFTMp"),
+        ("cupy", "CuPy"),
+        ("NVSHMEM_SYMMETRIC_SIZE", "symmetric heap size (NVSHMEM_SYMMETRIC_SIZE)"),
+    ):
         seen = {str(r.get(key)) for r in reports.values() if r.get(key) is not None}
         if len(seen) > 1:
             out.append(f"workers differ in {what}: {', '.join(sorted(seen))}; make them the same everywhere")
@@ -83,13 +102,19 @@ def cluster_warnings(reports: dict[str, dict]) -> list[str]:
     if len(hosts) > 1:
         for address, r in sorted(reports.items()):
             env = r.get("NVSHMEM environment") or {}
-            if not r.get("network devices") and env.get("NVSHMEM_REMOTE_TRANSPORT", "").lower() not in ("ucx", "libfabric"):
+            if not r.get("network devices") and env.get("NVSHMEM_REMOTE_TRANSPORT", "").lower() not in (
+                "ucx",
+                "libfabric",
+            ):
                 out.append(
                     f"{address} ({r.get('host')}): workers are on {len(hosts)} hosts but this one has no InfiniBand/RoCE "
                     "device for NVSHMEM's default remote transport (ibrc); set NVSHMEM_REMOTE_TRANSPORT (ucx, libfabric) "
                     "for its network, or keep cufftmp to one node (docs/deployment.md)"
                 )
-        ifnames = {str((r.get("NVSHMEM environment") or {}).get("NVSHMEM_BOOTSTRAP_UID_SOCK_IFNAME")) for r in reports.values()}
+        ifnames = {
+            str((r.get("NVSHMEM environment") or {}).get("NVSHMEM_BOOTSTRAP_UID_SOCK_IFNAME"))
+            for r in reports.values()
+        }
         if ifnames == {"None"}:
             out.append(
                 f"workers are on {len(hosts)} hosts: if they have several network interfaces, set "
@@ -138,7 +163,10 @@ def _peer_access() -> str:
     if n < 2:
         return f"not checked ({n} GPU visible here)"
     missing = [
-        f"{i}->{j}" for i in range(n) for j in range(n) if i != j and not cupy.cuda.runtime.deviceCanAccessPeer(i, j)
+        f"{i}->{j}"
+        for i in range(n)
+        for j in range(n)
+        if i != j and not cupy.cuda.runtime.deviceCanAccessPeer(i, j)
     ]
     return "every pair" if not missing else f"missing for {', '.join(missing)}"
 
@@ -150,7 +178,9 @@ def remote_transport_line(reports: dict[str, dict]) -> str:
 
     hosts = {get_address_host(w) for w in reports}
     seen = {
-        remote.remote_transport(hosts, r.get("network devices") or [], (r.get("NVSHMEM environment") or {}).get(remote.VARIABLE))
+        remote.remote_transport(
+            hosts, r.get("network devices") or [], (r.get("NVSHMEM environment") or {}).get(remote.VARIABLE)
+        )
         for r in reports.values()
     }
     value, why = sorted(seen)[0]

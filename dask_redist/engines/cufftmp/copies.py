@@ -178,11 +178,24 @@ class ChunkTable:
         src, dst = (c_ptr, b_ptr) if into_box else (b_ptr, c_ptr)
         s_st, d_st = (c_st, b_st) if into_box else (b_st, c_st)
         return np.stack(
-            [src, dst, e[:, 0], e[:, 1], e[:, 2] * self.itemsize, s_st[:, 0], s_st[:, 1], d_st[:, 0], d_st[:, 1]], axis=1
+            [
+                src,
+                dst,
+                e[:, 0],
+                e[:, 1],
+                e[:, 2] * self.itemsize,
+                s_st[:, 0],
+                s_st[:, 1],
+                d_st[:, 0],
+                d_st[:, 1],
+            ],
+            axis=1,
         )
 
 
-def piece_jobs(src: ChunkTable, dst: ChunkTable, src_rows, dst_rows, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+def piece_jobs(
+    src: ChunkTable, dst: ChunkTable, src_rows, dst_rows, lo: np.ndarray, hi: np.ndarray
+) -> np.ndarray:
     """Jobs copying each piece ``[lo, hi)`` (global bounds, one row each) from the chunk at row
     ``src_rows`` of ``src`` straight into the chunk at row ``dst_rows`` of ``dst``."""
     src_rows, dst_rows = np.asarray(src_rows, np.int64), np.asarray(dst_rows, np.int64)
@@ -196,4 +209,6 @@ def piece_jobs(src: ChunkTable, dst: ChunkTable, src_rows, dst_rows, lo: np.ndar
     nbytes, n1 = np.where(inner, nbytes * n1, nbytes), np.where(inner, 1, n1)
     outer = inner & (s_st[:, 0] == nbytes) & (d_st[:, 0] == nbytes)
     nbytes, n0 = np.where(outer, nbytes * n0, nbytes), np.where(outer, 1, n0)
-    return np.stack([s_ptr, d_ptr, n0, n1, nbytes, s_st[:, 0], s_st[:, 1], d_st[:, 0], d_st[:, 1]], axis=1).reshape(-1, 9)
+    return np.stack(
+        [s_ptr, d_ptr, n0, n1, nbytes, s_st[:, 0], s_st[:, 1], d_st[:, 0], d_st[:, 1]], axis=1
+    ).reshape(-1, 9)

@@ -44,7 +44,11 @@ class CufftMpDescription(EngineDescription):
         return None
 
     def refuses(self, request: Request) -> str | None:
-        return host_dtype_problem(request.dtype) if request.chunk_type != "cupy" and request.dtype is not None else None
+        return (
+            host_dtype_problem(request.dtype)
+            if request.chunk_type != "cupy" and request.dtype is not None
+            else None
+        )
 
     def unable(self, answers: dict[str, dict], request: Request) -> str | None:
         bad = [w for w, a in answers.items() if not a.get("ok")]
@@ -101,7 +105,9 @@ class CufftMpDescription(EngineDescription):
         peers = f"; peer access between GPUs: {_peer_access()}; {remote_transport_line(reports)}"
         if not bad:
             return "runs on every worker" + peers
-        return f"not on {len(bad)} of {len(reports)} workers ({bad[0]}: {answers[bad[0]].get('reason')})" + peers
+        return (
+            f"not on {len(bad)} of {len(reports)} workers ({bad[0]}: {answers[bad[0]].get('reason')})" + peers
+        )
 
     def doctor_notes(self, reports: dict[str, dict]) -> tuple[list[str], list[str]]:
         from dask_redist.engines.cufftmp.checks import FIXES, _peer_access, cluster_warnings, version_warnings
@@ -118,7 +124,9 @@ class CufftMpDescription(EngineDescription):
             if fix not in fixes:
                 fixes.append(fix)
         if _peer_access().startswith("missing"):
-            fixes.append("GPUs without peer access: NVSHMEM needs NVLink or PCIe P2P between the GPUs of a node")
+            fixes.append(
+                "GPUs without peer access: NVSHMEM needs NVLink or PCIe P2P between the GPUs of a node"
+            )
         return version_warnings(reports) + cluster_warnings(reports), fixes
 
     # -- bootstrap --------------------------------------------------------------------

@@ -30,23 +30,24 @@ every rank makes the same NVSHMEM calls and no worker is lost to a cancel.
 
 from __future__ import annotations
 
-import numpy as np
-
-from dask_redist.core.assemble import cut, parts_in
 from collections import namedtuple
 
+import numpy as np
+
+from dask_redist.core.assemble import parts_in
 from dask_redist.engines.cufftmp import fft
 from dask_redist.engines.cufftmp.copies import BoxCopies, ChunkTable, launch, piece_jobs
 from dask_redist.engines.cufftmp.description import CufftMpDescription
 from dask_redist.engines.cufftmp.host import HostLink, HostParts
 from dask_redist.engines.cufftmp.nvshmem import Arena, capabilities
+from dask_redist.engines.cufftmp.packed import run_packed
 from dask_redist.engines.cufftmp.plans import Plans, ReshapePlan
 from dask_redist.engines.cufftmp.world import World
 from dask_redist.engines.protocol import Engine, Health
 from dask_redist.engines.rounds import Rounds
 from dask_redist.errors import EngineUnavailableError, RedistError
 from dask_redist.planning.boxes import Box
-from dask_redist.planning.layout import DirectLayout, PackedLayout, choose_layout
+from dask_redist.planning.layout import DirectLayout, choose_layout
 
 ALIGN = 512
 #: Most pieces a world of one PE copies chunk to chunk (`_local_jobs`); beyond, the arena's rounds.
@@ -157,11 +158,18 @@ class CufftMpEngine(Engine):
             (lo_in, hi_in), (lo_out, hi_out) = boxes_in[rank], boxes_out[rank]
             handle = cufftMp.create_reshape()
             cufftMp.make_reshape(
-                handle, word, 3,
-                lo_in, hi_in, _strides(lo_in, hi_in),
-                lo_out, hi_out, _strides(lo_out, hi_out),
-                0, cufftMp.MpCommType.COMM_NONE,
-            )  # fmt: skip
+                handle,
+                word,
+                3,
+                lo_in,
+                hi_in,
+                _strides(lo_in, hi_in),
+                lo_out,
+                hi_out,
+                _strides(lo_out, hi_out),
+                0,
+                cufftMp.MpCommType.COMM_NONE,
+            )
             workspace = int(cufftMp.get_reshape_size(handle))
             # symmetric memory is allocated with the same size everywhere: agree on the largest
             return ReshapePlan(handle, int(self.world.group.allreduce_object(workspace, op=max)))
@@ -205,7 +213,9 @@ class CufftMpEngine(Engine):
         if self._able is None:
             self._able = capabilities()
         if not self._able["ok"]:  # e.g. redist.engine=cufftmp on workers without GPUs
-            raise EngineUnavailableError(f"{run.name()}: cufftmp cannot run on this worker: {self._able['reason']}")
+            raise EngineUnavailableError(
+                f"{run.name()}: cufftmp cannot run on this worker: {self._able['reason']}"
+            )
         import cupy
 
         if broken := self.health().broken:
@@ -226,7 +236,10 @@ class CufftMpEngine(Engine):
             return self._local(run, jobs, outputs)
         run.set_phase("plan")
         layout, _ = choose_layout(
-            run.plan, settings.memory_budget, size_class_bits=settings.size_class_bits, allow_empty=ALLOW_EMPTY_BOXES
+            run.plan,
+            settings.memory_budget,
+            size_class_bits=settings.size_class_bits,
+            allow_empty=ALLOW_EMPTY_BOXES,
         )
         run.set_phase("exchange")
         self._marks = []
@@ -235,7 +248,7 @@ class CufftMpEngine(Engine):
             if isinstance(layout, DirectLayout):
                 self._direct(run, layout, outputs)
             else:
-                self._packed(run, layout, outputs)
+                run_packed(self, run, layout, outputs)
         self.rounds.wait(run)  # (raises an abort's error once every round is done: see .rounds)
         self._keep.clear()
         self.plans.forget()
@@ -297,19 +310,34 @@ class CufftMpEngine(Engine):
         regions = self._regions(in_max, out_max, plans)
         old_box, new_box = spec.rechunk.old_box, spec.rechunk.new_box
         host = run.spec.chunk_type == "numpy"
-        tables = None if host else (ChunkTable.of(run.inputs, old_box, item), ChunkTable.of(outputs, new_box, item))
+        tables = (
+            None
+            if host
+            else (ChunkTable.of(run.inputs, old_box, item), ChunkTable.of(outputs, new_box, item))
+        )
 
         def work(k, exchange):
             ins, outs = layout.boxes(k)
             b_in, b_out = ins[rank], outs[rank]
             if not host:
-                self._direct_round(exchange, regions, dtype, (b_in, run.inputs, old_box), (b_out, outputs, new_box), tables)
+                self._direct_round(
+                    exchange, regions, dtype, (b_in, run.inputs, old_box), (b_out, outputs, new_box), tables
+                )
                 return
-            self.rounds.wait(run, dry=True)  # the staging buffers are free once the last round is done: see .host
+            self.rounds.wait(
+                run, dry=True
+            )  # the staging buffers are free once the last round is done: see .host
             up = HostParts(self.host, run.inputs, old_box, b_in, upload=True)
             down = HostParts(self.host, outputs, new_box, b_out, upload=False)
             local = (ChunkTable.of(up.device, up.box_of, item), ChunkTable.of(down.device, down.box_of, item))
-            self._direct_round(exchange, regions, dtype, (b_in, up.device, up.box_of), (b_out, down.device, down.box_of), local)
+            self._direct_round(
+                exchange,
+                regions,
+                dtype,
+                (b_in, up.device, up.box_of),
+                (b_out, down.device, down.box_of),
+                local,
+            )
             down.downloads.start()
             self.rounds.wait(run, dry=True)
             down.downloads.finish()
@@ -335,57 +363,3 @@ class CufftMpEngine(Engine):
         _box_copies(copies, outputs, out_box, self.arena.view(dst, b_out.shape, dtype), b_out, into_box=False)
         copies.launch()
         self._mark("unstage")
-
-    def _packed(self, run, layout: PackedLayout, outputs) -> None:
-        spec = run.spec.collective
-        dtype, rank, nranks = spec.dtype, run.rank, len(run.spec.workers)
-        word = layout.word
-        in_max = max(r.row_words for r in layout.packed_rounds) * word
-        out_max = max(nranks * int(r.widths.max()) for r in layout.packed_rounds) * word
-        plans = []
-        for rnd in layout.packed_rounds:  # plan every round first (collective, same order everywhere)
-            cols = rnd.columns
-            boxes_in = [([0, s, 0], [1, s + 1, rnd.row_words]) for s in range(nranks)]
-            boxes_out = [([0, 0, int(cols[d])], [1, nranks, int(cols[d + 1])]) for d in range(nranks)]
-            plans.append(self.plan(word, boxes_in, boxes_out, rank))
-        regions = self._regions(in_max, out_max, plans)
-        src, dst, _ = regions
-        host = run.spec.chunk_type == "numpy"
-        uploaded = []  # the last round's uploaded pieces: queued copies read them until the next wait
-
-        def work(k, exchange):
-            rnd = layout.packed_rounds[k]
-            if host:
-                self.rounds.wait(run, dry=True)  # the staging buffers are free once the last round is done: see .host
-            cols = rnd.columns
-            t = rnd.transfers
-            copies = BoxCopies(self._keep)
-            sent = np.flatnonzero(t.src == rank)
-            pieces = [cut(run.inputs[int(t.old_block[i])], spec.rechunk.old_box(int(t.old_block[i]))[0], t.lo[i], t.hi[i])
-                      for i in sent]  # fmt: skip
-            if host:  # (jobs hold raw pointers: ``pieces`` lives until the next round has waited)
-                pieces = uploaded[:] = self.host.upload(pieces)
-            for i, piece in zip(sent, pieces):
-                offset = src + int(cols[int(t.dst[i])]) * word + int(rnd.offset[i])
-                copies.add(self.arena.view(offset, piece.shape, dtype), piece)
-            copies.launch()
-            exchange()
-            width = int(rnd.widths[rank]) * word
-            received = np.flatnonzero(t.dst == rank)
-            targets = []
-            for i in received:
-                f = int(t.new_block[i])
-                lower = spec.rechunk.new_box(f)[0]
-                targets.append(outputs[f][tuple(slice(int(l) - o, int(h) - o) for l, h, o in zip(t.lo[i], t.hi[i], lower))])
-            downloads = self.host.downloads(targets) if host and targets else None
-            for i, target in zip(received, downloads.device if downloads else targets):
-                offset = dst + int(t.src[i]) * width + int(rnd.offset[i])
-                copies.add(target, self.arena.view(offset, target.shape, dtype))
-            copies.launch()
-            self._mark("unstage")
-            if downloads:  # unstaged on the GPU, then downloaded into the NumPy chunks
-                downloads.start()
-                self.rounds.wait(run, dry=True)
-                downloads.finish()
-
-        self.rounds.run(run, len(plans), lambda k: self.exchange(plans[k], *regions), work)

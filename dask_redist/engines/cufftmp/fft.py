@@ -112,7 +112,9 @@ def _make(op, nranks: int, rank: int, stream) -> _Transform:
     operand = nfft.allocate_operand(
         shape, cupy, input_dtype=op.in_dtype, distribution=Slab.X, fft_type=op.fft_type
     )
-    options = nfft.FFTOptions(fft_type=op.fft_type, redistribute=False, last_axis_parity=op.parity)  # (1.0: not `reshape`)
+    options = nfft.FFTOptions(
+        fft_type=op.fft_type, redistribute=False, last_axis_parity=op.parity
+    )  # (1.0: not `reshape`)
     fft = nfft.FFT(operand, distribution=Slab.X, options=options, stream=stream)
     fft.plan(stream=stream)
     return _Transform(fft, operand)
@@ -198,7 +200,9 @@ def execute(engine, run, transport) -> None:
     second_spec = leg_spec(spec, leg_out, op.out_dtype, ranks_out, spec.out_ranks, spec.needed)
     second = Leg(run, second_spec, {} if holder[0] is None else {rank: holder[0]}, error)
     error = _step(engine, run, lambda: engine.execute(second, transport), error)
-    engine._stats["ffts kept"] = len(engine.ffts)  # (dask_redist.status: what lives on the heap beside the arena)
+    engine._stats["ffts kept"] = len(
+        engine.ffts
+    )  # (dask_redist.status: what lives on the heap beside the arena)
     if error is not None:
         raise error
     run.inputs = {}

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dask_redist.planning.layout import size_class
 
+
 def capabilities() -> dict:
     """Can this process run the cufftmp engine? ``{"ok": bool, "reason": str, ...}``."""
     info: dict = {"ok": False}
@@ -164,7 +165,9 @@ class Arena:
 
         if nbytes <= self.size:
             return
-        nbytes = max(2**20, size_class(int(nbytes), 3))  # 8 size classes per octave: few regrowths, <13% slack
+        nbytes = max(
+            2**20, size_class(int(nbytes), 3)
+        )  # 8 size classes per octave: few regrowths, <13% slack
         import cupy
 
         cupy.cuda.Device().synchronize()  # nvshmem_free is not stream-ordered

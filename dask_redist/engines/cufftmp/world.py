@@ -114,17 +114,24 @@ class World:
             os.environ["NVSHMEM_SYMMETRIC_SIZE"] = str(settings.symmetric_size)
         elif "NVSHMEM_SYMMETRIC_SIZE" not in os.environ:  # the arena (budget + 13% + workspace) must fit
             os.environ["NVSHMEM_SYMMETRIC_SIZE"] = str(settings.memory_budget * 5 // 4 + 2**28)
-        remote.set_for_world(workers)  # (one host, no InfiniBand: no remote transport, no "no IB devices" line)
+        remote.set_for_world(
+            workers
+        )  # (one host, no InfiniBand: no remote transport, no "no IB devices" line)
         start = time.perf_counter()
         group = DaskProcessGroup(
-            f"nvshmem/{run.spec.token}/{run.run_id}", run.rank, len(workers), exchange_factory(run.rank, len(workers))
+            f"nvshmem/{run.spec.token}/{run.run_id}",
+            run.rank,
+            len(workers),
+            exchange_factory(run.rank, len(workers)),
         )
         # agreed on by every rank before NVSHMEM starts: one rank refusing alone would leave
         # the others inside NVSHMEM's bootstrap until it times out
         problem = problem or self._rejoin_problem() or self._heap_problem()
         problems = [(workers[r], p) for r, p in enumerate(group.allgather(problem)) if p]
         if problems:
-            raise EngineUnavailableError(f"{run.name()}: cufftmp cannot start on {problems[0][0]}: {problems[0][1]}")
+            raise EngineUnavailableError(
+                f"{run.name()}: cufftmp cannot start on {problems[0][0]}: {problems[0][1]}"
+            )
         device = cupy.cuda.runtime.getDevice()
         try:
             nvmath.distributed.initialize(device, group, ["nvshmem"])
@@ -161,7 +168,9 @@ class World:
 
         if nvshmem.init_status() == nvshmem.STATUS_NOT_INITIALIZED:
             return None
-        self.broken = "NVSHMEM is still initialized after leaving this worker's previous world; restart the worker"
+        self.broken = (
+            "NVSHMEM is still initialized after leaving this worker's previous world; restart the worker"
+        )
         return self.broken
 
     def _leave_within(self, timeout: float, release: Callable[[], None]) -> None:
