@@ -39,9 +39,10 @@ from dask_redist.planning.boxes import box_transfers
 #: Most (received block, output chunk) crossings copied one by one straight into the output
 #: chunks; beyond it (e.g. 1024 row slabs to 1024 column slabs: a million) the blocks are
 #: assembled into one box first and the chunks cut from it, in calls that follow the chunks.
-#: Straight copies touch a third less new memory (no box): the cost on a machine where
-#: first-touch page faults dominate (docs/benchmarks.md).
-DIRECT_MAX_PARTS = 4096
+#: Straight copies touch a third less new memory (no box) and copy once where the box copies
+#: twice: the cost on a machine where first-touch page faults dominate. The bound and the
+#: pencil case that moved it are measured in docs/benchmarks.md.
+DIRECT_MAX_PARTS = 65536
 
 
 def _in_order(recv: Transfers, received: dict[int, list]) -> list:
