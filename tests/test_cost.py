@@ -189,6 +189,26 @@ def test_packaged_models_keep_dask_where_it_was_measured_faster(case, kind, work
     assert made is not None  # deciding by bytes instead
 
 
+def test_cupy_rechunks_dask_would_run_as_p2p_stay_with_the_collective():
+    """Dask's p2p rechunk fails on CuPy chunks (seen on the GPU node, 2026-12-02: distributed's
+    shuffle takes a memoryview of each shard), so neither the cost model nor redist.min-bytes
+    hands such a rechunk back to Dask; planned as ``tasks``, the same rechunk goes back."""
+    rechunk = spec(slab_case("8GiB", 2))  # the model keeps Dask's rechunk here (above)
+    for settings in (Settings(), Settings(min_bytes=2**40)):
+        made, why = collective_spec(
+            "x", "y", rechunk.old, rechunk.new, np.dtype("float64"), "cupy.ndarray", settings, 1, "p2p"
+        )
+        assert made is not None and "p2p rechunk cannot move CuPy chunks" in why, why
+        kept, _ = collective_spec(
+            "x", "y", rechunk.old, rechunk.new, np.dtype("float64"), "cupy.ndarray", settings, 1, "tasks"
+        )
+        assert kept is None
+    numpy_kept, why = collective_spec(
+        "x", "y", rechunk.old, rechunk.new, np.dtype("float64"), "numpy.ndarray", settings, 1, "p2p"
+    )
+    assert numpy_kept is None and "below redist.min-bytes" in why  # (p2p moves NumPy chunks)
+
+
 def test_pencils_over_two_workers_are_judged_too():
     """Pencils measured slower with the collective on CPU (2 GiB at 4x4: 2.19 against 1.90 s) are
     still the collective's under the model if the model says so; what it says is its estimates."""

@@ -118,11 +118,15 @@ def collective_spec(
     meta_type: str,
     settings: Settings,
     workers: int | None = None,
+    dask_method: str = "tasks",
 ) -> tuple[CollectiveSpec | None, str]:
     """The collective for rechunking ``input_name`` into ``output_name``, or None and why not.
 
     Shared by the graph rewrite and by expression mode (`dask_redist.graph.expr`). ``workers``:
     how many the cluster has, where known (the cost model measured nearest is used).
+    ``dask_method``: what dask planned, ``tasks`` or ``p2p``. Dask's p2p rechunk cannot move CuPy
+    chunks (distributed's shuffle reads its shards on the host and fails), so the collective never
+    leaves it a rechunk of CuPy chunks for being small or cheap.
     """
     if old is None or new is None or dtype is None:
         return None, "the rechunk's input carries no array metadata"
@@ -148,7 +152,9 @@ def collective_spec(
     except PlanError as e:
         return None, f"inconsistent chunks: {e}"
     estimated = ""
-    if settings.min_bytes == "auto":
+    if dask_method == "p2p" and chunk_type == "cupy":
+        estimated = "Dask's p2p rechunk cannot move CuPy chunks"
+    elif settings.min_bytes == "auto":
         if faster := dask_is_faster(rechunk, chunk_type, settings.cost_model, workers):
             return None, faster
         estimated = estimate(rechunk, chunk_type, settings.cost_model, workers)
@@ -219,6 +225,7 @@ def decide(hlg: HighLevelGraph, chain: RechunkChain, settings: Settings, old=Non
         str(out_ann.get("chunk_type", "")),
         settings,
         len(memory[0]) if memory else None,
+        method,
     )
     if spec is not None and (chain.source,) + (0,) * spec.rechunk.ndim not in source.get_output_keys():
         spec, reason = None, f"input keys of layer {chain.source} are not ({chain.source}, i, j, ...)"
