@@ -194,17 +194,17 @@ def test_cupy_rechunks_dask_would_run_as_p2p_stay_with_the_collective():
     shuffle takes a memoryview of each shard), so neither the cost model nor redist.min-bytes
     hands such a rechunk back to Dask; planned as ``tasks``, the same rechunk goes back."""
     rechunk = spec(slab_case("8GiB", 2))  # the model keeps Dask's rechunk here (above)
-    for settings in (Settings(), Settings(min_bytes=2**40)):
+    for config in (Settings(), Settings(min_bytes=2**40)):
         made, why = collective_spec(
-            "x", "y", rechunk.old, rechunk.new, np.dtype("float64"), "cupy.ndarray", settings, 1, "p2p"
+            "x", "y", rechunk.old, rechunk.new, np.dtype("float64"), "cupy.ndarray", config, 1, "p2p"
         )
         assert made is not None and "p2p rechunk cannot move CuPy chunks" in why, why
         kept, _ = collective_spec(
-            "x", "y", rechunk.old, rechunk.new, np.dtype("float64"), "cupy.ndarray", settings, 1, "tasks"
+            "x", "y", rechunk.old, rechunk.new, np.dtype("float64"), "cupy.ndarray", config, 1, "tasks"
         )
         assert kept is None
     numpy_kept, why = collective_spec(
-        "x", "y", rechunk.old, rechunk.new, np.dtype("float64"), "numpy.ndarray", settings, 1, "p2p"
+        "x", "y", rechunk.old, rechunk.new, np.dtype("float64"), "numpy.ndarray", config, 1, "p2p"
     )
     assert numpy_kept is None and "below redist.min-bytes" in why  # (p2p moves NumPy chunks)
 
