@@ -32,13 +32,20 @@ class EngineUnavailableError(RedistError):
     """
 
 
+class RunRefusedError(RedistError):
+    """The run's engine refused it on every rank alike before any data moved, leaving its
+    world as it was (a distributed FFT that cuFFTMp could not set up: see
+    `dask_redist.engines.cufftmp.fft.agree`). The run fails; the engine stays usable."""
+
+
 #: How a run failed, as worker and scheduler tell each other: the failure names the error
 #: each rank raises (a ``restart`` is retried by the scheduler; ``unavailable`` too, on the
-#: next engine, under ``engine: auto``).
+#: next engine, under ``engine: auto``; after ``refused`` the engine's world stays usable).
 FAILURES: dict[str, type[RedistError]] = {
     "restart": RedistConsistencyError,
     "timeout": RedistTimeoutError,
     "unavailable": EngineUnavailableError,
+    "refused": RunRefusedError,
     "error": RedistError,
 }
 

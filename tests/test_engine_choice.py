@@ -189,6 +189,21 @@ def test_only_the_engine_that_could_not_start_is_passed_over():
     assert selector.records["dask"].broken is None
 
 
+def test_a_run_refused_alike_on_every_rank_leaves_the_world_usable():
+    """A cufftmp run refused on every rank before anything moved (an FFT cuFFTMp could not set
+    up: `dask_redist.engines.cufftmp.fft.agree`) leaves the world chosen; any other failure of a
+    run of an engine with a world marks it (auto passes it over until a new bootstrap)."""
+    selector = EngineSelector()
+    selector.learn({"a": ABLE, "b": ABLE})
+    selector.run_started("cufftmp", Settings(), ["a", "b"])
+    selector.run_failed("cufftmp", Settings(), "refused", "fft (c2r) run 1 failed on a")
+    assert selector.records["cufftmp"].broken is None
+    assert selector.choose(Request("cupy", Settings()), ["a", "b"])[0] == "cufftmp"
+    selector.run_failed("cufftmp", Settings(), "error", "fft (c2r) run 2 failed on a")
+    engine, why = selector.choose(Request("cupy", Settings()), ["a", "b"])
+    assert engine != "cufftmp" and "run 2 failed on a" in why
+
+
 def test_stranded_workers_refuse_a_forced_cufftmp_run_but_a_restart_finishes_on_dask():
     """After a PE died: a new rechunk forced onto cufftmp over its stranded survivors is refused with
     the remedy; the restart of a rechunk that lost the worker finishes on the dask engine instead."""

@@ -1,9 +1,9 @@
 """The GPU path of dask_redist.fft without GPUs: its geometry, plan, scaling and graph.
 
 `simulate` carries a distributed FFT run out in NumPy as every rank of the cufftmp engine
-would (`dask_redist.engines.cufftmp.fft`): leg in by the plan's pieces into X slabs, the
+would (`dask_redist.engines.cufftmp.fft`): leg in by the plan's pieces into input slabs, the
 unnormalized transform of the slabs (cuFFTMp's part: here NumPy's over the gathered slabs,
-cut into Y slabs), the scale for ``norm``, leg out by the plan's pieces into the output
+cut into the output slabs), the scale for ``norm``, leg out by the plan's pieces into the output
 chunks. It checks the geometry and the arithmetic around cuFFTMp, not cuFFTMp.
 """
 
@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import dask.array as da
 import numpy as np
+
+import dask_redist
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -21,7 +23,8 @@ from dask_redist.fft import gpu
 from dask_redist.fft.plan import normalize
 from dask_redist.config import Settings
 from dask_redist.planning import RechunkSpec, make_plan
-from dask_redist.planning.fft import slab_sizes
+from dask_redist.engines.cufftmp.fft import agree
+from dask_redist.planning.fft import slab_refusal, slab_sizes
 
 UNNORMALIZED = {  # cuFFT's: no scaling in either direction
     ("c2c", False): lambda a, s, axes: np.fft.fftn(a, s, axes, norm="backward"),
@@ -67,7 +70,9 @@ def runs(draw):
     geometry = gpu.distributed(op, dtype, None)
     if geometry.problem(nranks):
         nranks = 1
-    out_chunks = tuple(_chunking(draw, n) for n in op.out_shape[:-1]) + ((op.out_shape[-1],),)
+    out_chunks = tuple(_chunking(draw, n) for n in op.out_shape)
+    if geometry.last_axis_problem(out_chunks):  # (the API rechunks after the run then)
+        out_chunks = (*out_chunks[:-1], (op.out_shape[-1],))
     geometry = gpu.distributed(op, dtype, out_chunks)
     chunks = tuple(_chunking(draw, n) for n in shape)
     rng = np.random.default_rng(draw(st.integers(0, 2**16)))
@@ -102,19 +107,23 @@ def simulate(op, geometry, a, chunks, nranks, in_ranks) -> dict:
     leg_in, leg_out = geometry.legs(chunks, nranks)
     inputs = {f: a[tuple(slice(l, h) for l, h in zip(*rechunk.old_box(f)))] for f in range(in_ranks.size)}
     plan_in = make_plan(leg_in, in_ranks, nranks, out_ranks=geometry.slab_ranks(nranks, False))
-    x_slabs = _move(plan_in, inputs, leg_in, a.dtype)
-    assert [x.shape[geometry.first] for _, x in sorted(x_slabs.items())] == list(
-        slab_sizes(a.shape[geometry.first], nranks)
+    in_slabs = _move(plan_in, inputs, leg_in, a.dtype)
+    assert [x.shape[geometry.in_axis] for _, x in sorted(in_slabs.items())] == list(
+        slab_sizes(a.shape[geometry.in_axis], nranks)
     )
+    for r, x in in_slabs.items():  # what the engine's operand holds (`FFTs`)
+        assert x.shape[geometry.first :] == geometry.slab_shape(nranks, r, out=False)
     axes = tuple(range(geometry.first, a.ndim))
-    whole = np.concatenate([x_slabs[r] for r in range(nranks)], axis=geometry.first)
+    whole = np.concatenate([in_slabs[r] for r in range(nranks)], axis=geometry.in_axis)
     out = UNNORMALIZED[(op.kind, op.inverse)](whole, op.s, axes) * geometry.scale
-    y_bounds = np.cumsum((0,) + geometry.out_slabs(nranks)[geometry.first + 1])
-    y_slabs = {
-        r: np.take(out, range(y_bounds[r], y_bounds[r + 1]), axis=geometry.first + 1) for r in range(nranks)
+    bounds = np.cumsum((0,) + geometry.out_slabs(nranks)[geometry.out_axis])
+    out_slabs = {
+        r: np.take(out, range(bounds[r], bounds[r + 1]), axis=geometry.out_axis) for r in range(nranks)
     }
+    for r, y in out_slabs.items():
+        assert y.shape[geometry.first :] == geometry.slab_shape(nranks, r, out=True)
     plan_out = make_plan(leg_out, geometry.slab_ranks(nranks, True), nranks, out_ranks=plan.out_ranks)
-    return _move(plan_out, y_slabs, leg_out, out.dtype)
+    return _move(plan_out, out_slabs, leg_out, out.dtype)
 
 
 @settings(max_examples=150, deadline=None)
@@ -183,3 +192,153 @@ def test_an_fft_run_on_numpy_chunks_is_refused_by_the_scheduler(client):
     assert barrier.spec.op is not None and barrier.spec.op.kind == "c2c"
     with pytest.raises(RedistError, match="runs on the cufftmp engine with CuPy chunks only"):
         y.compute()
+
+
+# nvmath-python 1.0's rules for cuFFTMp's built-in slabs, re-encoded from its source
+# (nvmath/distributed/fft/fft.py; nvmath is not installed here, and the tests must not lean on
+# the package's own encoding of them):
+# - _problem_spec_reducer: "2D FFT R2C only supports X-slab input", "2D FFT C2R only supports
+#   Y-slab input" (3-D: any slab);
+# - FFT.__init__ with redistribute=False: the result in the complementary slab
+#   (result_partition_dim = 1 - partition_dim), global result extents: R2C's last n // 2 + 1,
+#   C2R's last (m - 1) * 2, + 1 with last_axis_parity="odd";
+# - _calculate_slab_shape_strides: along the partition dimension rank r holds S // n + 1 where
+#   r < S % n, else S // n;
+# - FFT.__init__: "The FFT dimension {i} has global length ... smaller than the number of
+#   processes" for i in (0, 1) of the operand's global extents.
+NVMATH_2D_INPUT_SLAB = {"r2c": 0, "c2r": 1}
+
+
+def _nvmath_slab(extents, partition: int, rank: int, nranks: int) -> tuple[int, ...]:
+    out = list(extents)
+    size = extents[partition]
+    out[partition] = size // nranks + 1 if rank < size % nranks else size // nranks
+    return tuple(out)
+
+
+def _nvmath_result_extents(kind: str, extents, odd: bool) -> tuple[int, ...]:
+    out = list(extents)
+    if kind == "r2c":
+        out[-1] = out[-1] // 2 + 1
+    elif kind == "c2r":
+        out[-1] = (out[-1] - 1) * 2 + odd
+    return tuple(out)
+
+
+@pytest.mark.parametrize("nranks", [1, 2, 3, 4])
+@pytest.mark.parametrize("k", [2, 3])
+@pytest.mark.parametrize(
+    ("kind", "odd"),
+    [
+        (("c2c", False), False),
+        (("c2c", True), False),
+        (("r2c", False), False),
+        (("c2r", True), False),
+        (("c2r", True), True),
+    ],
+)
+def test_the_slabs_follow_nvmaths_rules(kind, odd, k, nranks):
+    """Per FFT type and dimension: the input slab nvmath accepts, the complementary output slab,
+    every rank's slab shapes (uneven ones included), C2R's parity, as nvmath computes them."""
+    shape = (2, 11, 9, 7)[-(k + 1) :]  # one batch axis; uneven slabs at 2, 3 and 4 ranks
+    dtype = "float64" if kind[0] == "r2c" else "complex128"
+    s = (*shape[-k:-1], 2 * (shape[-1] - 1) + odd) if kind[0] == "c2r" else None
+    op = normalize(shape, *kind, s=s, axes=tuple(range(1, k + 1)))
+    geometry = gpu.distributed(op, dtype, None)
+    assert geometry.problem(nranks) is None
+    partition = {"X": 0, "Y": 1}[geometry.distribution]
+    if k == 2 and kind[0] in NVMATH_2D_INPUT_SLAB:
+        assert partition == NVMATH_2D_INPUT_SLAB[kind[0]]
+    extents = shape[1:]
+    result = _nvmath_result_extents(kind[0], extents, odd)
+    assert geometry.out_shape[1:] == result and geometry.parity == ("odd" if odd else "even")
+    for rank in range(nranks):
+        assert geometry.slab_shape(nranks, rank, out=False) == _nvmath_slab(extents, partition, rank, nranks)
+        assert geometry.slab_shape(nranks, rank, out=True) == _nvmath_slab(
+            result, 1 - partition, rank, nranks
+        )
+    assert geometry.in_axis == 1 + partition and geometry.out_axis == 2 - partition
+
+
+def test_only_the_2d_slabs_nvmath_refuses_are_refused():
+    assert "Slab.X input only" in slab_refusal("r2c", 2, "Y")
+    assert "Slab.Y input only" in slab_refusal("c2r", 2, "X")
+    assert slab_refusal("c2r", 3, "X") is None and slab_refusal("r2c", 3, "Y") is None
+    assert slab_refusal("c2c", 2, "Y") is None and slab_refusal("c2c", 2, "X") is None
+
+
+@pytest.mark.parametrize(
+    ("shape", "kind", "s", "dtype", "nranks", "match"),
+    [
+        ((3, 8), ("c2c", False), None, "complex128", 4, "(3, 8; 3, 8 after it) must each be at least"),
+        ((8, 5), ("r2c", False), None, "float64", 4, "(8, 5; 8, 3 after it) must each be at least"),
+        ((8, 3), ("c2r", True), None, "complex64", 4, "(8, 3; 8, 4 after it) must each be at least"),
+        ((8, 8), ("c2r", True), None, "float64", 1, "C2R takes complex64 or complex128"),
+        ((8, 8), ("r2c", False), None, "float16", 1, "R2C takes float32 or float64"),
+        ((8, 8), ("c2c", False), None, "float32", 1, "C2C takes complex64 or complex128"),
+        ((8, 8, 8), ("c2c", False), None, "complex64", 1, None),
+        ((4, 4), ("c2r", True), (4, 7), "complex128", 4, None),
+    ],
+)
+def test_what_nvmath_refuses_is_refused_by_problem(shape, kind, s, dtype, nranks, match):
+    """`DistributedFFT.problem` refuses before the run what nvmath would refuse inside it."""
+    geometry = gpu.distributed(normalize(shape, *kind, s=s), dtype, None)
+    problem = geometry.problem(nranks)
+    assert (problem is None) if match is None else (match in problem), problem
+
+
+def test_an_output_shape_cufftmp_does_not_make_is_refused():
+    from dataclasses import replace
+
+    geometry = gpu.distributed(normalize((8, 5), "c2r", True, s=(8, 8)), "complex128", None)
+    assert geometry.problem(1) is None
+    assert "C2R makes (8, 8)" in replace(geometry, out_shape=(8, 10)).problem(1)
+
+
+def test_a_run_split_along_the_last_axis_has_every_output_key(client):
+    """A 2-D transform's output slabs split the last axis (Y slabs; R2C's of the complex axis):
+    the collective's grid must have every output key (it had one: 'lost dependencies' on the GPU)."""
+    nworkers = len(client.scheduler_info()["workers"])
+    assert nworkers > 1
+    cases = [
+        (("c2c", False), complex, None),
+        (("r2c", False), float, None),
+        (("r2c", False), float, ((8,), (1,) * 5)),
+        (("c2r", True), complex, ((8,), (4, 4, 4, 4))),
+    ]
+    for kind, dtype, chunks in cases:
+        x = da.from_array(np.ones((8, 9), dtype=dtype), chunks=(3, 4))
+        y = gpu.build(x, normalize(x.shape, *kind), chunks)
+        assert set(da.core.flatten(y.__dask_keys__())) <= set(y.dask), (kind, y.chunks)
+        natural = slab_sizes(y.shape[1], nworkers)
+        assert y.chunks[1] == (natural if chunks is None else chunks[1]) and len(y.chunks[1]) > 1
+
+
+def test_chunks_asked_for_come_straight_out_unless_the_last_axis_has_too_many(client):
+    x = da.from_array(np.ones((8, 6, 5), dtype=complex), chunks=(2, 6, 5))
+    y = gpu.build(x, normalize(x.shape, "c2r", True), ((8,), (3, 3), (2, 2, 2, 2)))
+    assert y.chunks == ((8,), (3, 3), (2, 2, 2, 2)) and len(dask_redist.explain(y).ffts[0].steps) == 1
+    z = gpu.build(x, normalize(x.shape, "c2r", True), ((8,), (6,), (1,) * 8))
+    steps = dask_redist.explain(z).ffts[0].steps
+    assert (
+        z.chunks[2] == (1,) * 8
+        and "8 chunks along the last axis, more than the input's length (5)" in steps[-1]
+    )
+
+
+def test_a_setup_that_fails_alike_everywhere_is_refused_and_any_other_breaks_the_world():
+    """`agree`: what every rank does after its FFT's setup, from every rank's outcome."""
+    checks = ("fft", True, "ValueError: 2D FFT C2R only supports Y-slab input")
+    before = ("operand", False, "ValueError: 2D FFT C2R only supports Y-slab input")
+    assert agree([None]) == agree([None, None, None]) == "ok"
+    assert agree([checks] * 4) == agree([before]) == agree([before, before]) == "refused"
+    assert agree([("plan", True, "cuFFT error")] * 2) == "broken"  # cuFFTMp's collective planning
+    assert agree([checks, None]) == agree([None, before]) == "broken"  # one rank has an FFT
+    assert agree([checks, before]) == "broken"  # the ranks allocated differently
+
+
+def test_a_refused_run_is_reported_as_such():
+    from dask_redist.errors import FAILURES, RunRefusedError, failure_of
+
+    assert failure_of(RunRefusedError("x")) == "refused" and FAILURES["refused"] is RunRefusedError
+    assert failure_of(RedistError("x")) == "error"

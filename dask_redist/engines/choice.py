@@ -171,7 +171,10 @@ class EngineSelector:
     def run_failed(self, engine: str, settings: Settings, failure: str, why: str) -> None:
         """A rank of a run failed: an engine that could not start (``failure`` "unavailable",
         checked before anything started: ``bootstrap`` may try again once fixed), or a run of an
-        engine with a world that failed on a rank (that world cannot be trusted any more)."""
+        engine with a world that failed on a rank (that world cannot be trusted any more), unless
+        the engine refused the run alike on every rank before anything moved (``refused``)."""
+        if failure == "refused":
+            return
         if failure == "unavailable" or description(engine, settings).world:
             self.record(engine).broken = why  # auto passes it over from now on, with this reason
 

@@ -4,8 +4,9 @@ The transform becomes one collective layer, as a rechunk does (stage tasks where
 chunks are, one barrier, unpack tasks under the output keys), whose `CollectiveSpec`
 carries the transform (`dask_redist.planning.fft.DistributedFFT`); the cufftmp engine
 executes it on the collective thread, in the global order of runs
-(`dask_redist.engines.cufftmp.fft`). The result comes in Y slabs (cuFFTMp's natural output)
-or in the chunks asked for, when those are whole along the last axis.
+(`dask_redist.engines.cufftmp.fft`). The result comes in the output slabs (cuFFTMp's natural
+output: Y slabs, X slabs for ``irfftn``) or straight in the chunks asked for, unless those
+cut the last axis in more chunks than the input's length (then a rechunk follows).
 
 Off by default (``redist.fft.gpu: false``): it has not run on a GPU yet. `problem` says why
 a transform takes the path that runs everywhere instead.
@@ -21,13 +22,9 @@ from dask.base import tokenize
 
 from dask_redist.config import ConfigError, Settings
 from dask_redist.fft.plan import FFTOp
+from dask_redist.planning.fft import DTYPES
 
 KEY = "redist.fft.gpu"
-DTYPES = {
-    "c2c": ("complex64", "complex128"),
-    "r2c": ("float32", "float64"),
-    "c2r": ("complex64", "complex128"),
-}
 
 
 def enabled() -> bool:
@@ -38,7 +35,9 @@ def enabled() -> bool:
 
 
 def transform_problem(op: FFTOp, dtype, nworkers: int) -> str | None:
-    """Why cuFFTMp cannot run ``op`` on ``dtype`` over ``nworkers`` GPUs, or None (no cluster asked)."""
+    """Why cuFFTMp cannot run ``op`` on ``dtype`` over ``nworkers`` GPUs, or None (no cluster
+    asked): what NumPy's arguments ask that cuFFTMp does not do, then cuFFTMp's own rules
+    (`dask_redist.planning.fft.DistributedFFT.problem`), all known before any graph runs."""
     ndim = len(op.shape)
     if len(op.axes) not in (2, 3):
         return f"a {len(op.axes)}-D transform: cuFFTMp does 2-D and 3-D ones"
@@ -150,7 +149,7 @@ def build(x, op: FFTOp, chunks):
 
     _, workers = _workers()
     natural = distributed(op, x.dtype, None).out_slabs(len(workers))
-    direct = chunks is not None and len(chunks[-1]) == 1
+    direct = chunks is not None and distributed(op, x.dtype, None).last_axis_problem(chunks) is None
     geometry = distributed(op, x.dtype, tuple(map(tuple, chunks if direct else natural)))
     settings = replace(Settings.from_config(), output_type="same")
     rechunk = RechunkSpec(x.chunks, geometry.input_space(geometry.out_chunks), geometry.in_dtype.itemsize)
@@ -174,5 +173,6 @@ def build(x, op: FFTOp, chunks):
     local.annotate(y, record)
     if chunks is not None and not direct:
         y, moved = local.rechunk(y, chunks)
-        record["steps"].append(f"to the chunks asked for (not whole along the last axis): {moved}")
+        why = geometry.last_axis_problem(chunks)
+        record["steps"].append(f"to the chunks asked for ({why}): {moved}")
     return y

@@ -210,20 +210,9 @@ class CufftMpEngine(Engine):
     def execute(self, run, transport) -> None:
         if run.spec.collective.op is not None:  # a distributed FFT: two legs of this path around it
             return fft.execute(self, run, transport)
-        if self._able is None:
-            self._able = capabilities()
-        if not self._able["ok"]:  # e.g. redist.engine=cufftmp on workers without GPUs
-            raise EngineUnavailableError(
-                f"{run.name()}: cufftmp cannot run on this worker: {self._able['reason']}"
-            )
         import cupy
 
-        if broken := self.health().broken:
-            raise RedistError(f"{run.name()}: NVSHMEM is unusable in this worker: {broken}")
-        cupy.cuda.Device().synchronize()  # inputs may come from kernels still in flight
-        self.rounds.reset()
-        run.set_phase("bootstrap")  # (an aborted run goes on, dry: see .rounds)
-        self.bootstrap(run, transport.exchange_factory)
+        self.prepare(run, transport)
         settings = run.spec.collective.settings
         spec = run.spec.collective
         xp = np if run.spec.chunk_type == "numpy" else cupy  # NumPy in, NumPy out: see .host
@@ -255,6 +244,24 @@ class CufftMpEngine(Engine):
         self._record(layout)
         run.inputs = {}
         run.finish(outputs)
+
+    def prepare(self, run, transport) -> None:
+        """Be able to run ``run`` here: cufftmp can run on this worker, NVSHMEM is usable, and
+        this worker is in the run's world (collective: bootstrapped with the others if not)."""
+        if self._able is None:
+            self._able = capabilities()
+        if not self._able["ok"]:  # e.g. redist.engine=cufftmp on workers without GPUs
+            raise EngineUnavailableError(
+                f"{run.name()}: cufftmp cannot run on this worker: {self._able['reason']}"
+            )
+        import cupy
+
+        if broken := self.health().broken:
+            raise RedistError(f"{run.name()}: NVSHMEM is unusable in this worker: {broken}")
+        cupy.cuda.Device().synchronize()  # inputs may come from kernels still in flight
+        self.rounds.reset()
+        run.set_phase("bootstrap")  # (an aborted run goes on, dry: see .rounds)
+        self.bootstrap(run, transport.exchange_factory)
 
     def _local(self, run, jobs: np.ndarray, outputs: dict) -> None:
         """A run of one PE: its pieces copied chunk to chunk in one launch (`_local_jobs`)."""

@@ -3,13 +3,17 @@
 A run whose spec carries an FFT (`dask_redist.planning.fft.DistributedFFT`) is executed by
 the same engine, on the same collective thread, in the same global order as a rechunk:
 
-1. *leg in*: the input chunks are rechunked into this rank's X slab, by the engine's own
+0. *setup*: nvmath-python's stateful ``FFT`` for the geometry, planned, on an operand on the
+   symmetric heap (``allocate_operand``; the input slab the geometry names, ``Slab.X``, or
+   ``Slab.Y`` for C2R, the complementary slab out, ``redistribute=False``), kept per geometry
+   for later runs (`FFTs`). Made before any data moves, and agreed on by every rank
+   (`setup`, `agree`): where it fails alike everywhere before cuFFTMp's planning, the run is
+   refused (`RunRefusedError`) and the world stays usable;
+1. *leg in*: the input chunks are rechunked into this rank's input slab, by the engine's own
    rechunk path (`Leg`: a run as that path sees one, with its own plan and outputs);
-2. one cuFFTMp transform per batch, through nvmath-python's stateful ``FFT`` on an operand
-   on the symmetric heap (``Slab.X`` in, ``Slab.Y`` out, ``redistribute=False``), kept per
-   geometry for later runs (`FFTs`); each transform is queued like a round of a rechunk and
-   waited for by polling (`dask_redist.engines.rounds`);
-3. *leg out*: the Y slabs, scaled for ``norm``, are rechunked into the output chunks.
+2. one cuFFTMp transform per batch; each is queued like a round of a rechunk and waited for
+   by polling (`dask_redist.engines.rounds`);
+3. *leg out*: the output slabs, scaled for ``norm``, are rechunked into the output chunks.
 
 Every rank makes the same collective calls in the same order. An aborted run, or a rank's
 own error in one step, completes the remaining steps dry (copies skipped, the collective
@@ -22,7 +26,7 @@ from collections import OrderedDict
 from dataclasses import replace
 from functools import cached_property
 
-from dask_redist.errors import RedistError
+from dask_redist.errors import RedistError, RunRefusedError
 
 #: FFT plans (with their operands on the symmetric heap) kept for later runs.
 FFTS_KEPT = 2
@@ -69,6 +73,39 @@ class _Transform:
         self.fft, self.operand = fft, operand
 
 
+#: Where an FFT's setup failed (`SetupFailed.stage`): nvmath's ``allocate_operand`` (nothing
+#: allocated: its checks are agreed on by every process before it allocates), the ``FFT``
+#: constructor (the operand allocated; its checks are agreed on the same way), or ``plan``
+#: (cuFFTMp's collective planning: what it left on each rank is not known).
+STAGES = ("operand", "fft", "plan")
+
+
+class SetupFailed(Exception):
+    """This rank's FFT could not be set up: at ``stage``; ``operand``: what it had allocated."""
+
+    def __init__(self, stage: str, error: BaseException, operand=None):
+        super().__init__(f"{type(error).__name__}: {error}")
+        self.stage, self.error, self.operand = stage, error, operand
+
+    @property
+    def outcome(self) -> tuple[str, bool, str]:
+        """What the ranks agree on (`agree`)."""
+        return (self.stage, self.operand is not None, str(self))
+
+
+def agree(outcomes: list) -> str:
+    """What every rank does after setting up its FFT, from every rank's outcome (None: set up;
+    else `SetupFailed.outcome`): "ok"; "refused" where every rank failed alike before cuFFTMp's
+    planning (the same stage, the same allocations, which each rank then frees: the world is
+    as before, nothing moved); else "broken" (ranks differ, or planning failed: what the
+    collective left behind is not known, so the world is not to be trusted)."""
+    if all(o is None for o in outcomes):
+        return "ok"
+    if any(o is None for o in outcomes) or len({o[:2] for o in outcomes}) != 1:
+        return "broken"
+    return "refused" if outcomes[0][0] in ("operand", "fft") else "broken"
+
+
 class FFTs:
     """nvmath ``FFT`` objects (planned) with their operands, one per geometry, least recently
     used first. Making and freeing them is collective: every rank does it in the same runs."""
@@ -80,6 +117,7 @@ class FFTs:
         return len(self._kept)
 
     def get(self, op, nranks: int, rank: int, stream, make_room) -> _Transform:
+        """The FFT of ``op``'s geometry, made if new (`SetupFailed` if it cannot be)."""
         key = (op.kind, op.in_shape[op.first :], op.in_dtype.str, op.parity, nranks)
         if key in self._kept:
             self._kept.move_to_end(key)
@@ -87,14 +125,7 @@ class FFTs:
         while len(self._kept) >= FFTS_KEPT:
             _free(self._kept.popitem(last=False)[1])
         make_room()  # (the arena: the legs grow it again within redist.memory-budget)
-        try:
-            self._kept[key] = _make(op, nranks, rank, stream)
-        except Exception as e:
-            raise RedistError(
-                f"cuFFTMp's FFT of {op.in_shape[op.first :]} {op.in_dtype} over {nranks} GPUs could not be set up "
-                f"({type(e).__name__}: {e}); its operand and workspace live on the symmetric heap next to the "
-                "rechunk's arena: raise redist.nvshmem.symmetric-size"
-            ) from e
+        self._kept[key] = _make(op, nranks, rank, stream)
         return self._kept[key]
 
     def release(self) -> None:
@@ -104,29 +135,80 @@ class FFTs:
 
 
 def _make(op, nranks: int, rank: int, stream) -> _Transform:
+    """This rank's planned FFT of ``op``: its operand (this rank's input slab, on the symmetric
+    heap, sized by nvmath for the input and the output: R2C's real rows padded to
+    ``2 (n // 2 + 1)``), ``Slab.X`` or ``Slab.Y`` in as ``op.distribution`` says, the
+    complementary slab out (``redistribute=False``)."""
     import cupy
     import nvmath.distributed.fft as nfft
     from nvmath.distributed.distribution import Slab
 
-    shape = tuple(c[rank] if len(c) > 1 else c[0] for c in op.in_slabs(nranks)[op.first :])
-    operand = nfft.allocate_operand(
-        shape, cupy, input_dtype=op.in_dtype, distribution=Slab.X, fft_type=op.fft_type
-    )
+    slab = Slab.Y if op.distribution == "Y" else Slab.X
+    shape = op.slab_shape(nranks, rank, out=False)
+    try:
+        operand = nfft.allocate_operand(
+            shape, cupy, input_dtype=op.in_dtype, distribution=slab, fft_type=op.fft_type
+        )
+    except Exception as e:
+        raise SetupFailed("operand", e) from e
     options = nfft.FFTOptions(
         fft_type=op.fft_type, redistribute=False, last_axis_parity=op.parity
     )  # (1.0: not `reshape`)
-    fft = nfft.FFT(operand, distribution=Slab.X, options=options, stream=stream)
-    fft.plan(stream=stream)
+    try:
+        fft = nfft.FFT(operand, distribution=slab, options=options, stream=stream)
+    except Exception as e:
+        raise SetupFailed("fft", e, operand) from e
+    try:
+        fft.plan(stream=stream)
+    except Exception as e:
+        raise SetupFailed("plan", e, operand) from e
     return _Transform(fft, operand)
 
 
 def _free(t: _Transform) -> None:
     import cupy
-    import nvmath.distributed
 
     cupy.cuda.Device().synchronize()
     t.fft.free()
-    nvmath.distributed.free_symmetric_memory(t.operand)
+    _free_operand(t.operand)
+
+
+def _free_operand(operand) -> None:
+    """Free an operand of `_make` (collective): the buffer nvmath allocated, of which the
+    operand is a view (``allocate_operand`` returns a view of its first elements)."""
+    import nvmath.distributed
+
+    nvmath.distributed.free_symmetric_memory(operand if operand.base is None else operand.base)
+
+
+def setup(engine, run) -> _Transform:
+    """This rank's FFT for ``run``, set up on every rank before any data moves (collective).
+
+    Every rank tells the others how its setup went (`agree`). Where all failed alike before
+    cuFFTMp's planning, each frees what it allocated and raises `RunRefusedError`: the world
+    is intact and the scheduler leaves it usable. Any other failure raises a `RedistError`
+    (the world is then not trusted any more)."""
+    op, nranks, rank = run.spec.collective.op, len(run.spec.workers), run.rank
+    run.set_phase("fft setup")
+    try:
+        t, mine = engine.ffts.get(op, nranks, rank, engine.stream, lambda: _make_room(engine)), None
+    except SetupFailed as e:
+        t, mine = None, e
+    outcomes = engine.world.group.allgather(None if mine is None else mine.outcome)
+    verdict = agree(outcomes)
+    if verdict == "ok":
+        return t
+    failed = next(o for o in outcomes if o is not None)
+    what = (
+        f"cuFFTMp's FFT of {op.in_shape[op.first :]} {op.in_dtype} over {nranks} GPUs could not be set up "
+        f"({failed[2]}); its operand and workspace live on the symmetric heap next to the rechunk's arena "
+        "(redist.nvshmem.symmetric-size)"
+    )
+    if verdict == "refused":
+        if mine.operand is not None:  # (every rank allocated one: `agree`)
+            _free_operand(mine.operand)
+        raise RunRefusedError(f"{run.name()}: {what}; it failed alike on every GPU before any data moved")
+    raise RedistError(f"{run.name()}: {what}") from mine
 
 
 def _direction(op):
@@ -135,17 +217,17 @@ def _direction(op):
     return FFTDirection.INVERSE if op.inverse else FFTDirection.FORWARD
 
 
-def transforms(engine, run, slab, error=None):
-    """This rank's Y slab of the transforms of its X slab ``slab`` (one per batch), scaled."""
+def transforms(engine, run, t: _Transform, slab, error=None):
+    """This rank's output slab of the transforms of its input slab ``slab`` (one per batch) by
+    ``t``, scaled."""
     import cupy
     from nvmath.bindings import nvshmem
 
     op, nranks, rank = run.spec.collective.op, len(run.spec.workers), run.rank
     run.set_phase("fft")
-    t = engine.ffts.get(op, nranks, rank, engine.stream, lambda: _make_room(engine))
     out_shape = tuple(c[rank] if len(c) > 1 else c[0] for c in op.out_slabs(nranks))
     step = Leg(
-        run, run.spec, {}, error if slab is not None else error or RedistError(f"{run.name()}: no X slab")
+        run, run.spec, {}, error if slab is not None else error or RedistError(f"{run.name()}: no input slab")
     )
     out = cupy.empty(out_shape, dtype=op.out_dtype) if step.state != "failed" else None
     result: list = []
@@ -158,6 +240,7 @@ def transforms(engine, run, slab, error=None):
         engine.rounds.queued(engine._everything())
 
     def work(k, go):
+        # (R2C's operand is a strided view, its rows padded; C2R's result is one too: copies, not views)
         t.operand[...] = slab.reshape((op.batches, *slab.shape[op.first :]))[k]
         go()
         out.reshape((op.batches, *out.shape[op.first :]))[k] = result[0]
@@ -182,8 +265,12 @@ def execute(engine, run, transport) -> None:
     """Execute the FFT run ``run`` on ``engine`` (see the module)."""
     spec = run.spec
     op, nranks, rank = spec.collective.op, len(spec.workers), run.rank
-    if problem := op.problem(nranks):
-        raise RedistError(f"{run.name()}: {problem}")
+    if problem := op.problem(nranks):  # (the scheduler refuses these first: nothing was made, on no rank)
+        raise RunRefusedError(f"{run.name()}: {problem}")
+    engine.prepare(run, transport)  # (collective: the world)
+    if run.must_stop():
+        raise run.failure()
+    t = setup(engine, run)  # (collective, before any data moves)
     leg_in, leg_out = op.legs(spec.collective.rechunk.old, nranks)
     first = Leg(
         run, leg_spec(spec, leg_in, op.in_dtype, spec.in_ranks, op.slab_ranks(nranks, False)), run.inputs
@@ -193,7 +280,7 @@ def execute(engine, run, transport) -> None:
     holder: list = [None]
 
     def middle():
-        holder[0] = transforms(engine, run, slab, error)
+        holder[0] = transforms(engine, run, t, slab, error)
 
     error = _step(engine, run, middle, error)
     ranks_out = op.slab_ranks(nranks, True)
