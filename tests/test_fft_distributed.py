@@ -192,6 +192,10 @@ def test_an_fft_run_on_numpy_chunks_is_refused_by_the_scheduler(client):
     assert barrier.spec.op is not None and barrier.spec.op.kind == "c2c"
     with pytest.raises(RedistError, match="runs on the cufftmp engine with CuPy chunks only"):
         y.compute()
+    # refused before any run: no engine is marked, and the next collective step runs
+    assert not any(r.get("broken") for r in dask_redist.status(client)["engines"]["records"].values())
+    z = dask_redist.rechunk(x, (8, 2, 6))
+    np.testing.assert_array_equal(z.compute(), x.compute())
 
 
 # nvmath-python 1.0's rules for cuFFTMp's built-in slabs, re-encoded from its source

@@ -4,7 +4,8 @@ With ``redist.fft.gpu: true`` transforms of CuPy chunks run as one collective st
 cuFFTMp (`dask_redist.fft.gpu`); the results are compared with numpy.fft of the same data,
 and the scheduler's history must show the run on the cufftmp engine. What cuFFTMp cannot run
 must give the same results through the path that runs everywhere, with the reason in explain.
-Commands: docs/fft.md ("Testing the GPU path").
+``REDIST_TEST_PES=K`` runs it on K workers (NVSHMEM PEs) per GPU. Commands: docs/fft.md
+("Testing the GPU path").
 """
 
 from __future__ import annotations
@@ -35,19 +36,8 @@ OURS = {("c2c", False): F.fftn, ("c2c", True): F.ifftn, ("r2c", False): F.rfftn,
 
 @pytest.fixture(scope="module")
 def gpu_client():
-    """``REDIST_TEST_SCHEDULER``: a running scheduler's address (workers started by hand, e.g.
-    several ``dask cuda worker`` processes on one GPU: a world of several PEs per GPU), else a
-    LocalCUDACluster (`conftest.gpu_client`)."""
-    address = os.environ.get("REDIST_TEST_SCHEDULER")
-    if not address:
-        yield from conftest.gpu_client()
-        return
-    pytest.importorskip("cupy")
-    from distributed import Client
-
-    with Client(address) as client:
-        client.wait_for_workers(1, timeout=60)
-        yield client
+    """``REDIST_TEST_GPUS`` GPUs with ``REDIST_TEST_PES`` workers (NVSHMEM PEs) each (`conftest.gpu_client`)."""
+    yield from conftest.gpu_client()
 
 
 @pytest.fixture
@@ -77,24 +67,37 @@ def _chunking(draw, n: int) -> tuple[int, ...]:
     return tuple(b - a for a, b in zip(bounds[:-1], bounds[1:]))
 
 
+def hermitian(real: np.ndarray, axes) -> np.ndarray:
+    """An ``irfftn`` input whose result is defined: the ``rfftn`` of a real array (cuFFT's C2R of
+    anything else is undefined, and need not agree with NumPy's)."""
+    return np.fft.rfftn(real, axes=axes)
+
+
 @st.composite
 def gpu_cases(draw, nworkers: int):
+    """(kind, input, chunks, s, axes, norm): C2C, R2C and C2R, 2-D and 3-D, with or without a
+    batch axis, uneven chunks, single and double precision, every norm; C2R of an even or an
+    odd last axis (``s`` given for the odd one, as NumPy needs)."""
     kind = draw(st.sampled_from(sorted(NUMPY)))
     k = draw(st.sampled_from([2, 3]))
     batch = tuple(draw(st.integers(1, 3)) for _ in range(draw(st.integers(0, 1))))
     # (at least 2 per GPU: rfft2's last axis, n // 2 + 1 long after it, must be at least the GPUs too)
     shape = batch + tuple(draw(st.integers(2 * nworkers, 2 * nworkers + 10)) for _ in range(k))
-    single = draw(st.booleans())
-    real = kind[0] == "r2c"
-    dtype = ("float32" if single else "float64") if real else ("complex64" if single else "complex128")
-    rng = np.random.default_rng(draw(st.integers(0, 2**16)))
-    a = rng.standard_normal(shape) + (0 if real else 1j * rng.standard_normal(shape))
-    s = None
-    if kind[0] == "c2r" and draw(st.booleans()):
-        s = (*shape[-k:-1], 2 * (shape[-1] - 1) + 1)  # an odd last axis
     axes = tuple(range(len(shape) - k, len(shape)))
+    single = draw(st.booleans())
+    rng = np.random.default_rng(draw(st.integers(0, 2**16)))
+    real = rng.standard_normal(shape)
+    s = None
+    if kind[0] == "c2r":  # shape: the result's; the input is its half spectrum
+        a = hermitian(real, axes)
+        s = shape[-k:] if shape[-1] % 2 else None
+    elif kind[0] == "r2c":
+        a = real
+    else:
+        a = real + 1j * rng.standard_normal(shape)
+    dtype = {"f": ("float32", "float64"), "c": ("complex64", "complex128")}[a.dtype.kind][not single]
     norm = draw(st.sampled_from([None, "ortho", "forward"]))
-    return kind, a.astype(dtype), tuple(_chunking(draw, n) for n in shape), s, axes, norm
+    return kind, a.astype(dtype), tuple(_chunking(draw, n) for n in a.shape), s, axes, norm
 
 
 @settings(
@@ -128,18 +131,48 @@ def test_forward_and_inverse_return_the_input(gpu_client, fft_gpu):
         F.irfftn(F.rfftn(cupy_array(r, (1, 8, 40)), axes=(1, 2)), s=r.shape[1:], axes=(1, 2)).compute().get()
     )
     assert np.abs(back - r).max() / np.abs(r).max() < 1e-12
+    odd = np.random.default_rng(5).standard_normal((24, 33))  # 2-D: R2C in X slabs, C2R in Y slabs
+    y = F.rfft2(cupy_array(odd, (5, 33)))
+    assert "gpu" in _path(y)
+    back = F.irfft2(y, s=odd.shape)
+    assert "gpu" in _path(back)
+    assert np.abs(back.compute().get() - odd).max() / np.abs(odd).max() < 1e-12
 
 
 def test_chunks_asked_for(gpu_client, fft_gpu):
-    """Chunks whole along the last axis come straight out of the run; others take a rechunk after it."""
+    """Chunks asked for come straight out of the run, split along the last axis too; more chunks
+    along it than the input's length (an irfftn's) take a rechunk after it."""
     a = np.random.default_rng(5).standard_normal((32, 24, 16)) + 0j
     x = cupy_array(a, (8, 24, 16))
     y = F.fftn(x, chunks=(4, 24, 16))
-    assert y.chunks[0] == (4,) * 8 and len(_path(y)["gpu"].steps) == 1
     z = F.fftn(x, chunks=(32, 24, 4))
-    assert "to the chunks asked for" in _path(z)["gpu"].steps[-1]
     for arr in (y, z):
+        assert len(_path(arr)["gpu"].steps) == 1
         np.testing.assert_allclose(arr.compute().get(), np.fft.fftn(a), rtol=1e-10, atol=1e-8)
+    assert y.chunks[0] == (4,) * 8 and z.chunks[2] == (4,) * 4
+    real = np.random.default_rng(6).standard_normal((32, 24, 8))
+    spectrum = hermitian(real, (0, 1, 2))  # (32, 24, 5)
+    w = F.irfftn(cupy_array(spectrum, (8, 24, 5)), chunks=(32, 24, 1))
+    assert "more than the input's length (5)" in _path(w)["gpu"].steps[-1]
+    np.testing.assert_allclose(w.compute().get(), real, rtol=1e-10, atol=1e-10)
+
+
+def test_a_transform_refused_at_the_barrier_leaves_the_world_usable(gpu_client, fft_gpu):
+    """A run cuFFTMp cannot do (here C2C of float64 chunks, which the API never builds) is refused
+    by the scheduler before it starts, with the reason; the next transform runs on cufftmp."""
+    from dask_redist.errors import RedistError
+    from dask_redist.fft import gpu
+    from dask_redist.fft.plan import normalize
+
+    a = np.random.default_rng(7).standard_normal((16, 12, 10))
+    x = cupy_array(a, (4, 12, 10))
+    with pytest.raises(RedistError, match="C2C takes complex64 or complex128"):
+        gpu.build(x, normalize(x.shape, "c2c", False), None).compute()
+    assert not any(r.get("broken") for r in dask_redist.status(gpu_client)["engines"]["records"].values())
+    before = len(scheduler_history(gpu_client))
+    y = F.fftn(x.astype(complex))
+    np.testing.assert_allclose(y.compute().get(), np.fft.fftn(a), rtol=1e-10, atol=1e-8)
+    assert any(r["engine"] == "cufftmp" for r in _fft_runs(gpu_client, before))
 
 
 @pytest.mark.parametrize(
