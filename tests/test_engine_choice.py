@@ -206,18 +206,24 @@ def test_a_run_refused_alike_on_every_rank_leaves_the_world_usable():
 
 def test_stranded_workers_refuse_a_forced_cufftmp_run_but_a_restart_finishes_on_dask():
     """After a PE died: a new rechunk forced onto cufftmp over its stranded survivors is refused with
-    the remedy; the restart of a rechunk that lost the worker finishes on the dask engine instead."""
+    the remedy; a rechunk under way when the worker died (restarted, or submitted before and not
+    yet at its barrier) finishes on the dask engine instead."""
     selector = EngineSelector()
     workers = ["tcp://a:1", "tcp://b:1"]
     selector.learn({w: ABLE for w in workers + ["tcp://c:1"]})
     selector.record("cufftmp").members = ("tcp://a:1", "tcp://c:1")
-    selector.worker_left("tcp://c:1")  # a's peer died: a is stranded
+    selector.worker_left("tcp://c:1", under_way={"t-old"})  # a's peer died: a is stranded
     forced = Request("cupy", Settings(engine="cufftmp"), 64 * MiB, np.dtype("float64"))
-    assert selector.choose(forced, workers) == ("cufftmp", "set by redist.engine")
+    assert selector.choose(forced, workers, token="t-new") == ("cufftmp", "set by redist.engine")
     refused = selector.refusal("cufftmp", forced, workers)
     assert "['tcp://a:1']" in refused and "restart_broken=True" in refused
-    engine, why = selector.choose(forced, workers, restarting=True)
-    assert engine == "dask" and "restarted after a worker left" in why and "tcp://a:1" in why
+    for recovery in (
+        {"restarting": True, "token": "t-new"},
+        {"token": "t-old"},
+    ):  # restarted; submitted before
+        engine, why = selector.choose(forced, workers, **recovery)
+        assert engine == "dask" and "lost a worker while this rechunk was under way" in why, recovery
+        assert "tcp://a:1" in why
     assert selector.refusal("dask", forced, workers) is None
     # workers outside the dead world are not stranded
     assert selector.refusal("cufftmp", forced, ["tcp://b:1", "tcp://d:1"]) is None

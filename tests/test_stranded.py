@@ -17,7 +17,7 @@ import time
 import dask.array as da
 import numpy as np
 import pytest
-from conftest import local_cluster
+from conftest import local_cluster, scheduler_history
 from distributed import Client
 
 import dask_redist
@@ -97,3 +97,47 @@ def test_forced_cufftmp_over_stranded_survivors_fails_at_once_with_the_remedy(ow
     assert any(w in str(info.value) for w in survivors)
     # the status of every worker still answers (nothing blocked behind the refused run)
     assert dask_redist.status(client)["unanswered"] == {}
+
+
+def _gated(block, gate: str):
+    from distributed import Event
+
+    Event(gate).wait(timeout=120)
+    return block
+
+
+def _barriers_held(dask_scheduler) -> int:
+    return len(dask_scheduler.plugins["redist"].runs.barriers)
+
+
+def test_a_rechunk_submitted_before_the_world_lost_a_pe_finishes_on_dask(own_cluster):
+    """The soak's kill step on the GPU node (2026-12-02, 2 and 4 PEs): a rechunk persisted, a PE
+    killed before its barrier ran; Dask recomputed the dead worker's inputs, and the barrier that
+    came after was refused as over stranded workers (22 of 140 steps). A rechunk submitted before
+    the world lost its PE is a recovery: it finishes on the dask engine, with its values."""
+    from distributed import Event
+
+    client = own_cluster
+    base = np.arange(32 * 32.0).reshape(32, 32)
+    with dask_redist.enable(engine="dask"):
+        da.from_array(base, chunks=(8, 32)).rechunk((32, 8)).compute()  # registers the plugins
+    members = client.run_on_scheduler(_pretend_world_on_scheduler)
+    client.run(_pretend_world_on_worker, members)
+    gate = f"redist-test-gate-{time.time_ns()}"
+    x = da.from_array(base, chunks=(8, 32)).map_blocks(_gated, gate, dtype=base.dtype)
+    with dask_redist.enable(engine="cufftmp", timeouts={"collective": "120s", "bootstrap": "120s"}):
+        y = x.rechunk((32, 8)).persist()
+        deadline = time.monotonic() + 30
+        while not client.run_on_scheduler(_barriers_held):
+            assert time.monotonic() < deadline, "the scheduler never held the rechunk's barrier"
+            time.sleep(0.05)
+        _kill(client, members[0])
+        Event(gate, client=client).set()
+        np.testing.assert_array_equal(y.compute(), base)
+    last = scheduler_history(client)[-1]
+    assert last["engine"] == "dask" and last["outcome"] == "done", last
+    assert "stranded" in last["why"] and "under way" in last["why"], last
+    # a rechunk submitted now, forced onto the broken world, is still refused with the remedy
+    with dask_redist.enable(engine="cufftmp", timeouts={"collective": "120s", "bootstrap": "120s"}):
+        with pytest.raises(RedistError, match="restart_broken=True"):
+            da.from_array(base, chunks=(8, 32)).rechunk((32, 16)).compute()

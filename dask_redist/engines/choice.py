@@ -120,20 +120,27 @@ class EngineSelector:
             if isinstance(a, dict):
                 self.capabilities.setdefault(w, {}).update(a)
 
-    def choose(self, request: Request, workers, restarting: bool = False) -> tuple[str, str]:
-        """The engine for a run of ``request`` over ``workers``.
+    def choose(
+        self, request: Request, workers, restarting: bool = False, token: str | None = None
+    ) -> tuple[str, str]:
+        """The engine for a run of ``request`` (rechunk ``token``) over ``workers``.
 
-        A run restarted after a worker left (``restarting``) finishes on the dask engine where the
-        engine chosen would need workers stranded in the world that lost it, even where that
-        engine is named in ``redist.engine``: nothing the user asked for is lost to the recovery.
+        A recovery finishes on the dask engine where the engine chosen would need workers stranded
+        in the world that lost a worker, even where that engine is named in ``redist.engine``:
+        nothing the user asked for is lost to it. A recovery is a run restarted after a worker left
+        (``restarting``), or the first run of a rechunk submitted before the world lost its worker
+        (Dask recomputes what the dead worker held, and the barrier comes after). A rechunk
+        submitted later is refused instead (`refusal`), with the remedy.
         """
         engine, reason = choose_engine(request, self.capabilities, workers, self.records)
-        if restarting and (stranded := self.stranded(engine, workers)):
+        if not (stranded := self.stranded(engine, workers)):
+            return engine, reason
+        if restarting or token in self.record(engine).recovering:
             world = description(engine, request.settings).world_name
             return "dask", (
-                f"restarted after a worker left; {stranded} are stranded in the {world} world it left, so the dask "
-                f"engine finishes this rechunk ({engine} again once dask_redist.bootstrap(client, restart_broken=True) "
-                "re-formed the world)"
+                f"{stranded} are stranded in the {world} world that lost a worker while this rechunk was under "
+                f"way, so the dask engine finishes it ({engine} again once "
+                "dask_redist.bootstrap(client, restart_broken=True) re-formed the world)"
             )
         return engine, reason
 
@@ -178,10 +185,11 @@ class EngineSelector:
         if failure == "unavailable" or description(engine, settings).world:
             self.record(engine).broken = why  # auto passes it over from now on, with this reason
 
-    def worker_left(self, worker: str) -> None:
+    def worker_left(self, worker: str, under_way=()) -> None:
+        """``worker`` left; ``under_way``: the rechunks (tokens) submitted by then (`choose`)."""
         self.capabilities.pop(worker, None)
         for record in self.records.values():
-            record.worker_left(worker)
+            record.worker_left(worker, under_way)
 
     def forget(self, engine: str | None = None) -> None:
         """The next run of ``engine`` (every engine: None) starts afresh: its world, or its failure to start."""

@@ -60,15 +60,19 @@ class WorldRecord:
     # members of a world that lost a PE: NVSHMEM's finalize waits for the dead PE forever
     # (measured on the node), so these processes cannot join a new world until restarted
     stranded: list[str] = field(default_factory=list)
+    # rechunks (tokens) the scheduler held when the world lost its PE: their runs are recoveries
+    recovering: set[str] = field(default_factory=set)
 
     def forget(self) -> None:
         """The engine's next run starts a world over the workers of that moment."""
-        self.members, self.broken, self.stranded = None, None, []
+        self.members, self.broken, self.stranded, self.recovering = None, None, [], set()
 
-    def worker_left(self, worker: str) -> None:
+    def worker_left(self, worker: str, under_way=()) -> None:
+        """``worker`` left; ``under_way``: the rechunks submitted by then, which it may have been part of."""
         if self.members is not None and worker in self.members:
             self.broken = f"worker {worker} left the NVSHMEM world"
             self.stranded = sorted(set(self.members) - {worker})
+            self.recovering |= set(under_way)
 
     def state(self) -> dict:
         members = list(self.members) if self.members is not None else None

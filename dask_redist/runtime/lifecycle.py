@@ -35,6 +35,7 @@ class Runs:
         self.run_ids = RunIds()
         self.by_output: dict = {}  # output key of an active run -> its token
         self.stage_home: dict = {}  # stage key -> worker holding its chunks
+        self.barriers: set[str] = set()  # rechunks (tokens) whose barrier task the scheduler holds
         self.history: deque = deque(maxlen=HISTORY_KEPT)
         self.timeline: dict[str, float] = {}  # wall-clock marks of the latest run, for diagnostics
         self._seq = itertools.count(1)
@@ -199,6 +200,10 @@ class Runs:
                 self.abort(token, "all outputs forgotten", failure="error", outcome="cancelled")
 
     def _barrier_transition(self, token: str, finish: str, stimulus_id: str) -> None:
+        if finish == "forgotten":
+            self.barriers.discard(token)
+        else:
+            self.barriers.add(token)
         rechunk = self.rechunks.get(token)
         if finish == "memory":
             if rechunk is not None and rechunk.pending_restart is not None:  # after this transition
@@ -229,3 +234,4 @@ class Runs:
         self.rechunks.clear()
         self.by_output.clear()
         self.stage_home.clear()
+        self.barriers.clear()

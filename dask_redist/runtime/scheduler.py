@@ -180,7 +180,7 @@ class RedistSchedulerPlugin(SchedulerPlugin):
         first time it matters. A restart after a worker left may take another (`EngineSelector.choose`)."""
         await self._learn(self.engines.needs_probe(request, ranks), dict(request.settings.engines))
         restarting = getattr(self.runs.rechunks.get(token), "restarts", 0) > 0
-        return self.engines.choose(request, ranks, restarting)
+        return self.engines.choose(request, ranks, restarting, token)
 
     async def _learn(self, workers: list[str], engines: dict[str, str]) -> None:
         """Ask ``workers`` which of ``engines`` (name -> path) they can run."""
@@ -253,7 +253,7 @@ class RedistSchedulerPlugin(SchedulerPlugin):
         self.runs.transition(key, start, finish, *args, stimulus_id=stimulus_id, **kwargs)
 
     def remove_worker(self, scheduler, worker: str, *, stimulus_id: str, **kwargs) -> None:
-        self.engines.worker_left(worker)
+        self.engines.worker_left(worker, self.runs.barriers)
         self.runs.worker_left(worker)
 
     def restart(self, scheduler) -> None:
