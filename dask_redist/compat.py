@@ -289,3 +289,13 @@ _original_optimize = _array_dict().get("__dask_optimize__")  # (the descriptor, 
 def worker_info(client) -> dict[str, dict]:
     """Every worker of ``client``'s cluster (address -> its identity), asked of the scheduler now."""
     return client.sync(client.scheduler.identity, n_workers=-1)["workers"]
+
+
+def default_client():
+    """distributed's default Client, or None (distributed missing, or no Client)."""
+    try:
+        from distributed import default_client as get
+
+        return get()
+    except (ImportError, ValueError):
+        return None

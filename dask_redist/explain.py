@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dask_redist.compat import worker_info
+from dask_redist.compat import default_client, worker_info
 from dask_redist.config import Settings
 from dask_redist.core.messages import Probe
 from dask_redist.engines import Request, WorldRecord, description
@@ -110,15 +110,6 @@ class Explanation:
         return table + fft_describe.table(self.ffts)
 
 
-def _client():
-    try:
-        from distributed import default_client
-
-        return default_client()
-    except (ImportError, ValueError):
-        return None
-
-
 def _holders(keys, dask_scheduler=None):
     """The worker holding each key, if every key is in memory (else None)."""
     out = []
@@ -213,7 +204,7 @@ def explain(x, *, nworkers: int | None = None, settings: Settings | None = None)
 
     settings = settings or Settings.from_config()
     enabled = isinstance(dask.config.get("array_optimize", None), CollectiveOptimizer)
-    client = _client()
+    client = default_client()
     workers = worker_info(client) if client is not None else None
     if nworkers is None:
         nworkers = len(workers) if workers is not None else 2

@@ -70,9 +70,9 @@ def distributed(op: FFTOp, dtype, chunks):
 
 
 def _workers() -> tuple[object, list[str]] | tuple[None, None]:
-    from dask_redist.fft.local import client as current
+    from dask_redist.compat import default_client
 
-    client = current()
+    client = default_client()
     if client is None:
         return None, None
     return client, sorted(client.scheduler_info(n_workers=-1)["workers"])

@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 from dask.base import tokenize
 
+from dask_redist.compat import default_client
 from dask_redist.errors import NotEligibleError
 from dask_redist.fft.plan import FFTOp, Pass, pass_chunks, passes, transformed_chunks
 
@@ -34,15 +35,6 @@ def result_dtype(function: str, dtype) -> np.dtype:
     return getattr(np.fft, function)(np.zeros(2, dtype=dtype), axes=(0,)).dtype
 
 
-def client():
-    try:
-        from distributed import default_client
-
-        return default_client()
-    except (ImportError, ValueError):
-        return None
-
-
 def enabled() -> bool:
     """Is ``dask_redist.enable()`` on (the rewrite installed as dask's ``array_optimize``)?"""
     import dask
@@ -62,7 +54,7 @@ def rechunk(x, chunks) -> tuple[object, str]:
         return x, "no rechunk needed"
     if enabled():  # the hook rewrites it when the graph is submitted, inlining what it can
         return x.rechunk(chunks), "rechunk under enable(): collective where eligible (its own entry says)"
-    if client() is None:
+    if default_client() is None:
         return x.rechunk(chunks), "Dask's rechunk (no distributed Client: the collective needs one)"
     from dask_redist.api import rechunk as collective
 

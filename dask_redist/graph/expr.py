@@ -18,7 +18,7 @@ from functools import cached_property
 
 from dask.utils import typename
 
-from dask_redist.compat import array_expr, cached_worker_count, meta_of, with_operand
+from dask_redist.compat import array_expr, cached_worker_count, default_client, meta_of, with_operand
 from dask_redist.config import Settings
 from dask_redist.graph.layer import collective_tasks
 from dask_redist.graph.optimize import collective_spec, running_on_scheduler
@@ -56,16 +56,6 @@ class CollectiveRechunk(Rechunk):
     def _layer(self) -> dict:
         spec, _ = self.decision
         return collective_tasks(spec)
-
-
-def default_client():
-    """distributed's default Client, or None."""
-    try:
-        from distributed import default_client as get
-
-        return get()
-    except (ImportError, ValueError):
-        return None
 
 
 def distributed_is_default() -> bool:
