@@ -321,23 +321,85 @@ def _health() -> dict:
     return {"broken": h.broken, "stuck": h.stuck, "in flight": h.in_flight_since is not None}
 
 
+#: Longest a held rank waits for the abort (`held_after_a_round`): below the watchdog's limit
+#: (``redist.timeouts.collective`` + 10 s) also where check.sh sets the timeout to 30 s.
+HOLD_S = 20.0
+
+
+def _hold_after_a_round(seconds: float) -> None:
+    """On this worker: the cufftmp engine's next run, once its first round is queued, waits
+    before the next one until the run is aborted (at most ``seconds``), then goes on as ever."""
+    import time
+
+    from dask_redist.engines import get_engine
+
+    rounds = get_engine("cufftmp").rounds
+    queue_next = type(rounds).next_round
+    held: list = []
+
+    def next_round(run):
+        if rounds.pending and not held:  # a round is on the GPU, the next not queued yet
+            held.append(run.name())
+            deadline = time.monotonic() + seconds
+            while run.state != "failed" and time.monotonic() < deadline:
+                time.sleep(0.001)
+        return queue_next(rounds, run)
+
+    rounds.next_round, rounds.held = next_round, held  # (instance attributes: `_release` drops them)
+
+
+def _held() -> list:
+    from dask_redist.engines import get_engine
+
+    return list(getattr(get_engine("cufftmp").rounds, "held", []))
+
+
+def _release() -> None:
+    from dask_redist.engines import get_engine
+
+    for name in ("next_round", "held"):
+        vars(get_engine("cufftmp").rounds).pop(name, None)
+
+
+@contextlib.contextmanager
+def held_after_a_round(client, worker: str):
+    """``worker`` holds the next GPU run after its first round until the run is aborted: a
+    cancel then lands mid-run whatever the run's speed (1 PE or 8 sharing a busy GPU); the
+    other ranks queue their rounds ahead and wait for it, as behind a slow peer."""
+    client.run(_hold_after_a_round, HOLD_S, workers=[worker])
+    try:
+        yield
+    finally:
+        client.run(_release, workers=[worker])
+
+
 def test_a_cancel_mid_run_is_completed_dry_and_costs_no_worker(gpu_client):
     """A persist cancelled while its rounds are on the GPUs (1 GiB in 1 MiB rounds): every rank
     queues the rest of the run's reshapes with their copies skipped (dask_redist.engines.rounds),
     the run is recorded cancelled, no worker process is replaced, no engine is broken or stuck,
-    and the next rechunk runs on cufftmp, right."""
+    and the next rechunk runs on cufftmp, right. One worker holds the run after its first round
+    until the abort reaches it (`held_after_a_round`): the cancel lands mid-run, with the ranks
+    at different rounds, at any number of PEs and however fast the run."""
     import time
 
     c = case((512, 512, 512), (64, 512, 512), (512, 64, 512), name="1 GiB in many rounds")
     x = placed_array(gpu_client, c, 5, kind="cupy")
     dask_redist.bootstrap(gpu_client)
     pids = gpu_client.run(_pid)
-    with dask_redist.enable(engine="cufftmp", memory_budget="1MiB"), arena_rounds(gpu_client):
+    slow = sorted(pids)[0]
+    with (
+        dask_redist.enable(engine="cufftmp", memory_budget="1MiB"),
+        arena_rounds(gpu_client),
+        held_after_a_round(gpu_client, slow),
+    ):
         y = x.rechunk(c.new).persist()
-        deadline = time.monotonic() + 60
-        while not any(h["in flight"] for h in gpu_client.run(_health).values()):
-            assert time.monotonic() < deadline, "the run never had rounds on the GPU"
-            time.sleep(0.001)
+        deadline = time.monotonic() + 120
+        while not gpu_client.run(_held, workers=[slow])[slow]:
+            assert time.monotonic() < deadline, (
+                f"the run never queued its second round: {scheduler_history(gpu_client)[-1:]}"
+            )
+            time.sleep(0.01)
+        assert gpu_client.run(_health, workers=[slow])[slow]["in flight"]  # its first round is on the GPU
         gpu_client.cancel(y)
         del y
         while (scheduler_history(gpu_client) or [{"outcome": None}])[-1]["outcome"] != "cancelled":

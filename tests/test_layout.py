@@ -33,6 +33,25 @@ def check_folded(shape, itemsize, boxes: list[Box], folded) -> None:
         np.testing.assert_array_equal(selected.ravel(), data[box.slices()].ravel(), err_msg=str(box))
 
 
+def check_at_origin(shape, itemsize, folded, moved) -> None:
+    """``moved`` is ``folded`` moved by one offset to the origin: each box selects the same
+    words of the bounding box of them all as of the whole array (what a reshape moves)."""
+    nonempty = np.all(folded.upper > folded.lower, axis=1)
+    assert moved.word == folded.word
+    assert np.array_equal(np.all(moved.upper > moved.lower, axis=1), nonempty)
+    assert not moved.lower[~nonempty].any() and not moved.upper[~nonempty].any()
+    if not nonempty.any():
+        return
+    assert moved.lower.min() == 0 and np.array_equal(moved.upper.max(axis=0), moved.shape)
+    words = byte_ids(shape, itemsize).reshape(*folded.shape, folded.word)
+    origin = folded.lower[nonempty].min(axis=0)
+    bounding = words[tuple(slice(o, o + n) for o, n in zip(origin, moved.shape))]
+    for i in np.flatnonzero(nonempty):
+        there = words[tuple(slice(a, b) for a, b in zip(folded.lower[i], folded.upper[i]))]
+        here = bounding[tuple(slice(a, b) for a, b in zip(moved.lower[i], moved.upper[i]))]
+        np.testing.assert_array_equal(here, there)
+
+
 # -- direct ------------------------------------------------------------------------------
 
 
@@ -52,6 +71,7 @@ def test_direct_layout_moves_every_element(plan, data):
     for k in range(layout.rounds):
         ins, outs = layout.boxes(k)
         check_folded(spec.shape, spec.itemsize, ins + outs, layout.folded[k])
+        check_at_origin(spec.shape, spec.itemsize, layout.folded[k], layout.reshapes[k])
     strict, _ = direct_layout(plan, budget, allow_empty=False)
     for k in range(strict.rounds if strict is not None else 0):
         ins, outs = strict.boxes(k)
@@ -69,6 +89,23 @@ def test_direct_layout_of_a_simple_split():
         simulate_direct(plan, layout, ids).check(ids, plan.needed)
     assert direct_layout(plan, 10_000)[0].rounds == 1
     assert direct_layout(plan, 100)[0].rounds > 1
+
+
+@pytest.mark.parametrize("nranks", [4, 8])
+def test_rounds_of_one_slab_width_share_one_reshape_plan(nranks):
+    """Slabs to slabs in rounds of one slab width (the GPU suite's 1 GiB in 1 MiB rounds, here
+    scaled down): every round's reshape is told the same boxes, so one plan serves them all.
+    (Told the boxes where they lie, 4 PEs made 512 plans, collectively, before the first round.)"""
+    spec = RechunkSpec(((8,) * 8, (64,), (64,)), ((64,), (8,) * 8, (64,)), 8)
+    plan = make_plan(spec, [i * nranks // 8 for i in range(8)], nranks)
+    layout, why = choose_layout(plan, 2 * 64 * 64 * 64 * 8 // nranks // 8, allow_empty=False)
+    assert isinstance(layout, DirectLayout) and layout.rounds == 8, (why, layout.rounds)
+    geometries = {
+        (f.word, f.lower.tobytes(), f.upper.tobytes()) for f in (layout.reshapes[k] for k in range(8))
+    }
+    assert len(geometries) == 1
+    ids = byte_ids(spec.shape, spec.itemsize)
+    simulate_direct(plan, layout, ids).check(ids, plan.needed)
 
 
 def test_direct_layout_needs_box_placements_and_the_whole_output():

@@ -23,8 +23,10 @@ Packed
 
 Rounds
     Each rank's staging memory (input box plus output box) is bounded by a
-    budget. A direct run is cut into slabs of the global array along one axis;
-    a packed run splits every (src, dst) stream into roughly equal parts.
+    budget. A direct run is cut into slabs of the global array along one axis,
+    each round's reshape told its boxes moved to the origin so that slabs of one
+    width share one plan; a packed run splits every (src, dst) stream into
+    roughly equal parts.
 """
 
 from __future__ import annotations
@@ -84,6 +86,12 @@ class DirectLayout:
             assert f is not None, "direct layouts are only built when they fold"
             out.append(f)
         return out
+
+    @cached_property
+    def reshapes(self) -> list[Folded]:
+        """Per round, what its reshape is told: `folded` moved to the origin (`Folded.at_origin`),
+        so that rounds of one slab width share one reshape plan."""
+        return [f.at_origin() for f in self.folded]
 
     padding = 0
 

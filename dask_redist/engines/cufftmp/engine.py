@@ -312,8 +312,9 @@ class CufftMpEngine(Engine):
         out_max = max(max(b.size for b in layout.boxes(k)[1]) for k in range(layout.rounds)) * item
         plans = []
         for k in range(layout.rounds):  # plan every round first (collective, same order everywhere)
-            boxes = list(zip(layout.folded[k].lower.tolist(), layout.folded[k].upper.tolist()))
-            plans.append(self.plan(layout.folded[k].word, boxes[:nranks], boxes[nranks:], rank))
+            reshape = layout.reshapes[k]  # (at the origin: rounds of one slab width share a plan)
+            boxes = list(zip(reshape.lower.tolist(), reshape.upper.tolist()))
+            plans.append(self.plan(reshape.word, boxes[:nranks], boxes[nranks:], rank))
         regions = self._regions(in_max, out_max, plans)
         old_box, new_box = spec.rechunk.old_box, spec.rechunk.new_box
         host = run.spec.chunk_type == "numpy"
