@@ -83,21 +83,7 @@ def _ceiling_only(case, ceiling):
 
 def test_cli_runs_checks_writes_and_appends(tmp_path):
     out = str(tmp_path)
-    args = [
-        "bench",
-        "--workers",
-        "2",
-        "--size",
-        "4MiB",
-        "--chunks",
-        "4",
-        "--reps",
-        "1",
-        "--out",
-        out,
-        "--name",
-        "t",
-    ]
+    args = "bench --workers 2 --size 4MiB --chunks 4 --reps 1 --name t".split() + ["--out", out]
     assert main(args + ["--methods", "redist-dask", "tasks", "tasks-ucx", "nvmath"]) == 0
     first = json.loads((tmp_path / "t.json").read_text())
     rows = {r["method"]: r for r in first["results"]}
@@ -295,29 +281,8 @@ def test_floor_layer_is_keyed_like_the_output_and_runs_coroutines(client):
 def test_cli_floor_rows(tmp_path):
     """`--methods floor tasks`: a floor row per case, and every row as a multiple of it."""
     out = str(tmp_path)
-    assert (
-        main(
-            [
-                "bench",
-                "--workers",
-                "2",
-                "--size",
-                "1MiB",
-                "--chunks",
-                "4",
-                "--reps",
-                "1",
-                "--out",
-                out,
-                "--name",
-                "f",
-                "--methods",
-                "floor",
-                "tasks",
-            ]
-        )
-        == 0
-    )
+    args = "bench --workers 2 --size 1MiB --chunks 4 --reps 1 --name f --methods floor tasks".split()
+    assert main(args + ["--out", out]) == 0
     rows = {r["method"]: r for r in json.loads((tmp_path / "f.json").read_text())["results"]}
     assert rows["floor"]["correct"] is True and len(rows["floor"]["times"]) == 1
     assert rows["tasks"]["floor_s"] == rows["floor"]["median"]

@@ -97,18 +97,7 @@ def test_the_demo_is_quiet():
     except OSError:
         pass
     try:
-        cmd = [
-            sys.executable,
-            "-m",
-            "dask_redist.cli",
-            "demo",
-            "--size",
-            "1MiB",
-            "--chunks",
-            "4",
-            "--reps",
-            "1",
-        ]
+        cmd = [sys.executable, *"-m dask_redist.cli demo --size 1MiB --chunks 4 --reps 1".split()]
         env = {**os.environ, "COLUMNS": "200"}
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
     finally:

@@ -18,6 +18,7 @@ import dask.array as da
 import numpy as np
 import pytest
 from conftest import scheduler_history
+from fft_helpers import NUMPY, OURS
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -25,13 +26,6 @@ import dask_redist
 import dask_redist.fft as F
 
 pytestmark = pytest.mark.gpu
-NUMPY = {
-    ("c2c", False): np.fft.fftn,
-    ("c2c", True): np.fft.ifftn,
-    ("r2c", False): np.fft.rfftn,
-    ("c2r", True): np.fft.irfftn,
-}
-OURS = {("c2c", False): F.fftn, ("c2c", True): F.ifftn, ("r2c", False): F.rfftn, ("c2r", True): F.irfftn}
 
 
 @pytest.fixture(scope="module")
