@@ -310,3 +310,82 @@ def test_piece_jobs_of_slabs_are_a_few_long_rows():
     assert jobs[:, 4].tolist() == [3 * 8 * 8] * 4  # a plane's part: 3 rows of 8 float64
     assert jobs[:, 0].tolist() == [0, 3 * 64, 1000, 1000 + 3 * 64]  # sources: where the piece starts
     assert jobs[:, 1].tolist() == [2000, 3000, 2000 + 2 * 3 * 64, 3000 + 2 * 3 * 64]
+
+
+class _InMemory:
+    """What the engine reads of a C-contiguous CuPy array, for a chunk kept at ``ptr`` in one
+    byte buffer (the replayed jobs' pointers are offsets into it)."""
+
+    def __init__(self, shape, ptr: int):
+        from types import SimpleNamespace
+
+        self.shape, self.ndim = tuple(shape), len(shape)
+        self.data = SimpleNamespace(ptr=ptr)
+        self.flags = SimpleNamespace(c_contiguous=True)
+
+
+@settings(max_examples=100, deadline=None)
+@given(data=st.data())
+def test_a_one_pe_run_copies_every_needed_output_chunk_as_numpy_cuts_it(data):
+    """The whole one-PE path (`_empty_outputs`, `_local_jobs`: the plan's pieces mapped to the
+    rows of the run's chunks, in whatever order the run holds them, then `piece_jobs`), its
+    jobs replayed byte by byte: every needed output chunk equals the array's box, byte for byte."""
+    from types import SimpleNamespace
+
+    from dask_redist.config import Settings
+    from dask_redist.core.spec import CollectiveSpec, RunSpec
+    from dask_redist.engines.cufftmp.engine import _empty_outputs, _local_jobs
+    from dask_redist.planning import RechunkSpec, make_plan
+
+    ndim = data.draw(st.integers(1, 3))
+    shape = [data.draw(st.integers(1, 8)) for _ in range(ndim)]
+
+    def chunking(n):
+        cuts = sorted(set(data.draw(st.lists(st.integers(1, n - 1), max_size=3)))) if n > 1 else []
+        return tuple(np.diff([0, *cuts, n]).tolist())
+
+    dtype = np.dtype(data.draw(st.sampled_from([np.int8, np.float32, np.complex128])))
+    rechunk = RechunkSpec(
+        tuple(chunking(n) for n in shape), tuple(chunking(n) for n in shape), dtype.itemsize
+    )
+    if data.draw(st.booleans()):  # some of the new chunks only (the rest is nobody's output)
+        n_new = int(np.prod(rechunk.new_grid))
+        needed = np.zeros(n_new, bool)
+        needed[data.draw(st.lists(st.integers(0, n_new - 1), min_size=1, max_size=n_new))] = True
+        needed = needed.reshape(rechunk.new_grid)
+    else:
+        needed = None
+    in_ranks = np.zeros(rechunk.old_grid, np.int64)
+    chosen = make_plan(rechunk, in_ranks, 1, needed=needed)
+    spec = CollectiveSpec("t" * 32, "in", "out", rechunk, dtype, Settings(), "cupy")
+    run_spec = RunSpec(spec, 1, 1, ("w",), in_ranks, chosen.out_ranks, chosen.needed, "cufftmp", "cupy")
+
+    whole = (np.arange(int(np.prod(shape))) % 113 + 1).astype(dtype).reshape(shape)
+    memory = np.zeros(2 * whole.nbytes + 8, np.uint8)
+    inputs, offset = {}, 8  # (no chunk at address 0)
+    for flat in data.draw(st.permutations(range(int(np.prod(rechunk.old_grid))))):
+        lo, hi = rechunk.old_box(flat)
+        part = np.ascontiguousarray(whole[tuple(slice(a, b) for a, b in zip(lo, hi))])
+        memory[offset : offset + part.nbytes] = part.view(np.uint8).ravel()
+        inputs[flat] = _InMemory(part.shape, offset)
+        offset += part.nbytes
+
+    class Allocator:  # ``xp.empty``: output chunks after the inputs in the same buffer
+        at = offset
+
+        @classmethod
+        def empty(cls, shape, dtype):
+            out = _InMemory(shape, cls.at)
+            cls.at += int(np.prod(shape)) * np.dtype(dtype).itemsize
+            return out
+
+    run = SimpleNamespace(spec=run_spec, plan=run_spec.plan, inputs=inputs, rank=0, state="running")
+    outputs = _empty_outputs(run, Allocator)
+    assert sorted(outputs) == np.flatnonzero(chosen.needed).tolist()
+    replay_all(_local_jobs(run, outputs), memory)
+    for flat, chunk in outputs.items():
+        lo, hi = rechunk.new_box(flat)
+        assert chunk.shape == tuple(b - a for a, b in zip(lo, hi))
+        got = memory[chunk.data.ptr : chunk.data.ptr + int(np.prod(chunk.shape)) * dtype.itemsize]
+        want = whole[tuple(slice(a, b) for a, b in zip(lo, hi))]
+        np.testing.assert_array_equal(got.view(dtype).reshape(chunk.shape), want)

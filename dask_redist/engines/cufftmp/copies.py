@@ -148,17 +148,22 @@ class ChunkTable:
         self.strides = np.stack([e[:, 1] * e[:, 2], e[:, 2], np.ones(len(e), np.int64)], axis=1) * itemsize
 
     @classmethod
-    def of(cls, arrays: dict[int, object], box_of, itemsize: int) -> ChunkTable | None:
-        """The table of ``arrays`` (flat index -> chunk; ``box_of(flat)`` its global bounds),
-        or None where a job table cannot describe them (more than 3 axes, not C-contiguous)."""
+    def of(cls, arrays: dict[int, object], box_of, itemsize: int, boxes_of=None) -> ChunkTable | None:
+        """The table of ``arrays`` (flat index -> chunk; ``box_of(flat)`` its global bounds, or
+        ``boxes_of(flats)`` those of all at once as ``(n, ndim)`` lower and upper arrays), or None
+        where a job table cannot describe them (more than 3 axes, not C-contiguous)."""
         if not BATCHED or not arrays:
             return None
-        chunks = list(arrays.items())
-        if chunks[0][1].ndim > 3 or not all(a.flags.c_contiguous for _, a in chunks):
+        chunks = list(arrays.values())
+        if chunks[0].ndim > 3 or not all(a.flags.c_contiguous for a in chunks):
             return None
-        corners = np.array([box_of(f) for f, _ in chunks], dtype=np.int64).reshape(len(chunks), 2, -1)
-        ptrs = np.array([a.data.ptr for _, a in chunks], dtype=np.int64)
-        return cls(corners[:, 0], corners[:, 1], ptrs, itemsize)
+        if boxes_of is not None:
+            lower, upper = boxes_of(np.fromiter(arrays, dtype=np.int64, count=len(arrays)))
+        else:
+            corners = np.array([box_of(f) for f in arrays], dtype=np.int64).reshape(len(chunks), 2, -1)
+            lower, upper = corners[:, 0], corners[:, 1]
+        ptrs = np.fromiter((a.data.ptr for a in chunks), dtype=np.int64, count=len(chunks))
+        return cls(lower, upper, ptrs, itemsize)
 
     def jobs(self, lower, upper, ptr: int, into_box: bool) -> np.ndarray:
         """Jobs copying every chunk's part of the box ``[lower, upper)`` (a C-contiguous array
@@ -197,18 +202,30 @@ def piece_jobs(
     src: ChunkTable, dst: ChunkTable, src_rows, dst_rows, lo: np.ndarray, hi: np.ndarray
 ) -> np.ndarray:
     """Jobs copying each piece ``[lo, hi)`` (global bounds, one row each) from the chunk at row
-    ``src_rows`` of ``src`` straight into the chunk at row ``dst_rows`` of ``dst``."""
+    ``src_rows`` of ``src`` straight into the chunk at row ``dst_rows`` of ``dst``.
+
+    Column by column into one ``(n, 9)`` table (a world of one PE builds 65,536 of them at once):
+    a piece's address is its chunk's *origin* (where the chunk's element at the global origin
+    would be) plus the piece's corner times the chunk's strides."""
     src_rows, dst_rows = np.asarray(src_rows, np.int64), np.asarray(dst_rows, np.int64)
-    s_st, d_st = src.strides[src_rows], dst.strides[dst_rows]
-    s_ptr = src.ptrs[src_rows] + (_padded(lo - src.lower[src_rows]) * s_st).sum(axis=1)
-    d_ptr = dst.ptrs[dst_rows] + (_padded(lo - dst.lower[dst_rows]) * d_st).sum(axis=1)
-    e = _extents(lo, hi)
-    n0, n1, nbytes = e[:, 0], e[:, 1], e[:, 2] * src.itemsize
+    n, ndim = lo.shape
+    jobs = np.empty((n, 9), np.int64)
+    pad = 3 - ndim
+    for col, table, rows in ((0, src, src_rows), (1, dst, dst_rows)):
+        origin = table.ptrs - (_padded(table.lower) * table.strides).sum(axis=1)
+        ptr = origin[rows]
+        for axis in range(ndim):
+            ptr += lo[:, axis] * table.strides[rows, axis + pad]
+        jobs[:, col] = ptr
+    n0, n1 = (hi[:, -3] - lo[:, -3] if ndim >= 3 else 1), (hi[:, -2] - lo[:, -2] if ndim >= 2 else 1)
+    nbytes = (hi[:, -1] - lo[:, -1]) * src.itemsize
+    s0, s1 = src.strides[src_rows, 0], src.strides[src_rows, 1]
+    d0, d1 = dst.strides[dst_rows, 0], dst.strides[dst_rows, 1]
     # rows contiguous on both sides are one longer row (a slab's part of a slab: one row per plane)
-    inner = (s_st[:, 1] == nbytes) & (d_st[:, 1] == nbytes)
+    inner = (s1 == nbytes) & (d1 == nbytes)
     nbytes, n1 = np.where(inner, nbytes * n1, nbytes), np.where(inner, 1, n1)
-    outer = inner & (s_st[:, 0] == nbytes) & (d_st[:, 0] == nbytes)
+    outer = inner & (s0 == nbytes) & (d0 == nbytes)
     nbytes, n0 = np.where(outer, nbytes * n0, nbytes), np.where(outer, 1, n0)
-    return np.stack(
-        [s_ptr, d_ptr, n0, n1, nbytes, s_st[:, 0], s_st[:, 1], d_st[:, 0], d_st[:, 1]], axis=1
-    ).reshape(-1, 9)
+    for col, values in enumerate((n0, n1, nbytes, s0, s1, d0, d1), start=2):
+        jobs[:, col] = values
+    return jobs

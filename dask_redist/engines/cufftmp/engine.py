@@ -30,6 +30,7 @@ every rank makes the same NVSHMEM calls and no worker is lost to a cancel.
 
 from __future__ import annotations
 
+import math
 from collections import namedtuple
 
 import numpy as np
@@ -76,15 +77,36 @@ def _local_jobs(run, outputs: dict) -> np.ndarray | None:
         return np.zeros((0, 9), np.int64)
     if run.plan.piece_count > LOCAL_MAX_PIECES:
         return None
-    ins = ChunkTable.of(run.inputs, rechunk.old_box, item)
-    outs = ChunkTable.of(outputs, rechunk.new_box, item)
+    ins = ChunkTable.of(run.inputs, rechunk.old_box, item, boxes_of=rechunk.old_boxes)
+    outs = ChunkTable.of(outputs, rechunk.new_box, item, boxes_of=rechunk.new_boxes)
     if ins is None or outs is None:
         return None
     t = run.plan.transfers  # (needed chunks only: all of them are this rank's outputs)
-    in_row, out_row = {f: i for i, f in enumerate(run.inputs)}, {f: i for i, f in enumerate(outputs)}
-    src_rows = [in_row[f] for f in t.old_block.tolist()]
-    dst_rows = [out_row[f] for f in t.new_block.tolist()]
+    src_rows = _rows(run.inputs, math.prod(rechunk.old_grid))[t.old_block]
+    dst_rows = _rows(outputs, math.prod(rechunk.new_grid))[t.new_block]
+    if (src_rows < 0).any() or (dst_rows < 0).any():
+        missing = t.old_block[src_rows < 0][:5].tolist(), t.new_block[dst_rows < 0][:5].tolist()
+        raise RedistError(
+            f"{run.name()}: a piece's input chunks {missing[0]} or output chunks {missing[1]} are not here"
+        )
     return piece_jobs(ins, outs, src_rows, dst_rows, t.lo, t.hi)
+
+
+def _empty_outputs(run, xp) -> dict:
+    """This rank's output chunks, allocated (none once the run was aborted)."""
+    if run.state == "failed":
+        return {}
+    spec = run.spec.collective
+    owned = run.plan.owned(run.rank)
+    lower, upper = spec.rechunk.new_boxes(owned)
+    return {f: xp.empty(tuple(shape), dtype=spec.dtype) for f, shape in zip(owned, (upper - lower).tolist())}
+
+
+def _rows(chunks: dict, count: int) -> np.ndarray:
+    """Each flat chunk index's row in ``chunks`` (its order), -1 where it is not there."""
+    rows = np.full(count, -1, dtype=np.int64)
+    rows[np.fromiter(chunks, dtype=np.int64, count=len(chunks))] = np.arange(len(chunks))
+    return rows
 
 
 def _box_copies(copies: BoxCopies, chunks: dict, box_of, view, box: Box, into_box: bool) -> None:
@@ -220,19 +242,15 @@ class CufftMpEngine(Engine):
 
         if broken := self.health().broken:
             raise RedistError(f"{run.name()}: NVSHMEM is unusable in this worker: {broken}")
-        cupy.cuda.Device().synchronize()  # inputs may come from kernels still in flight
         self.rounds.reset()
         run.set_phase("bootstrap")  # (an aborted run goes on, dry: see .rounds)
         self.bootstrap(run, transport.exchange_factory)
         settings = run.spec.collective.settings
-        spec = run.spec.collective
         xp = np if run.spec.chunk_type == "numpy" else cupy  # NumPy in, NumPy out: see .host
-        outputs = {}
-        for flat in run.plan.owned(run.rank) if run.state != "failed" else ():
-            lo, hi = spec.rechunk.new_box(flat)
-            outputs[flat] = xp.empty(tuple(h - l for l, h in zip(lo, hi)), dtype=spec.dtype)
+        outputs = _empty_outputs(run, xp)
         one_pe = len(run.spec.workers) == 1 and xp is cupy and run.state != "failed"
         if one_pe and (jobs := _local_jobs(run, outputs)) is not None:
+            cupy.cuda.Device().synchronize()  # inputs may come from kernels still in flight
             return self._local(run, jobs, outputs)
         run.set_phase("plan")
         layout, _ = choose_layout(
@@ -241,6 +259,9 @@ class CufftMpEngine(Engine):
             size_class_bits=settings.size_class_bits,
             allow_empty=ALLOW_EMPTY_BOXES,
         )
+        # inputs may come from kernels still in flight: waited for only now, the host's work above
+        # (outputs, plans, copy jobs) done meanwhile
+        cupy.cuda.Device().synchronize()
         run.set_phase("exchange")
         self._marks = []
         with self.stream:
@@ -313,7 +334,10 @@ class CufftMpEngine(Engine):
         tables = (
             None
             if host
-            else (ChunkTable.of(run.inputs, old_box, item), ChunkTable.of(outputs, new_box, item))
+            else (
+                ChunkTable.of(run.inputs, old_box, item, boxes_of=spec.rechunk.old_boxes),
+                ChunkTable.of(outputs, new_box, item, boxes_of=spec.rechunk.new_boxes),
+            )
         )
 
         def work(k, exchange):
