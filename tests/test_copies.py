@@ -327,9 +327,10 @@ class _InMemory:
 @settings(max_examples=100, deadline=None)
 @given(data=st.data())
 def test_a_one_pe_run_copies_every_needed_output_chunk_as_numpy_cuts_it(data):
-    """The whole one-PE path (`_empty_outputs`, `_local_jobs`: the plan's pieces mapped to the
-    rows of the run's chunks, in whatever order the run holds them, then `piece_jobs`), its
-    jobs replayed byte by byte: every needed output chunk equals the array's box, byte for byte."""
+    """The whole one-PE path (`_empty_outputs`, `_local_jobs`: the plan's pieces as jobs relative
+    to their chunks, plus the addresses of the chunks the run holds, in whatever order), its jobs
+    replayed byte by byte: every needed output chunk equals the array's box. Twice, the second
+    run's chunks elsewhere: its jobs come from the first run's table (`PieceJobs`), kept."""
     from types import SimpleNamespace
 
     from dask_redist.config import Settings
@@ -348,44 +349,77 @@ def test_a_one_pe_run_copies_every_needed_output_chunk_as_numpy_cuts_it(data):
     rechunk = RechunkSpec(
         tuple(chunking(n) for n in shape), tuple(chunking(n) for n in shape), dtype.itemsize
     )
+    needed = None
     if data.draw(st.booleans()):  # some of the new chunks only (the rest is nobody's output)
         n_new = int(np.prod(rechunk.new_grid))
         needed = np.zeros(n_new, bool)
         needed[data.draw(st.lists(st.integers(0, n_new - 1), min_size=1, max_size=n_new))] = True
         needed = needed.reshape(rechunk.new_grid)
-    else:
-        needed = None
     in_ranks = np.zeros(rechunk.old_grid, np.int64)
     chosen = make_plan(rechunk, in_ranks, 1, needed=needed)
     spec = CollectiveSpec("t" * 32, "in", "out", rechunk, dtype, Settings(), "cupy")
-    run_spec = RunSpec(spec, 1, 1, ("w",), in_ranks, chosen.out_ranks, chosen.needed, "cufftmp", "cupy")
-
     whole = (np.arange(int(np.prod(shape))) % 113 + 1).astype(dtype).reshape(shape)
-    memory = np.zeros(2 * whole.nbytes + 8, np.uint8)
-    inputs, offset = {}, 8  # (no chunk at address 0)
-    for flat in data.draw(st.permutations(range(int(np.prod(rechunk.old_grid))))):
-        lo, hi = rechunk.old_box(flat)
-        part = np.ascontiguousarray(whole[tuple(slice(a, b) for a, b in zip(lo, hi))])
-        memory[offset : offset + part.nbytes] = part.view(np.uint8).ravel()
-        inputs[flat] = _InMemory(part.shape, offset)
-        offset += part.nbytes
+    kept = {}
+    for seq in (1, 2):
+        run_spec = RunSpec(
+            spec, seq, seq, ("w",), in_ranks, chosen.out_ranks, chosen.needed, "cufftmp", "cupy"
+        )
+        memory = np.zeros(2 * whole.nbytes + 64, np.uint8)
+        inputs, offset = {}, data.draw(st.integers(1, 32))  # (no chunk at address 0)
+        for flat in data.draw(st.permutations(range(int(np.prod(rechunk.old_grid))))):
+            lo, hi = rechunk.old_box(flat)
+            part = np.ascontiguousarray(whole[tuple(slice(a, b) for a, b in zip(lo, hi))])
+            memory[offset : offset + part.nbytes] = part.view(np.uint8).ravel()
+            inputs[flat] = _InMemory(part.shape, offset)
+            offset += part.nbytes
 
-    class Allocator:  # ``xp.empty``: output chunks after the inputs in the same buffer
-        at = offset
+        class Allocator:  # ``xp.empty``: output chunks after the inputs in the same buffer
+            at = offset
 
-        @classmethod
-        def empty(cls, shape, dtype):
-            out = _InMemory(shape, cls.at)
-            cls.at += int(np.prod(shape)) * np.dtype(dtype).itemsize
-            return out
+            @classmethod
+            def empty(cls, shape, dtype):
+                out = _InMemory(shape, cls.at)
+                cls.at += int(np.prod(shape)) * np.dtype(dtype).itemsize
+                return out
 
-    run = SimpleNamespace(spec=run_spec, plan=run_spec.plan, inputs=inputs, rank=0, state="running")
-    outputs = _empty_outputs(run, Allocator)
-    assert sorted(outputs) == np.flatnonzero(chosen.needed).tolist()
-    replay_all(_local_jobs(run, outputs), memory)
-    for flat, chunk in outputs.items():
-        lo, hi = rechunk.new_box(flat)
-        assert chunk.shape == tuple(b - a for a, b in zip(lo, hi))
-        got = memory[chunk.data.ptr : chunk.data.ptr + int(np.prod(chunk.shape)) * dtype.itemsize]
-        want = whole[tuple(slice(a, b) for a, b in zip(lo, hi))]
-        np.testing.assert_array_equal(got.view(dtype).reshape(chunk.shape), want)
+        run = SimpleNamespace(spec=run_spec, plan=run_spec.plan, inputs=inputs, rank=0, state="running")
+        outputs = _empty_outputs(run, Allocator)
+        assert sorted(outputs) == np.flatnonzero(chosen.needed).tolist()
+        replay_all(_local_jobs(run, outputs, kept), memory)
+        assert len(kept) == 1  # (the second run's table is the first's)
+        for flat, chunk in outputs.items():
+            lo, hi = rechunk.new_box(flat)
+            assert chunk.shape == tuple(b - a for a, b in zip(lo, hi))
+            got = memory[chunk.data.ptr : chunk.data.ptr + int(np.prod(chunk.shape)) * dtype.itemsize]
+            want = whole[tuple(slice(a, b) for a, b in zip(lo, hi))]
+            np.testing.assert_array_equal(got.view(dtype).reshape(chunk.shape), want)
+
+
+def test_one_pe_job_tables_are_kept_for_the_most_recent_geometries():
+    """`_local_jobs` keeps the tables of the `KEPT_PIECE_JOBS` most recently used geometries, and
+    a table used again gets each run's own addresses."""
+    from types import SimpleNamespace
+
+    from dask_redist.config import Settings
+    from dask_redist.core.spec import CollectiveSpec, RunSpec
+    from dask_redist.engines.cufftmp import engine
+    from dask_redist.planning import RechunkSpec, make_plan
+
+    def run(n: int, at: int, kept: dict):
+        """Two chunks of n float64 merged into one, the chunks at ``at`` and after."""
+        rechunk = RechunkSpec(((n, n),), ((2 * n,),), 8)
+        spec = CollectiveSpec("t" * 32, "in", "out", rechunk, np.dtype(np.float64), Settings(), "cupy")
+        plan = make_plan(rechunk, np.zeros(2, np.int64), 1)
+        run_spec = RunSpec(spec, 1, 1, ("w",), plan.in_ranks, plan.out_ranks, plan.needed, "cufftmp", "cupy")
+        inputs = {1: _InMemory((n,), at + 8 * n), 0: _InMemory((n,), at)}
+        r = SimpleNamespace(spec=run_spec, plan=run_spec.plan, inputs=inputs, rank=0, state="running")
+        jobs = engine._local_jobs(r, {0: _InMemory((2 * n,), at + 4096)}, kept)
+        assert jobs[:, 0].tolist() == [at, at + 8 * n]
+        assert jobs[:, 1].tolist() == [at + 4096, at + 4096 + 8 * n]
+        return rechunk
+
+    k, kept = engine.KEPT_PIECE_JOBS, {}
+    specs = {n: run(n, 64 * n, kept) for n in range(1, k + 1)}
+    run(1, 8, kept)  # used again (other addresses): the most recent now
+    specs[k + 1] = run(k + 1, 64, kept)
+    assert [key[0] for key in kept] == [specs[n] for n in (*range(3, k + 1), 1, k + 1)]

@@ -21,7 +21,9 @@ alive until the run's work is done.
 
 from __future__ import annotations
 
+import math
 import os
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -229,3 +231,53 @@ def piece_jobs(
     for col, values in enumerate((n0, n1, nbytes, s0, s1, d0, d1), start=2):
         jobs[:, col] = values
     return jobs
+
+
+@dataclass(frozen=True, eq=False)
+class PieceJobs:
+    """The jobs of a one-PE run with the chunks' addresses left out: they change every run, the
+    rest only with the rechunk, so a repeated rechunk builds its table once (`piece_jobs` of
+    chunks at address 0: ``offsets``) and each run adds its chunks' addresses (`jobs`)."""
+
+    old_block: np.ndarray  # each piece's input chunk (flat index)
+    new_block: np.ndarray  # each piece's output chunk (flat index)
+    offsets: np.ndarray  # (n, 9): the jobs, pointers as offsets into those chunks
+
+    @classmethod
+    def of(cls, rechunk, transfers) -> PieceJobs:
+        """Of every piece in ``transfers`` (a `dask_redist.planning.Transfers`) of ``rechunk``
+        (a `dask_redist.planning.RechunkSpec` of at most 3 axes), C-contiguous chunks assumed."""
+        tables = []
+        for count, boxes_of in (
+            (math.prod(rechunk.old_grid), rechunk.old_boxes),
+            (math.prod(rechunk.new_grid), rechunk.new_boxes),
+        ):
+            lower, upper = boxes_of(np.arange(count))
+            tables.append(ChunkTable(lower, upper, np.zeros(count, np.int64), rechunk.itemsize))
+        t = transfers
+        return cls(t.old_block, t.new_block, piece_jobs(*tables, t.old_block, t.new_block, t.lo, t.hi))
+
+    def jobs(self, inputs: dict, outputs: dict, n_old: int, n_new: int) -> np.ndarray | None:
+        """The jobs for these chunks (flat index -> CuPy array, of ``n_old`` / ``n_new`` in their
+        grids), or None where one is not C-contiguous. Raises KeyError naming a chunk missing."""
+        if not BATCHED or not all(a.flags.c_contiguous for a in (*inputs.values(), *outputs.values())):
+            return None
+        src, dst = _addresses(inputs, n_old)[self.old_block], _addresses(outputs, n_new)[self.new_block]
+        if (src < 0).any() or (dst < 0).any():
+            raise KeyError(
+                f"input chunks {self.old_block[src < 0][:5].tolist()} or output chunks "
+                f"{self.new_block[dst < 0][:5].tolist()} of the run's pieces are not here"
+            )
+        jobs = self.offsets.copy()
+        jobs[:, 0] += src
+        jobs[:, 1] += dst
+        return jobs
+
+
+def _addresses(chunks: dict, count: int) -> np.ndarray:
+    """Each flat index's chunk address, -1 where ``chunks`` has none."""
+    out = np.full(count, -1, dtype=np.int64)
+    out[np.fromiter(chunks, dtype=np.int64, count=len(chunks))] = np.fromiter(
+        (a.data.ptr for a in chunks.values()), dtype=np.int64, count=len(chunks)
+    )
+    return out

@@ -37,7 +37,7 @@ import numpy as np
 
 from dask_redist.core.assemble import parts_in
 from dask_redist.engines.cufftmp import fft
-from dask_redist.engines.cufftmp.copies import BoxCopies, ChunkTable, launch, piece_jobs
+from dask_redist.engines.cufftmp.copies import BoxCopies, ChunkTable, PieceJobs, launch
 from dask_redist.engines.cufftmp.description import CufftMpDescription
 from dask_redist.engines.cufftmp.host import HostLink, HostParts
 from dask_redist.engines.cufftmp.nvshmem import Arena, capabilities
@@ -53,6 +53,8 @@ from dask_redist.planning.layout import DirectLayout, choose_layout
 ALIGN = 512
 #: Most pieces a world of one PE copies chunk to chunk (`_local_jobs`); beyond, the arena's rounds.
 LOCAL_MAX_PIECES = 1 << 16
+#: Job tables of one-PE runs kept for a repeated rechunk (`_local_jobs`; 65,536 pieces: 5 MB each).
+KEPT_PIECE_JOBS = 4
 #: What a run of one PE reports as its layout (`CufftMpEngine._record`).
 LOCAL = namedtuple("Local", "mapping rounds")("local (one PE: chunk to chunk)", 1)
 #: Whether cuFFTMp accepts a rank with an empty box (checked on the GPU node; see docs/gpu-testing.md).
@@ -68,28 +70,28 @@ def _strides(lower, upper) -> tuple[int, int, int]:
     return (e[1] * e[2], e[2], 1)
 
 
-def _local_jobs(run, outputs: dict) -> np.ndarray | None:
+def _local_jobs(run, outputs: dict, kept: dict | None = None) -> np.ndarray | None:
     """The copies of every piece of a one-PE run straight from its input chunk into its output
     chunk, or None where the arena's rounds are taken instead: more than `LOCAL_MAX_PIECES`
-    pieces, or chunks a job table cannot describe (more than 3 axes, not C-contiguous)."""
-    rechunk, item = run.spec.collective.rechunk, run.spec.collective.rechunk.itemsize
+    pieces, or chunks a job table cannot describe (more than 3 axes, not C-contiguous).
+    ``kept``: tables of earlier runs by geometry (`PieceJobs`), at most `KEPT_PIECE_JOBS`."""
+    rechunk = run.spec.collective.rechunk
     if not outputs:
         return np.zeros((0, 9), np.int64)
-    if run.plan.piece_count > LOCAL_MAX_PIECES:
+    if rechunk.ndim > 3 or run.plan.piece_count > LOCAL_MAX_PIECES:
         return None
-    ins = ChunkTable.of(run.inputs, rechunk.old_box, item, boxes_of=rechunk.old_boxes)
-    outs = ChunkTable.of(outputs, rechunk.new_box, item, boxes_of=rechunk.new_boxes)
-    if ins is None or outs is None:
-        return None
-    t = run.plan.transfers  # (needed chunks only: all of them are this rank's outputs)
-    src_rows = _rows(run.inputs, math.prod(rechunk.old_grid))[t.old_block]
-    dst_rows = _rows(outputs, math.prod(rechunk.new_grid))[t.new_block]
-    if (src_rows < 0).any() or (dst_rows < 0).any():
-        missing = t.old_block[src_rows < 0][:5].tolist(), t.new_block[dst_rows < 0][:5].tolist()
-        raise RedistError(
-            f"{run.name()}: a piece's input chunks {missing[0]} or output chunks {missing[1]} are not here"
-        )
-    return piece_jobs(ins, outs, src_rows, dst_rows, t.lo, t.hi)
+    key = (rechunk, run.plan.needed.tobytes())
+    table = kept.pop(key, None) if kept is not None else None
+    if table is None:  # (needed chunks only: all of them are this rank's outputs)
+        table = PieceJobs.of(rechunk, run.plan.transfers)
+    if kept is not None:
+        kept[key] = table  # the most recent last
+        while len(kept) > KEPT_PIECE_JOBS:
+            del kept[next(iter(kept))]
+    try:
+        return table.jobs(run.inputs, outputs, math.prod(rechunk.old_grid), math.prod(rechunk.new_grid))
+    except KeyError as e:
+        raise RedistError(f"{run.name()}: {e.args[0]}") from None
 
 
 def _empty_outputs(run, xp) -> dict:
@@ -100,13 +102,6 @@ def _empty_outputs(run, xp) -> dict:
     owned = run.plan.owned(run.rank)
     lower, upper = spec.rechunk.new_boxes(owned)
     return {f: xp.empty(tuple(shape), dtype=spec.dtype) for f, shape in zip(owned, (upper - lower).tolist())}
-
-
-def _rows(chunks: dict, count: int) -> np.ndarray:
-    """Each flat chunk index's row in ``chunks`` (its order), -1 where it is not there."""
-    rows = np.full(count, -1, dtype=np.int64)
-    rows[np.fromiter(chunks, dtype=np.int64, count=len(chunks))] = np.arange(len(chunks))
-    return rows
 
 
 def _box_copies(copies: BoxCopies, chunks: dict, box_of, view, box: Box, into_box: bool) -> None:
@@ -137,6 +132,7 @@ class CufftMpEngine(Engine):
         self.host = HostLink()  # pinned staging for NumPy chunks (.host)
         self._able: dict | None = None  # capabilities(), asked at the first run
         self.ffts = fft.FFTs()  # distributed FFTs kept for later runs (.fft)
+        self.piece_jobs: dict = {}  # one-PE job tables by geometry, least recently used first
 
     # -- the protocol --------------------------------------------------------------------
 
@@ -249,7 +245,7 @@ class CufftMpEngine(Engine):
         xp = np if run.spec.chunk_type == "numpy" else cupy  # NumPy in, NumPy out: see .host
         outputs = _empty_outputs(run, xp)
         one_pe = len(run.spec.workers) == 1 and xp is cupy and run.state != "failed"
-        if one_pe and (jobs := _local_jobs(run, outputs)) is not None:
+        if one_pe and (jobs := _local_jobs(run, outputs, self.piece_jobs)) is not None:
             cupy.cuda.Device().synchronize()  # inputs may come from kernels still in flight
             return self._local(run, jobs, outputs)
         run.set_phase("plan")
