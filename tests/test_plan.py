@@ -392,3 +392,14 @@ def test_pieces_are_every_nonempty_chunk_intersection_in_c_order(spec):
     assert lo.shape == hi.shape == (len(expected), spec.ndim)
     got = list(zip(map(tuple, lo.tolist()), map(tuple, hi.tolist()), old_flat.tolist(), new_flat.tolist()))
     assert got == expected
+
+
+@QUICK
+@given(rechunk_specs())
+def test_one_rank_owns_every_new_chunk_without_a_choice(spec):
+    """A plan over one rank gives it every new chunk without choosing among candidates (the
+    scheduler plans every run of a one-worker cluster); its bytes are counted only when asked."""
+    plan = make_plan(spec, np.zeros(spec.old_grid, np.int64), 1)
+    assert plan.owner_strategy == "one rank" and plan.chosen_with is None
+    assert plan.out_ranks.shape == spec.new_grid and not plan.out_ranks.any()
+    assert plan.moved_bytes == 0 and plan.nbytes == int(chunk_nbytes(spec.new, spec.itemsize).sum())

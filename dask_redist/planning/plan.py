@@ -319,7 +319,9 @@ def make_plan(
         else np.asarray(needed, dtype=bool).reshape(spec.new_grid)
     )
     local, strategy = None, "given"
-    if out_ranks is None:
+    if out_ranks is None and nranks == 1:  # (a world of one: nothing to choose, no bytes to count)
+        out_ranks, strategy = np.zeros(spec.new_grid, dtype=np.int64), "one rank"
+    elif out_ranks is None:
         local = local_bytes(spec, in_ranks, int(nranks), needed)
         out_ranks, strategy = choose_owners(spec, local, needed, nranks)
     else:
