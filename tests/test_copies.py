@@ -310,3 +310,116 @@ def test_piece_jobs_of_slabs_are_a_few_long_rows():
     assert jobs[:, 4].tolist() == [3 * 8 * 8] * 4  # a plane's part: 3 rows of 8 float64
     assert jobs[:, 0].tolist() == [0, 3 * 64, 1000, 1000 + 3 * 64]  # sources: where the piece starts
     assert jobs[:, 1].tolist() == [2000, 3000, 2000 + 2 * 3 * 64, 3000 + 2 * 3 * 64]
+
+
+class _InMemory:
+    """What the engine reads of a C-contiguous CuPy array, for a chunk kept at ``ptr`` in one
+    byte buffer (the replayed jobs' pointers are offsets into it)."""
+
+    def __init__(self, shape, ptr: int):
+        from types import SimpleNamespace
+
+        self.shape, self.ndim = tuple(shape), len(shape)
+        self.data = SimpleNamespace(ptr=ptr)
+        self.flags = SimpleNamespace(c_contiguous=True)
+
+
+@settings(max_examples=100, deadline=None)
+@given(data=st.data())
+def test_a_one_pe_run_copies_every_needed_output_chunk_as_numpy_cuts_it(data):
+    """The whole one-PE path (`_empty_outputs`, `_local_jobs`: the plan's pieces as jobs relative
+    to their chunks, plus the addresses of the chunks the run holds, in whatever order), its jobs
+    replayed byte by byte: every needed output chunk equals the array's box. Twice, the second
+    run's chunks elsewhere: its jobs come from the first run's table (`PieceJobs`), kept."""
+    from types import SimpleNamespace
+
+    from dask_redist.config import Settings
+    from dask_redist.core.spec import CollectiveSpec, RunSpec
+    from dask_redist.engines.cufftmp.engine import _empty_outputs, _local_jobs
+    from dask_redist.planning import RechunkSpec, make_plan
+
+    ndim = data.draw(st.integers(1, 3))
+    shape = [data.draw(st.integers(1, 8)) for _ in range(ndim)]
+
+    def chunking(n):
+        cuts = sorted(set(data.draw(st.lists(st.integers(1, n - 1), max_size=3)))) if n > 1 else []
+        return tuple(np.diff([0, *cuts, n]).tolist())
+
+    dtype = np.dtype(data.draw(st.sampled_from([np.int8, np.float32, np.complex128])))
+    rechunk = RechunkSpec(
+        tuple(chunking(n) for n in shape), tuple(chunking(n) for n in shape), dtype.itemsize
+    )
+    needed = None
+    if data.draw(st.booleans()):  # some of the new chunks only (the rest is nobody's output)
+        n_new = int(np.prod(rechunk.new_grid))
+        needed = np.zeros(n_new, bool)
+        needed[data.draw(st.lists(st.integers(0, n_new - 1), min_size=1, max_size=n_new))] = True
+        needed = needed.reshape(rechunk.new_grid)
+    in_ranks = np.zeros(rechunk.old_grid, np.int64)
+    chosen = make_plan(rechunk, in_ranks, 1, needed=needed)
+    spec = CollectiveSpec("t" * 32, "in", "out", rechunk, dtype, Settings(), "cupy")
+    whole = (np.arange(int(np.prod(shape))) % 113 + 1).astype(dtype).reshape(shape)
+    kept = {}
+    for seq in (1, 2):
+        run_spec = RunSpec(
+            spec, seq, seq, ("w",), in_ranks, chosen.out_ranks, chosen.needed, "cufftmp", "cupy"
+        )
+        memory = np.zeros(2 * whole.nbytes + 64, np.uint8)
+        inputs, offset = {}, data.draw(st.integers(1, 32))  # (no chunk at address 0)
+        for flat in data.draw(st.permutations(range(int(np.prod(rechunk.old_grid))))):
+            lo, hi = rechunk.old_box(flat)
+            part = np.ascontiguousarray(whole[tuple(slice(a, b) for a, b in zip(lo, hi))])
+            memory[offset : offset + part.nbytes] = part.view(np.uint8).ravel()
+            inputs[flat] = _InMemory(part.shape, offset)
+            offset += part.nbytes
+
+        class Allocator:  # ``xp.empty``: output chunks after the inputs in the same buffer
+            at = offset
+
+            @classmethod
+            def empty(cls, shape, dtype):
+                out = _InMemory(shape, cls.at)
+                cls.at += int(np.prod(shape)) * np.dtype(dtype).itemsize
+                return out
+
+        run = SimpleNamespace(spec=run_spec, plan=run_spec.plan, inputs=inputs, rank=0, state="running")
+        outputs = _empty_outputs(run, Allocator)
+        assert sorted(outputs) == np.flatnonzero(chosen.needed).tolist()
+        replay_all(_local_jobs(run, outputs, kept), memory)
+        assert len(kept) == 1  # (the second run's table is the first's)
+        for flat, chunk in outputs.items():
+            lo, hi = rechunk.new_box(flat)
+            assert chunk.shape == tuple(b - a for a, b in zip(lo, hi))
+            got = memory[chunk.data.ptr : chunk.data.ptr + int(np.prod(chunk.shape)) * dtype.itemsize]
+            want = whole[tuple(slice(a, b) for a, b in zip(lo, hi))]
+            np.testing.assert_array_equal(got.view(dtype).reshape(chunk.shape), want)
+
+
+def test_one_pe_job_tables_are_kept_for_the_most_recent_geometries():
+    """`_local_jobs` keeps the tables of the `KEPT_PIECE_JOBS` most recently used geometries, and
+    a table used again gets each run's own addresses."""
+    from types import SimpleNamespace
+
+    from dask_redist.config import Settings
+    from dask_redist.core.spec import CollectiveSpec, RunSpec
+    from dask_redist.engines.cufftmp import engine
+    from dask_redist.planning import RechunkSpec, make_plan
+
+    def run(n: int, at: int, kept: dict):
+        """Two chunks of n float64 merged into one, the chunks at ``at`` and after."""
+        rechunk = RechunkSpec(((n, n),), ((2 * n,),), 8)
+        spec = CollectiveSpec("t" * 32, "in", "out", rechunk, np.dtype(np.float64), Settings(), "cupy")
+        plan = make_plan(rechunk, np.zeros(2, np.int64), 1)
+        run_spec = RunSpec(spec, 1, 1, ("w",), plan.in_ranks, plan.out_ranks, plan.needed, "cufftmp", "cupy")
+        inputs = {1: _InMemory((n,), at + 8 * n), 0: _InMemory((n,), at)}
+        r = SimpleNamespace(spec=run_spec, plan=run_spec.plan, inputs=inputs, rank=0, state="running")
+        jobs = engine._local_jobs(r, {0: _InMemory((2 * n,), at + 4096)}, kept)
+        assert jobs[:, 0].tolist() == [at, at + 8 * n]
+        assert jobs[:, 1].tolist() == [at + 4096, at + 4096 + 8 * n]
+        return rechunk
+
+    k, kept = engine.KEPT_PIECE_JOBS, {}
+    specs = {n: run(n, 64 * n, kept) for n in range(1, k + 1)}
+    run(1, 8, kept)  # used again (other addresses): the most recent now
+    specs[k + 1] = run(k + 1, 64, kept)
+    assert [key[0] for key in kept] == [specs[n] for n in (*range(3, k + 1), 1, k + 1)]

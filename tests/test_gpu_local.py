@@ -73,3 +73,16 @@ def test_beyond_the_piece_limit_and_in_4_d_the_arena_rounds_run(one_gpu):
     finally:
         one_gpu.run(lambda: setattr(engine, "LOCAL_MAX_PIECES", 1 << 16))
     assert old  # (every worker answered)
+
+
+def test_a_rechunk_run_again_copies_from_the_kept_table(one_gpu):
+    """A second run of the same rechunk (fresh input chunks, fresh outputs: other addresses) takes
+    its copy jobs from the table the first one built (`PieceJobs`, kept by geometry): values equal
+    both times."""
+    from dask_redist.engines import loaded_engines
+
+    c = CASES[2]  # uneven slabs
+    for seed in (6, 7):
+        assert layout_of_a_run(one_gpu, c, seed).startswith("local")
+    kept = one_gpu.run(lambda: len(loaded_engines()["cufftmp"].piece_jobs))
+    assert all(n >= 1 for n in kept.values()), kept

@@ -269,6 +269,16 @@ def test_flat_indices_and_boxes_agree_with_the_grid(spec):
         for flat, nd in enumerate(np.ndindex(*grid)):
             assert index_of(flat) == nd and flat_index(nd, grid) == flat
             assert box_of(flat) == chunk_box(chunks, nd)
+    for grid, box_of, boxes_of in (
+        (spec.old_grid, spec.old_box, spec.old_boxes),
+        (spec.new_grid, spec.new_box, spec.new_boxes),
+    ):  # many boxes at once, in any order: each as `old_box` / `new_box` gives it
+        flats = np.random.default_rng(len(grid)).permutation(math.prod(grid))
+        lower, upper = boxes_of(flats)
+        assert lower.shape == upper.shape == (len(flats), len(grid))
+        assert [(tuple(lo), tuple(hi)) for lo, hi in zip(lower.tolist(), upper.tolist())] == [
+            box_of(int(f)) for f in flats
+        ]
 
 
 @FAST
@@ -360,3 +370,36 @@ def test_what_is_computed_without_pieces_equals_the_pieces(plan):
     np.testing.assert_array_equal(plan.local.dense(), local.astype(np.int64).reshape(n_new, plan.nranks))
     np.testing.assert_array_equal(plan.traffic, t.traffic(plan.nranks))
     assert plan.nbytes == int(t.nbytes.sum()) and plan.piece_count == len(t)
+
+
+@FAST
+@given(rechunk_specs())
+def test_pieces_are_every_nonempty_chunk_intersection_in_c_order(spec):
+    """`pieces` gives each non-empty old chunk ∩ new chunk once, with its chunks' flat indices,
+    ordered by its lower corner (C order over the grid of per-axis segments), as the chunk
+    boxes, intersected one pair at a time, give them."""
+    from dask_redist.planning.plan import pieces
+
+    expected = []
+    for old_flat, old_box in enumerate(chunk_boxes(spec.old)):
+        for new_flat, new_box in enumerate(chunk_boxes(spec.new)):
+            lo = [max(a, b) for a, b in zip(old_box.lower, new_box.lower)]
+            hi = [min(a, b) for a, b in zip(old_box.upper, new_box.upper)]
+            if all(h > l for l, h in zip(lo, hi)):
+                expected.append((tuple(lo), tuple(hi), old_flat, new_flat))
+    expected.sort()
+    old_flat, new_flat, lo, hi = pieces(spec)
+    assert lo.shape == hi.shape == (len(expected), spec.ndim)
+    got = list(zip(map(tuple, lo.tolist()), map(tuple, hi.tolist()), old_flat.tolist(), new_flat.tolist()))
+    assert got == expected
+
+
+@QUICK
+@given(rechunk_specs())
+def test_one_rank_owns_every_new_chunk_without_a_choice(spec):
+    """A plan over one rank gives it every new chunk without choosing among candidates (the
+    scheduler plans every run of a one-worker cluster); its bytes are counted only when asked."""
+    plan = make_plan(spec, np.zeros(spec.old_grid, np.int64), 1)
+    assert plan.owner_strategy == "one rank" and plan.chosen_with is None
+    assert plan.out_ranks.shape == spec.new_grid and not plan.out_ranks.any()
+    assert plan.moved_bytes == 0 and plan.nbytes == int(chunk_nbytes(spec.new, spec.itemsize).sum())

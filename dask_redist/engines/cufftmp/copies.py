@@ -21,7 +21,9 @@ alive until the run's work is done.
 
 from __future__ import annotations
 
+import math
 import os
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -148,17 +150,22 @@ class ChunkTable:
         self.strides = np.stack([e[:, 1] * e[:, 2], e[:, 2], np.ones(len(e), np.int64)], axis=1) * itemsize
 
     @classmethod
-    def of(cls, arrays: dict[int, object], box_of, itemsize: int) -> ChunkTable | None:
-        """The table of ``arrays`` (flat index -> chunk; ``box_of(flat)`` its global bounds),
-        or None where a job table cannot describe them (more than 3 axes, not C-contiguous)."""
+    def of(cls, arrays: dict[int, object], box_of, itemsize: int, boxes_of=None) -> ChunkTable | None:
+        """The table of ``arrays`` (flat index -> chunk; ``box_of(flat)`` its global bounds, or
+        ``boxes_of(flats)`` those of all at once as ``(n, ndim)`` lower and upper arrays), or None
+        where a job table cannot describe them (more than 3 axes, not C-contiguous)."""
         if not BATCHED or not arrays:
             return None
-        chunks = list(arrays.items())
-        if chunks[0][1].ndim > 3 or not all(a.flags.c_contiguous for _, a in chunks):
+        chunks = list(arrays.values())
+        if chunks[0].ndim > 3 or not all(a.flags.c_contiguous for a in chunks):
             return None
-        corners = np.array([box_of(f) for f, _ in chunks], dtype=np.int64).reshape(len(chunks), 2, -1)
-        ptrs = np.array([a.data.ptr for _, a in chunks], dtype=np.int64)
-        return cls(corners[:, 0], corners[:, 1], ptrs, itemsize)
+        if boxes_of is not None:
+            lower, upper = boxes_of(np.fromiter(arrays, dtype=np.int64, count=len(arrays)))
+        else:
+            corners = np.array([box_of(f) for f in arrays], dtype=np.int64).reshape(len(chunks), 2, -1)
+            lower, upper = corners[:, 0], corners[:, 1]
+        ptrs = np.fromiter((a.data.ptr for a in chunks), dtype=np.int64, count=len(chunks))
+        return cls(lower, upper, ptrs, itemsize)
 
     def jobs(self, lower, upper, ptr: int, into_box: bool) -> np.ndarray:
         """Jobs copying every chunk's part of the box ``[lower, upper)`` (a C-contiguous array
@@ -197,18 +204,80 @@ def piece_jobs(
     src: ChunkTable, dst: ChunkTable, src_rows, dst_rows, lo: np.ndarray, hi: np.ndarray
 ) -> np.ndarray:
     """Jobs copying each piece ``[lo, hi)`` (global bounds, one row each) from the chunk at row
-    ``src_rows`` of ``src`` straight into the chunk at row ``dst_rows`` of ``dst``."""
+    ``src_rows`` of ``src`` straight into the chunk at row ``dst_rows`` of ``dst``.
+
+    Column by column into one ``(n, 9)`` table (a world of one PE builds 65,536 of them at once):
+    a piece's address is its chunk's *origin* (where the chunk's element at the global origin
+    would be) plus the piece's corner times the chunk's strides."""
     src_rows, dst_rows = np.asarray(src_rows, np.int64), np.asarray(dst_rows, np.int64)
-    s_st, d_st = src.strides[src_rows], dst.strides[dst_rows]
-    s_ptr = src.ptrs[src_rows] + (_padded(lo - src.lower[src_rows]) * s_st).sum(axis=1)
-    d_ptr = dst.ptrs[dst_rows] + (_padded(lo - dst.lower[dst_rows]) * d_st).sum(axis=1)
-    e = _extents(lo, hi)
-    n0, n1, nbytes = e[:, 0], e[:, 1], e[:, 2] * src.itemsize
+    n, ndim = lo.shape
+    jobs = np.empty((n, 9), np.int64)
+    pad = 3 - ndim
+    for col, table, rows in ((0, src, src_rows), (1, dst, dst_rows)):
+        origin = table.ptrs - (_padded(table.lower) * table.strides).sum(axis=1)
+        ptr = origin[rows]
+        for axis in range(ndim):
+            ptr += lo[:, axis] * table.strides[rows, axis + pad]
+        jobs[:, col] = ptr
+    n0, n1 = (hi[:, -3] - lo[:, -3] if ndim >= 3 else 1), (hi[:, -2] - lo[:, -2] if ndim >= 2 else 1)
+    nbytes = (hi[:, -1] - lo[:, -1]) * src.itemsize
+    s0, s1 = src.strides[src_rows, 0], src.strides[src_rows, 1]
+    d0, d1 = dst.strides[dst_rows, 0], dst.strides[dst_rows, 1]
     # rows contiguous on both sides are one longer row (a slab's part of a slab: one row per plane)
-    inner = (s_st[:, 1] == nbytes) & (d_st[:, 1] == nbytes)
+    inner = (s1 == nbytes) & (d1 == nbytes)
     nbytes, n1 = np.where(inner, nbytes * n1, nbytes), np.where(inner, 1, n1)
-    outer = inner & (s_st[:, 0] == nbytes) & (d_st[:, 0] == nbytes)
+    outer = inner & (s0 == nbytes) & (d0 == nbytes)
     nbytes, n0 = np.where(outer, nbytes * n0, nbytes), np.where(outer, 1, n0)
-    return np.stack(
-        [s_ptr, d_ptr, n0, n1, nbytes, s_st[:, 0], s_st[:, 1], d_st[:, 0], d_st[:, 1]], axis=1
-    ).reshape(-1, 9)
+    for col, values in enumerate((n0, n1, nbytes, s0, s1, d0, d1), start=2):
+        jobs[:, col] = values
+    return jobs
+
+
+@dataclass(frozen=True, eq=False)
+class PieceJobs:
+    """The jobs of a one-PE run with the chunks' addresses left out: they change every run, the
+    rest only with the rechunk, so a repeated rechunk builds its table once (`piece_jobs` of
+    chunks at address 0: ``offsets``) and each run adds its chunks' addresses (`jobs`)."""
+
+    old_block: np.ndarray  # each piece's input chunk (flat index)
+    new_block: np.ndarray  # each piece's output chunk (flat index)
+    offsets: np.ndarray  # (n, 9): the jobs, pointers as offsets into those chunks
+
+    @classmethod
+    def of(cls, rechunk, transfers) -> PieceJobs:
+        """Of every piece in ``transfers`` (a `dask_redist.planning.Transfers`) of ``rechunk``
+        (a `dask_redist.planning.RechunkSpec` of at most 3 axes), C-contiguous chunks assumed."""
+        tables = []
+        for count, boxes_of in (
+            (math.prod(rechunk.old_grid), rechunk.old_boxes),
+            (math.prod(rechunk.new_grid), rechunk.new_boxes),
+        ):
+            lower, upper = boxes_of(np.arange(count))
+            tables.append(ChunkTable(lower, upper, np.zeros(count, np.int64), rechunk.itemsize))
+        t = transfers
+        return cls(t.old_block, t.new_block, piece_jobs(*tables, t.old_block, t.new_block, t.lo, t.hi))
+
+    def jobs(self, inputs: dict, outputs: dict, n_old: int, n_new: int) -> np.ndarray | None:
+        """The jobs for these chunks (flat index -> CuPy array, of ``n_old`` / ``n_new`` in their
+        grids), or None where one is not C-contiguous. Raises KeyError naming a chunk missing."""
+        if not BATCHED or not all(a.flags.c_contiguous for a in (*inputs.values(), *outputs.values())):
+            return None
+        src, dst = _addresses(inputs, n_old)[self.old_block], _addresses(outputs, n_new)[self.new_block]
+        if (src < 0).any() or (dst < 0).any():
+            raise KeyError(
+                f"input chunks {self.old_block[src < 0][:5].tolist()} or output chunks "
+                f"{self.new_block[dst < 0][:5].tolist()} of the run's pieces are not here"
+            )
+        jobs = self.offsets.copy()
+        jobs[:, 0] += src
+        jobs[:, 1] += dst
+        return jobs
+
+
+def _addresses(chunks: dict, count: int) -> np.ndarray:
+    """Each flat index's chunk address, -1 where ``chunks`` has none."""
+    out = np.full(count, -1, dtype=np.int64)
+    out[np.fromiter(chunks, dtype=np.int64, count=len(chunks))] = np.fromiter(
+        (a.data.ptr for a in chunks.values()), dtype=np.int64, count=len(chunks)
+    )
+    return out

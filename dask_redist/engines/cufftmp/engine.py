@@ -30,13 +30,14 @@ every rank makes the same NVSHMEM calls and no worker is lost to a cancel.
 
 from __future__ import annotations
 
+import math
 from collections import namedtuple
 
 import numpy as np
 
 from dask_redist.core.assemble import parts_in
 from dask_redist.engines.cufftmp import fft
-from dask_redist.engines.cufftmp.copies import BoxCopies, ChunkTable, launch, piece_jobs
+from dask_redist.engines.cufftmp.copies import BoxCopies, ChunkTable, PieceJobs, launch
 from dask_redist.engines.cufftmp.description import CufftMpDescription
 from dask_redist.engines.cufftmp.host import HostLink, HostParts
 from dask_redist.engines.cufftmp.nvshmem import Arena, capabilities
@@ -52,6 +53,8 @@ from dask_redist.planning.layout import DirectLayout, choose_layout
 ALIGN = 512
 #: Most pieces a world of one PE copies chunk to chunk (`_local_jobs`); beyond, the arena's rounds.
 LOCAL_MAX_PIECES = 1 << 16
+#: Job tables of one-PE runs kept for a repeated rechunk (`_local_jobs`; 65,536 pieces: 5 MB each).
+KEPT_PIECE_JOBS = 4
 #: What a run of one PE reports as its layout (`CufftMpEngine._record`).
 LOCAL = namedtuple("Local", "mapping rounds")("local (one PE: chunk to chunk)", 1)
 #: Whether cuFFTMp accepts a rank with an empty box (checked on the GPU node; see docs/gpu-testing.md).
@@ -67,24 +70,38 @@ def _strides(lower, upper) -> tuple[int, int, int]:
     return (e[1] * e[2], e[2], 1)
 
 
-def _local_jobs(run, outputs: dict) -> np.ndarray | None:
+def _local_jobs(run, outputs: dict, kept: dict | None = None) -> np.ndarray | None:
     """The copies of every piece of a one-PE run straight from its input chunk into its output
     chunk, or None where the arena's rounds are taken instead: more than `LOCAL_MAX_PIECES`
-    pieces, or chunks a job table cannot describe (more than 3 axes, not C-contiguous)."""
-    rechunk, item = run.spec.collective.rechunk, run.spec.collective.rechunk.itemsize
+    pieces, or chunks a job table cannot describe (more than 3 axes, not C-contiguous).
+    ``kept``: tables of earlier runs by geometry (`PieceJobs`), at most `KEPT_PIECE_JOBS`."""
+    rechunk = run.spec.collective.rechunk
     if not outputs:
         return np.zeros((0, 9), np.int64)
-    if run.plan.piece_count > LOCAL_MAX_PIECES:
+    if rechunk.ndim > 3 or run.plan.piece_count > LOCAL_MAX_PIECES:
         return None
-    ins = ChunkTable.of(run.inputs, rechunk.old_box, item)
-    outs = ChunkTable.of(outputs, rechunk.new_box, item)
-    if ins is None or outs is None:
-        return None
-    t = run.plan.transfers  # (needed chunks only: all of them are this rank's outputs)
-    in_row, out_row = {f: i for i, f in enumerate(run.inputs)}, {f: i for i, f in enumerate(outputs)}
-    src_rows = [in_row[f] for f in t.old_block.tolist()]
-    dst_rows = [out_row[f] for f in t.new_block.tolist()]
-    return piece_jobs(ins, outs, src_rows, dst_rows, t.lo, t.hi)
+    key = (rechunk, run.plan.needed.tobytes())
+    table = kept.pop(key, None) if kept is not None else None
+    if table is None:  # (needed chunks only: all of them are this rank's outputs)
+        table = PieceJobs.of(rechunk, run.plan.transfers)
+    if kept is not None:
+        kept[key] = table  # the most recent last
+        while len(kept) > KEPT_PIECE_JOBS:
+            del kept[next(iter(kept))]
+    try:
+        return table.jobs(run.inputs, outputs, math.prod(rechunk.old_grid), math.prod(rechunk.new_grid))
+    except KeyError as e:
+        raise RedistError(f"{run.name()}: {e.args[0]}") from None
+
+
+def _empty_outputs(run, xp) -> dict:
+    """This rank's output chunks, allocated (none once the run was aborted)."""
+    if run.state == "failed":
+        return {}
+    spec = run.spec.collective
+    owned = run.plan.owned(run.rank)
+    lower, upper = spec.rechunk.new_boxes(owned)
+    return {f: xp.empty(tuple(shape), dtype=spec.dtype) for f, shape in zip(owned, (upper - lower).tolist())}
 
 
 def _box_copies(copies: BoxCopies, chunks: dict, box_of, view, box: Box, into_box: bool) -> None:
@@ -115,6 +132,7 @@ class CufftMpEngine(Engine):
         self.host = HostLink()  # pinned staging for NumPy chunks (.host)
         self._able: dict | None = None  # capabilities(), asked at the first run
         self.ffts = fft.FFTs()  # distributed FFTs kept for later runs (.fft)
+        self.piece_jobs: dict = {}  # one-PE job tables by geometry, least recently used first
 
     # -- the protocol --------------------------------------------------------------------
 
@@ -212,16 +230,13 @@ class CufftMpEngine(Engine):
             return fft.execute(self, run, transport)
         import cupy
 
-        self.prepare(run, transport)
+        self.prepare(run, transport, synchronize=False)  # (waited for below, after the host's work)
         settings = run.spec.collective.settings
-        spec = run.spec.collective
         xp = np if run.spec.chunk_type == "numpy" else cupy  # NumPy in, NumPy out: see .host
-        outputs = {}
-        for flat in run.plan.owned(run.rank) if run.state != "failed" else ():
-            lo, hi = spec.rechunk.new_box(flat)
-            outputs[flat] = xp.empty(tuple(h - l for l, h in zip(lo, hi)), dtype=spec.dtype)
+        outputs = _empty_outputs(run, xp)
         one_pe = len(run.spec.workers) == 1 and xp is cupy and run.state != "failed"
-        if one_pe and (jobs := _local_jobs(run, outputs)) is not None:
+        if one_pe and (jobs := _local_jobs(run, outputs, self.piece_jobs)) is not None:
+            cupy.cuda.Device().synchronize()  # inputs may come from kernels still in flight
             return self._local(run, jobs, outputs)
         run.set_phase("plan")
         layout, _ = choose_layout(
@@ -230,6 +245,9 @@ class CufftMpEngine(Engine):
             size_class_bits=settings.size_class_bits,
             allow_empty=ALLOW_EMPTY_BOXES,
         )
+        # inputs may come from kernels still in flight: waited for only now, the host's work above
+        # (outputs, plans, copy jobs) done meanwhile
+        cupy.cuda.Device().synchronize()
         run.set_phase("exchange")
         self._marks = []
         with self.stream:
@@ -245,9 +263,10 @@ class CufftMpEngine(Engine):
         run.inputs = {}
         run.finish(outputs)
 
-    def prepare(self, run, transport) -> None:
+    def prepare(self, run, transport, synchronize: bool = True) -> None:
         """Be able to run ``run`` here: cufftmp can run on this worker, NVSHMEM is usable, and
-        this worker is in the run's world (collective: bootstrapped with the others if not)."""
+        this worker is in the run's world (collective: bootstrapped with the others if not).
+        ``synchronize``: wait for the inputs' kernels still in flight, here."""
         if self._able is None:
             self._able = capabilities()
         if not self._able["ok"]:  # e.g. redist.engine=cufftmp on workers without GPUs
@@ -258,7 +277,8 @@ class CufftMpEngine(Engine):
 
         if broken := self.health().broken:
             raise RedistError(f"{run.name()}: NVSHMEM is unusable in this worker: {broken}")
-        cupy.cuda.Device().synchronize()  # inputs may come from kernels still in flight
+        if synchronize:
+            cupy.cuda.Device().synchronize()  # inputs may come from kernels still in flight
         self.rounds.reset()
         run.set_phase("bootstrap")  # (an aborted run goes on, dry: see .rounds)
         self.bootstrap(run, transport.exchange_factory)
@@ -321,7 +341,10 @@ class CufftMpEngine(Engine):
         tables = (
             None
             if host
-            else (ChunkTable.of(run.inputs, old_box, item), ChunkTable.of(outputs, new_box, item))
+            else (
+                ChunkTable.of(run.inputs, old_box, item, boxes_of=spec.rechunk.old_boxes),
+                ChunkTable.of(outputs, new_box, item, boxes_of=spec.rechunk.new_boxes),
+            )
         )
 
         def work(k, exchange):
