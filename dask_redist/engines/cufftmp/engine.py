@@ -228,9 +228,9 @@ class CufftMpEngine(Engine):
     def execute(self, run, transport) -> None:
         if run.spec.collective.op is not None:  # a distributed FFT: two legs of this path around it
             return fft.execute(self, run, transport)
+        self.prepare(run, transport, synchronize=False)  # (waited for below, after the host's work)
         import cupy
 
-        self.prepare(run, transport, synchronize=False)  # (waited for below, after the host's work)
         settings = run.spec.collective.settings
         xp = np if run.spec.chunk_type == "numpy" else cupy  # NumPy in, NumPy out: see .host
         outputs = _empty_outputs(run, xp)
