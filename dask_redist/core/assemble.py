@@ -97,11 +97,12 @@ class Assembly:
         """The chunk; a single piece covering it is returned without a copy."""
         if not self.copies:
             return self.parts[0][2]
-        out = empty(self.like, self.shape, self.dtype)
+        shape = self.shape
+        out = empty(self.like, shape, self.dtype)
         covered = 0
-        for lo, hi, a in self.parts:
+        for lo, hi, a in self.parts:  # (math.prod, not np.prod: ~3 us a call, per part of every chunk)
             out[tuple(slice(l - o, u - o) for l, u, o in zip(lo, hi, self.lower))] = a
-            covered += int(np.prod([u - l for l, u in zip(lo, hi)]))
-        if covered != int(np.prod(self.shape)):
-            raise RedistError(f"chunk at {self.lower} got {covered} of {int(np.prod(self.shape))} elements")
+            covered += math.prod(int(u) - int(l) for l, u in zip(lo, hi))
+        if covered != math.prod(shape):
+            raise RedistError(f"chunk at {self.lower} got {covered} of {math.prod(shape)} elements")
         return out
