@@ -213,6 +213,8 @@ def _rechunk_function(x, chunks="auto", threshold=None, block_size_limit=None, b
         y = _original_rechunk_function(x, chunks, threshold, block_size_limit, balance, method)
     finally:
         _calls.depth = depth
+        if depth == 0:
+            _calls.old_to_new = None
     keep = _keep_method[0]
     # (depth 0: the caller's own call; dask's p2p rechunk calls rechunk(method="tasks") inside it)
     if method is not None and depth == 0 and y is not x and keep is not None and keep():
@@ -224,6 +226,19 @@ def _rechunk_function(x, chunks="auto", threshold=None, block_size_limit=None, b
 
 _keep_method: list = [None]
 _calls = threading.local()
+
+
+def _old_to_new_once(old_chunks, new_chunks):
+    """Dask's ``old_to_new``, computed once per call of `_rechunk_function` for the same chunks:
+    Dask's choice of method and distributed's p2p prechunking each compute it for the caller's
+    chunks, Python loops over every chunk boundary (docs/benchmarks.md). Callers only read it."""
+    last = getattr(_calls, "old_to_new", None)
+    if last is not None and last[0] == old_chunks and last[1] == new_chunks:
+        return last[2]
+    result = _original_old_to_new(old_chunks, new_chunks)
+    if getattr(_calls, "depth", 0):  # (inside a rechunk call: kept until it returns)
+        _calls.old_to_new = (old_chunks, new_chunks, result)
+    return result
 
 
 def original_rechunk(x, chunks, threshold=None, block_size_limit=None, balance=False, method=None):
@@ -244,6 +259,9 @@ def record_explicit_methods(keep=None) -> None:
         _keep_method[0] = keep
         function = _original_rechunk_function if keep is None else _rechunk_function
         sys.modules["dask.array.rechunk"].rechunk = function
+        sys.modules["dask.array.rechunk"].old_to_new = (
+            _original_old_to_new if keep is None else _old_to_new_once
+        )
         dask.array.rechunk = function
 
 
@@ -283,6 +301,7 @@ def _original(name: str):
 _original_compute_chunk_sizes = _original("compute_chunk_sizes")
 _original_rechunk = _original("rechunk")
 _original_rechunk_function = getattr(sys.modules.get("dask.array.rechunk"), "rechunk", None)
+_original_old_to_new = getattr(sys.modules.get("dask.array.rechunk"), "old_to_new", None)
 _original_optimize = _array_dict().get("__dask_optimize__")  # (the descriptor, not what it returns)
 
 

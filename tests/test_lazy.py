@@ -105,3 +105,27 @@ def test_empty_arrays_and_disable(shape, old, new):
     np.testing.assert_array_equal(y.compute(scheduler="sync"), np.ones(shape))
     z = da.ones(shape, chunks=old).rechunk(new, method="tasks")  # disabled again: Dask's own layers
     assert not any(isinstance(layer, LazyRechunkStep) for layer in z.dask.layers.values())
+
+
+def test_dasks_chunk_crossings_are_computed_once_per_rechunk(client, monkeypatch):
+    """Dask's choice of method and the p2p pre-chunking both ask ``old_to_new`` for the caller's
+    chunks: while enabled it is computed once per ``x.rechunk`` (`compat._old_to_new_once`), and
+    the graph is still Dask's. Disabled, Dask's own function is back."""
+    import importlib
+
+    from dask_redist import compat
+
+    rechunk_module = importlib.import_module("dask.array.rechunk")  # (dask.array.rechunk is the function)
+    calls = []
+    original = compat._original_old_to_new
+    monkeypatch.setattr(compat, "_original_old_to_new", lambda o, n: calls.append((o, n)) or original(o, n))
+    x = da.ones((64, 60), chunks=(1, 60))
+    plain = x.rechunk((64, 1), method=None)  # (disabled: Dask's own function, not counted)
+    assert calls == [] and rechunk_module.old_to_new is original
+    with dask_redist.enable():
+        lazy = x.rechunk((64, 1), method=None)
+        again = x.rechunk((64, 1), method=None)
+    assert lazy.name == plain.name == again.name and _graph(lazy) == _graph(plain)
+    mine = (x.chunks, ((64,), (1,) * 60))
+    assert calls.count(mine) == 2  # (once for each of the two calls; Dask's steps ask of other chunks)
+    assert rechunk_module.old_to_new is compat._original_old_to_new  # (disabled: Dask's, here counted)
