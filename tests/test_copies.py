@@ -252,30 +252,40 @@ def test_cufftmp_keeps_the_most_recently_used_plans(monkeypatch):
     assert len(plans) == 0 and sorted(destroyed) == [100, 101, 102, 103, 104]
 
 
-@settings(max_examples=150, deadline=None)
-@given(data=st.data())
-def test_piece_jobs_copy_every_piece_from_input_to_output_chunk(data):
-    """A world of one PE: `piece_jobs` (each old chunk ∩ new chunk straight from its input chunk
-    into its output chunk), replayed byte by byte, builds every output chunk as NumPy cuts it."""
-    from dask_redist.engines.cufftmp.copies import ChunkTable, piece_jobs
+def _random_rechunk(data, side: int):
+    """A random 1-3-D shape of at most ``side`` per axis, a dtype, and a `RechunkSpec` between two
+    random chunkings of it."""
     from dask_redist.planning import RechunkSpec
-    from dask_redist.planning.plan import pieces
 
-    ndim = data.draw(st.integers(1, 3))
-    shape = [data.draw(st.integers(1, 9)) for _ in range(ndim)]
+    shape = [data.draw(st.integers(1, side)) for _ in range(data.draw(st.integers(1, 3)))]
 
     def chunking(n):
         cuts = sorted(set(data.draw(st.lists(st.integers(1, n - 1), max_size=3)))) if n > 1 else []
         return tuple(np.diff([0, *cuts, n]).tolist())
 
     dtype = np.dtype(data.draw(st.sampled_from([np.int8, np.float32, np.complex128])))
-    spec = RechunkSpec(tuple(chunking(n) for n in shape), tuple(chunking(n) for n in shape), dtype.itemsize)
+    return (
+        shape,
+        dtype,
+        RechunkSpec(tuple(chunking(n) for n in shape), tuple(chunking(n) for n in shape), dtype.itemsize),
+    )
+
+
+@settings(max_examples=150, deadline=None)
+@given(data=st.data())
+def test_piece_jobs_copy_every_piece_from_input_to_output_chunk(data):
+    """A world of one PE: `piece_jobs` (each old chunk ∩ new chunk straight from its input chunk
+    into its output chunk), replayed byte by byte, builds every output chunk as NumPy cuts it."""
+    from dask_redist.engines.cufftmp.copies import ChunkTable, piece_jobs
+    from dask_redist.planning.plan import pieces
+
+    shape, dtype, spec = _random_rechunk(data, 9)
     whole = (np.arange(int(np.prod(shape))) % 113 + 1).astype(dtype).reshape(shape)
     memory = np.zeros(2 * whole.nbytes, np.uint8)
     tables, offset = [], 0
     for chunks, box_of, fill in ((spec.old, spec.old_box, True), (spec.new, spec.new_box, False)):
         n = int(np.prod([len(c) for c in chunks]))
-        corners = np.array([box_of(f) for f in range(n)], dtype=np.int64).reshape(n, 2, ndim)
+        corners = np.array([box_of(f) for f in range(n)], dtype=np.int64).reshape(n, 2, len(shape))
         ptrs = []
         for lo, hi in corners.tolist():
             part = whole[tuple(slice(a, b) for a, b in zip(lo, hi))]
@@ -336,19 +346,9 @@ def test_a_one_pe_run_copies_every_needed_output_chunk_as_numpy_cuts_it(data):
     from dask_redist.config import Settings
     from dask_redist.core.spec import CollectiveSpec, RunSpec
     from dask_redist.engines.cufftmp.engine import _empty_outputs, _local_jobs
-    from dask_redist.planning import RechunkSpec, make_plan
+    from dask_redist.planning import make_plan
 
-    ndim = data.draw(st.integers(1, 3))
-    shape = [data.draw(st.integers(1, 8)) for _ in range(ndim)]
-
-    def chunking(n):
-        cuts = sorted(set(data.draw(st.lists(st.integers(1, n - 1), max_size=3)))) if n > 1 else []
-        return tuple(np.diff([0, *cuts, n]).tolist())
-
-    dtype = np.dtype(data.draw(st.sampled_from([np.int8, np.float32, np.complex128])))
-    rechunk = RechunkSpec(
-        tuple(chunking(n) for n in shape), tuple(chunking(n) for n in shape), dtype.itemsize
-    )
+    shape, dtype, rechunk = _random_rechunk(data, 8)
     needed = None
     if data.draw(st.booleans()):  # some of the new chunks only (the rest is nobody's output)
         n_new = int(np.prod(rechunk.new_grid))
