@@ -107,7 +107,7 @@ def _gated(block, gate: str):
 
 
 def _barriers_held(dask_scheduler) -> int:
-    return len(dask_scheduler.plugins["redist"].runs.barriers)
+    return len(dask_scheduler.plugins["redist"].runs.under_way())
 
 
 def test_a_rechunk_submitted_before_the_world_lost_a_pe_finishes_on_dask(own_cluster):

@@ -35,7 +35,6 @@ class Runs:
         self.run_ids = RunIds()
         self.by_output: dict = {}  # output key of an active run -> its token
         self.stage_home: dict = {}  # stage key -> worker holding its chunks
-        self.barriers: set[str] = set()  # rechunks (tokens) whose barrier task the scheduler holds
         self.history: deque = deque(maxlen=HISTORY_KEPT)
         self.timeline: dict[str, float] = {}  # wall-clock marks of the latest run, for diagnostics
         self._seq = itertools.count(1)
@@ -200,10 +199,6 @@ class Runs:
                 self.abort(token, "all outputs forgotten", failure="error", outcome="cancelled")
 
     def _barrier_transition(self, token: str, finish: str, stimulus_id: str) -> None:
-        if finish == "forgotten":
-            self.barriers.discard(token)
-        else:
-            self.barriers.add(token)
         rechunk = self.rechunks.get(token)
         if finish == "memory":
             if rechunk is not None and rechunk.pending_restart is not None:  # after this transition
@@ -215,6 +210,13 @@ class Runs:
             if finish == "forgotten":  # nobody can ask for this rechunk again: workers forget it too
                 self.rechunks.pop(token, None)
                 self.send(list(self.scheduler.workers), m.Forget(token))
+
+    def under_way(self) -> list[str]:
+        """The rechunks (tokens) whose barrier task the scheduler holds: submitted, not forgotten.
+        Read from the tasks (a plugin registered by a stage task missed their first transitions);
+        a scan of every key, done when a worker leaves."""
+        n = len(BARRIER_PREFIX)
+        return [k[n:] for k in self.scheduler.tasks if type(k) is str and k.startswith(BARRIER_PREFIX)]
 
     def worker_left(self, worker: str) -> None:
         """``worker`` left: runs it was a rank of restart, its staged chunks are gone."""
@@ -234,4 +236,3 @@ class Runs:
         self.rechunks.clear()
         self.by_output.clear()
         self.stage_home.clear()
-        self.barriers.clear()

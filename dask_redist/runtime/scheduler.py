@@ -253,7 +253,7 @@ class RedistSchedulerPlugin(SchedulerPlugin):
         self.runs.transition(key, start, finish, *args, stimulus_id=stimulus_id, **kwargs)
 
     def remove_worker(self, scheduler, worker: str, *, stimulus_id: str, **kwargs) -> None:
-        self.engines.worker_left(worker, self.runs.barriers)
+        self.engines.worker_left(worker, self.runs.under_way())
         self.runs.worker_left(worker)
 
     def restart(self, scheduler) -> None:
