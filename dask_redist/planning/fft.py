@@ -124,9 +124,10 @@ class DistributedFFT:
     def out_slabs(self, nranks: int) -> Chunks:
         return _slabs(self.out_shape, self.out_axis, nranks)
 
-    def slab_shape(self, nranks: int, rank: int, out: bool) -> tuple[int, ...]:
-        """Rank ``rank``'s slab of one transform (the batch axes left out), of the output if ``out``."""
-        slabs = (self.out_slabs if out else self.in_slabs)(nranks)[self.first :]
+    def slab_shape(self, nranks: int, rank: int, out: bool, batches: bool = False) -> tuple[int, ...]:
+        """Rank ``rank``'s slab of one transform, of the output if ``out``; with ``batches``, of
+        them all (the batch axes first)."""
+        slabs = (self.out_slabs if out else self.in_slabs)(nranks)[0 if batches else self.first :]
         return tuple(c[rank] if len(c) > 1 else c[0] for c in slabs)
 
     def input_space(self, chunks: Chunks) -> Chunks:

@@ -225,7 +225,7 @@ def transforms(engine, run, t: _Transform, slab, error=None):
 
     op, nranks, rank = run.spec.collective.op, len(run.spec.workers), run.rank
     run.set_phase("fft")
-    out_shape = tuple(c[rank] if len(c) > 1 else c[0] for c in op.out_slabs(nranks))
+    out_shape = op.slab_shape(nranks, rank, out=True, batches=True)
     step = Leg(
         run, run.spec, {}, error if slab is not None else error or RedistError(f"{run.name()}: no input slab")
     )
