@@ -31,6 +31,7 @@ import numpy as np
 from dask.utils import parse_bytes
 
 from dask_redist.bench.harness import Result
+from dask_redist.compat import worker_info
 
 CPU_METHODS = ("redist-fft", "redist-fft-enabled", "four-step", "four-step-collective")
 GPU_METHODS = (
@@ -152,7 +153,7 @@ def run(client, size: str, nchunks: int, methods, reps: int, kind: str) -> list[
         r = Result(name, method, nbytes, math.prod(map(len, chunks)), 0)
         try:
             if method == "cupy-whole":
-                worker = sorted(client.scheduler_info()["workers"])[0]
+                worker = sorted(worker_info(client))[0]
                 r.times = client.submit(_cupy_whole, shape, reps, workers=[worker], pure=False).result()
                 r.note = "one GPU, whole array, no Dask"
             else:
