@@ -4,8 +4,8 @@
 #   bash tools/gpu/soaks.sh start MINUTES PES:SEED...   e.g. start 10 2:11 2:12 4:13
 #     one `dask-redist soak --gpu --engine cufftmp` per PES:SEED, each on its own cluster of PES
 #     worker processes sharing GPU 0, every step kind, logs in /tmp/redist-soaks
-#   bash tools/gpu/soaks.sh wait      until every soak has ended (or this call's own limit)
-#   bash tools/gpu/soaks.sh collect   the logs into $OUT, one summary line per soak
+#   bash tools/gpu/soaks.sh wait [SECONDS]   until every soak has ended (or SECONDS have passed)
+#   bash tools/gpu/soaks.sh collect   one summary line per soak, the logs as $OUT/soaks.tgz
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 source tools/gpu/env.sh
@@ -25,15 +25,17 @@ case ${1:-} in
         --engine cufftmp --minutes "$minutes" --max-bytes 64MiB --seed "$seed" >> "$log" 2>&1 < /dev/null &
       echo "soak at $pes PEs, seed $seed, $minutes min: $log"
     done ;;
-  wait) while running; do sleep 5; done ;;
+  wait)
+    deadline=$(( $(date +%s) + ${2:-100000} ))
+    while running && [ "$(date +%s)" -lt "$deadline" ]; do sleep 5; done ;;
   collect)
     out=${OUT:-/tmp/redist-check}; mkdir -p "$out"
     running && echo "(soaks still running)"
     for log in "$dir"/*.log; do
-      cp "$log" "$out/"
       steps=$(grep -cE '^step +[0-9]+ +[a-z]' "$log"); stalls=$(grep -c 'still running after' "$log")
       printf '%-22s %5s steps  %s stalls  %s\n' "$(basename "$log" .log)" "$steps" "$stalls" \
         "$(grep -E '^[0-9]+ problems' "$log" | tail -1)"
-    done ;;
+    done
+    tar czf "$out/soaks.tgz" -C "$dir" . ;;
   *) sed -n 2,8p "$0"; exit 2 ;;
 esac
