@@ -122,6 +122,7 @@ class RedistSchedulerPlugin(SchedulerPlugin):
             return {"status": "OK", "run_id": 0}
         request = Request.of(spec, chunk_type)
         engine, reason = await self._choose_engine(request, ranks, token)
+        self.runs.timeline["engine chosen"] = time.time()
         if problem := spec.run_problem(engine, chunk_type, len(ranks)):  # (a distributed FFT: cufftmp only)
             return {"status": "error", "fatal": True, "message": f"{problem} ({reason})"}
         if problem := self.engines.refusal(engine, request, ranks):
@@ -130,6 +131,7 @@ class RedistSchedulerPlugin(SchedulerPlugin):
             engine, spec.settings, ranks
         )  # (a worker leaving while we plan breaks that world)
         plan = await offload(spec.plan_run, in_ranks, len(ranks), needed)
+        self.runs.timeline["planned"] = time.time()
         if chunk_type == "numpy" and (too_big := over_memory(plan, ranks, self.scheduler.workers)):
             return {"status": "error", "fatal": True, "message": too_big}
         if lost := self._lost(ranks, homes, spec, "left while the run was planned", workers):
