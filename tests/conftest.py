@@ -80,7 +80,8 @@ def gpu_client(**cluster_options):
         from dask_redist.bench.gpu_cluster import SharedGPUCluster
 
         tests = os.path.dirname(os.path.abspath(__file__))  # (functions the tests run there live here)
-        env = {"PYTHONPATH": os.pathsep.join(filter(None, [tests, os.environ.get("PYTHONPATH")]))}
+        path = os.pathsep.join(filter(None, [tests, os.environ.get("PYTHONPATH")]))
+        env = {"PYTHONPATH": path, **cluster_options.pop("env", {})}
         with (
             SharedGPUCluster(n * pes, pes, env=env, **cluster_options) as shared,
             Client(shared.scheduler_address) as client,

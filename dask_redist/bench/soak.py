@@ -33,8 +33,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import os
-import signal
 import threading
 import time
 from dataclasses import dataclass, field
@@ -42,6 +40,7 @@ from typing import Callable
 
 import numpy as np
 
+from dask_redist.bench import kills
 from dask_redist.bench.cases import Case, check, generated, random_case
 from dask_redist.bench.watch import StackDumps, stacks, within
 from dask_redist.compat import worker_info
@@ -254,42 +253,17 @@ class Soak:
         seed = int(self.rng.integers(1 << 16))
         x = generated(case, seed, self.kind)
         y = x.rechunk(case.new).persist()
+        late = kills.until_submitted(self.client, y, WAIT_S)
         time.sleep(float(self.rng.uniform(0, 0.3)))
-        self.client.run(_die, workers=[victim], wait=False)
+        kills.kill(self.client, victim)
         step.killed.append(victim)
         try:
             self._wait_and_check(y, case, step, seed)
         finally:  # (a failed rechunk too: the next steps need the cluster and its world back)
-            self._wait_for_replacement(victim, len(workers), step)
+            lost = kills.wait_for_replacement(self.client, victim, len(workers), 3 * WAIT_S)
+            step.problems += [p for p in (late, lost) if p]
             if self.gpu:
-                self._reform_world(step)
-
-    def _wait_for_replacement(self, victim: str, n: int, step: Step) -> None:
-        """Until the killed worker is gone from the scheduler and its nanny's new process joined.
-
-        On a loaded machine a restart can take many seconds: that is slow, not lost; the step
-        then waits (up to three waits' worth) rather than start the next step with the dead
-        worker still listed, which then counted as "left that was not killed"."""
-        deadline = time.monotonic() + 3 * WAIT_S
-        while time.monotonic() < deadline:
-            workers = worker_info(self.client)
-            if victim not in workers and len(workers) >= n:
-                return
-            time.sleep(0.2)
-        step.problems.append(
-            f"the nanny of killed worker {victim} did not bring a new one within {3 * WAIT_S:g}s"
-        )
-
-    def _reform_world(self, step: Step) -> None:
-        """After a kill on GPUs the survivors are stranded in a world that lost a PE: do what a user
-        is told to, ``bootstrap(restart_broken=True)``; the workers it restarted exited by design."""
-        import dask_redist
-        from dask_redist.config import Settings
-
-        before = set(worker_info(self.client))
-        limit = 2 * Settings.from_config().bootstrap_timeout + ASK_S
-        within(limit, dask_redist.bootstrap, self.client, restart_broken=True)
-        step.exited += sorted(before - set(worker_info(self.client)))
+                step.exited += kills.reform_world(self.client, ASK_S)
 
     # -- checks ------------------------------------------------------------------------
 
@@ -391,7 +365,3 @@ def _leftovers(state: dict) -> dict:
         if n := s["staged chunks"] + s["stage keys"] + len(s["runs"]) + s["early pieces"]:
             held[w] = n
     return held
-
-
-async def _die() -> None:  # a coroutine: Client.run(wait=False) takes only those
-    os.kill(os.getpid(), signal.SIGKILL)

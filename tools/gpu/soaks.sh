@@ -8,6 +8,10 @@
 #   bash tools/gpu/soaks.sh collect   one summary line per soak, the logs as $OUT/soaks.tgz
 set -uo pipefail
 cd "$(dirname "$0")/../.."
+# detached jobs run from a copy of the tree: every later call re-sends the checkout, and a
+# worker (re)starting meanwhile could find a module missing (2026-12-02: a killed worker's
+# replacement failed to start that way, and its soak went on with one worker)
+copy() { local to=/tmp/redist-tree-$1; rm -rf "$to"; mkdir -p "$to"; tar cf - --exclude=./.gpu --exclude=./.git . | tar xf - -C "$to"; echo "$to"; }
 source tools/gpu/env.sh
 dir=/tmp/redist-soaks; mkdir -p "$dir"
 export DASK_REDIST__TIMEOUTS__COLLECTIVE=${DASK_REDIST__TIMEOUTS__COLLECTIVE:-30s}
@@ -18,6 +22,7 @@ running() { pgrep -f "dask_redist.cli soak" > /dev/null; }
 case ${1:-} in
   start)
     minutes=$2; shift 2
+    tree=$(copy soaks); cd "$tree"; export PYTHONPATH=$tree
     for spec in "$@"; do
       pes=${spec%%:*}; seed=${spec##*:}; log=$dir/soak-pes$pes-seed$seed.log
       date -u +"start %H:%M:%S UTC" > "$log"

@@ -9,17 +9,22 @@
 #   bash tools/gpu/suites.sh collect          every summary line, and the logs as $OUT/suites.tgz
 set -uo pipefail
 cd "$(dirname "$0")/../.."
+# detached jobs run from a copy of the tree: every later call re-sends the checkout, and a
+# worker (re)starting meanwhile could find a module missing (2026-12-02: a killed worker's
+# replacement failed to start that way, and its soak went on with one worker)
+copy() { local to=/tmp/redist-tree-$1; rm -rf "$to"; mkdir -p "$to"; tar cf - --exclude=./.gpu --exclude=./.git . | tar xf - -C "$to"; echo "$to"; }
 dir=/tmp/redist-suites; mkdir -p "$dir"
 running() { compgen -G "$dir/*.running" > /dev/null; }
 case ${1:-} in
   start)
     shift
+    tree=$(copy suites)
     for chain in "$@"; do
       touch "$dir/chain-$chain.running"
       script=""
       for pes in ${chain//,/ }; do
         steps="world gpu"; [ "$pes" = 1 ] && steps="versions doctor gpu"
-        script+="OUT=$dir/pes$pes REDIST_TEST_GPUS=1 REDIST_TEST_PES=$pes bash tools/gpu/check.sh $steps; "
+        script+="OUT=$dir/pes$pes REDIST_TEST_GPUS=1 REDIST_TEST_PES=$pes bash $tree/tools/gpu/check.sh $steps; "
       done
       setsid nohup bash -c "$script rm -f $dir/chain-$chain.running" > "$dir/chain-$chain.out" 2>&1 < /dev/null &
       echo "chain $chain started"
