@@ -76,7 +76,9 @@ def gpu_client(**cluster_options):
     n = min(want, cupy.cuda.runtime.getDeviceCount())
     if n < want or n < 1:
         pytest.skip(f"needs {want} GPUs")
-    if pes > 1:
+    # (LocalCUDACluster replaces a worker's `env` with its CUDA_VISIBLE_DEVICES: workers that
+    # need an environment of their own are started as dask cuda worker processes)
+    if pes > 1 or "env" in cluster_options:
         from dask_redist.bench.gpu_cluster import SharedGPUCluster
 
         tests = os.path.dirname(os.path.abspath(__file__))  # (functions the tests run there live here)
