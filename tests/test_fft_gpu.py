@@ -185,9 +185,11 @@ def test_what_cufftmp_cannot_run_falls_back(gpu_client, fft_gpu, call, why):
     np.testing.assert_allclose(y.compute().get(), call(np.fft, a), rtol=1e-10, atol=1e-8)
 
 
-def test_off_by_default_on_gpus(gpu_client):
+def test_on_by_default_and_off_when_asked(gpu_client):
     a = np.ones((16, 16, 16), dtype=complex)
-    y = F.fftn(cupy_array(a, (4, 16, 16)))
+    assert "gpu" in _path(F.fftn(cupy_array(a, (4, 16, 16))))
+    with dask.config.set({"redist.fft.gpu": False}):
+        y = F.fftn(cupy_array(a, (4, 16, 16)))
     assert "redist.fft.gpu: false" in _path(y)["local"].reason
     np.testing.assert_allclose(y.compute().get(), np.fft.fftn(a), atol=1e-9)
 
