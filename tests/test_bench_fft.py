@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from dask_redist.bench import fft as bench_fft
@@ -13,13 +14,42 @@ def test_pencils(n, pencils):
 
 
 def test_every_method_runs_and_is_checked(client):
-    results = bench_fft.run(client, "512KiB", 8, bench_fft.CPU_METHODS, reps=1, kind="numpy")
+    lines = []
+    results = bench_fft.run(
+        client, "512KiB", 8, bench_fft.CPU_METHODS, reps=1, kind="numpy", say=lines.append
+    )
     assert [r.method for r in results] == [
         "redist-fft",
         "redist-fft-enabled",
         "four-step",
         "four-step-collective",
+        "floor",
     ]
     for r in results:
         assert r.error is None and r.correct is True and len(r.times) == 1, r
         assert r.nchunks_in == 8 and r.nchunks_out > 1
+    # one line per method as it ends (four-step first: the reference), each with its median
+    assert [line.split(": ")[1].split()[0] for line in lines] == [
+        "four-step",
+        *(m for m in bench_fft.CPU_METHODS if m != "four-step"),
+    ]
+    assert all("median" in line and "right" in line for line in lines), lines
+
+
+def test_the_input_is_the_same_for_every_method_and_new_per_repetition(client):
+    shape, chunks = (6, 5, 4), ((3, 3), (5,), (2, 2))
+    a = bench_fft.input_array(client, shape, chunks, "numpy", seed=1).compute()
+    b = bench_fft.input_array(client, shape, chunks, "numpy", seed=1).compute()
+    c = bench_fft.input_array(client, shape, chunks, "numpy", seed=2).compute()
+    assert a.dtype == np.complex128 and a.shape == shape and not a.imag.any()
+    np.testing.assert_array_equal(a, b)
+    assert not np.array_equal(a, c) and len(np.unique(a.real)) == a.size
+
+
+def test_against_target_relates_the_gpu_path_to_the_whole_array_and_the_floor():
+    def row(method, seconds):
+        return bench_fft.Result("case", method, 1, 8, 8, times=[seconds])
+
+    rows = [row("redist-fft-gpu", 0.3), row("cupy-whole", 0.1), row("floor", 0.1), row("four-step", 0.6)]
+    assert bench_fft.against_target(rows) == "redist-fft-gpu = 1.50 x (cupy-whole + floor), 0.50 x four-step"
+    assert bench_fft.against_target(rows[:2]) is None
