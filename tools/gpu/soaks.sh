@@ -8,10 +8,7 @@
 #   bash tools/gpu/soaks.sh collect   one summary line per soak, the logs as $OUT/soaks.tgz
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-# detached jobs run from a copy of the tree: every later call re-sends the checkout, and a
-# worker (re)starting meanwhile could find a module missing (2026-12-02: a killed worker's
-# replacement failed to start that way, and its soak went on with one worker)
-copy() { local to=/tmp/redist-tree-$1; rm -rf "$to"; mkdir -p "$to"; tar cf - --exclude=./.gpu --exclude=./.git . | tar xf - -C "$to"; echo "$to"; }
+source tools/gpu/detached.sh
 source tools/gpu/env.sh
 dir=/tmp/redist-soaks; mkdir -p "$dir"
 export DASK_REDIST__TIMEOUTS__COLLECTIVE=${DASK_REDIST__TIMEOUTS__COLLECTIVE:-30s}
@@ -22,7 +19,7 @@ running() { pgrep -f "dask_redist.cli soak" > /dev/null; }
 case ${1:-} in
   start)
     minutes=$2; shift 2
-    tree=$(copy soaks); cd "$tree"; export PYTHONPATH=$tree
+    tree=$(copy_tree soaks); cd "$tree"; export PYTHONPATH=$tree
     for spec in "$@"; do
       pes=${spec%%:*}; seed=${spec##*:}; log=$dir/soak-pes$pes-seed$seed.log
       date -u +"start %H:%M:%S UTC" > "$log"
@@ -30,17 +27,14 @@ case ${1:-} in
         --engine cufftmp --minutes "$minutes" --max-bytes 64MiB --seed "$seed" >> "$log" 2>&1 < /dev/null &
       echo "soak at $pes PEs, seed $seed, $minutes min: $log"
     done ;;
-  wait)
-    deadline=$(( $(date +%s) + ${2:-100000} ))
-    while running && [ "$(date +%s)" -lt "$deadline" ]; do sleep 5; done ;;
+  wait) wait_while "${2:-}" ;;
   collect)
-    out=${OUT:-/tmp/redist-check}; mkdir -p "$out"
     running && echo "(soaks still running)"
     for log in "$dir"/*.log; do
       steps=$(grep -cE '^step +[0-9]+ +[a-z]' "$log"); stalls=$(grep -c 'still running after' "$log")
       printf '%-22s %5s steps  %s stalls  %s\n' "$(basename "$log" .log)" "$steps" "$stalls" \
         "$(grep -E '^[0-9]+ problems' "$log" | tail -1)"
     done
-    tar czf "$out/soaks.tgz" -C "$dir" . ;;
+    pack soaks "$dir" ;;
   *) sed -n 2,8p "$0"; exit 2 ;;
 esac

@@ -9,16 +9,13 @@
 #   bash tools/gpu/suites.sh collect          every summary line, and the logs as $OUT/suites.tgz
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-# detached jobs run from a copy of the tree: every later call re-sends the checkout, and a
-# worker (re)starting meanwhile could find a module missing (2026-12-02: a killed worker's
-# replacement failed to start that way, and its soak went on with one worker)
-copy() { local to=/tmp/redist-tree-$1; rm -rf "$to"; mkdir -p "$to"; tar cf - --exclude=./.gpu --exclude=./.git . | tar xf - -C "$to"; echo "$to"; }
+source tools/gpu/detached.sh
 dir=/tmp/redist-suites; mkdir -p "$dir"
 running() { compgen -G "$dir/*.running" > /dev/null; }
 case ${1:-} in
   start)
     shift
-    tree=$(copy suites)
+    tree=$(copy_tree suites)
     for chain in "$@"; do
       touch "$dir/chain-$chain.running"
       script=""
@@ -29,13 +26,10 @@ case ${1:-} in
       setsid nohup bash -c "$script rm -f $dir/chain-$chain.running" > "$dir/chain-$chain.out" 2>&1 < /dev/null &
       echo "chain $chain started"
     done ;;
-  wait)
-    deadline=$(( $(date +%s) + ${2:-100000} ))
-    while running && [ "$(date +%s)" -lt "$deadline" ]; do sleep 5; done ;;
+  wait) wait_while "${2:-}" ;;
   collect)
-    out=${OUT:-/tmp/redist-check}; mkdir -p "$out"
     running && echo "(still running: $(cd "$dir" && ls *.running | tr '\n' ' '))"
     for s in "$dir"/pes*/summary.txt; do [ -f "$s" ] && { echo "== $(basename "$(dirname "$s")")"; cat "$s"; }; done
-    tar czf "$out/suites.tgz" -C "$dir" . ;;
+    pack suites "$dir" ;;
   *) sed -n 2,9p "$0"; exit 2 ;;
 esac
