@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# On the GPU node, after install.sh: the benchmarks of issues 25 and 28, one after another and
+# alone on the GPU, detached (together they take longer than a call may).
+#   bash tools/gpu/benches.sh start [fft] [rechunk]   (default both; logs, .md and .json in /tmp/redist-benches)
+#     fft: `bench --fft --gpu --size 8GiB --chunks 8 64 256 1024` at 1 PE, then 2 PEs sharing the GPU
+#     rechunk: `bench --gpu --size 8GiB` at 2-256 chunks with Dask's tasks, 1024 and 4096 without
+#       (tasks takes minutes there), at 1 PE, then at 2 PEs
+#   bash tools/gpu/benches.sh wait [SECONDS]   until they have ended (or SECONDS have passed)
+#   bash tools/gpu/benches.sh collect          the last lines of each log, everything as $OUT/benches.tgz
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+source tools/gpu/detached.sh
+source tools/gpu/env.sh
+dir=/tmp/redist-benches; mkdir -p "$dir"
+running() { [ -f "$dir/running" ]; }
+bench() {  # name args...: one bench, its log in $dir/name.log
+  local name=$1; shift
+  echo "python3 -m dask_redist.cli bench $* --reps 3 --out $dir --name $name >> $dir/$name.log 2>&1; "
+}
+pes() {  # the workers of K PEs on the GPU: one LocalCUDACluster worker, else K sharing it
+  if [ "$1" = 1 ]; then echo "--workers 1"; else echo "--workers $1 --pes-per-gpu $1"; fi
+}
+case ${1:-} in
+  start)
+    shift; what=${*:-fft rechunk}
+    tree=$(copy_tree benches); script="cd $tree; export PYTHONPATH=$tree; "
+    for w in $what; do case $w in
+      fft) for k in 1 2; do
+          script+="NVSHMEM_SYMMETRIC_SIZE=40G $(bench gpu-fft-pes$k --fft --gpu $(pes $k) --size 8GiB --chunks 8 64 256 1024)"
+        done ;;
+      rechunk) for k in 1 2; do
+          script+="$(bench gpu-floor-pes$k --gpu $(pes $k) --size 8GiB --chunks 2 16 64 256 --methods redist-cufftmp floor tasks)"
+          script+="$(bench gpu-floor-pes$k --gpu $(pes $k) --size 8GiB --chunks 1024 4096 --methods redist-cufftmp floor --append)"
+        done ;;
+      *) echo "unknown: $w"; exit 2 ;;
+    esac; done
+    touch "$dir/running"
+    setsid nohup bash -c "$script rm -f $dir/running" > "$dir/chain.out" 2>&1 < /dev/null &
+    echo "benches started: $what" ;;
+  wait) wait_while "${2:-}" ;;
+  collect)
+    running && echo "(still running)"
+    for log in "$dir"/*.log; do [ -f "$log" ] && { echo "== $(basename "$log")"; grep -vE '^[0-9-]+ [0-9:,]+ - |^\s*$|[Ww]arn' "$log" | tail -15; }; done
+    pack benches "$dir" ;;
+  *) sed -n 2,10p "$0"; exit 2 ;;
+esac
