@@ -164,12 +164,14 @@ def test_what_cufftmp_cannot_run_is_named(shape, kind, kwargs, dtype, match):
     assert match in gpu.transform_problem(op, dtype, 4)
 
 
-def test_the_gpu_path_is_off_by_default_and_its_key_is_checked():
+def test_the_gpu_path_is_on_by_default_and_its_key_is_checked():
     import dask
 
     from dask_redist.config import ConfigError
 
-    assert gpu.enabled() is False
+    assert gpu.enabled() is True
+    with dask.config.set({"redist.fft.gpu": False}):
+        assert gpu.enabled() is False
     with (
         dask.config.set({"redist.fft.gpu": "yes"}),
         pytest.raises(ConfigError, match="redist.fft.gpu must be"),
