@@ -107,3 +107,18 @@ def test_the_demo_is_quiet():
     assert "| slab 1.00 MiB 4->4 float64 | p2p |" in out.stdout and "dashboard: http://" in out.stdout, (
         out.stdout
     )
+
+
+def test_more_gpu_workers_than_gpus_is_refused_with_what_to_do(monkeypatch):
+    """LocalCUDACluster starts one worker per GPU; asking for more says how to get them."""
+    from dask_redist.cli.clusters import too_many_workers
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    too_many_workers(1)
+    with pytest.raises(
+        SystemExit, match=r"--workers 2 with --gpu .* 1 GPU\(s\) .* --workers 1, or --pes-per-gpu 2"
+    ):
+        too_many_workers(2)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
+    with pytest.raises(SystemExit, match="--pes-per-gpu 3"):
+        too_many_workers(5)

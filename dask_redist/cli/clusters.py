@@ -58,6 +58,7 @@ def client_for(args):
         if args.gpu:
             from dask_cuda import LocalCUDACluster
 
+            too_many_workers(args.workers)
             cluster = LocalCUDACluster(n_workers=args.workers, dashboard_address=":0", protocol=args.protocol)
         else:
             cluster = LocalCluster(
@@ -70,6 +71,20 @@ def client_for(args):
         with cluster, Client(cluster) as client:
             client.wait_for_workers(args.workers)
             yield client
+
+
+def too_many_workers(workers: int) -> None:
+    """Refuse, with what to do instead, more LocalCUDACluster workers than visible GPUs (dask-cuda
+    says only "Can not scale beyond visible devices")."""
+    from dask_redist.bench.gpu_cluster import visible_gpus
+
+    gpus = visible_gpus()
+    if workers > len(gpus):
+        raise SystemExit(
+            f"dask-redist: --workers {workers} with --gpu starts one worker per GPU, and {len(gpus)} GPU(s) "
+            f"are visible; use --workers {len(gpus)}, or --pes-per-gpu {-(-workers // max(len(gpus), 1))} "
+            "to start several workers (NVSHMEM PEs) on each GPU"
+        )
 
 
 def cluster_args(p: argparse.ArgumentParser, workers: int = 2):
