@@ -122,3 +122,15 @@ def test_more_gpu_workers_than_gpus_is_refused_with_what_to_do(monkeypatch):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
     with pytest.raises(SystemExit, match="--pes-per-gpu 3"):
         too_many_workers(5)
+
+
+def test_the_local_cluster_has_one_worker_per_visible_gpu_unless_told(monkeypatch):
+    from dask_redist.cli.clusters import local_workers
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    bench = _commands()["bench"]
+    assert local_workers(bench.parse_args(["--gpu"])) == 1
+    assert local_workers(bench.parse_args(["--gpu", "--pes-per-gpu", "4"])) == 4
+    assert local_workers(bench.parse_args(["--gpu", "--workers", "2", "--pes-per-gpu", "2"])) == 2
+    assert local_workers(bench.parse_args([])) == 2
+    assert local_workers(_commands()["soak"].parse_args([])) == 3

@@ -47,30 +47,43 @@ def client_for(args):
     # A worker killed (the soak's kills, a crash) is restarted by its nanny; on a loaded machine that
     # can take longer than the 15 s after which LocalCluster closes the nanny of a lost worker name
     # (distributed.deploy.lost-worker-timeout), shrinking the cluster for good.
+    workers = local_workers(args)
     with dask.config.set({"distributed.deploy.lost-worker-timeout": "1h"}):
         if args.gpu and args.pes_per_gpu:
             from dask_redist.bench.gpu_cluster import SharedGPUCluster
 
-            with SharedGPUCluster(args.workers, args.pes_per_gpu, protocol=args.protocol) as shared:
+            with SharedGPUCluster(workers, args.pes_per_gpu, protocol=args.protocol) as shared:
                 with Client(shared.scheduler_address) as client:
                     yield client
             return
         if args.gpu:
             from dask_cuda import LocalCUDACluster
 
-            too_many_workers(args.workers)
-            cluster = LocalCUDACluster(n_workers=args.workers, dashboard_address=":0", protocol=args.protocol)
+            too_many_workers(workers)
+            cluster = LocalCUDACluster(n_workers=workers, dashboard_address=":0", protocol=args.protocol)
         else:
             cluster = LocalCluster(
-                n_workers=args.workers,
+                n_workers=workers,
                 threads_per_worker=args.threads,
                 processes=True,
                 dashboard_address=":0",
                 protocol=args.protocol,
             )
         with cluster, Client(cluster) as client:
-            client.wait_for_workers(args.workers)
+            client.wait_for_workers(workers)
             yield client
+
+
+def local_workers(args) -> int:
+    """The local cluster's workers: ``--workers``, else one per visible GPU (``--pes-per-gpu``
+    each) with ``--gpu``, else the command's own default."""
+    if args.workers is not None:
+        return args.workers
+    if args.gpu:
+        from dask_redist.bench.gpu_cluster import visible_gpus
+
+        return len(visible_gpus()) * (args.pes_per_gpu or 1)
+    return args.cpu_workers
 
 
 def too_many_workers(workers: int) -> None:
@@ -96,7 +109,12 @@ def cluster_args(p: argparse.ArgumentParser, workers: int = 2):
         metavar="SECONDS",
         help="with --scheduler: how long to wait for the scheduler, then for its first worker (default 60)",
     )
-    p.add_argument("--workers", type=int, default=workers, help="workers of the local cluster")
+    p.add_argument(
+        "--workers",
+        type=int,
+        help=f"workers of the local cluster (default {workers}; with --gpu, one per visible GPU, times --pes-per-gpu)",
+    )
+    p.set_defaults(cpu_workers=workers)
     p.add_argument("--threads", type=int, default=1, help="threads per worker of the local CPU cluster")
     p.add_argument("--gpu", action="store_true", help="LocalCUDACluster and CuPy chunks")
     p.add_argument(
