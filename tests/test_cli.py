@@ -134,3 +134,21 @@ def test_the_local_cluster_has_one_worker_per_visible_gpu_unless_told(monkeypatc
     assert local_workers(bench.parse_args(["--gpu", "--workers", "2", "--pes-per-gpu", "2"])) == 2
     assert local_workers(bench.parse_args([])) == 2
     assert local_workers(_commands()["soak"].parse_args([])) == 3
+
+
+def test_gpu_without_the_gpu_packages_says_how_to_get_them(monkeypatch):
+    import importlib.util
+
+    from dask_redist.cli.clusters import gpu_packages
+
+    installed = {"cupy"}
+    monkeypatch.setattr(importlib.util, "find_spec", lambda m, *a: object() if m in installed else None)
+    with pytest.raises(
+        SystemExit, match=r"and dask_cuda is not installed here: pip install 'dask-redist\[gpu\]'"
+    ):
+        gpu_packages()
+    installed.clear()
+    with pytest.raises(SystemExit, match="cupy and dask_cuda are not installed"):
+        gpu_packages()
+    installed.update({"cupy", "dask_cuda"})
+    gpu_packages()

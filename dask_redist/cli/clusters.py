@@ -47,6 +47,8 @@ def client_for(args):
     # A worker killed (the soak's kills, a crash) is restarted by its nanny; on a loaded machine that
     # can take longer than the 15 s after which LocalCluster closes the nanny of a lost worker name
     # (distributed.deploy.lost-worker-timeout), shrinking the cluster for good.
+    if args.gpu:
+        gpu_packages()
     workers = local_workers(args)
     with dask.config.set({"distributed.deploy.lost-worker-timeout": "1h"}):
         if args.gpu and args.pes_per_gpu:
@@ -72,6 +74,18 @@ def client_for(args):
         with cluster, Client(cluster) as client:
             client.wait_for_workers(workers)
             yield client
+
+
+def gpu_packages() -> None:
+    """Refuse ``--gpu`` where CuPy or dask-cuda is not installed, saying how to get them."""
+    import importlib.util
+
+    if missing := [m for m in ("cupy", "dask_cuda") if importlib.util.find_spec(m) is None]:
+        raise SystemExit(
+            f"dask-redist: --gpu starts dask-cuda workers with CuPy chunks, and {' and '.join(missing)} "
+            f"{'is' if len(missing) == 1 else 'are'} not installed here: pip install 'dask-redist[gpu]' "
+            "(CUDA 13), or leave out --gpu"
+        )
 
 
 def local_workers(args) -> int:
