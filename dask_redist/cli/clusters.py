@@ -44,12 +44,12 @@ def client_for(args):
                 ) from None
             yield client
         return
-    # A worker killed (the soak's kills, a crash) is restarted by its nanny; on a loaded machine that
-    # can take longer than the 15 s after which LocalCluster closes the nanny of a lost worker name
-    # (distributed.deploy.lost-worker-timeout), shrinking the cluster for good.
     if args.gpu:
         gpu_packages()
     workers = local_workers(args)
+    # A worker killed (the soak's kills, a crash) is restarted by its nanny; on a loaded machine that
+    # can take longer than the 15 s after which LocalCluster closes the nanny of a lost worker name
+    # (distributed.deploy.lost-worker-timeout), shrinking the cluster for good.
     with dask.config.set({"distributed.deploy.lost-worker-timeout": "1h"}):
         if args.gpu and args.pes_per_gpu:
             from dask_redist.bench.gpu_cluster import SharedGPUCluster
