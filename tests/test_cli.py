@@ -152,3 +152,14 @@ def test_gpu_without_the_gpu_packages_says_how_to_get_them(monkeypatch):
         gpu_packages()
     installed.update({"cupy", "dask_cuda"})
     gpu_packages()
+
+
+def test_workers_sharing_gpus_that_do_not_fit_are_refused_by_the_same_rule(monkeypatch):
+    from dask_redist.bench.gpu_cluster import SharedGPUCluster
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
+    SharedGPUCluster(4, 2)  # (nothing starts before __enter__)
+    with pytest.raises(
+        ValueError, match="--workers 5 with --gpu start 2 per GPU.* --workers 4, or --pes-per-gpu 3"
+    ):
+        SharedGPUCluster(5, 2)

@@ -42,6 +42,18 @@ def heap_per_pe(pes_per_gpu: int) -> str:
     return next((size for most, size in sorted(HEAP_PER_PE.items()) if pes_per_gpu <= most), "2G")
 
 
+def unfit(workers: int, pes_per_gpu: int, gpus: list[str]) -> str | None:
+    """Why ``workers`` do not fit the visible ``gpus`` at ``pes_per_gpu`` on each, and what to ask
+    instead, or None (LocalCUDACluster: one per GPU)."""
+    if workers <= pes_per_gpu * len(gpus):
+        return None
+    return (
+        f"--workers {workers} with --gpu start {pes_per_gpu} per GPU, and {len(gpus)} GPU(s) are visible; "
+        f"use --workers {pes_per_gpu * len(gpus)}, or --pes-per-gpu {-(-workers // max(len(gpus), 1))} "
+        "to start several workers (NVSHMEM PEs) on each GPU"
+    )
+
+
 class SharedGPUCluster:
     """A scheduler in this process and ``workers`` ``dask cuda worker`` processes, ``pes_per_gpu``
     on each GPU in turn (worker i on GPU i // pes_per_gpu). A context manager; ``scheduler_address``.
@@ -74,11 +86,8 @@ class SharedGPUCluster:
 
     def _device(self, i: int) -> str:
         """The GPU of worker ``i``."""
-        if i >= self.pes_per_gpu * len(self.gpus):
-            raise ValueError(
-                f"{i + 1} workers do not fit {len(self.gpus)} visible GPU(s) at {self.pes_per_gpu} per GPU; "
-                "raise --pes-per-gpu or lower --workers"
-            )
+        if why := unfit(i + 1, self.pes_per_gpu, self.gpus):
+            raise ValueError(why)
         return self.gpus[i // self.pes_per_gpu]
 
     @property

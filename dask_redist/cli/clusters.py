@@ -103,15 +103,10 @@ def local_workers(args) -> int:
 def too_many_workers(workers: int) -> None:
     """Refuse, with what to do instead, more LocalCUDACluster workers than visible GPUs (dask-cuda
     says only "Can not scale beyond visible devices")."""
-    from dask_redist.bench.gpu_cluster import visible_gpus
+    from dask_redist.bench.gpu_cluster import unfit, visible_gpus
 
-    gpus = visible_gpus()
-    if workers > len(gpus):
-        raise SystemExit(
-            f"dask-redist: --workers {workers} with --gpu starts one worker per GPU, and {len(gpus)} GPU(s) "
-            f"are visible; use --workers {len(gpus)}, or --pes-per-gpu {-(-workers // max(len(gpus), 1))} "
-            "to start several workers (NVSHMEM PEs) on each GPU"
-        )
+    if why := unfit(workers, 1, visible_gpus()):
+        raise SystemExit(f"dask-redist: {why}")
 
 
 def cluster_args(p: argparse.ArgumentParser, workers: int = 2):
