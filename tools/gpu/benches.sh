@@ -12,7 +12,7 @@ cd "$(dirname "$0")/../.."
 source tools/gpu/detached.sh
 source tools/gpu/env.sh
 dir=/tmp/redist-benches; mkdir -p "$dir"
-running() { [ -f "$dir/running" ]; }
+running() { launched "$dir"; }
 bench() {  # name args...: one bench, its log in $dir/name.log
   local name=$1; shift
   echo "python3 -m dask_redist.cli bench $* --reps 3 --out $dir --name $name >> $dir/$name.log 2>&1; "
@@ -34,8 +34,7 @@ case ${1:-} in
         done ;;
       *) echo "unknown: $w"; exit 2 ;;
     esac; done
-    touch "$dir/running"
-    setsid nohup bash -c "$script rm -f $dir/running" > "$dir/chain.out" 2>&1 < /dev/null &
+    launch "$dir" benches "$script"
     echo "benches started: $what" ;;
   wait) wait_while "${2:-}" ;;
   collect)

@@ -11,19 +11,18 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 source tools/gpu/detached.sh
 dir=/tmp/redist-suites; mkdir -p "$dir"
-running() { compgen -G "$dir/*.running" > /dev/null; }
+running() { launched "$dir"; }
 case ${1:-} in
   start)
     shift
     tree=$(copy_tree suites)
     for chain in "$@"; do
-      touch "$dir/chain-$chain.running"
       script=""
       for pes in ${chain//,/ }; do
         steps="world gpu"; [ "$pes" = 1 ] && steps="versions doctor gpu"
         script+="OUT=$dir/pes$pes REDIST_TEST_GPUS=1 REDIST_TEST_PES=$pes bash $tree/tools/gpu/check.sh $steps; "
       done
-      setsid nohup bash -c "$script rm -f $dir/chain-$chain.running" > "$dir/chain-$chain.out" 2>&1 < /dev/null &
+      launch "$dir" "chain-$chain" "$script"
       echo "chain $chain started"
     done ;;
   wait) wait_while "${2:-}" ;;
