@@ -322,6 +322,21 @@ def test_piece_jobs_of_slabs_are_a_few_long_rows():
     assert jobs[:, 1].tolist() == [2000, 3000, 2000 + 2 * 3 * 64, 3000 + 2 * 3 * 64]
 
 
+def test_a_chunk_staged_whole_is_one_row_and_a_column_of_a_box_one_row_per_line():
+    """Two slabs of a (2, 4, 8) float64 array into the whole array's box: each slab is one
+    contiguous row on both sides; a box of half the last axis cuts them into lines."""
+    from dask_redist.engines.cufftmp.copies import ChunkTable
+
+    old = np.array([[[0, 0, 0], [1, 4, 8]], [[1, 0, 0], [2, 4, 8]]])
+    table = ChunkTable(old[:, 0], old[:, 1], np.array([0, 256]), 8)
+    whole = table.jobs((0, 0, 0), (2, 4, 8), 1000, into_box=True)
+    assert whole[:, 2:5].tolist() == [[1, 1, 256], [1, 1, 256]]  # (n0, n1, bytes): one row each
+    assert whole[:, 0].tolist() == [0, 256] and whole[:, 1].tolist() == [1000, 1256]
+    half = table.jobs((0, 0, 0), (2, 4, 4), 1000, into_box=False)
+    assert half[:, 2:5].tolist() == [[1, 4, 32], [1, 4, 32]]  # 4 lines of 4 float64 each
+    assert half[:, 0].tolist() == [1000, 1128] and half[:, 1].tolist() == [0, 256]
+
+
 class _InMemory:
     """What the engine reads of a C-contiguous CuPy array, for a chunk kept at ``ptr`` in one
     byte buffer (the replayed jobs' pointers are offsets into it)."""

@@ -184,20 +184,25 @@ class ChunkTable:
         c_st, b_st = self.strides[keep], np.broadcast_to(box.strides, (len(lo), 3))
         src, dst = (c_ptr, b_ptr) if into_box else (b_ptr, c_ptr)
         s_st, d_st = (c_st, b_st) if into_box else (b_st, c_st)
-        return np.stack(
-            [
-                src,
-                dst,
-                e[:, 0],
-                e[:, 1],
-                e[:, 2] * self.itemsize,
-                s_st[:, 0],
-                s_st[:, 1],
-                d_st[:, 0],
-                d_st[:, 1],
-            ],
-            axis=1,
+        jobs = np.empty((len(lo), 9), np.int64)
+        jobs[:, 0], jobs[:, 1] = src, dst
+        rows = _merged(
+            e[:, 0], e[:, 1], e[:, 2] * self.itemsize, s_st[:, 0], s_st[:, 1], d_st[:, 0], d_st[:, 1]
         )
+        for col, values in enumerate(rows, start=2):
+            jobs[:, col] = values
+        return jobs
+
+
+def _merged(n0, n1, nbytes, s0, s1, d0, d1) -> tuple:
+    """Jobs' rows with those contiguous on both sides made one longer row: a chunk staged whole
+    is one row, not one per line of its last axis (each row is a unit of work for the kernel,
+    and a row of a few hundred bytes keeps most of a block idle)."""
+    inner = (n1 == 1) | ((s1 == nbytes) & (d1 == nbytes))
+    nbytes, n1 = np.where(inner, nbytes * n1, nbytes), np.where(inner, 1, n1)
+    outer = inner & ((n0 == 1) | ((s0 == nbytes) & (d0 == nbytes)))
+    nbytes, n0 = np.where(outer, nbytes * n0, nbytes), np.where(outer, 1, n0)
+    return n0, n1, nbytes, s0, s1, d0, d1
 
 
 def piece_jobs(
@@ -223,12 +228,8 @@ def piece_jobs(
     nbytes = (hi[:, -1] - lo[:, -1]) * src.itemsize
     s0, s1 = src.strides[src_rows, 0], src.strides[src_rows, 1]
     d0, d1 = dst.strides[dst_rows, 0], dst.strides[dst_rows, 1]
-    # rows contiguous on both sides are one longer row (a slab's part of a slab: one row per plane)
-    inner = (s1 == nbytes) & (d1 == nbytes)
-    nbytes, n1 = np.where(inner, nbytes * n1, nbytes), np.where(inner, 1, n1)
-    outer = inner & (s0 == nbytes) & (d0 == nbytes)
-    nbytes, n0 = np.where(outer, nbytes * n0, nbytes), np.where(outer, 1, n0)
-    for col, values in enumerate((n0, n1, nbytes, s0, s1, d0, d1), start=2):
+    # (a slab's part of a slab: one row per plane)
+    for col, values in enumerate(_merged(n0, n1, nbytes, s0, s1, d0, d1), start=2):
         jobs[:, col] = values
     return jobs
 
