@@ -192,3 +192,24 @@ def test_a_worker_run_must_stop_only_when_aborted_and_not_completable():
     run.completes_when_aborted = True
     run.fail(RedistError("left"), gone=["tcp://b"])
     assert run.must_stop()
+
+
+def test_the_time_waiting_for_a_place_in_the_queue_is_counted_per_run():
+    """`Rounds.ahead_s`: what the engine reports as the host's waiting (its statistics' "host
+    waiting ms"), counted from `next_round` until the oldest round is done, reset by each run."""
+    released, done_at = threading.Event(), []
+    rounds = Rounds(lambda: Done(released.is_set))
+    for _ in range(module.ROUNDS_AHEAD):  # the queue full
+        rounds.queued(Done(released.is_set))
+
+    def release():
+        time.sleep(0.05)
+        done_at.append(time.monotonic())
+        released.set()
+
+    threading.Thread(target=release, daemon=True).start()
+    called = time.monotonic()
+    assert rounds.next_round(Run(0)) is True
+    assert rounds.ahead_s >= done_at[0] - called > 0
+    rounds.reset()
+    assert rounds.ahead_s == 0.0

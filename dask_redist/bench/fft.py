@@ -37,7 +37,7 @@ from dask.utils import parse_bytes
 
 from dask_redist.bench.cases import Case
 from dask_redist.bench.floor import floor_row
-from dask_redist.bench.harness import Result
+from dask_redist.bench.harness import Result, engine_stats, timeline
 from dask_redist.compat import worker_info
 
 CPU_METHODS = ("redist-fft", "redist-fft-enabled", "four-step", "four-step-collective", "floor")
@@ -127,11 +127,12 @@ def input_array(client, shape, chunks, kind: str, seed: int = 0):
 
 def _time(client, case, name: str, kind: str, reps: int):
     """Times of ``reps`` runs after a warm-up, each on a fresh input (new keys: nothing cached;
-    run ``k`` of every method on the same data), and the last result."""
+    run ``k`` of every method on the same data), the last result, and the marks of the last
+    collective run in ms after its ``persist()`` (`harness.timeline`; None for Dask's own)."""
     from distributed import wait
 
     build, context = _method(name, kind)
-    times, y = [], None
+    times, y, start = [], None, None
     for rep in range(reps + 1):  # the first: warm-up
         y = None
         x = input_array(client, *case, kind, seed=rep)
@@ -141,7 +142,23 @@ def _time(client, case, name: str, kind: str, reps: int):
             wait(y)
             if rep:
                 times.append(time.perf_counter() - start)
-    return times, y
+    marks = None
+    if name.startswith("redist-") or name == "four-step-collective":  # (earlier runs' marks: < 0)
+        marks = [m for m in timeline(client, start) if m[0] >= 0] or None
+    return times, y, marks
+
+
+def _fft_note(stats: dict | None, before: dict) -> str | None:
+    """The slowest worker's time in each step of the last GPU transform (`engines.cufftmp.fft`),
+    where one ran since ``before`` (the statistics then): a method may have taken another path."""
+    steps = [
+        s["last fft"]
+        for w, s in (stats or {}).items()
+        if s.get("last fft") and s["last fft"] != before.get(w, {}).get("last fft")
+    ]
+    if not steps:
+        return None
+    return ", ".join(f"{k} {max(s.get(k, 0.0) for s in steps):.1f}" for k in steps[0])
 
 
 def _difference(y, reference) -> float:
@@ -181,7 +198,12 @@ def run(client, size: str, nchunks: int, methods, reps: int, kind: str, say=prin
                 floor_row(client, Case(name, shape, "complex128", chunks, chunks), r, reps, kind)
                 r.nchunks_out = r.nchunks_in
             else:
-                r.times, y = _time(client, (shape, chunks), method, kind, reps)
+                gpu = kind == "cupy" and method.startswith("redist-fft")
+                before = engine_stats(client, "cufftmp") if gpu else {}
+                r.times, y, r.timeline = _time(client, (shape, chunks), method, kind, reps)
+                if gpu:
+                    r.engine_stats = engine_stats(client, "cufftmp") or None
+                    r.note = _fft_note(r.engine_stats, before)
                 r.nchunks_out = y.npartitions
                 reference = y if method == "four-step" else reference
                 outputs[method] = y

@@ -53,7 +53,8 @@ class Result:
         last = [s["last"] for s in self.engine_stats.values() if s.get("last")]
         if not last:
             return ""
-        worst = {k: max(x[k] for x in last) for k in ("stage ms", "reshape ms", "unstage ms")}
+        keys = ("stage ms", "reshape ms", "unstage ms", "host queuing ms", "host waiting ms")
+        worst = {k: max(x[k] for x in last) for k in keys if all(k in x for x in last)}
         arena = f", arena {format_bytes(last[0]['arena bytes'])}" if last[0].get("arena bytes") else ""
         return f"{last[0]['layout']}, {last[0]['rounds']} round(s){arena}; " + ", ".join(
             f"{k} {v:.2f}" for k, v in worst.items()

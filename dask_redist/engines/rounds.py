@@ -54,11 +54,13 @@ class Rounds:
         self.in_flight_since: float | None = None  # the oldest work not yet seen done was queued then
         self.stuck = False
         self.broken: str | None = None
+        self.ahead_s = 0.0  # the current run's time waiting for a place in the queue (`next_round`)
 
     def reset(self) -> None:
         """A new run (an earlier run that raised has drained by now)."""
         self.pending.clear()
         self.in_flight_since = None
+        self.ahead_s = 0.0
 
     def queued(self, event) -> None:
         """A round's reshape was queued; ``event`` completes after it."""
@@ -70,8 +72,10 @@ class Rounds:
     def next_round(self, run) -> bool:
         """Before queuing a round: keep `ROUNDS_AHEAD` at most queued; False once the run was
         aborted (the round's reshape is then queued alone); raises if the run must stop."""
+        since = time.monotonic()
         while len(self.pending) >= ROUNDS_AHEAD:
             self.wait(run, self.pending[0][0], dry=True)
+        self.ahead_s += time.monotonic() - since
         if run.must_stop():
             self.wait(run)  # raises, and marks the device stuck if it still waits on a peer
         return run.state != "failed"

@@ -31,6 +31,7 @@ every rank makes the same NVSHMEM calls and no worker is lost to a cancel.
 from __future__ import annotations
 
 import math
+import time
 from collections import namedtuple
 
 import numpy as np
@@ -250,16 +251,18 @@ class CufftMpEngine(Engine):
         cupy.cuda.Device().synchronize()
         run.set_phase("exchange")
         self._marks = []
+        started = time.perf_counter()
         with self.stream:
             self._mark("start")
             if isinstance(layout, DirectLayout):
                 self._direct(run, layout, outputs)
             else:
                 run_packed(self, run, layout, outputs)
+        queued = time.perf_counter() - started
         self.rounds.wait(run)  # (raises an abort's error once every round is done: see .rounds)
         self._keep.clear()
         self.plans.forget()
-        self._record(layout)
+        self._record(layout, queued)
         run.inputs = {}
         run.finish(outputs)
 
@@ -287,19 +290,24 @@ class CufftMpEngine(Engine):
         """A run of one PE: its pieces copied chunk to chunk in one launch (`_local_jobs`)."""
         run.set_phase("exchange")
         self._marks = []
+        started = time.perf_counter()
         with self.stream:
             self._mark("start")
             launch(jobs, self._keep)
             self._mark("reshape")
         self.rounds.queued(self._marks[-1][1])
+        queued = time.perf_counter() - started
         self.rounds.wait(run)  # (polled: an abort ends the wait)
         self._keep.clear()
-        self._record(LOCAL)
+        self._record(LOCAL, queued)
         run.inputs = {}
         run.finish(outputs)
 
-    def _record(self, layout) -> None:
-        """Milliseconds spent staging, reshaping (syncs included) and unstaging, over all rounds."""
+    def _record(self, layout, queued_s: float) -> None:
+        """Milliseconds spent staging, reshaping (syncs included) and unstaging, over all rounds,
+        on the GPU's clock (so a GPU idle while the host prepares a round counts in the next
+        stage); and the host's: queuing every round (``queued_s``), of which waiting for a place
+        in the queue of rounds (`dask_redist.engines.rounds.ROUNDS_AHEAD`)."""
         import cupy
 
         spent = {"stage": 0.0, "reshape": 0.0, "unstage": 0.0}
@@ -311,6 +319,8 @@ class CufftMpEngine(Engine):
             "rounds": layout.rounds,
             "arena bytes": self.arena.size,
             **{f"{k} ms": round(v, 3) for k, v in spent.items()},
+            "host queuing ms": round(queued_s * 1e3, 3),
+            "host waiting ms": round(self.rounds.ahead_s * 1e3, 3),
         }
 
     def _regions(self, in_bytes: int, out_bytes: int, plans: list[ReshapePlan]) -> tuple[int, int, int]:

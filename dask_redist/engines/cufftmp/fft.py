@@ -22,6 +22,7 @@ calls made), as a rechunk's rounds do; the error is raised at the end.
 
 from __future__ import annotations
 
+import time
 from collections import OrderedDict
 from dataclasses import replace
 from functools import cached_property
@@ -267,15 +268,18 @@ def execute(engine, run, transport) -> None:
     op, nranks, rank = spec.collective.op, len(spec.workers), run.rank
     if problem := op.problem(nranks):  # (the scheduler refuses these first: nothing was made, on no rank)
         raise RunRefusedError(f"{run.name()}: {problem}")
+    clock = _Clock()
     engine.prepare(run, transport)  # (collective: the world)
     if run.must_stop():
         raise run.failure()
     t = setup(engine, run)  # (collective, before any data moves)
+    clock("world and setup")
     leg_in, leg_out = op.legs(spec.collective.rechunk.old, nranks)
     first = Leg(
         run, leg_spec(spec, leg_in, op.in_dtype, spec.in_ranks, op.slab_ranks(nranks, False)), run.inputs
     )
     error = _step(engine, run, lambda: engine.execute(first, transport), None)
+    clock("leg in")
     slab = first.outputs.get(rank)
     holder: list = [None]
 
@@ -283,17 +287,32 @@ def execute(engine, run, transport) -> None:
         holder[0] = transforms(engine, run, t, slab, error)
 
     error = _step(engine, run, middle, error)
+    clock("transforms")
     ranks_out = op.slab_ranks(nranks, True)
     second_spec = leg_spec(spec, leg_out, op.out_dtype, ranks_out, spec.out_ranks, spec.needed)
     second = Leg(run, second_spec, {} if holder[0] is None else {rank: holder[0]}, error)
     error = _step(engine, run, lambda: engine.execute(second, transport), error)
-    engine._stats["ffts kept"] = len(
-        engine.ffts
-    )  # (dask_redist.status: what lives on the heap beside the arena)
+    clock("leg out")
+    engine._stats["ffts kept"] = len(engine.ffts)  # (status: what lives on the heap beside the arena)
+    engine._stats["last fft"] = clock.spent
     if error is not None:
         raise error
     run.inputs = {}
     run.finish(second.outputs)
+
+
+class _Clock:
+    """Milliseconds of wall time per step of a run, each step ending where it is named (every
+    step waits for its GPU work, so this is the step's whole time)."""
+
+    def __init__(self):
+        self._last = time.perf_counter()
+        self.spent: dict[str, float] = {}
+
+    def __call__(self, step: str) -> None:
+        now = time.perf_counter()
+        self.spent[f"{step} ms"] = round((now - self._last) * 1e3, 3)
+        self._last = now
 
 
 def _step(engine, run, fn, error):
