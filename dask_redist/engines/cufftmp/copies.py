@@ -6,7 +6,10 @@ microseconds of Python and a launch each: at 1024 chunks in 16 rounds that is 32
 copies, seconds where the memory traffic needs a few milliseconds (docs/benchmarks.md,
 "a round's copies in one launch"). Here a copy is a *job* (two outer extents, a run of
 contiguous bytes, byte strides on both sides) and one launch of `box_copy` does all
-the jobs of a stage or unstage, each split into 64 KiB segments over the GPU.
+the jobs of a stage or unstage: each row (or 64 KiB segment of a longer one) a block's work,
+rows under 4 KiB several to a block (a row of 64 bytes would leave 252 of its 256 threads
+idle, and a round of 4096 slabs on 2 PEs has 8 million of them). `tests/test_copy_kernel.py`
+runs the kernel's source on the CPU.
 
 `ChunkTable` builds a round's jobs for every chunk at once with NumPy (chunks of at
 most 3 axes, C-contiguous: the usual case), and `piece_jobs` the copies of every piece
@@ -31,15 +34,41 @@ import numpy as np
 BATCHED = os.environ.get("REDIST_BATCHED_COPIES", "1") != "0"
 
 _SOURCE = r"""
+template <typename T>
+__device__ __forceinline__ void copy_rows(const char* src, char* dst, const long long r0, const unsigned int count,
+                                          const unsigned int nb, const long long n1, const long long s0,
+                                          const long long s1, const long long d0, const long long d1) {
+    // rows r0 .. r0 + count of nb bytes each (count * nb <= 64 KiB), the block's threads over all their bytes
+    const unsigned int total = count * nb;
+    for (unsigned int b = sizeof(T) * threadIdx.x; b < total; b += sizeof(T) * blockDim.x) {
+        const unsigned int k = b / nb, off = b - k * nb;
+        const long long row = r0 + k, i0 = row / n1, i1 = row - i0 * n1;
+        *(T*)(dst + i0 * d0 + i1 * d1 + off) = *(const T*)(src + i0 * s0 + i1 * s1 + off);
+    }
+}
+
 extern "C" __global__ void box_copy(const long long* __restrict__ jobs, const int njobs) {
-    const long long SEG = 65536;
+    // a row under SHORT bytes leaves some of a block's 256 threads idle (16 bytes each at most)
+    const long long SEG = 65536, SHORT = 4096;
     for (int j = blockIdx.y; j < njobs; j += gridDim.y) {
         const long long* p = jobs + 9 * (long long)j;
         const char* src = (const char*)p[0];
         char* dst = (char*)p[1];
         const long long n0 = p[2], n1 = p[3], nb = p[4], s0 = p[5], s1 = p[6], d0 = p[7], d1 = p[8];
         const unsigned long long bits = (unsigned long long)src | (unsigned long long)dst | nb | s0 | s1 | d0 | d1;
-        const long long nseg = (nb + SEG - 1) / SEG, units = n0 * n1 * nseg;
+        if (nb < SHORT) {  // short rows: a block copies as many whole rows as make at most 64 KiB
+            const long long per = SEG / nb, rows = n0 * n1, units = (rows + per - 1) / per;
+            for (long long u = blockIdx.x; u < units; u += gridDim.x) {
+                const long long r0 = u * per;
+                const unsigned int count = (unsigned int)min(per, rows - r0);
+                if ((bits & 15) == 0) copy_rows<uint4>(src, dst, r0, count, nb, n1, s0, s1, d0, d1);
+                else if ((bits & 7) == 0) copy_rows<unsigned long long>(src, dst, r0, count, nb, n1, s0, s1, d0, d1);
+                else if ((bits & 3) == 0) copy_rows<unsigned int>(src, dst, r0, count, nb, n1, s0, s1, d0, d1);
+                else copy_rows<char>(src, dst, r0, count, nb, n1, s0, s1, d0, d1);
+            }
+            continue;
+        }
+        const long long nseg = (nb + SEG - 1) / SEG, units = n0 * n1 * nseg;  // long rows: 64 KiB a block
         for (long long u = blockIdx.x; u < units; u += gridDim.x) {
             const long long r = u / nseg, start = (u - r * nseg) * SEG, end = min(nb, start + SEG);
             const long long i0 = r / n1, i1 = r - i0 * n1;
@@ -62,6 +91,7 @@ extern "C" __global__ void box_copy(const long long* __restrict__ jobs, const in
 }
 """
 _SEGMENT = 65536
+_SHORT = 4096  # rows shorter than this share a block (`box_copy`)
 _kernel = None
 
 
@@ -79,9 +109,17 @@ def launch(jobs: np.ndarray, keep: list) -> None:
     np.frombuffer(pinned, dtype=np.int64, count=jobs.size)[:] = jobs.ravel()
     table = cupy.empty(jobs.size, dtype=np.int64)
     table.data.copy_from_host_async(pinned.ptr, jobs.nbytes)
-    units = int((jobs[:, 2] * jobs[:, 3] * -(-jobs[:, 4] // _SEGMENT)).max())
+    units = int(units_of(jobs).max())
     _kernel((max(1, min(units, 4096)), min(len(jobs), 65535)), (256,), (table, np.int32(len(jobs))))
     keep += [pinned, table]
+
+
+def units_of(jobs: np.ndarray) -> np.ndarray:
+    """Each job's units of work for `box_copy`, one block each at a time: a row, or a 64 KiB
+    segment of a longer one; rows under 4 KiB as many to a unit as make at most 64 KiB."""
+    rows, nbytes = jobs[:, 2] * jobs[:, 3], jobs[:, 4]
+    per = np.maximum(_SEGMENT // np.maximum(nbytes, 1), 1)
+    return np.where(nbytes < _SHORT, -(-rows // per), rows * -(-nbytes // _SEGMENT))
 
 
 def fold(dst_shape, dst_strides, src_strides, itemsize: int):
