@@ -161,7 +161,7 @@ def test_a_round_of_box_copies_stages_and_unstages_every_chunk_part(shape, data)
     """`_box_copies` (the copies of a direct round when no job table applies): staging the
     chunks' parts of a box into its arena view gives the box of the whole array; unstaging
     it into empty chunks fills exactly their parts of the box."""
-    from dask_redist.engines.cufftmp.engine import _box_copies
+    from dask_redist.engines.cufftmp.direct import _box_copies
     from dask_redist.planning.boxes import Box
 
     whole = np.arange(int(np.prod(shape)), dtype=np.int64).reshape(shape)

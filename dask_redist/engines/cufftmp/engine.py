@@ -11,7 +11,7 @@ Per worker process the engine keeps
   repeated rechunk reuses its plan.
 
 A run is laid out by `dask_redist.planning.layout.choose_layout`: the direct box
-mapping when the placement allows it, else the packed (P, W) matrix; in rounds
+mapping when the placement allows it (`.direct`), else the packed (P, W) matrix (`.packed`); in rounds
 when it does not fit ``redist.memory-budget``. Every rank derives the same
 layout from the same plan, so all of them make the same collective calls in
 the same order, which NVSHMEM requires. Each round: stage the local chunks
@@ -36,11 +36,11 @@ from collections import namedtuple
 
 import numpy as np
 
-from dask_redist.core.assemble import parts_in
 from dask_redist.engines.cufftmp import fft
-from dask_redist.engines.cufftmp.copies import BoxCopies, ChunkTable, PieceJobs, launch
+from dask_redist.engines.cufftmp.copies import PieceJobs, launch
 from dask_redist.engines.cufftmp.description import CufftMpDescription
-from dask_redist.engines.cufftmp.host import HostLink, HostParts
+from dask_redist.engines.cufftmp.direct import run_direct
+from dask_redist.engines.cufftmp.host import HostLink
 from dask_redist.engines.cufftmp.nvshmem import Arena, capabilities
 from dask_redist.engines.cufftmp.packed import run_packed
 from dask_redist.engines.cufftmp.plans import Plans, ReshapePlan
@@ -48,7 +48,6 @@ from dask_redist.engines.cufftmp.world import World
 from dask_redist.engines.protocol import Engine, Health
 from dask_redist.engines.rounds import Rounds
 from dask_redist.errors import EngineUnavailableError, RedistError
-from dask_redist.planning.boxes import Box
 from dask_redist.planning.layout import DirectLayout, choose_layout
 
 ALIGN = 512
@@ -103,14 +102,6 @@ def _empty_outputs(run, xp) -> dict:
     owned = run.plan.owned(run.rank)
     lower, upper = spec.rechunk.new_boxes(owned)
     return {f: xp.empty(tuple(shape), dtype=spec.dtype) for f, shape in zip(owned, (upper - lower).tolist())}
-
-
-def _box_copies(copies: BoxCopies, chunks: dict, box_of, view, box: Box, into_box: bool) -> None:
-    """Add a copy between each chunk's part of ``box`` and ``view`` (``box`` in the arena)."""
-    for _, part, ours in parts_in(chunks, box_of, box):
-        arena = view[part.slices(box.lower)]
-        dst, src = (arena, ours) if into_box else (ours, arena)
-        copies.add(dst, src)
 
 
 class CufftMpEngine(Engine):
@@ -255,7 +246,7 @@ class CufftMpEngine(Engine):
         with self.stream:
             self._mark("start")
             if isinstance(layout, DirectLayout):
-                self._direct(run, layout, outputs)
+                run_direct(self, run, layout, outputs)
             else:
                 run_packed(self, run, layout, outputs)
         queued = time.perf_counter() - started
@@ -333,74 +324,3 @@ class CufftMpEngine(Engine):
         ws_off = out_off + _align(out_bytes)
         self.arena.ensure(ws_off + _align(max([p.workspace for p in plans] + [1])))
         return 0, out_off, ws_off
-
-    def _direct(self, run, layout: DirectLayout, outputs) -> None:
-        spec = run.spec.collective
-        dtype, rank, nranks = spec.dtype, run.rank, len(run.spec.workers)
-        item = spec.rechunk.itemsize
-        in_max = max(max(b.size for b in layout.boxes(k)[0]) for k in range(layout.rounds)) * item
-        out_max = max(max(b.size for b in layout.boxes(k)[1]) for k in range(layout.rounds)) * item
-        plans = []
-        for k in range(layout.rounds):  # plan every round first (collective, same order everywhere)
-            reshape = layout.reshapes[k]  # (at the origin: rounds of one slab width share a plan)
-            boxes = list(zip(reshape.lower.tolist(), reshape.upper.tolist()))
-            plans.append(self.plan(reshape.word, boxes[:nranks], boxes[nranks:], rank))
-        regions = self._regions(in_max, out_max, plans)
-        old_box, new_box = spec.rechunk.old_box, spec.rechunk.new_box
-        host = run.spec.chunk_type == "numpy"
-        tables = (
-            None
-            if host
-            else (
-                ChunkTable.of(run.inputs, old_box, item, boxes_of=spec.rechunk.old_boxes),
-                ChunkTable.of(outputs, new_box, item, boxes_of=spec.rechunk.new_boxes),
-            )
-        )
-
-        def work(k, exchange):
-            ins, outs = layout.boxes(k)
-            b_in, b_out = ins[rank], outs[rank]
-            if not host:
-                self._direct_round(
-                    exchange, regions, dtype, (b_in, run.inputs, old_box), (b_out, outputs, new_box), tables
-                )
-                return
-            self.rounds.wait(
-                run, dry=True
-            )  # the staging buffers are free once the last round is done: see .host
-            up = HostParts(self.host, run.inputs, old_box, b_in, upload=True)
-            down = HostParts(self.host, outputs, new_box, b_out, upload=False)
-            local = (ChunkTable.of(up.device, up.box_of, item), ChunkTable.of(down.device, down.box_of, item))
-            self._direct_round(
-                exchange,
-                regions,
-                dtype,
-                (b_in, up.device, up.box_of),
-                (b_out, down.device, down.box_of),
-                local,
-            )
-            down.downloads.start()
-            self.rounds.wait(run, dry=True)
-            down.downloads.finish()
-
-        self.rounds.run(run, len(plans), lambda k: self.exchange(plans[k], *regions), work)
-
-    def _direct_round(self, exchange, regions, dtype, stage, unstage, tables) -> None:
-        """Queue one round of a direct layout around ``exchange()`` (its reshape): ``stage`` and ``unstage`` are
-        (this rank's box, chunks, their bounds by flat index); ``tables`` their `ChunkTable`
-        (None: one copy each)."""
-        src, dst, _ = regions
-        (b_in, inputs, in_box), (b_out, outputs, out_box) = stage, unstage
-        if tables[0] is not None and tables[1] is not None:  # every copy of a stage in one launch
-            launch(tables[0].jobs(b_in.lower, b_in.upper, self.arena.ptr + src, into_box=True), self._keep)
-            exchange()
-            launch(tables[1].jobs(b_out.lower, b_out.upper, self.arena.ptr + dst, into_box=False), self._keep)
-            self._mark("unstage")
-            return
-        copies = BoxCopies(self._keep)
-        _box_copies(copies, inputs, in_box, self.arena.view(src, b_in.shape, dtype), b_in, into_box=True)
-        copies.launch()
-        exchange()
-        _box_copies(copies, outputs, out_box, self.arena.view(dst, b_out.shape, dtype), b_out, into_box=False)
-        copies.launch()
-        self._mark("unstage")
