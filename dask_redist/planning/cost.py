@@ -107,7 +107,10 @@ def features(spec: RechunkSpec) -> dict[str, tuple]:
 
 
 def _ms(seconds: float) -> str:
-    return f"{seconds * 1e3:.0f} ms" if seconds < 10 else f"{seconds:.0f} s"
+    """Three significant figures or so: a near tie must not read as '27 ms against 27 ms'."""
+    if seconds >= 10:
+        return f"{seconds:.0f} s"
+    return f"{seconds * 1e3:.1f} ms" if seconds < 0.1 else f"{seconds * 1e3:.0f} ms"
 
 
 def estimate(spec: RechunkSpec, kind: str, cost_model: tuple, workers: int | None = None) -> str:
