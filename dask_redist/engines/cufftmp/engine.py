@@ -11,8 +11,8 @@ Per worker process the engine keeps
   repeated rechunk reuses its plan.
 
 A run is laid out by `dask_redist.planning.layout.choose_layout`: the direct box
-mapping when the placement allows it (`.direct`), else the packed (P, W) matrix (`.packed`); in rounds
-when it does not fit ``redist.memory-budget``. Every rank derives the same
+mapping when the placement allows it (`.direct`), else the packed (P, W) matrix
+(`.packed`); in rounds when it does not fit ``redist.memory-budget``. Every rank derives the same
 layout from the same plan, so all of them make the same collective calls in
 the same order, which NVSHMEM requires. Each round: stage the local chunks
 into the arena, sync, reshape, sync, copy the output boxes out.
