@@ -28,6 +28,14 @@ def test_every_method_runs_and_is_checked(client):
     for r in results:
         assert r.error is None and r.correct is True and len(r.times) == 1, r
         assert r.nchunks_in == 8 and r.nchunks_out > 1
+    # where the time went: the marks of the last collective run (the CPU path's rechunks)
+    collective = {"redist-fft", "redist-fft-enabled", "four-step-collective"}
+    for r in results:
+        marks = [event for _, event in r.timeline or []]
+        if r.method in collective:
+            assert "scheduler: start sent" in marks and "scheduler: outputs in memory" in marks, r.timeline
+        else:
+            assert r.timeline is None, r
     # one line per method as it ends (four-step first: the reference), each with its median
     assert [line.split(": ")[1].split()[0] for line in lines] == [
         "four-step",
@@ -53,3 +61,16 @@ def test_against_target_relates_the_gpu_path_to_the_whole_array_and_the_floor():
     rows = [row("redist-fft-gpu", 0.3), row("cupy-whole", 0.1), row("floor", 0.1), row("four-step", 0.6)]
     assert bench_fft.against_target(rows) == "redist-fft-gpu = 1.50 x (cupy-whole + floor), 0.50 x four-step"
     assert bench_fft.against_target(rows[:2]) is None
+
+
+def test_a_gpu_transforms_steps_are_noted_only_where_one_ran_during_the_method():
+    """`_fft_note`: the slowest worker's time per step of the last GPU transform; a worker whose
+    `last fft` is the one it had before the method ran no GPU transform in it (another path)."""
+    before = {"w1": {"last fft": {"leg in ms": 1.0, "transforms ms": 2.0}}}
+    after = {
+        "w1": {"last fft": {"leg in ms": 3.0, "transforms ms": 50.0}},
+        "w2": {"last fft": {"leg in ms": 4.0, "transforms ms": 40.0}},
+    }
+    assert bench_fft._fft_note(after, before) == "leg in ms 4.0, transforms ms 50.0"
+    assert bench_fft._fft_note(before, before) is None  # nothing ran since
+    assert bench_fft._fft_note(None, {}) is None  # no engine statistics (CPU workers)
