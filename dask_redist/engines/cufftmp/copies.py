@@ -33,7 +33,12 @@ import numpy as np
 #: Developer switch for benchmarks: REDIST_BATCHED_COPIES=0 issues one CuPy copy per box.
 BATCHED = os.environ.get("REDIST_BATCHED_COPIES", "1") != "0"
 
-_SOURCE = r"""
+_SEGMENT = 65536  # a block's bytes of a long row at a time (`box_copy`)
+_SHORT = 4096  # rows shorter than this share a block: 256 threads of 16 bytes
+
+_SOURCE = (
+    f"#define SEG {_SEGMENT}LL\n#define SHORT {_SHORT}LL\n"
+    + r"""
 template <typename T>
 __device__ __forceinline__ void copy_rows(const char* src, char* dst, const long long r0, const unsigned int count,
                                           const unsigned int nb, const long long n1, const long long s0,
@@ -49,7 +54,6 @@ __device__ __forceinline__ void copy_rows(const char* src, char* dst, const long
 
 extern "C" __global__ void box_copy(const long long* __restrict__ jobs, const int njobs) {
     // a row under SHORT bytes leaves some of a block's 256 threads idle (16 bytes each at most)
-    const long long SEG = 65536, SHORT = 4096;
     for (int j = blockIdx.y; j < njobs; j += gridDim.y) {
         const long long* p = jobs + 9 * (long long)j;
         const char* src = (const char*)p[0];
@@ -90,8 +94,7 @@ extern "C" __global__ void box_copy(const long long* __restrict__ jobs, const in
     }
 }
 """
-_SEGMENT = 65536
-_SHORT = 4096  # rows shorter than this share a block (`box_copy`)
+)
 _kernel = None
 
 
