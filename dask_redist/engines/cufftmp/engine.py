@@ -188,12 +188,13 @@ class CufftMpEngine(Engine):
         return self.plans.get(key, make)
 
     def _mark(self, what: str) -> None:
-        """A CUDA event on the engine's stream: timings without host synchronization."""
+        """A CUDA event on the engine's stream (timings without host synchronization), and when
+        the host queued it."""
         import cupy
 
         event = cupy.cuda.Event()
         event.record(self.stream)
-        self._marks.append((what, event))
+        self._marks.append((what, event, time.perf_counter()))
 
     def _everything(self):
         """A CUDA event after all work queued on the engine's stream so far."""
@@ -242,18 +243,16 @@ class CufftMpEngine(Engine):
         cupy.cuda.Device().synchronize()
         run.set_phase("exchange")
         self._marks = []
-        started = time.perf_counter()
         with self.stream:
             self._mark("start")
             if isinstance(layout, DirectLayout):
                 run_direct(self, run, layout, outputs)
             else:
                 run_packed(self, run, layout, outputs)
-        queued = time.perf_counter() - started
         self.rounds.wait(run)  # (raises an abort's error once every round is done: see .rounds)
         self._keep.clear()
         self.plans.forget()
-        self._record(layout, queued)
+        self._record(layout)
         run.inputs = {}
         run.finish(outputs)
 
@@ -281,28 +280,26 @@ class CufftMpEngine(Engine):
         """A run of one PE: its pieces copied chunk to chunk in one launch (`_local_jobs`)."""
         run.set_phase("exchange")
         self._marks = []
-        started = time.perf_counter()
         with self.stream:
             self._mark("start")
             launch(jobs, self._keep)
             self._mark("reshape")
         self.rounds.queued(self._marks[-1][1])
-        queued = time.perf_counter() - started
         self.rounds.wait(run)  # (polled: an abort ends the wait)
         self._keep.clear()
-        self._record(LOCAL, queued)
+        self._record(LOCAL)
         run.inputs = {}
         run.finish(outputs)
 
-    def _record(self, layout, queued_s: float) -> None:
+    def _record(self, layout) -> None:
         """Milliseconds spent staging, reshaping (syncs included) and unstaging, over all rounds,
         on the GPU's clock (so a GPU idle while the host prepares a round counts in the next
-        stage); and the host's: queuing every round (``queued_s``), of which waiting for a place
-        in the queue of rounds (`dask_redist.engines.rounds.ROUNDS_AHEAD`)."""
+        stage); and the host's: from the first mark to the last (queuing every round), of which
+        waiting for a place in the queue of rounds (`dask_redist.engines.rounds.ROUNDS_AHEAD`)."""
         import cupy
 
         spent = {"stage": 0.0, "reshape": 0.0, "unstage": 0.0}
-        for (_, a), (what, b) in zip(self._marks[:-1], self._marks[1:]):
+        for (_, a, _), (what, b, _) in zip(self._marks[:-1], self._marks[1:]):
             spent[what] += cupy.cuda.get_elapsed_time(a, b)
         self._stats["runs"] += 1
         self._stats["last"] = {
@@ -310,7 +307,7 @@ class CufftMpEngine(Engine):
             "rounds": layout.rounds,
             "arena bytes": self.arena.size,
             **{f"{k} ms": round(v, 3) for k, v in spent.items()},
-            "host queuing ms": round(queued_s * 1e3, 3),
+            "host queuing ms": round((self._marks[-1][2] - self._marks[0][2]) * 1e3, 3),
             "host waiting ms": round(self.rounds.ahead_s * 1e3, 3),
         }
 
