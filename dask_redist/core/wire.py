@@ -5,6 +5,10 @@ costs a round trip (and, for CuPy over TCP, a device-to-host copy) per piece. So
 pieces for one peer travel packed: one contiguous uint8 buffer per batch of at most
 ``redist.memory-budget`` bytes, each piece starting on a 16-byte boundary. Both ends
 know the pieces' shapes from the plan, so only ``(first piece, count, buffer)`` is sent.
+
+A large piece that is one contiguous block of memory (a whole input chunk, a slab of one)
+travels as it is, in a batch of its own: copying it into a packed buffer would cost a pass
+over its bytes and as much new memory, for a message saved where messages are few.
 """
 
 from __future__ import annotations
@@ -15,6 +19,8 @@ from typing import Any
 import numpy as np
 
 ALIGN = 16  # pieces start on 16-byte boundaries inside a packed buffer
+#: Contiguous pieces of at least this many bytes travel as they are, not packed (`batches`).
+AS_IS_BYTES = 2**20
 
 
 @dataclass(frozen=True)
@@ -32,7 +38,10 @@ def packed_offsets(nbytes: np.ndarray) -> np.ndarray:
 
 
 def pack(arrays: list, nbytes: np.ndarray):
-    """One contiguous uint8 buffer holding ``arrays`` (in their array namespace)."""
+    """One contiguous uint8 buffer holding ``arrays`` (in their array namespace): a view of the
+    one array there is where it is contiguous, else a copy."""
+    if len(arrays) == 1 and arrays[0].flags.c_contiguous:
+        return arrays[0].reshape(-1).view(np.uint8)
     offsets = packed_offsets(nbytes)
     buffer = np.empty_like(arrays[0], shape=(int(offsets[-1]),), dtype=np.uint8)
     for a, start, n in zip(arrays, offsets[:-1].tolist(), nbytes.tolist()):
@@ -51,14 +60,24 @@ def unpack_views(buffer, shapes: list[tuple[int, ...]], dtype) -> list:
     ]
 
 
-def batches(nbytes: np.ndarray, budget: int) -> list[tuple[int, int]]:
-    """Consecutive (first, stop) ranges of at most ``budget`` bytes (a bigger piece alone)."""
+def batches(nbytes: np.ndarray, budget: int, alone: np.ndarray | None = None) -> list[tuple[int, int]]:
+    """Consecutive (first, stop) ranges of at most ``budget`` bytes (a bigger piece alone), and
+    a range of its own for each piece ``alone`` marks (see `as_is`)."""
+    alone = np.zeros(len(nbytes), bool) if alone is None else alone
     out, first, size = [], 0, 0
-    for i, n in enumerate(nbytes.tolist()):
-        if size + n > budget and i > first:
+    for i, (n, single) in enumerate(zip(nbytes.tolist(), alone.tolist())):
+        if (size + n > budget or single) and i > first:
             out.append((first, i))
             first, size = i, 0
         size += n
+        if single:
+            out.append((first, i + 1))
+            first, size = i + 1, 0
     if first < len(nbytes):
         out.append((first, len(nbytes)))
     return out
+
+
+def as_is(arrays: list, nbytes: np.ndarray) -> np.ndarray:
+    """Which of ``arrays`` travel as they are (`AS_IS_BYTES`): large and contiguous."""
+    return (nbytes >= AS_IS_BYTES) & np.array([a.flags.c_contiguous for a in arrays], dtype=bool)

@@ -28,7 +28,7 @@ import math
 import numpy as np
 
 from dask_redist.core.assemble import Assembly, cut, empty
-from dask_redist.core.wire import Packed, batches, pack
+from dask_redist.core.wire import Packed, as_is, batches, pack
 from dask_redist.engines.description import EngineDescription, Request
 from dask_redist.engines.protocol import Engine
 from dask_redist.errors import RedistError
@@ -196,7 +196,7 @@ class DaskEngine(Engine):
             else:
                 outgoing += [
                     (dst, first, Packed(stop - first, pack(arrays[first:stop], t.nbytes[first:stop])))
-                    for first, stop in batches(t.nbytes, budget)
+                    for first, stop in batches(t.nbytes, budget, as_is(arrays, t.nbytes))
                 ]
         if outgoing:
             transport.send(outgoing)

@@ -1,0 +1,43 @@
+"""The wire format: batches of pieces, packed or sent as they are, and back to views."""
+
+from __future__ import annotations
+
+import numpy as np
+from distributed.protocol import deserialize, serialize
+from hypothesis import given
+from hypothesis import strategies as st
+
+from dask_redist.core.wire import AS_IS_BYTES, as_is, batches, pack, unpack_views
+
+
+@given(
+    st.lists(st.tuples(st.integers(0, 5000), st.booleans()), max_size=40),
+    st.integers(1, 8000),
+)
+def test_batches_cover_every_piece_once_within_the_budget(pieces, budget):
+    nbytes = np.array([n for n, _ in pieces], dtype=np.int64)
+    alone = np.array([a for _, a in pieces], dtype=bool)
+    ranges = batches(nbytes, budget, alone)
+    assert [i for first, stop in ranges for i in range(first, stop)] == list(range(len(pieces)))
+    for first, stop in ranges:
+        assert stop > first
+        if stop - first > 1:
+            assert not alone[first:stop].any()
+            assert nbytes[first:stop].sum() <= budget
+
+
+def test_a_large_contiguous_piece_travels_as_it_is():
+    chunk = np.arange(2 * AS_IS_BYTES // 8, dtype=np.float64).reshape(64, -1)
+    pieces = [chunk, chunk[:, :3], chunk[:2]]  # contiguous and large; strided; contiguous, small
+    nbytes = np.array([p.nbytes for p in pieces], dtype=np.int64)
+    assert as_is(pieces, nbytes).tolist() == [True, False, False]
+    assert batches(nbytes, 2**30, as_is(pieces, nbytes)) == [(0, 1), (1, 3)]
+    buffer = pack(pieces[:1], nbytes[:1])
+    assert np.shares_memory(buffer, chunk) and buffer.dtype == np.uint8  # no copy
+    packed = pack(pieces[1:], nbytes[1:])
+    assert not np.shares_memory(packed, chunk)
+    for ranges, sent in (((0, 1), buffer), ((1, 3), packed)):
+        received = deserialize(*serialize(sent))  # through the wire, as Dask's comms carry it
+        views = unpack_views(received, [p.shape for p in pieces[slice(*ranges)]], np.float64)
+        for view, piece in zip(views, pieces[slice(*ranges)]):
+            np.testing.assert_array_equal(view, piece)
