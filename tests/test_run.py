@@ -183,20 +183,24 @@ def test_unpack_waits_at_most_twice_the_timeout_plus_five_seconds():
     st.booleans(),
     st.booleans(),
     st.integers(1, 8),
-    st.booleans(),
+    st.sampled_from(["eager", "lazy", "box"]),
     st.data(),
 )
-def test_both_paths_of_the_dask_engine_match_numpy(spec, nranks, box_in, box_out, budget_items, direct, data):
+def test_both_paths_of_the_dask_engine_match_numpy(
+    spec, nranks, box_in, box_out, budget_items, outputs, data
+):
     """Input chunks cut to output boxes (outputs tiling boxes; assembled straight into the
-    output chunks or through the box) or pieces (any placement), any input placement, every
-    budget: the outputs equal NumPy's."""
+    output chunks by the collective thread or by the unpack tasks, or through the box) or
+    pieces (any placement), any input placement, every budget: the outputs equal NumPy's."""
     import dask_redist.engines.dask as dask_engine
 
-    kept, dask_engine.DIRECT_MAX_PARTS = dask_engine.DIRECT_MAX_PARTS, (10**9 if direct else 0)
+    kept = dask_engine.DIRECT_MAX_PARTS, dask_engine.LAZY_MIN_BYTES
+    dask_engine.DIRECT_MAX_PARTS = 0 if outputs == "box" else 10**9
+    dask_engine.LAZY_MIN_BYTES = 0 if outputs == "lazy" else 10**18
     try:
         _both_paths(spec, nranks, box_in, box_out, budget_items, data)
     finally:
-        dask_engine.DIRECT_MAX_PARTS = kept
+        dask_engine.DIRECT_MAX_PARTS, dask_engine.LAZY_MIN_BYTES = kept
 
 
 def _both_paths(spec, nranks, box_in, box_out, budget_items, data):

@@ -43,6 +43,11 @@ from dask_redist.planning.boxes import box_transfers
 #: twice: the cost on a machine where first-touch page faults dominate. The bound and the
 #: pencil case that moved it are measured in docs/benchmarks.md.
 DIRECT_MAX_PARTS = 65536
+#: Output chunks of at least this many bytes (on average) are put together by their unpack tasks,
+#: in parallel on the worker's threads, from views of the blocks (`_output_assemblies`); smaller
+#: ones by the collective thread before the run ends, where a task's build per chunk costs more
+#: than it spreads. Measured in docs/benchmarks.md ("Output chunks assembled by the unpack tasks").
+LAZY_MIN_BYTES = 32 * 2**20
 
 
 def _in_order(recv: Transfers, received: dict[int, list]) -> list:
@@ -86,16 +91,9 @@ def _crossings(lo: np.ndarray, hi: np.ndarray, new_chunks, owned: list[int], cor
     return block[keep], k[keep], a[keep], z[keep]
 
 
-def _assemble_outputs(owned, corners, blocks, recv: Transfers, parts, dtype, like) -> dict:
-    """Output chunks allocated and filled from the blocks that cross them (every chunk covered)."""
-    out = [empty(like, tuple((corners[k, 1] - corners[k, 0]).tolist()), dtype) for k in range(len(owned))]
-    block, k, a, z = parts
-    at_out, at_block = (a - corners[k, 0]).tolist(), (a - recv.lo[block]).tolist()
-    extent = (z - a).tolist()
-    for i, kk, o, b, e in zip(block.tolist(), k.tolist(), at_out, at_block, extent):
-        out[kk][tuple(slice(x, x + n) for x, n in zip(o, e))] = blocks[i][
-            tuple(slice(x, x + n) for x, n in zip(b, e))
-        ]
+def _covered(owned, corners, parts) -> None:
+    """Raise unless the parts (`_crossings`) cover every output chunk."""
+    _, k, a, z = parts
     covered = (
         np.bincount(k, weights=np.prod(z - a, axis=1), minlength=len(owned))
         if len(k)
@@ -106,6 +104,34 @@ def _assemble_outputs(owned, corners, blocks, recv: Transfers, parts, dtype, lik
         raise RedistError(
             f"output chunks {[owned[j] for j in np.flatnonzero(covered != sizes)][:5]} were not covered"
         )
+
+
+def _output_assemblies(owned, corners, blocks, recv: Transfers, parts, dtype, like) -> dict:
+    """Output chunks as `Assembly`s of views into the blocks that cross them (every chunk covered)."""
+    _covered(owned, corners, parts)
+    out = {
+        f: Assembly(tuple(lo), tuple(hi), dtype, like, [], shared=True)
+        for f, (lo, hi) in zip(owned, corners.tolist())
+    }
+    block, k, a, z = parts
+    at_block, extent = (a - recv.lo[block]).tolist(), (z - a).tolist()
+    for i, kk, lo, b, e in zip(block.tolist(), k.tolist(), a.tolist(), at_block, extent):
+        view = blocks[i][tuple(slice(x, x + n) for x, n in zip(b, e))]
+        out[owned[kk]].parts.append((lo, [x + n for x, n in zip(lo, e)], view))
+    return out
+
+
+def _assemble_outputs(owned, corners, blocks, recv: Transfers, parts, dtype, like) -> dict:
+    """Output chunks allocated and filled from the blocks that cross them (every chunk covered)."""
+    _covered(owned, corners, parts)
+    out = [empty(like, tuple((corners[k, 1] - corners[k, 0]).tolist()), dtype) for k in range(len(owned))]
+    block, k, a, z = parts
+    at_out, at_block = (a - corners[k, 0]).tolist(), (a - recv.lo[block]).tolist()
+    extent = (z - a).tolist()
+    for i, kk, o, b, e in zip(block.tolist(), k.tolist(), at_out, at_block, extent):
+        out[kk][tuple(slice(x, x + n) for x, n in zip(o, e))] = blocks[i][
+            tuple(slice(x, x + n) for x, n in zip(b, e))
+        ]
     return dict(zip(owned, out))
 
 
@@ -161,7 +187,8 @@ class DaskEngine(Engine):
     def _cut_outputs(run, recv: Transfers, received: dict[int, list]) -> dict:
         """The output chunks of this rank from the blocks ``received`` (input chunks cut to its
         output box): copied straight into the output chunks where blocks and chunks cross at
-        most `DIRECT_MAX_PARTS` times, else cut from the box assembled from them."""
+        most `DIRECT_MAX_PARTS` times (by the unpack tasks where the chunks are large:
+        `LAZY_MIN_BYTES`), else cut from the box assembled from them."""
         spec, like = run.spec.collective, run.like_array(received)
         owned = run.plan.owned(run.rank)
         if not owned:
@@ -170,7 +197,11 @@ class DaskEngine(Engine):
         blocks = _in_order(recv, received)
         parts = _crossings(recv.lo, recv.hi, spec.rechunk.new, owned, corners, DIRECT_MAX_PARTS)
         if parts is not None:
-            return _assemble_outputs(owned, corners, blocks, recv, parts, spec.dtype, like)
+            lazy = (
+                np.prod(corners[:, 1] - corners[:, 0], axis=1).mean() * spec.dtype.itemsize >= LAZY_MIN_BYTES
+            )
+            assemble = _output_assemblies if lazy else _assemble_outputs
+            return assemble(owned, corners, blocks, recv, parts, spec.dtype, like)
         lower, upper = tuple(corners[:, 0].min(axis=0).tolist()), tuple(corners[:, 1].max(axis=0).tolist())
         box = empty(like, tuple(u - l for l, u in zip(lower, upper)), spec.dtype)
         for i, a in enumerate(blocks):
