@@ -14,6 +14,7 @@ import numpy as np
 
 import dask_redist
 import pytest
+from distributed import wait
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -122,6 +123,8 @@ def simulate(op, geometry, a, chunks, nranks, in_ranks) -> dict:
     }
     for r, y in out_slabs.items():
         assert y.shape[geometry.first :] == geometry.slab_shape(nranks, r, out=True)
+    if geometry.outputs_are_slabs(chunks, nranks, plan.out_ranks):  # (the engine moves nothing then)
+        return out_slabs
     plan_out = make_plan(leg_out, geometry.slab_ranks(nranks, True), nranks, out_ranks=plan.out_ranks)
     return _move(plan_out, out_slabs, leg_out, out.dtype)
 
@@ -349,3 +352,27 @@ def test_a_refused_run_is_reported_as_such():
 
     assert failure_of(RunRefusedError("x")) == "refused" and FAILURES["refused"] is RunRefusedError
     assert failure_of(RedistError("x")) == "error"
+
+
+def test_a_persisted_input_is_staged_by_one_task_per_worker(client):
+    """As the rechunk's rewrite stages a persisted input (`graph.stages`): the transform of a
+    persisted input has one stage task per worker holding its chunks, of the chunks that worker
+    holds; an input still to be computed, one stage task per chunk."""
+    from dask_redist.core.spec import STAGE_PREFIX
+
+    def stages(y) -> dict:
+        return {k: t for k, t in y.dask.layers[y.name].mapping.items() if k[0].startswith(STAGE_PREFIX)}
+
+    op = normalize((8, 8, 6), "c2c", False)
+    x = da.from_array(np.ones((8, 8, 6), dtype=complex), chunks=(2, 4, 6))
+    assert len(stages(gpu.build(x, op, None))) == x.npartitions
+    x = x.persist()
+    wait(x)
+    who_has = client.who_has(x)
+    grouped = stages(gpu.build(x, op, None))
+    holders = {min(w) for w in who_has.values()}
+    assert len(grouped) == len(holders) < x.npartitions
+    for task in grouped.values():  # each stage task's chunks are held by one worker
+        held = {min(who_has[d]) for d in task.dependencies}
+        assert len(held) == 1
+    assert sorted(d for t in grouped.values() for d in t.dependencies) == sorted(who_has)

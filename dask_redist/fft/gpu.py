@@ -136,6 +136,21 @@ def _slab_bytes(geometry, nworkers: int) -> list[int]:
     return [int(np.prod(ins)) * geometry.in_dtype.itemsize, int(np.prod(outs)) * geometry.out_dtype.itemsize]
 
 
+def _persisted_groups(client, x):
+    """``x``'s chunk indices grouped by the worker holding them where ``x`` is persisted (every
+    chunk in memory): one stage task per worker, as the rechunk's graph rewrite gives a
+    persisted input (`dask_redist.graph.stages`); else None (one stage task per chunk)."""
+    from distributed import futures_of
+
+    from dask_redist.graph.stages import groups_by_holder
+
+    futures = futures_of(x)
+    if client is None or len(futures) != x.npartitions or any(f.status != "finished" for f in futures):
+        return None
+    who_has = client.who_has(futures)
+    return groups_by_holder(lambda idx: who_has.get((x.name, *idx)), x.numblocks)
+
+
 def build(x, op: FFTOp, chunks):
     """The collective layer of ``op`` on ``x`` (`problem` said None), rechunked to ``chunks``
     after it where cuFFTMp's output cannot be them directly."""
@@ -145,19 +160,22 @@ def build(x, op: FFTOp, chunks):
     from dask_redist.core.spec import CollectiveSpec
     from dask_redist.fft import local
     from dask_redist.graph.layer import CollectiveLayer, collective_tasks
+    from dask_redist.graph.stages import group_of_chunks
     from dask_redist.planning import RechunkSpec
 
-    _, workers = _workers()
+    client, workers = _workers()
     natural = distributed(op, x.dtype, None).out_slabs(len(workers))
     direct = chunks is not None and distributed(op, x.dtype, None).last_axis_problem(chunks) is None
     geometry = distributed(op, x.dtype, tuple(map(tuple, chunks if direct else natural)))
     settings = replace(Settings.from_config(), output_type="same")
     rechunk = RechunkSpec(x.chunks, geometry.input_space(geometry.out_chunks), geometry.in_dtype.itemsize)
-    name = f"redist-fft-{op.function}-" + tokenize(x.name, op, geometry.out_chunks)
+    groups = _persisted_groups(client, x)
+    grouping = None if groups is None else group_of_chunks(groups, x.numblocks)
+    name = f"redist-fft-{op.function}-" + tokenize(x.name, op, geometry.out_chunks, grouping)
     spec = CollectiveSpec(
         tokenize(name), x.name, name, rechunk, geometry.in_dtype, settings, "cupy", op=geometry
     )
-    layer = CollectiveLayer(collective_tasks(spec))
+    layer = CollectiveLayer(collective_tasks(spec, groups))
     graph = HighLevelGraph.from_collections(name, layer, dependencies=[x])
     meta = (x._meta.real if geometry.out_dtype.kind == "f" else x._meta).astype(geometry.out_dtype)
     y = da.Array(graph, name, geometry.out_chunks, meta=meta)

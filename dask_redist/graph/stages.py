@@ -128,15 +128,27 @@ def persisted_groups(spec: CollectiveSpec) -> list[list[tuple[int, ...]]] | None
     scheduler = scheduler_in_process()
     if scheduler is None:
         return None
-    groups: dict[str, list] = {}
+
+    def holders(idx):
+        ts = scheduler.tasks.get((spec.input_name, *idx))
+        return [ws.address for ws in ts.who_has] if ts is not None and ts.state == "memory" else None
+
     try:
-        for idx in np.ndindex(*spec.rechunk.old_grid):
-            ts = scheduler.tasks.get((spec.input_name, *idx))
-            if ts is None or ts.state != "memory" or not ts.who_has:
-                return None
-            groups.setdefault(min(ws.address for ws in ts.who_has), []).append(idx)
+        return groups_by_holder(holders, spec.rechunk.old_grid)
     except RuntimeError:  # state changed under us (another thread): no grouping
         return None
-    if len(groups) >= math.prod(spec.rechunk.old_grid):
+
+
+def groups_by_holder(holders, grid) -> list[list[tuple[int, ...]]] | None:
+    """Chunk indices of ``grid`` grouped by the worker holding them (``holders(idx)``: the
+    addresses holding chunk ``idx``, or None where it is not in memory), in address order;
+    None where a chunk is not held, or no two chunks share a worker (nothing to group)."""
+    groups: dict[str, list] = {}
+    for idx in np.ndindex(*grid):
+        where = holders(idx)
+        if not where:
+            return None
+        groups.setdefault(min(where), []).append(idx)
+    if len(groups) >= math.prod(grid):
         return None
     return [groups[w] for w in sorted(groups)]

@@ -185,6 +185,12 @@ class DistributedFFT:
             RechunkSpec(self.out_slabs(nranks), self.out_chunks, self.out_dtype.itemsize),
         )
 
+    def outputs_are_slabs(self, old: Chunks, nranks: int, out_ranks) -> bool:
+        """Whether the output chunks are the output slabs, each on its slab's rank (``out_ranks``:
+        the run's owners), so that the leg out moves nothing (one PE's one output chunk)."""
+        _, out = self.legs(old, nranks)
+        return out.old == out.new and np.array_equal(out_ranks, self.slab_ranks(nranks, True))
+
     def slab_ranks(self, nranks: int, out: bool) -> np.ndarray:
         """Rank of every slab (rank ``r`` holds slab ``r``), shaped like the slab grid."""
         grid = [1] * len(self.in_shape)

@@ -13,7 +13,8 @@ the same engine, on the same collective thread, in the same global order as a re
    rechunk path (`Leg`: a run as that path sees one, with its own plan and outputs);
 2. one cuFFTMp transform per batch; each is queued like a round of a rechunk and waited for
    by polling (`dask_redist.engines.rounds`);
-3. *leg out*: the output slabs, scaled for ``norm``, are rechunked into the output chunks.
+3. *leg out*: the output slabs, scaled for ``norm``, are rechunked into the output chunks (they
+   are the output chunks where those are the slabs on their ranks: one PE's one chunk).
 
 Every rank makes the same collective calls in the same order. An aborted run, or a rank's
 own error in one step, completes the remaining steps dry (copies skipped, the collective
@@ -289,16 +290,21 @@ def execute(engine, run, transport) -> None:
     error = _step(engine, run, middle, error)
     clock("transforms")
     ranks_out = op.slab_ranks(nranks, True)
-    second_spec = leg_spec(spec, leg_out, op.out_dtype, ranks_out, spec.out_ranks, spec.needed)
-    second = Leg(run, second_spec, {} if holder[0] is None else {rank: holder[0]}, error)
-    error = _step(engine, run, lambda: engine.execute(second, transport), error)
+    slabs = {} if holder[0] is None else {rank: holder[0]}
+    if op.outputs_are_slabs(spec.collective.rechunk.old, nranks, spec.out_ranks):
+        outputs = {r: a for r, a in slabs.items() if spec.needed is None or spec.needed.ravel()[r]}
+    else:
+        second_spec = leg_spec(spec, leg_out, op.out_dtype, ranks_out, spec.out_ranks, spec.needed)
+        second = Leg(run, second_spec, slabs, error)
+        error = _step(engine, run, lambda: engine.execute(second, transport), error)
+        outputs = second.outputs
     clock("leg out")
     engine._stats["ffts kept"] = len(engine.ffts)  # (status: what lives on the heap beside the arena)
     engine._stats["last fft"] = clock.spent
     if error is not None:
         raise error
     run.inputs = {}
-    run.finish(second.outputs)
+    run.finish(outputs)
 
 
 class _Clock:
