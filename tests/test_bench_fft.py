@@ -44,6 +44,16 @@ def test_every_method_runs_and_is_checked(client):
     assert all("median" in line and "right" in line for line in lines), lines
 
 
+def test_the_four_steps_not_asked_for_run_once_as_the_reference(client):
+    """Without ``four-step`` among the methods it still checks the others, run once, untimed, on
+    the last repetition's input (at 1024 pencils its four timed runs cost a minute of GPU time)."""
+    lines = []
+    results = bench_fft.run(client, "512KiB", 8, ["redist-fft"], reps=2, kind="numpy", say=lines.append)
+    assert [r.method for r in results] == ["redist-fft"]
+    assert results[0].correct is True and len(results[0].times) == 2
+    assert lines[0].split(": ")[1] == "four-step untimed, right"
+
+
 def test_the_input_is_the_same_for_every_method_and_new_per_repetition(client):
     shape, chunks = (6, 5, 4), ((3, 3), (5,), (2, 2))
     a = bench_fft.input_array(client, shape, chunks, "numpy", seed=1).compute()

@@ -376,3 +376,5 @@ def test_a_persisted_input_is_staged_by_one_task_per_worker(client):
         held = {min(who_has[d]) for d in task.dependencies}
         assert len(held) == 1
     assert sorted(d for t in grouped.values() for d in t.dependencies) == sorted(who_has)
+    with pytest.raises(RedistError, match="runs on the cufftmp engine with CuPy chunks only"):
+        gpu.build(x, op, None).compute()  # (the grouped stage tasks ran and reached the barrier)

@@ -125,22 +125,23 @@ def input_array(client, shape, chunks, kind: str, seed: int = 0):
     return x
 
 
-def _time(client, case, name: str, kind: str, reps: int):
+def _time(client, case, name: str, kind: str, reps: int, timed: bool = True):
     """Times of ``reps`` runs after a warm-up, each on a fresh input (new keys: nothing cached;
     run ``k`` of every method on the same data), the last result, and the marks of the last
-    collective run in ms after its ``persist()`` (`harness.timeline`; None for Dask's own)."""
+    collective run in ms after its ``persist()`` (`harness.timeline`; None for Dask's own).
+    Not ``timed``: one run, on the last repetition's input (a reference for the others')."""
     from distributed import wait
 
     build, context = _method(name, kind)
     times, y, start = [], None, None
-    for rep in range(reps + 1):  # the first: warm-up
+    for rep in range(reps + 1) if timed else [reps]:  # (the first: warm-up)
         y = None
         x = input_array(client, *case, kind, seed=rep)
         with context() or nullcontext():
             start = time.perf_counter()
             y = build(x).persist()
             wait(y)
-            if rep:
+            if rep and timed:
                 times.append(time.perf_counter() - start)
     marks = None
     if name.startswith("redist-") or name == "four-step-collective":  # (earlier runs' marks: < 0)
@@ -182,8 +183,8 @@ def _cupy_whole(shape, reps: int) -> list[float]:
 
 
 def run(client, size: str, nchunks: int, methods, reps: int, kind: str, say=print) -> list[Result]:
-    """Every method on one case; results checked against ``four-step``'s. ``say``: one line per
-    method as it ends."""
+    """Every method on one case; results checked against ``four-step``'s (run once, untimed,
+    where it was not asked for). ``say``: one line per method as it ends."""
     name, shape, chunks = fft_case(size, nchunks)
     nbytes = math.prod(shape) * 16
     results, reference, outputs = [], None, {}
@@ -200,7 +201,8 @@ def run(client, size: str, nchunks: int, methods, reps: int, kind: str, say=prin
             else:
                 gpu = kind == "cupy" and method.startswith("redist-fft")
                 before = engine_stats(client, "cufftmp") if gpu else {}
-                r.times, y, r.timeline = _time(client, (shape, chunks), method, kind, reps)
+                timed = method in methods  # (else the four steps as the reference only: run once)
+                r.times, y, r.timeline = _time(client, (shape, chunks), method, kind, reps, timed)
                 if gpu:
                     r.engine_stats = engine_stats(client, "cufftmp") or None
                     r.note = _fft_note(r.engine_stats, before)
@@ -223,7 +225,7 @@ def _summary(r: Result) -> str:
     if r.error:
         return f"failed: {r.error}"
     right = "" if r.correct is None else (", right" if r.correct else ", WRONG")
-    return f"median {r.median:.3f} s of {len(r.times)}{right}" if r.times else "no times"
+    return f"median {r.median:.3f} s of {len(r.times)}{right}" if r.times else f"untimed{right}"
 
 
 def against_target(results: list[Result]) -> str | None:
