@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # On the GPU node, after install.sh: the benchmarks of issues 25 and 28, one after another and
 # alone on the GPU, detached (together they take longer than a call may).
-#   bash tools/gpu/benches.sh start [fft] [rechunk] [many]   (default fft rechunk; logs, .md, .json in /tmp/redist-benches)
+#   bash tools/gpu/benches.sh start [fft] [rechunk] [many] [fft-gpu]   (default fft rechunk; logs, .md, .json in /tmp/redist-benches)
 #     fft: `bench --fft --gpu --size 8GiB --chunks 8 64 256 1024` at 1 PE, then 2 PEs sharing the GPU
 #     rechunk: `bench --gpu --size 8GiB` at 2-256 chunks with Dask's tasks, 1024 and 4096 without
 #       (tasks takes minutes there), at 1 PE, then at 2 PEs (about 11 minutes in all)
 #     many: `bench --gpu --size 8GiB` at 256, 1024 and 4096 chunks, the collective and the floor
 #       only, at 1 PE, then 2 PEs (the arena's rounds: a few minutes)
+#     fft-gpu: `bench --fft` at 8-1024 pencils, the GPU path, cupy-whole and the floor only (the
+#       four steps run once each, untimed, as the reference), at 1 PE, then 2 PEs
 #   bash tools/gpu/benches.sh wait [SECONDS]   until they have ended (or SECONDS have passed)
 #   bash tools/gpu/benches.sh collect          the last lines of each log, everything as $OUT/benches.tgz
 set -uo pipefail
@@ -34,6 +36,9 @@ case ${1:-} in
           script+="$(bench gpu-floor-pes$k --gpu $(pes $k) --size 8GiB --chunks 2 16 64 256 --methods redist-cufftmp floor tasks)"
           script+="$(bench gpu-floor-pes$k --gpu $(pes $k) --size 8GiB --chunks 1024 4096 --methods redist-cufftmp floor --append)"
         done ;;
+      fft-gpu) for k in 1 2; do  # the GPU path against its target only (the four steps once, as the reference)
+          script+="NVSHMEM_SYMMETRIC_SIZE=40G $(bench gpu-fft-gpu-pes$k --fft --gpu $(pes $k) --size 8GiB --chunks 8 64 256 1024 --methods redist-fft-gpu cupy-whole floor)"
+        done ;;
       many) for k in 1 2; do  # the arena's rounds, where the copy kernel's rows are short
           script+="$(bench gpu-many-pes$k --gpu $(pes $k) --size 8GiB --chunks 256 1024 4096 --methods redist-cufftmp floor)"
         done ;;
@@ -46,5 +51,5 @@ case ${1:-} in
     running && echo "(still running)"
     for log in "$dir"/*.log; do [ -f "$log" ] && { echo "== $(basename "$log")"; grep -vE '^[0-9-]+ [0-9:,]+ - |^\s*$|[Ww]arn' "$log" | tail -15; }; done
     pack benches "$dir" ;;
-  *) sed -n 2,11p "$0"; exit 2 ;;
+  *) sed -n 2,13p "$0"; exit 2 ;;
 esac
