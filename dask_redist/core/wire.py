@@ -20,7 +20,7 @@ import numpy as np
 
 ALIGN = 16  # pieces start on 16-byte boundaries inside a packed buffer
 #: Contiguous pieces of at least this many bytes travel as they are, not packed (`batches`).
-AS_IS_BYTES = 2**20
+AS_IS_BYTES = 8 * 2**20
 
 
 @dataclass(frozen=True)
