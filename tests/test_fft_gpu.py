@@ -133,6 +133,29 @@ def test_forward_and_inverse_return_the_input(gpu_client, fft_gpu):
     assert np.abs(back.compute().get() - odd).max() / np.abs(odd).max() < 1e-12
 
 
+def test_a_persisted_input_is_staged_by_one_task_per_worker(gpu_client, fft_gpu):
+    """A persisted input's transform has one stage task per worker holding its chunks (as a
+    rechunk's has), and forward + inverse of it on the GPU path return it; with one PE the
+    output chunk is the output slab (the leg out moves nothing)."""
+    from distributed import wait
+
+    from dask_redist.core.spec import STAGE_PREFIX
+
+    a = np.random.default_rng(7).standard_normal((32, 24, 16)) + 1j
+    x = cupy_array(a, (4, 6, 16)).persist()
+    wait(x)
+    y = F.fftn(x)
+    stages = [k for k in y.dask.layers[y.name] if k[0].startswith(STAGE_PREFIX)]
+    holders = {min(w) for w in gpu_client.who_has(x).values()}
+    assert len(stages) == len(holders) < x.npartitions, (len(stages), holders)
+    before = len(scheduler_history(gpu_client))
+    got = y.persist()
+    np.testing.assert_allclose(got.compute().get(), np.fft.fftn(a), rtol=1e-10, atol=1e-8)
+    assert any(r["engine"] == "cufftmp" for r in _fft_runs(gpu_client, before))
+    back = F.ifftn(got).compute().get()
+    assert np.abs(back - a).max() / np.abs(a).max() < 1e-12
+
+
 def test_chunks_asked_for(gpu_client, fft_gpu):
     """Chunks asked for come straight out of the run, split along the last axis too; more chunks
     along it than the input's length (an irfftn's) take a rechunk after it."""

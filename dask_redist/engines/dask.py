@@ -46,7 +46,7 @@ DIRECT_MAX_PARTS = 65536
 #: Output chunks of at least this many bytes (on average) are put together by their unpack tasks,
 #: in parallel on the worker's threads, from views of the blocks (`_output_assemblies`); smaller
 #: ones by the collective thread before the run ends, where a task's build per chunk costs more
-#: than it spreads. Measured in docs/benchmarks.md ("Output chunks assembled by the unpack tasks").
+#: than it spreads. Measured in docs/benchmarks.md ("the `dask` engine's large chunks").
 LAZY_MIN_BYTES = 32 * 2**20
 
 
