@@ -354,6 +354,18 @@ def test_a_refused_run_is_reported_as_such():
     assert failure_of(RedistError("x")) == "error"
 
 
+def test_an_input_still_to_compute_is_not_searched_for_futures(client, monkeypatch):
+    """Looking for futures in a graph of many layers would materialize it on the client (3.4 s
+    for a 40,000-chunk ``(ones + 1) * 2``): only a one-layer graph, as a persisted array's, is."""
+    import distributed
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("futures_of was called")
+
+    monkeypatch.setattr(distributed, "futures_of", refuse)
+    assert gpu._persisted_groups(client, (da.ones((8, 8), chunks=2) + 1) * 2) is None
+
+
 def test_a_persisted_input_is_staged_by_one_task_per_worker(client):
     """As the rechunk's rewrite stages a persisted input (`graph.stages`): the transform of a
     persisted input has one stage task per worker holding its chunks, of the chunks that worker

@@ -144,8 +144,10 @@ def _persisted_groups(client, x):
 
     from dask_redist.graph.stages import groups_by_holder
 
+    if client is None or len(getattr(x.__dask_graph__(), "layers", ())) != 1:
+        return None  # (a graph still to compute: looking for futures in it would materialize it)
     futures = futures_of(x)
-    if client is None or len(futures) != x.npartitions or any(f.status != "finished" for f in futures):
+    if len(futures) != x.npartitions or any(f.status != "finished" for f in futures):
         return None
     who_has = client.who_has(futures)
     return groups_by_holder(lambda idx: who_has.get((x.name, *idx)), x.numblocks)
