@@ -106,6 +106,15 @@ def _covered(owned, corners, parts) -> None:
         )
 
 
+def _part_views(blocks, recv: Transfers, parts):
+    """(output position, global lower corner, extent, view into its block) of every part
+    (`_crossings`)."""
+    block, k, a, z = parts
+    at_block, extent = (a - recv.lo[block]).tolist(), (z - a).tolist()
+    for i, kk, lo, b, e in zip(block.tolist(), k.tolist(), a.tolist(), at_block, extent):
+        yield kk, lo, e, blocks[i][tuple(slice(x, x + n) for x, n in zip(b, e))]
+
+
 def _output_assemblies(owned, corners, blocks, recv: Transfers, parts, dtype, like) -> dict:
     """Output chunks as `Assembly`s of views into the blocks that cross them (every chunk covered)."""
     _covered(owned, corners, parts)
@@ -113,10 +122,7 @@ def _output_assemblies(owned, corners, blocks, recv: Transfers, parts, dtype, li
         f: Assembly(tuple(lo), tuple(hi), dtype, like, [], shared=True)
         for f, (lo, hi) in zip(owned, corners.tolist())
     }
-    block, k, a, z = parts
-    at_block, extent = (a - recv.lo[block]).tolist(), (z - a).tolist()
-    for i, kk, lo, b, e in zip(block.tolist(), k.tolist(), a.tolist(), at_block, extent):
-        view = blocks[i][tuple(slice(x, x + n) for x, n in zip(b, e))]
+    for kk, lo, e, view in _part_views(blocks, recv, parts):
         out[owned[kk]].parts.append((lo, [x + n for x, n in zip(lo, e)], view))
     return out
 
@@ -125,13 +131,9 @@ def _assemble_outputs(owned, corners, blocks, recv: Transfers, parts, dtype, lik
     """Output chunks allocated and filled from the blocks that cross them (every chunk covered)."""
     _covered(owned, corners, parts)
     out = [empty(like, tuple((corners[k, 1] - corners[k, 0]).tolist()), dtype) for k in range(len(owned))]
-    block, k, a, z = parts
-    at_out, at_block = (a - corners[k, 0]).tolist(), (a - recv.lo[block]).tolist()
-    extent = (z - a).tolist()
-    for i, kk, o, b, e in zip(block.tolist(), k.tolist(), at_out, at_block, extent):
-        out[kk][tuple(slice(x, x + n) for x, n in zip(o, e))] = blocks[i][
-            tuple(slice(x, x + n) for x, n in zip(b, e))
-        ]
+    lowers = corners[:, 0].tolist()
+    for kk, lo, e, view in _part_views(blocks, recv, parts):
+        out[kk][tuple(slice(x - c, x - c + n) for x, c, n in zip(lo, lowers[kk], e))] = view
     return dict(zip(owned, out))
 
 

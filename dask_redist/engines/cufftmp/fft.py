@@ -289,11 +289,11 @@ def execute(engine, run, transport) -> None:
 
     error = _step(engine, run, middle, error)
     clock("transforms")
-    ranks_out = op.slab_ranks(nranks, True)
     slabs = {} if holder[0] is None else {rank: holder[0]}
     if op.outputs_are_slabs(spec.collective.rechunk.old, nranks, spec.out_ranks):
         outputs = {r: a for r, a in slabs.items() if spec.needed is None or spec.needed.ravel()[r]}
     else:
+        ranks_out = op.slab_ranks(nranks, True)
         second_spec = leg_spec(spec, leg_out, op.out_dtype, ranks_out, spec.out_ranks, spec.needed)
         second = Leg(run, second_spec, slabs, error)
         error = _step(engine, run, lambda: engine.execute(second, transport), error)
