@@ -95,13 +95,18 @@ def _local_jobs(run, outputs: dict, kept: dict | None = None) -> np.ndarray | No
 
 
 def _empty_outputs(run, xp) -> dict:
-    """This rank's output chunks, allocated (none once the run was aborted)."""
+    """This rank's output chunks, allocated (none once the run was aborted); those an FFT's leg
+    gives (``run.into``, `dask_redist.engines.cufftmp.fft.Leg`) taken as they are."""
     if run.state == "failed":
         return {}
     spec = run.spec.collective
     owned = run.plan.owned(run.rank)
     lower, upper = spec.rechunk.new_boxes(owned)
-    return {f: xp.empty(tuple(shape), dtype=spec.dtype) for f, shape in zip(owned, (upper - lower).tolist())}
+    given = getattr(run, "into", {})
+    return {
+        f: given[f] if f in given else xp.empty(tuple(shape), dtype=spec.dtype)
+        for f, shape in zip(owned, (upper - lower).tolist())
+    }
 
 
 class CufftMpEngine(Engine):

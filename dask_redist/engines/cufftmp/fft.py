@@ -23,6 +23,7 @@ calls made), as a rechunk's rounds do; the error is raised at the end.
 
 from __future__ import annotations
 
+import math
 import time
 from collections import OrderedDict
 from dataclasses import replace
@@ -37,14 +38,17 @@ FFTS_KEPT = 2
 class Leg:
     """One rechunk of an FFT run, as the engine's rechunk path reads a run: its own ``spec``,
     ``plan``, ``inputs`` and ``outputs``; the run's rank, aborts and timeouts. ``error``: this
-    rank's own error in an earlier step (the leg then runs dry and raises it)."""
+    rank's own error in an earlier step (the leg then runs dry and raises it). ``into``: output
+    chunks already allocated, by index (the leg in writes this rank's slab straight into the
+    FFT's operand where it can: `operand_as_slab`)."""
 
-    def __init__(self, run, spec, inputs: dict, error: BaseException | None = None):
+    def __init__(self, run, spec, inputs: dict, error: BaseException | None = None, into=None):
         self._run = run
         self.spec = spec
         self.inputs = inputs
         self.outputs: dict = {}
         self.error = error
+        self.into: dict = into or {}
 
     @cached_property
     def plan(self):
@@ -243,17 +247,33 @@ def transforms(engine, run, t: _Transform, slab, error=None):
 
     def work(k, go):
         # (R2C's operand is a strided view, its rows padded; C2R's result is one too: copies, not views)
-        t.operand[...] = slab.reshape((op.batches, *slab.shape[op.first :]))[k]
+        if slab.data.ptr != t.operand.data.ptr:  # (else the leg in wrote it there: `operand_as_slab`)
+            t.operand[...] = slab.reshape((op.batches, *slab.shape[op.first :]))[k]
         go()
-        out.reshape((op.batches, *out.shape[op.first :]))[k] = result[0]
+        mine = out.reshape((op.batches, *out.shape[op.first :]))[k]
+        if op.scale != 1.0:  # scaled as it is copied out: one pass
+            cupy.multiply(result[0], float(op.scale), out=mine)
+        else:
+            mine[...] = result[0]
 
     engine.rounds.reset()
     with engine.stream:
         engine.rounds.run(step, op.batches, exchange, work)
-        if out is not None and op.scale != 1.0:
-            out *= op.scale
     engine.rounds.wait(step)
     return out
+
+
+def operand_as_slab(t: _Transform, op, nranks: int, rank: int) -> dict:
+    """``{rank: array}``: this rank's input slab as a view of ``t``'s operand, for the leg in to
+    write into (saving one pass over the slab); empty where the operand cannot be the slab (R2C's
+    padded rows, or batches: the operand holds one transform at a time)."""
+    shape = op.slab_shape(nranks, rank, out=False, batches=True)
+    operand = t.operand
+    if op.batches != 1 or operand.dtype != op.in_dtype or not operand.flags.c_contiguous:
+        return {}
+    if operand.size != math.prod(shape):
+        return {}
+    return {rank: operand.reshape(shape)}
 
 
 def _make_room(engine) -> None:
@@ -276,8 +296,12 @@ def execute(engine, run, transport) -> None:
     t = setup(engine, run)  # (collective, before any data moves)
     clock("world and setup")
     leg_in, leg_out = op.legs(spec.collective.rechunk.old, nranks)
+    into = operand_as_slab(t, op, nranks, rank)
     first = Leg(
-        run, leg_spec(spec, leg_in, op.in_dtype, spec.in_ranks, op.slab_ranks(nranks, False)), run.inputs
+        run,
+        leg_spec(spec, leg_in, op.in_dtype, spec.in_ranks, op.slab_ranks(nranks, False)),
+        run.inputs,
+        into=into,
     )
     error = _step(engine, run, lambda: engine.execute(first, transport), None)
     clock("leg in")
@@ -301,6 +325,9 @@ def execute(engine, run, transport) -> None:
     clock("leg out")
     engine._stats["ffts kept"] = len(engine.ffts)  # (status: what lives on the heap beside the arena)
     engine._stats["last fft"] = clock.spent
+    engine._stats["last fft's leg in"] = (
+        "into the operand" if into else "into a slab, copied into the operand"
+    )
     if error is not None:
         raise error
     run.inputs = {}
