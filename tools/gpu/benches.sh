@@ -9,6 +9,8 @@
 #       only, at 1 PE, then 2 PEs (the arena's rounds: a few minutes)
 #     fft-gpu: `bench --fft` at 8-1024 pencils, the GPU path, cupy-whole and the floor only (the
 #       four steps run once each, untimed, as the reference), at 1 PE, then 2 PEs
+#     budget: 2 PEs at 16-256 chunks, the collective and the floor, with the default
+#       redist.memory-budget (1 GiB: 8 rounds) and with 8 GiB and a 20 GiB heap (one round)
 #   bash tools/gpu/benches.sh wait [SECONDS]   until they have ended (or SECONDS have passed)
 #   bash tools/gpu/benches.sh collect          the last lines of each log, everything as $OUT/benches.tgz
 set -uo pipefail
@@ -41,6 +43,10 @@ case ${1:-} in
         done ;;
       many) for k in 1 2; do  # the arena's rounds, where the copy kernel's rows are short
           script+="$(bench gpu-many-pes$k --gpu $(pes $k) --size 8GiB --chunks 256 1024 4096 --methods redist-cufftmp floor)"
+        done ;;
+      budget) for b in default 8GiB; do  # what the arena's rounds cost with 2 PEs on one GPU
+          env=""; [ "$b" = default ] || env="DASK_REDIST__MEMORY_BUDGET=$b NVSHMEM_SYMMETRIC_SIZE=20G "
+          script+="$env$(bench gpu-budget-$b --gpu $(pes 2) --size 8GiB --chunks 16 64 256 --methods redist-cufftmp floor)"
         done ;;
       *) echo "unknown: $w"; exit 2 ;;
     esac; done
