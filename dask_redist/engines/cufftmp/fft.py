@@ -16,6 +16,10 @@ the same engine, on the same collective thread, in the same global order as a re
 3. *leg out*: the output slabs, scaled for ``norm``, are rechunked into the output chunks (they
    are the output chunks where those are the slabs on their ranks: one PE's one chunk).
 
+A world of one PE needs no symmetric heap and no cuFFTMp: its leg in gathers the whole array,
+which cuFFT transforms out of place (`local_transform`, CuPy's ``fftn`` and kin: no copy into an
+operand and none out of it), and the leg out rechunks the result where other chunks are asked for.
+
 Every rank makes the same collective calls in the same order. An aborted run, or a rank's
 own error in one step, completes the remaining steps dry (copies skipped, the collective
 calls made), as a rechunk's rounds do; the error is raised at the end.
@@ -263,6 +267,31 @@ def transforms(engine, run, t: _Transform, slab, error=None):
     return out
 
 
+def local_transform(engine, run, slab, error=None):
+    """A world of one PE: the transforms of ``slab`` (the whole array) by cuFFT, out of place,
+    NumPy's ``norm`` applied by CuPy (see the module)."""
+    import cupy
+
+    op = run.spec.collective.op
+    run.set_phase("fft")
+    if error is not None or run.state == "failed":
+        raise error if error is not None else run.failure()
+    if slab is None:
+        raise RedistError(f"{run.name()}: no input slab")
+    axes = tuple(range(op.first, len(op.in_shape)))
+    if op.kind == "c2c":
+        fn, s = (cupy.fft.ifftn if op.inverse else cupy.fft.fftn), None
+    else:
+        fn = cupy.fft.rfftn if op.kind == "r2c" else cupy.fft.irfftn
+        s = op.out_shape[op.first :] if op.kind == "c2r" else None
+    engine.rounds.reset()
+    with engine.stream:
+        out = fn(slab, s=s, axes=axes, norm=op.norm).astype(op.out_dtype, copy=False)
+        engine.rounds.queued(engine._everything())
+    engine.rounds.wait(run)  # (polled: an abort ends the wait)
+    return out
+
+
 def operand_as_slab(t: _Transform, op, nranks: int, rank: int) -> dict:
     """``{rank: array}``: this rank's input slab as a view of ``t``'s operand, for the leg in to
     write into (saving one pass over the slab); empty where the operand cannot be the slab (R2C's
@@ -293,10 +322,11 @@ def execute(engine, run, transport) -> None:
     engine.prepare(run, transport)  # (collective: the world)
     if run.must_stop():
         raise run.failure()
-    t = setup(engine, run)  # (collective, before any data moves)
+    one_pe = nranks == 1
+    t = None if one_pe else setup(engine, run)  # (collective, before any data moves)
     clock("world and setup")
     leg_in, leg_out = op.legs(spec.collective.rechunk.old, nranks)
-    into = operand_as_slab(t, op, nranks, rank)
+    into = {} if one_pe else operand_as_slab(t, op, nranks, rank)
     first = Leg(
         run,
         leg_spec(spec, leg_in, op.in_dtype, spec.in_ranks, op.slab_ranks(nranks, False)),
@@ -309,7 +339,10 @@ def execute(engine, run, transport) -> None:
     holder: list = [None]
 
     def middle():
-        holder[0] = transforms(engine, run, t, slab, error)
+        if one_pe:
+            holder[0] = local_transform(engine, run, slab, error)
+        else:
+            holder[0] = transforms(engine, run, t, slab, error)
 
     error = _step(engine, run, middle, error)
     clock("transforms")
@@ -325,8 +358,12 @@ def execute(engine, run, transport) -> None:
     clock("leg out")
     engine._stats["ffts kept"] = len(engine.ffts)  # (status: what lives on the heap beside the arena)
     engine._stats["last fft"] = clock.spent
-    engine._stats["last fft's leg in"] = (
-        "into the operand" if into else "into a slab, copied into the operand"
+    engine._stats["last fft's path"] = (
+        "one PE: cuFFT, out of place"
+        if one_pe
+        else "cuFFTMp, the leg in into its operand"
+        if into
+        else "cuFFTMp, the leg in copied into its operand"
     )
     if error is not None:
         raise error
