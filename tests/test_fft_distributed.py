@@ -116,7 +116,11 @@ def simulate(op, geometry, a, chunks, nranks, in_ranks) -> dict:
         assert x.shape[geometry.first :] == geometry.slab_shape(nranks, r, out=False)
     axes = tuple(range(geometry.first, a.ndim))
     whole = np.concatenate([in_slabs[r] for r in range(nranks)], axis=geometry.in_axis)
-    out = UNNORMALIZED[(op.kind, op.inverse)](whole, op.s, axes) * geometry.scale
+    if nranks == 1:  # as `local_transform`: the transform's own function, NumPy's norm, C2R's output length
+        s = geometry.out_shape[geometry.first :] if geometry.kind == "c2r" else None
+        out = getattr(np.fft, geometry.function)(whole, s=s, axes=axes, norm=geometry.norm)
+    else:  # as cuFFTMp: unnormalized, then scaled
+        out = UNNORMALIZED[(op.kind, op.inverse)](whole, op.s, axes) * geometry.scale
     bounds = np.cumsum((0,) + geometry.out_slabs(nranks)[geometry.out_axis])
     out_slabs = {
         r: np.take(out, range(bounds[r], bounds[r + 1]), axis=geometry.out_axis) for r in range(nranks)

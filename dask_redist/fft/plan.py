@@ -15,11 +15,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dask_redist.planning.fft import slab_sizes
+from dask_redist.planning.fft import FUNCTIONS, slab_sizes
 
 NORMS = (None, "backward", "ortho", "forward")
-#: The local function of each transform kind (numpy.fft and cupy.fft both have them).
-FUNCTIONS = {("c2c", False): "fftn", ("c2c", True): "ifftn", ("r2c", False): "rfftn", ("c2r", True): "irfftn"}
 
 
 @dataclass(frozen=True)

@@ -58,6 +58,10 @@ DTYPES = {
 SLAB_2D = {"r2c": "X", "c2r": "Y"}
 
 
+#: The local function of each transform kind (numpy.fft and cupy.fft both have them).
+FUNCTIONS = {("c2c", False): "fftn", ("c2c", True): "ifftn", ("r2c", False): "rfftn", ("c2r", True): "irfftn"}
+
+
 def slab_sizes(length: int, parts: int) -> tuple[int, ...]:
     """``length`` in ``parts`` slabs, the first ``length % parts`` one longer (cuFFTMp's slabs)."""
     parts = max(1, min(int(parts), int(length)))
@@ -93,6 +97,11 @@ class DistributedFFT:
     @property
     def batches(self) -> int:
         return math.prod(self.in_shape[: self.first])
+
+    @property
+    def function(self) -> str:
+        """The numpy.fft / cupy.fft function of the same transform (`FUNCTIONS`)."""
+        return FUNCTIONS[(self.kind, self.inverse)]
 
     @property
     def fft_type(self) -> str:

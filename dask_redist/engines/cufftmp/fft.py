@@ -274,19 +274,19 @@ def local_transform(engine, run, slab, error=None):
 
     op = run.spec.collective.op
     run.set_phase("fft")
-    if error is not None or run.state == "failed":
-        raise error if error is not None else run.failure()
+    if error is not None:
+        raise error
+    if run.state == "failed":
+        raise run.failure()
     if slab is None:
         raise RedistError(f"{run.name()}: no input slab")
     axes = tuple(range(op.first, len(op.in_shape)))
-    if op.kind == "c2c":
-        fn, s = (cupy.fft.ifftn if op.inverse else cupy.fft.fftn), None
-    else:
-        fn = cupy.fft.rfftn if op.kind == "r2c" else cupy.fft.irfftn
-        s = op.out_shape[op.first :] if op.kind == "c2r" else None
+    s = op.out_shape[op.first :] if op.kind == "c2r" else None  # (C2R: the output's last axis, even or odd)
     engine.rounds.reset()
     with engine.stream:
-        out = fn(slab, s=s, axes=axes, norm=op.norm).astype(op.out_dtype, copy=False)
+        out = getattr(cupy.fft, op.function)(slab, s=s, axes=axes, norm=op.norm).astype(
+            op.out_dtype, copy=False
+        )
         engine.rounds.queued(engine._everything())
     engine.rounds.wait(run)  # (polled: an abort ends the wait)
     return out
