@@ -218,6 +218,7 @@ class Settings:
     bootstrap_timeout: float = 120.0
     symmetric_size: int | None = None
     exit_when_stuck: bool = True
+    shared_gpu_copies: bool = True  # PEs on one GPU copy chunk to chunk (engines.cufftmp.peers)
     respect_method: bool = True  # an explicit rechunk(method=...) keeps Dask's rechunk
 
     def engine_path(self, name: str) -> str:
@@ -263,5 +264,6 @@ class Settings:
             bootstrap_timeout=_seconds("timeouts.bootstrap", _get("timeouts.bootstrap", config)),
             symmetric_size=None if sym is None else _bytes("nvshmem.symmetric-size", sym),
             exit_when_stuck=_bool("nvshmem.exit-when-stuck", _get("nvshmem.exit-when-stuck", config)),
+            shared_gpu_copies=_bool("nvshmem.shared-gpu-copies", _get("nvshmem.shared-gpu-copies", config)),
             respect_method=_bool("respect-method", _get("respect-method", config)),
         )

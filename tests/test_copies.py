@@ -15,6 +15,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from copy_helpers import InMemory, copy_rows, random_rechunk, replay_all
+
 from dask_redist.engines.cufftmp.copies import fold
 
 
@@ -26,14 +28,6 @@ def in_buffer(shape, dtype) -> tuple[np.ndarray, np.ndarray]:
 
 def address(a: np.ndarray) -> int:
     return a.__array_interface__["data"][0]
-
-
-def copy_rows(n0, n1, nbytes, s0, s1, d0, d1, src_memory, src_at, dst_memory, dst_at) -> None:
-    """The kernel's work for one job (rows of ``nbytes`` over two outer axes), on bytes."""
-    for i0 in range(n0):
-        for i1 in range(n1):
-            s, d = src_at + i0 * s0 + i1 * s1, dst_at + i0 * d0 + i1 * d1
-            dst_memory[d : d + nbytes] = src_memory[s : s + nbytes]
 
 
 def replay(job, dst_buffer, dst, src_buffer, src) -> None:
@@ -81,12 +75,6 @@ def test_contiguous_and_slab_copies_are_single_rows():
     assert fold(a.shape, a.strides, a.strides, a.itemsize) == (1, 1, a.nbytes, 0, 0, 0, 0)
     part = a[:, 8:16, :]  # a slab of a slab: 4 rows of 8 x 32 elements
     assert fold(part.shape, part.strides, part.strides, 8)[:3] == (1, 4, 8 * 32 * 8)
-
-
-def replay_all(jobs, memory: np.ndarray) -> None:
-    """Every job of a table on one byte buffer, pointers being offsets into it."""
-    for src, dst, *rows in jobs.tolist():
-        copy_rows(*rows, memory, src, memory, dst)
 
 
 @st.composite
@@ -252,25 +240,6 @@ def test_cufftmp_keeps_the_most_recently_used_plans(monkeypatch):
     assert len(plans) == 0 and sorted(destroyed) == [100, 101, 102, 103, 104]
 
 
-def _random_rechunk(data, side: int):
-    """A random 1-3-D shape of at most ``side`` per axis, a dtype, and a `RechunkSpec` between two
-    random chunkings of it."""
-    from dask_redist.planning import RechunkSpec
-
-    shape = [data.draw(st.integers(1, side)) for _ in range(data.draw(st.integers(1, 3)))]
-
-    def chunking(n):
-        cuts = sorted(set(data.draw(st.lists(st.integers(1, n - 1), max_size=3)))) if n > 1 else []
-        return tuple(np.diff([0, *cuts, n]).tolist())
-
-    dtype = np.dtype(data.draw(st.sampled_from([np.int8, np.float32, np.complex128])))
-    return (
-        shape,
-        dtype,
-        RechunkSpec(tuple(chunking(n) for n in shape), tuple(chunking(n) for n in shape), dtype.itemsize),
-    )
-
-
 @settings(max_examples=150, deadline=None)
 @given(data=st.data())
 def test_piece_jobs_copy_every_piece_from_input_to_output_chunk(data):
@@ -279,7 +248,7 @@ def test_piece_jobs_copy_every_piece_from_input_to_output_chunk(data):
     from dask_redist.engines.cufftmp.copies import ChunkTable, piece_jobs
     from dask_redist.planning.plan import pieces
 
-    shape, dtype, spec = _random_rechunk(data, 9)
+    shape, dtype, spec = random_rechunk(data, 9)
     whole = (np.arange(int(np.prod(shape))) % 113 + 1).astype(dtype).reshape(shape)
     memory = np.zeros(2 * whole.nbytes, np.uint8)
     tables, offset = [], 0
@@ -337,18 +306,6 @@ def test_a_chunk_staged_whole_is_one_row_and_a_column_of_a_box_one_row_per_line(
     assert half[:, 0].tolist() == [1000, 1128] and half[:, 1].tolist() == [0, 256]
 
 
-class _InMemory:
-    """What the engine reads of a C-contiguous CuPy array, for a chunk kept at ``ptr`` in one
-    byte buffer (the replayed jobs' pointers are offsets into it)."""
-
-    def __init__(self, shape, ptr: int):
-        from types import SimpleNamespace
-
-        self.shape, self.ndim = tuple(shape), len(shape)
-        self.data = SimpleNamespace(ptr=ptr)
-        self.flags = SimpleNamespace(c_contiguous=True)
-
-
 @settings(max_examples=100, deadline=None)
 @given(data=st.data())
 def test_a_one_pe_run_copies_every_needed_output_chunk_as_numpy_cuts_it(data):
@@ -363,7 +320,7 @@ def test_a_one_pe_run_copies_every_needed_output_chunk_as_numpy_cuts_it(data):
     from dask_redist.engines.cufftmp.engine import _empty_outputs, _local_jobs
     from dask_redist.planning import make_plan
 
-    shape, dtype, rechunk = _random_rechunk(data, 8)
+    shape, dtype, rechunk = random_rechunk(data, 8)
     needed = None
     if data.draw(st.booleans()):  # some of the new chunks only (the rest is nobody's output)
         n_new = int(np.prod(rechunk.new_grid))
@@ -385,7 +342,7 @@ def test_a_one_pe_run_copies_every_needed_output_chunk_as_numpy_cuts_it(data):
             lo, hi = rechunk.old_box(flat)
             part = np.ascontiguousarray(whole[tuple(slice(a, b) for a, b in zip(lo, hi))])
             memory[offset : offset + part.nbytes] = part.view(np.uint8).ravel()
-            inputs[flat] = _InMemory(part.shape, offset)
+            inputs[flat] = InMemory(part.shape, offset)
             offset += part.nbytes
 
         class Allocator:  # ``xp.empty``: output chunks after the inputs in the same buffer
@@ -393,7 +350,7 @@ def test_a_one_pe_run_copies_every_needed_output_chunk_as_numpy_cuts_it(data):
 
             @classmethod
             def empty(cls, shape, dtype):
-                out = _InMemory(shape, cls.at)
+                out = InMemory(shape, cls.at)
                 cls.at += int(np.prod(shape)) * np.dtype(dtype).itemsize
                 return out
 
@@ -426,9 +383,9 @@ def test_one_pe_job_tables_are_kept_for_the_most_recent_geometries():
         spec = CollectiveSpec("t" * 32, "in", "out", rechunk, np.dtype(np.float64), Settings(), "cupy")
         plan = make_plan(rechunk, np.zeros(2, np.int64), 1)
         run_spec = RunSpec(spec, 1, 1, ("w",), plan.in_ranks, plan.out_ranks, plan.needed, "cufftmp", "cupy")
-        inputs = {1: _InMemory((n,), at + 8 * n), 0: _InMemory((n,), at)}
+        inputs = {1: InMemory((n,), at + 8 * n), 0: InMemory((n,), at)}
         r = SimpleNamespace(spec=run_spec, plan=run_spec.plan, inputs=inputs, rank=0, state="running")
-        jobs = engine._local_jobs(r, {0: _InMemory((2 * n,), at + 4096)}, kept)
+        jobs = engine._local_jobs(r, {0: InMemory((2 * n,), at + 4096)}, kept)
         assert jobs[:, 0].tolist() == [at, at + 8 * n]
         assert jobs[:, 1].tolist() == [at + 4096, at + 4096 + 8 * n]
         return rechunk

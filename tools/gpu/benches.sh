@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # On the GPU node, after install.sh: the benchmarks of issues 25 and 28, one after another and
 # alone on the GPU, detached (together they take longer than a call may).
-#   bash tools/gpu/benches.sh start [fft] [rechunk] [many] [fft-gpu]   (default fft rechunk; logs, .md, .json in /tmp/redist-benches)
+#   bash tools/gpu/benches.sh start [fft] [rechunk] [many] [fft-gpu] [budget] [peers]   (default fft rechunk; logs, .md, .json in /tmp/redist-benches)
 #     fft: `bench --fft --gpu --size 8GiB --chunks 8 64 256 1024` at 1 PE, then 2 PEs sharing the GPU
 #     rechunk: `bench --gpu --size 8GiB` at 2-256 chunks with Dask's tasks, 1024 and 4096 without
 #       (tasks takes minutes there), at 1 PE, then at 2 PEs (about 11 minutes in all)
@@ -11,6 +11,8 @@
 #       four steps run once each, untimed, as the reference), at 1 PE, then 2 PEs
 #     budget: 2 PEs at 16-256 chunks, the collective and the floor, with the default
 #       redist.memory-budget (1 GiB: 8 rounds) and with 8 GiB and a 20 GiB heap (one round)
+#     peers: 2 PEs at 2-1024 chunks chunk to chunk through CUDA IPC (Dask's tasks at 2-256), then
+#       with redist.nvshmem.shared-gpu-copies off (the heap's rounds), then 4 PEs
 #   bash tools/gpu/benches.sh wait [SECONDS]   until they have ended (or SECONDS have passed)
 #   bash tools/gpu/benches.sh collect          the last lines of each log, everything as $OUT/benches.tgz
 set -uo pipefail
@@ -48,6 +50,10 @@ case ${1:-} in
           env=""; [ "$b" = default ] || env="DASK_REDIST__MEMORY_BUDGET=$b NVSHMEM_SYMMETRIC_SIZE=20G "
           script+="$env$(bench gpu-budget-$b --gpu $(pes 2) --size 8GiB --chunks 16 64 256 --methods redist-cufftmp floor)"
         done ;;
+      peers) script+="$(bench gpu-peers-2pe --gpu $(pes 2) --size 8GiB --chunks 2 16 64 256 --methods redist-cufftmp floor tasks)"
+        script+="$(bench gpu-peers-2pe --gpu $(pes 2) --size 8GiB --chunks 1024 --methods redist-cufftmp floor --append)"
+        script+="DASK_REDIST__NVSHMEM__SHARED_GPU_COPIES=false $(bench gpu-peers-off-2pe --gpu $(pes 2) --size 8GiB --chunks 16 64 256 --methods redist-cufftmp floor)"
+        script+="$(bench gpu-peers-4pe --gpu $(pes 4) --size 8GiB --chunks 16 64 256 --methods redist-cufftmp floor)" ;;
       *) echo "unknown: $w"; exit 2 ;;
     esac; done
     launch "$dir" benches "$script"
@@ -57,5 +63,5 @@ case ${1:-} in
     running && echo "(still running)"
     for log in "$dir"/*.log; do [ -f "$log" ] && { echo "== $(basename "$log")"; grep -vE '^[0-9-]+ [0-9:,]+ - |^\s*$|[Ww]arn' "$log" | tail -15; }; done
     pack benches "$dir" ;;
-  *) sed -n 2,13p "$0"; exit 2 ;;
+  *) sed -n 2,15p "$0"; exit 2 ;;
 esac

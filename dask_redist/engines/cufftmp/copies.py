@@ -304,7 +304,13 @@ class PieceJobs:
         grids), or None where one is not C-contiguous. Raises KeyError naming a chunk missing."""
         if not BATCHED or not all(a.flags.c_contiguous for a in (*inputs.values(), *outputs.values())):
             return None
-        src, dst = _addresses(inputs, n_old)[self.old_block], _addresses(outputs, n_new)[self.new_block]
+        return self.at(addresses(inputs, n_old), addresses(outputs, n_new))
+
+    def at(self, inputs: np.ndarray, outputs: np.ndarray) -> np.ndarray:
+        """The jobs for chunks at these addresses (by flat index, -1 where a chunk is not here;
+        an output chunk may be a peer's, mapped into this process). Raises KeyError naming a
+        chunk missing."""
+        src, dst = inputs[self.old_block], outputs[self.new_block]
         if (src < 0).any() or (dst < 0).any():
             raise KeyError(
                 f"input chunks {self.old_block[src < 0][:5].tolist()} or output chunks "
@@ -316,7 +322,7 @@ class PieceJobs:
         return jobs
 
 
-def _addresses(chunks: dict, count: int) -> np.ndarray:
+def addresses(chunks: dict, count: int) -> np.ndarray:
     """Each flat index's chunk address, -1 where ``chunks`` has none."""
     out = np.full(count, -1, dtype=np.int64)
     out[np.fromiter(chunks, dtype=np.int64, count=len(chunks))] = np.fromiter(

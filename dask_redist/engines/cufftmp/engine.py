@@ -30,13 +30,14 @@ every rank makes the same NVSHMEM calls and no worker is lost to a cancel.
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from collections import namedtuple
 
 import numpy as np
 
-from dask_redist.engines.cufftmp import fft
+from dask_redist.engines.cufftmp import fft, peers
 from dask_redist.engines.cufftmp.copies import PieceJobs, launch
 from dask_redist.engines.cufftmp.description import CufftMpDescription
 from dask_redist.engines.cufftmp.direct import run_direct
@@ -50,10 +51,12 @@ from dask_redist.engines.rounds import Rounds
 from dask_redist.errors import EngineUnavailableError, RedistError
 from dask_redist.planning.layout import DirectLayout, choose_layout
 
+logger = logging.getLogger("dask_redist")
+
 ALIGN = 512
 #: Most pieces a world of one PE copies chunk to chunk (`_local_jobs`); beyond, the arena's rounds.
 LOCAL_MAX_PIECES = 1 << 16
-#: Job tables of one-PE runs kept for a repeated rechunk (`_local_jobs`; 65,536 pieces: 5 MB each).
+#: Job tables kept for a repeated rechunk (`_piece_table`; 65,536 pieces: 5 MB each).
 KEPT_PIECE_JOBS = 4
 #: What a run of one PE reports as its layout (`CufftMpEngine._record`).
 LOCAL = namedtuple("Local", "mapping rounds")("local (one PE: chunk to chunk)", 1)
@@ -74,24 +77,36 @@ def _local_jobs(run, outputs: dict, kept: dict | None = None) -> np.ndarray | No
     """The copies of every piece of a one-PE run straight from its input chunk into its output
     chunk, or None where the arena's rounds are taken instead: more than `LOCAL_MAX_PIECES`
     pieces, or chunks a job table cannot describe (more than 3 axes, not C-contiguous).
-    ``kept``: tables of earlier runs by geometry (`PieceJobs`), at most `KEPT_PIECE_JOBS`."""
+    ``kept``: tables of earlier runs by geometry (`_piece_table`)."""
     rechunk = run.spec.collective.rechunk
     if not outputs:
         return np.zeros((0, 9), np.int64)
     if rechunk.ndim > 3 or run.plan.piece_count > LOCAL_MAX_PIECES:
         return None
-    key = (rechunk, run.plan.needed.tobytes())
-    table = kept.pop(key, None) if kept is not None else None
-    if table is None:  # (needed chunks only: all of them are this rank's outputs)
-        table = PieceJobs.of(rechunk, run.plan.transfers)
-    if kept is not None:
-        kept[key] = table  # the most recent last
-        while len(kept) > KEPT_PIECE_JOBS:
-            del kept[next(iter(kept))]
     try:
-        return table.jobs(run.inputs, outputs, math.prod(rechunk.old_grid), math.prod(rechunk.new_grid))
+        return _piece_table(run, kept).jobs(
+            run.inputs, outputs, math.prod(rechunk.old_grid), math.prod(rechunk.new_grid)
+        )
     except KeyError as e:
         raise RedistError(f"{run.name()}: {e.args[0]}") from None
+
+
+def _piece_table(run, kept: dict | None, rank: int | None = None) -> PieceJobs:
+    """The job table of the pieces ``rank`` sends (None: every piece of the run), relative to
+    their chunks; ``kept``: tables of earlier runs by geometry, at most `KEPT_PIECE_JOBS`, the
+    most recently used last (a repeated rechunk builds its table once)."""
+    rechunk, plan = run.spec.collective.rechunk, run.plan
+    key = (rechunk, plan.needed.tobytes())
+    if rank is not None:
+        key += (rank, plan.in_ranks.tobytes(), plan.out_ranks.tobytes())
+    table = kept.pop(key, None) if kept is not None else None
+    if table is None:  # (needed chunks only)
+        table = PieceJobs.of(rechunk, plan.transfers if rank is None else plan.sends(rank))
+    if kept is not None:
+        kept[key] = table
+        while len(kept) > KEPT_PIECE_JOBS:
+            del kept[next(iter(kept))]
+    return table
 
 
 def _empty_outputs(run, xp) -> dict:
@@ -129,7 +144,8 @@ class CufftMpEngine(Engine):
         self.host = HostLink()  # pinned staging for NumPy chunks (.host)
         self._able: dict | None = None  # capabilities(), asked at the first run
         self.ffts = fft.FFTs()  # distributed FFTs kept for later runs (.fft)
-        self.piece_jobs: dict = {}  # one-PE job tables by geometry, least recently used first
+        self.piece_jobs: dict = {}  # job tables by geometry, least recently used first
+        self.ipc: peers.CudaIpc | None = None  # for PEs on one GPU (.peers), made at their first run
 
     # -- the protocol --------------------------------------------------------------------
 
@@ -236,6 +252,12 @@ class CufftMpEngine(Engine):
         if one_pe and (jobs := _local_jobs(run, outputs, self.piece_jobs)) is not None:
             cupy.cuda.Device().synchronize()  # inputs may come from kernels still in flight
             return self._local(run, jobs, outputs)
+        if peers.applies(run, self.world.shared_gpu, LOCAL_MAX_PIECES):
+            # inputs may come from kernels still in flight, and the outputs' memory from arrays
+            # whose last kernels are: the peers write into it once it is exported
+            cupy.cuda.Device().synchronize()
+            if self._peers(run, outputs):
+                return
         run.set_phase("plan")
         layout, _ = choose_layout(
             run.plan,
@@ -285,16 +307,47 @@ class CufftMpEngine(Engine):
         """A run of one PE: its pieces copied chunk to chunk in one launch (`_local_jobs`)."""
         run.set_phase("exchange")
         self._marks = []
+        self._copy(run, jobs, dry=False)
+        self._keep.clear()
+        self._record(LOCAL)
+        run.inputs = {}
+        run.finish(outputs)
+
+    def _peers(self, run, outputs: dict) -> bool:
+        """A run of PEs on one GPU: this rank's pieces copied into whichever output chunk they
+        belong to, through CUDA IPC (`.peers`). False where it cannot be (every rank then takes
+        the arena's rounds)."""
+        run.set_phase("exchange")
+
+        def prepare():
+            if self.ipc is None:
+                self.ipc = peers.CudaIpc()
+            return _piece_table(run, self.piece_jobs, run.rank), self.ipc
+
+        self._marks = []
+        started = time.perf_counter()
+        instead = peers.run_peers(run, outputs, prepare, self.world.group, self._copy)
+        if instead is not None:
+            logger.warning("%s: %s; the symmetric heap's rounds instead", run.name(), instead.why)
+            if isinstance(instead, peers.Failed):  # (every rank saw it: none tries again here)
+                self.world.shared_gpu = False
+            return False
+        self._keep.clear()
+        self._record(peers.LAYOUT)
+        self._stats["last"]["host ms"] = round((time.perf_counter() - started) * 1e3, 3)
+        run.inputs = {}
+        run.finish(outputs)
+        return True
+
+    def _copy(self, run, jobs: np.ndarray, dry: bool = True) -> None:
+        """Run a job table on the engine's stream and wait for it, polling (`Rounds.wait`: unless
+        ``dry``, an abort raises once it is done)."""
         with self.stream:
             self._mark("start")
             launch(jobs, self._keep)
             self._mark("reshape")
         self.rounds.queued(self._marks[-1][1])
-        self.rounds.wait(run)  # (polled: an abort ends the wait)
-        self._keep.clear()
-        self._record(LOCAL)
-        run.inputs = {}
-        run.finish(outputs)
+        self.rounds.wait(run, dry=dry)
 
     def _record(self, layout) -> None:
         """Milliseconds spent staging, reshaping (syncs included) and unstaging, over all rounds,

@@ -43,6 +43,21 @@ _REDUCE = {0: np.sum, 1: np.min, 2: np.max}
 Exchange = Callable[[str, bytes], list]
 
 
+def gpu_identity(device: int) -> tuple[str, str]:
+    """This machine (its boot id: host names repeat across containers) and the GPU's PCI address
+    (the same whatever ``CUDA_VISIBLE_DEVICES`` numbers it)."""
+    import socket
+
+    import cupy
+
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            machine = f.read().strip()
+    except OSError:  # (not Linux)
+        machine = socket.gethostname()
+    return machine, cupy.cuda.Device(device).pci_bus_id
+
+
 class DaskProcessGroup(_ProcessGroup):
     """Rank ``rank`` of ``nranks`` in group ``name``; ``exchange`` does the all-gather."""
 
@@ -91,6 +106,8 @@ class World:
         self.group: DaskProcessGroup | None = None
         self.broken: str | None = None  # why NVSHMEM in this process cannot be trusted any more
         self.bootstrap_s: float | None = None
+        #: every PE of the world runs on this process's GPU (`dask_redist.engines.cufftmp.peers`)
+        self.shared_gpu = False
 
     def join(self, run, exchange_factory, release: Callable[[], None]) -> bool:
         """Be in a world over ``run``'s workers (collective); True if NVSHMEM started now.
@@ -127,18 +144,20 @@ class World:
         # agreed on by every rank before NVSHMEM starts: one rank refusing alone would leave
         # the others inside NVSHMEM's bootstrap until it times out
         problem = problem or self._rejoin_problem() or self._heap_problem()
-        problems = [(workers[r], p) for r, p in enumerate(group.allgather(problem)) if p]
+        device = cupy.cuda.runtime.getDevice()
+        everyone = group.allgather((problem, gpu_identity(device)))
+        problems = [(workers[r], p) for r, (p, _) in enumerate(everyone) if p]
         if problems:
             raise EngineUnavailableError(
                 f"{run.name()}: cufftmp cannot start on {problems[0][0]}: {problems[0][1]}"
             )
-        device = cupy.cuda.runtime.getDevice()
         try:
             nvmath.distributed.initialize(device, group, ["nvshmem"])
         except BaseException as e:  # noqa: B036 - NVSHMEM may be half started: never again here
             self.broken = f"NVSHMEM's bootstrap failed in this process ({type(e).__name__}: {e})"
             raise
         self.group, self.members = group, workers
+        self.shared_gpu = len({where for _, where in everyone}) == 1
         self.bootstrap_s = time.perf_counter() - start
         logger.info("NVSHMEM bootstrapped over %d workers in %.2fs", len(workers), self.bootstrap_s)
         return True
@@ -207,4 +226,4 @@ class World:
         cupy.cuda.Device().synchronize()
         release()
         nvmath.distributed.finalize()
-        self.members = None
+        self.members, self.shared_gpu = None, False

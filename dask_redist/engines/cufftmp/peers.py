@@ -1,0 +1,292 @@
+"""A run of PEs that share one GPU: every piece copied from its input chunk straight into its
+output chunk, whichever worker owns that, through CUDA IPC.
+
+The arena's rounds make three passes over the bytes (stage, reshape, unstage) and a round per
+``redist.memory-budget``. Processes on one GPU can instead map each other's memory: each rank
+exports its output chunks (an IPC handle per allocation, and where in it each chunk lies), the
+ranks all-gather that through the scheduler, and each rank copies its own pieces into whichever
+output chunk they belong to, in one launch of the arena's copy kernel (`copies.PieceJobs`). A
+second all-gather says that every rank's copies are done, and whether they all went right:
+only then are the outputs finished (the peers write into them until then). A rank that could
+not map its peers' chunks (processes that may not share memory) says so there, and every rank
+then takes the arena's rounds, for this run and the world's later ones.
+
+Whether a run takes this path is decided from what every rank has alike (the run's spec and
+plan, and the world's ``shared_gpu``: `applies`), so all of them take it or none does; a rank
+that cannot export its chunks (memory from a stream-ordered pool has no IPC handle, an input
+chunk not C-contiguous) says so in the first all-gather, and then every rank takes the arena's
+rounds instead. An aborted rank takes part in both all-gathers, its copies skipped; a rank that
+is gone ends every wait here (`gather`). No NVSHMEM call is made, and no symmetric memory used.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections import namedtuple
+from dataclasses import dataclass
+
+import numpy as np
+
+from dask_redist.engines.cufftmp.copies import addresses
+from dask_redist.errors import RedistError
+
+#: Most output chunks one rank may own for this path: each peer opens their allocations (about
+#: 45 microseconds each on an H200, and as much to close them; docs/benchmarks.md); beyond it,
+#: the arena's rounds.
+PEER_MAX_CHUNKS = 256
+#: What a run on this path reports as its layout (`CufftMpEngine._record`).
+LAYOUT = namedtuple("Peers", "mapping rounds")("peers (one GPU: chunk to chunk through CUDA IPC)", 1)
+#: Seconds between looks at whether a rank of the run is gone, while all-gathering.
+POLL_S = 0.05
+
+
+@dataclass(frozen=True)
+class Exported:
+    """A rank's output chunks as its peers map them: chunk ``flats[i]`` lies ``offsets[i]`` bytes
+    into the allocation whose IPC handle is ``handles[allocation[i]]``."""
+
+    flats: np.ndarray
+    allocation: np.ndarray
+    offsets: np.ndarray
+    handles: tuple[bytes, ...]
+
+
+@dataclass(frozen=True)
+class Refused:
+    """A rank that cannot take part: ``aborted`` (the run was), or it cannot export (``why``)."""
+
+    why: str
+    aborted: bool = False
+
+
+def applies(run, shared_gpu: bool, max_pieces: int) -> bool:
+    """Whether ``run`` takes this path (the same answer on every rank: nothing here is the rank's
+    own): CuPy chunks of at most 3 axes on a world of several PEs on one GPU, at most
+    ``max_pieces`` pieces, at most `PEER_MAX_CHUNKS` output chunks per rank, and
+    ``redist.nvshmem.shared-gpu-copies`` on."""
+    spec, plan = run.spec, run.plan
+    if not (shared_gpu and spec.collective.settings.shared_gpu_copies):
+        return False
+    if spec.chunk_type != "cupy" or len(spec.workers) < 2 or spec.collective.rechunk.ndim > 3:
+        return False
+    if plan.piece_count > max_pieces:
+        return False
+    owned = np.bincount(plan.out_ranks.ravel()[plan.needed.ravel()], minlength=plan.nranks)
+    return int(owned.max(initial=0)) <= PEER_MAX_CHUNKS
+
+
+class CudaIpc:
+    """CUDA IPC for `export` and `Mapped`: handles of allocations, mapped into this process."""
+
+    def __init__(self):
+        from cuda.bindings import driver
+
+        self._driver = driver
+
+    def allocation(self, ptr: int) -> int:
+        """The start of the allocation that holds ``ptr`` (a pool hands out parts of larger ones)."""
+        err, base, _ = self._driver.cuMemGetAddressRange(ptr)
+        if err != self._driver.CUresult.CUDA_SUCCESS:
+            raise RuntimeError(f"cuMemGetAddressRange: {err.name}")
+        return int(base)
+
+    @staticmethod
+    def handle(base: int) -> bytes:
+        import cupy
+
+        return cupy.cuda.runtime.ipcGetMemHandle(base)
+
+    @staticmethod
+    def open(handle: bytes) -> int:
+        import cupy
+
+        return cupy.cuda.runtime.ipcOpenMemHandle(handle)
+
+    @staticmethod
+    def close(ptr: int) -> None:
+        import cupy
+
+        cupy.cuda.runtime.ipcCloseMemHandle(ptr)
+
+
+def export(outputs: dict, ipc) -> Exported | Refused:
+    """``outputs`` (flat index -> CuPy chunk) as its peers map them, or why they cannot be."""
+    flats = np.fromiter(outputs, dtype=np.int64, count=len(outputs))
+    ptrs = [a.data.ptr for a in outputs.values()]
+    try:
+        bases = [ipc.allocation(p) for p in ptrs]
+        distinct = list(dict.fromkeys(bases))
+        handles = tuple(ipc.handle(b) for b in distinct)
+    except Exception as e:  # noqa: BLE001 - e.g. a stream-ordered pool's memory: the arena then
+        return Refused(f"its output chunks cannot be exported through CUDA IPC ({type(e).__name__}: {e})")
+    where = {b: i for i, b in enumerate(distinct)}
+    allocation = np.array([where[b] for b in bases], dtype=np.int64)
+    offsets = np.array(ptrs, dtype=np.int64) - np.array(bases, dtype=np.int64)
+    return Exported(flats, allocation, offsets, handles)
+
+
+def refusal(run, everyone: list) -> Refused | None:
+    """Why the run cannot take this path (a rank cannot export its chunks), or None where every
+    rank exported; raises where a rank was aborted. From what every rank sent alone, so that all
+    of them decide alike (a rank aborted since it sent its chunks goes on to the second
+    all-gather, its copies skipped: the peers wait for it there)."""
+    refused = [(r, p) for r, p in enumerate(everyone) if isinstance(p, Refused)]
+    refused.sort(key=lambda rp: not rp[1].aborted)
+    if not refused:
+        return None
+    rank, why = refused[0]
+    if why.aborted:
+        raise (
+            run.failure()
+            if run.state == "failed"
+            else RedistError(f"{run.name()}: rank {rank} ({run.spec.workers[rank]}) was aborted")
+        )
+    return Refused(f"rank {rank} ({run.spec.workers[rank]}): {why.why}")
+
+
+class Mapped:
+    """The output chunks this rank writes to, at addresses in this process: its own as they are,
+    its peers' through their opened allocations (`close` unmaps them)."""
+
+    def __init__(self, ipc, n_new: int):
+        self._ipc = ipc
+        self.addresses = np.full(n_new, -1, dtype=np.int64)
+        self._opened: list[int] = []
+
+    def own(self, outputs: dict) -> None:
+        here = addresses(outputs, len(self.addresses))
+        self.addresses = np.where(here >= 0, here, self.addresses)
+
+    def peer(self, exported: Exported, wanted: np.ndarray) -> None:
+        """Map those of a peer's chunks that are ``wanted`` (flat indices)."""
+        take = np.isin(exported.flats, wanted)
+        which = exported.allocation[take]
+        bases = np.full(len(exported.handles), -1, dtype=np.int64)
+        for i in np.unique(which).tolist():
+            bases[i] = self._ipc.open(exported.handles[i])
+            self._opened.append(int(bases[i]))
+        self.addresses[exported.flats[take]] = bases[which] + exported.offsets[take]
+
+    def close(self) -> None:
+        """Unmap the peers' allocations (once this rank's copies into them are done)."""
+        opened, self._opened = self._opened, []
+        for ptr in opened:
+            self._ipc.close(ptr)
+
+
+def map_outputs(everyone: list, rank: int, outputs: dict, wanted: np.ndarray, n_new: int, ipc) -> Mapped:
+    """Every output chunk this rank writes to (flat indices ``wanted``), mapped here."""
+    mapped = Mapped(ipc, n_new)
+    mapped.own(outputs)
+    try:
+        for peer, exported in enumerate(everyone):
+            if peer != rank:
+                mapped.peer(exported, wanted)
+    except BaseException:
+        mapped.close()
+        raise
+    return mapped
+
+
+def run_peers(run, outputs: dict, prepare, group, copy) -> Refused | Failed | None:
+    """This rank's part of ``run`` on this path: its output chunks (allocated, nothing queued on
+    them) exported, its pieces copied by ``copy(run, jobs)`` into whichever output chunk they
+    belong to, and every rank's copies agreed done. None once they are (``outputs`` are then
+    complete); where every rank must take the arena's rounds instead, why: a `Refused` (nothing
+    written) or a `Failed` (chunks could not be mapped: none will be, in this world). Raises an
+    abort's error, or a rank's failure, on every rank.
+
+    ``prepare()``: the job table of this rank's pieces (a `copies.PieceJobs`) and the IPC to use
+    (a `CudaIpc`); ``group``: the world's all-gather. Every rank makes both all-gathers whatever
+    goes wrong here (what does is told to the others in them), unless a rank is gone."""
+    rechunk = run.spec.collective.rechunk
+    inputs = dict(run.inputs)  # (held until the copies are done: an abort empties run.inputs)
+    table = ipc = None
+    if run.state == "failed":
+        mine = Refused("the run was aborted", aborted=True)
+    else:
+        try:
+            table, ipc = prepare()
+            contiguous = all(a.flags.c_contiguous for a in inputs.values())
+            mine = export(outputs, ipc) if contiguous else Refused("an input chunk is not C-contiguous")
+        except Exception as e:  # noqa: BLE001 - told to every rank: the arena's rounds then
+            mine = Refused(f"{type(e).__name__}: {e}")
+    everyone = gather(run, group, mine)
+    if (refused := refusal(run, everyone)) is not None:
+        return refused
+    mapped, status = None, None
+    try:
+        if run.state != "failed":  # (aborted since: the peers still wait below)
+            mapped = map_outputs(
+                everyone, run.rank, outputs, np.unique(table.new_block), math.prod(rechunk.new_grid), ipc
+            )
+    except Exception as e:  # noqa: BLE001 - told to every rank below: the arena's rounds then
+        status = Failed(f"{type(e).__name__}: {e}", unmapped=True)
+    try:
+        try:
+            if mapped is not None and run.state != "failed":
+                copy(run, table.at(addresses(inputs, math.prod(rechunk.old_grid)), mapped.addresses))
+        except Exception as e:  # noqa: BLE001 - told to every rank below, which all raise
+            status = Failed(f"{type(e).__name__}: {e}")
+        result = outcome(run, gather(run, group, status))
+        if isinstance(result, BaseException):
+            raise result
+        return result
+    finally:
+        if mapped is not None:
+            mapped.close()
+
+
+def gather(run, group, payload) -> list:
+    """``group.allgather(payload)``, given up once the run must stop (a rank is gone: it would
+    never answer); on a thread of its own, since the scheduler answers only when every rank
+    asked or the group's timeout passed."""
+    done, box = threading.Event(), []
+
+    def target():
+        try:
+            box.append((True, group.allgather(payload)))
+        except BaseException as e:  # noqa: BLE001 - raised below, on the run's thread
+            box.append((False, e))
+        finally:
+            done.set()
+
+    threading.Thread(target=target, name="redist-peers-gather", daemon=True).start()
+    while not done.wait(POLL_S):
+        if run.must_stop():
+            raise run.failure()
+    ok, value = box[0]
+    if not ok:
+        raise value
+    return value
+
+
+@dataclass(frozen=True)
+class Failed:
+    """A rank's copies went wrong (``why``); ``unmapped``: it could not map its peers' chunks,
+    before writing any (every rank then takes the arena's rounds instead)."""
+
+    why: str
+    unmapped: bool = False
+
+
+def outcome(run, statuses: list) -> BaseException | Failed | None:
+    """What the ranks' statuses (None each, or a `Failed`) come to: the error to raise (a rank's
+    failure), or a `Failed` where a rank could not map its peers' chunks (every rank then takes
+    the arena's rounds), decided alike by every rank; then this rank's abort, or None: every
+    rank's copies are done."""
+    bad = sorted(((r, s) for r, s in enumerate(statuses) if s is not None), key=lambda rs: rs[1].unmapped)
+    if bad and not bad[0][1].unmapped:
+        rank, status = bad[0]
+        return RedistError(
+            f"{run.name()}: rank {rank} ({run.spec.workers[rank]}) failed in phase 'exchange' copying "
+            f"chunk to chunk: {status.why} (redist.nvshmem.shared-gpu-copies: false takes the "
+            "symmetric heap's rounds instead)"
+        )
+    if bad:
+        rank, status = bad[0]
+        return Failed(
+            f"rank {rank} ({run.spec.workers[rank]}) could not map its peers' chunks: {status.why}", True
+        )
+    return run.failure() if run.state == "failed" else None

@@ -1,0 +1,52 @@
+"""Byte-level stand-ins for the GPU's chunk copies: a job table replayed on one byte buffer,
+chunks kept in it, and random rechunks to try them on."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+from hypothesis import strategies as st
+
+
+def copy_rows(n0, n1, nbytes, s0, s1, d0, d1, src_memory, src_at, dst_memory, dst_at) -> None:
+    """The kernel's work for one job (rows of ``nbytes`` over two outer axes), on bytes."""
+    for i0 in range(n0):
+        for i1 in range(n1):
+            s, d = src_at + i0 * s0 + i1 * s1, dst_at + i0 * d0 + i1 * d1
+            dst_memory[d : d + nbytes] = src_memory[s : s + nbytes]
+
+
+def replay_all(jobs, memory: np.ndarray) -> None:
+    """Every job of a table on one byte buffer, pointers being offsets into it."""
+    for src, dst, *rows in jobs.tolist():
+        copy_rows(*rows, memory, src, memory, dst)
+
+
+def random_rechunk(data, side: int):
+    """A random 1-3-D shape of at most ``side`` per axis, a dtype, and a `RechunkSpec` between two
+    random chunkings of it."""
+    from dask_redist.planning import RechunkSpec
+
+    shape = [data.draw(st.integers(1, side)) for _ in range(data.draw(st.integers(1, 3)))]
+
+    def chunking(n):
+        cuts = sorted(set(data.draw(st.lists(st.integers(1, n - 1), max_size=3)))) if n > 1 else []
+        return tuple(np.diff([0, *cuts, n]).tolist())
+
+    dtype = np.dtype(data.draw(st.sampled_from([np.int8, np.float32, np.complex128])))
+    return (
+        shape,
+        dtype,
+        RechunkSpec(tuple(chunking(n) for n in shape), tuple(chunking(n) for n in shape), dtype.itemsize),
+    )
+
+
+class InMemory:
+    """What the engine reads of a C-contiguous CuPy array, for a chunk kept at ``ptr`` in one
+    byte buffer (the replayed jobs' pointers are offsets into it)."""
+
+    def __init__(self, shape, ptr: int):
+        self.shape, self.ndim = tuple(shape), len(shape)
+        self.data = SimpleNamespace(ptr=ptr)
+        self.flags = SimpleNamespace(c_contiguous=True)

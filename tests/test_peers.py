@@ -1,0 +1,333 @@
+"""PEs on one GPU copying chunk to chunk through CUDA IPC (`dask_redist.engines.cufftmp.peers`),
+without a GPU: ranks are threads, the GPU's memory one byte buffer, IPC a stand-in that maps a
+peer's allocation at another address of it (an alias, as another process sees it), and the copy
+kernel's jobs are replayed byte by byte. Every needed output chunk must come out as NumPy cuts it,
+whichever rank wrote its pieces; and every way a rank can fail must end every rank's run alike,
+none of them left waiting."""
+
+from __future__ import annotations
+
+import threading
+import time
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+from copy_helpers import InMemory, copy_rows, random_rechunk
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dask_redist.config import Settings
+from dask_redist.core.spec import CollectiveSpec, RunSpec
+from dask_redist.engines.cufftmp import peers
+from dask_redist.engines.cufftmp.engine import _empty_outputs, _piece_table
+from dask_redist.errors import RedistError
+from dask_redist.planning import make_plan
+
+#: A peer's allocation, opened by rank r, appears ``ALIAS * (r + 1)`` bytes further on.
+ALIAS = 1 << 40
+
+
+class Group:
+    """The world's all-gather among threads."""
+
+    def __init__(self, nranks: int):
+        self._barrier = threading.Barrier(nranks, timeout=30)
+        self._slots: dict = {}
+        self.calls = [0] * nranks
+
+    def for_rank(self, rank: int):
+        group = self
+
+        class One:
+            def allgather(self, obj):
+                group.calls[rank] += 1
+                key = group.calls[rank]
+                group._slots.setdefault(key, {})[rank] = obj
+                group._barrier.wait()
+                values = [group._slots[key][r] for r in range(len(group.calls))]
+                group._barrier.wait()
+                return values
+
+        return One()
+
+
+class Ipc:
+    """CUDA IPC on the byte buffer: allocations are ``block`` bytes each from address 0 (a pool
+    hands out parts of them), a handle names one, and rank ``rank`` maps it at an alias."""
+
+    def __init__(self, rank: int, block: int, fail: str = ""):
+        self.rank, self.block, self.fail = rank, block, fail
+        self.opened: list[int] = []
+        self.closed: list[int] = []
+
+    def allocation(self, ptr: int) -> int:
+        return ptr // self.block * self.block
+
+    def handle(self, base: int) -> bytes:
+        if self.fail == "export":
+            raise RuntimeError("cudaErrorInvalidValue: invalid argument")
+        return base.to_bytes(8, "little")
+
+    def open(self, handle: bytes) -> int:
+        if self.fail == "open":
+            raise RuntimeError("cudaErrorMapBufferObjectFailed")
+        ptr = int.from_bytes(handle, "little") + ALIAS * (self.rank + 1)
+        self.opened.append(ptr)
+        return ptr
+
+    def close(self, ptr: int) -> None:
+        self.closed.append(ptr)
+
+
+def replay(jobs, memory: np.ndarray) -> None:
+    """The kernel's work, on the byte buffer: an aliased address is the same byte."""
+    for src, dst, *rows in jobs.tolist():
+        copy_rows(*rows, memory, src % ALIAS, memory, dst % ALIAS)
+
+
+def world(rechunk, dtype, nranks: int, in_ranks, needed=None, **settings):
+    """Every rank's run of one rechunk (``in_ranks``: each old chunk's rank)."""
+    plan = make_plan(rechunk, in_ranks, nranks, needed=needed)
+    spec = CollectiveSpec("t" * 32, "in", "out", rechunk, dtype, Settings(**settings), "cupy")
+    workers = tuple(f"tcp://w{r}" for r in range(nranks))
+    runs = []
+    for rank in range(nranks):
+        run_spec = RunSpec(spec, 1, 1, workers, plan.in_ranks, plan.out_ranks, plan.needed, "cufftmp", "cupy")
+        runs.append(
+            SimpleNamespace(
+                spec=run_spec,
+                plan=run_spec.plan,
+                rank=rank,
+                state="running",
+                inputs={},
+                gone=False,
+                error=RedistError("run t/1 was cancelled"),
+                name=lambda: "run t/1",
+            )
+        )
+        run = runs[-1]
+        run.must_stop = lambda run=run: run.state == "failed" and run.gone
+        run.failure = lambda run=run: run.error
+    return runs
+
+
+def place(runs, whole: np.ndarray, memory: np.ndarray, at: int, block: int = 64):
+    """Every rank's input chunks into the buffer from ``at`` on, then each rank's outputs
+    (allocated as the engine does, from an allocation of ``block`` bytes of its own on);
+    returns each rank's outputs."""
+    rechunk = runs[0].spec.collective.rechunk
+    in_ranks = runs[0].plan.in_ranks.ravel()
+    for flat in range(int(np.prod(rechunk.old_grid))):
+        lo, hi = rechunk.old_box(flat)
+        part = np.ascontiguousarray(whole[tuple(slice(a, b) for a, b in zip(lo, hi))])
+        memory[at : at + part.nbytes] = part.view(np.uint8).ravel()
+        runs[in_ranks[flat]].inputs[flat] = InMemory(part.shape, at)
+        at += part.nbytes
+
+    class Allocator:
+        pos = at
+
+        @classmethod
+        def empty(cls, shape, dtype):
+            out = InMemory(shape, cls.pos)
+            cls.pos += int(np.prod(shape)) * np.dtype(dtype).itemsize
+            return out
+
+    outputs = []
+    for run in runs:
+        Allocator.pos = -(-Allocator.pos // block) * block  # (no allocation shared by two processes)
+        outputs.append(_empty_outputs(run, Allocator))
+    assert Allocator.pos <= len(memory)
+    return outputs
+
+
+def run_all(runs, outputs, ipcs, memory, copy=None, before=None):
+    """`peers.run_peers` on a thread per rank; each rank's result or the exception it raised."""
+    group = Group(len(runs))
+    results = [None] * len(runs)
+    copies = []
+
+    def one(rank):
+        run = runs[rank]
+        if before:
+            before(run)
+
+        def replayed(run, jobs):
+            copies.append(rank)
+            (copy or replay)(jobs, memory)
+
+        try:
+            results[rank] = peers.run_peers(
+                run,
+                outputs[rank],
+                lambda: (_piece_table(run, {}, run.rank), ipcs[rank]),
+                group.for_rank(rank),
+                replayed,
+            )
+        except Exception as e:  # noqa: BLE001 - what the test looks at
+            results[rank] = e
+
+    threads = [threading.Thread(target=one, args=(r,), name=f"rank-{r}") for r in range(len(runs))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not any(t.is_alive() for t in threads), "a rank was left waiting"
+    assert len(set(group.calls)) == 1, f"ranks made different numbers of all-gathers: {group.calls}"
+    return results, copies
+
+
+@settings(max_examples=80, deadline=None)
+@given(data=st.data())
+def test_every_rank_copies_its_pieces_into_whichever_output_chunk_they_belong_to(data):
+    """2-4 ranks, random chunkings and placements, some output chunks not needed, allocations
+    holding several chunks: every needed output chunk equals the array's box, each peer's
+    allocation was opened only by the others (a process cannot open its own) and closed again."""
+    shape, dtype, rechunk = random_rechunk(data, 8)
+    nranks = data.draw(st.integers(2, 4))
+    n_old, n_new = int(np.prod(rechunk.old_grid)), int(np.prod(rechunk.new_grid))
+    in_ranks = np.array(data.draw(st.lists(st.integers(0, nranks - 1), min_size=n_old, max_size=n_old)))
+    needed = None
+    if data.draw(st.booleans()):
+        needed = np.zeros(n_new, bool)
+        needed[data.draw(st.lists(st.integers(0, n_new - 1), min_size=1, max_size=n_new))] = True
+        needed = needed.reshape(rechunk.new_grid)
+    runs = world(rechunk, dtype, nranks, in_ranks.reshape(rechunk.old_grid), needed)
+    whole = (np.arange(int(np.prod(shape))) % 113 + 1).astype(dtype).reshape(shape)
+    block = data.draw(st.sampled_from([8, 64, 4096]))  # (bytes per allocation)
+    memory = np.zeros(2 * whole.nbytes + (nranks + 1) * block + 64, np.uint8)
+    outputs = place(runs, whole, memory, data.draw(st.integers(1, 32)), block)
+    ipcs = [Ipc(r, block) for r in range(nranks)]
+    results, _ = run_all(runs, outputs, ipcs, memory)
+    assert results == [None] * nranks
+    assert sorted(f for o in outputs for f in o) == np.flatnonzero(runs[0].plan.needed).tolist()
+    for rank_outputs in outputs:
+        for flat, chunk in rank_outputs.items():
+            lo, hi = rechunk.new_box(flat)
+            got = memory[chunk.data.ptr : chunk.data.ptr + int(np.prod(chunk.shape)) * dtype.itemsize]
+            want = whole[tuple(slice(a, b) for a, b in zip(lo, hi))]
+            np.testing.assert_array_equal(got.view(dtype).reshape(chunk.shape), want)
+    for rank, ipc in enumerate(ipcs):
+        own = {ipc.allocation(c.data.ptr) for c in outputs[rank].values()}
+        opened = [p % ALIAS for p in ipc.opened]
+        assert not set(opened) & own and len(set(opened)) == len(opened)  # peers' only, once each
+        assert sorted(ipc.opened) == sorted(ipc.closed)
+
+
+def _slabs(nranks=2):
+    """A (8, 6, 4) float64 array, 4 slabs to 4 slabs along another axis, ranks by slab."""
+    from dask_redist.planning import RechunkSpec
+
+    rechunk = RechunkSpec(((2, 2, 2, 2), (6,), (4,)), ((8,), (2, 2, 2), (4,)), 8)
+    whole = np.arange(8 * 6 * 4, dtype=np.float64).reshape(8, 6, 4)
+    in_ranks = (np.arange(4) * nranks // 4).reshape(4, 1, 1)
+    runs = world(rechunk, np.dtype(np.float64), nranks, in_ranks)
+    memory = np.zeros(4 * whole.nbytes, np.uint8)
+    return runs, place(runs, whole, memory, 8), memory
+
+
+def test_a_rank_that_cannot_export_sends_every_rank_to_the_heaps_rounds_before_any_copy():
+    runs, outputs, memory = _slabs(3)
+    ipcs = [Ipc(0, 64), Ipc(1, 64, fail="export"), Ipc(2, 64)]
+    results, copies = run_all(runs, outputs, ipcs, memory)
+    assert all(isinstance(r, peers.Refused) and "rank 1 (tcp://w1)" in r.why for r in results), results
+    assert "CUDA IPC" in results[0].why and not copies
+    assert all(not ipc.opened for ipc in ipcs)
+
+
+def test_a_rank_that_cannot_map_its_peers_chunks_sends_every_rank_to_the_heaps_rounds():
+    runs, outputs, memory = _slabs(2)
+    ipcs = [Ipc(0, 64, fail="open"), Ipc(1, 64)]
+    results, _ = run_all(runs, outputs, ipcs, memory)
+    assert all(isinstance(r, peers.Failed) and r.unmapped for r in results), results
+    assert "rank 0 (tcp://w0) could not map" in results[1].why
+    assert sorted(ipcs[1].opened) == sorted(ipcs[1].closed)
+
+
+def test_a_copy_that_fails_fails_every_rank_naming_it_and_the_switch():
+    runs, outputs, memory = _slabs(2)
+
+    def copy(jobs, memory):
+        if threading.current_thread().name == "rank-0":
+            raise RuntimeError("an illegal memory access was encountered")
+        replay(jobs, memory)
+
+    results, _ = run_all(runs, outputs, [Ipc(0, 64), Ipc(1, 64)], memory, copy=copy)
+    for r in results:
+        assert isinstance(r, RedistError), results
+        assert "rank 0 (tcp://w0) failed in phase 'exchange'" in str(r) and "illegal memory" in str(r)
+        assert "shared-gpu-copies" in str(r)
+
+
+def test_an_aborted_rank_ends_every_ranks_run_and_none_copies():
+    runs, outputs, memory = _slabs(2)
+    runs[1].state = "failed"  # (aborted before it started: executed dry)
+    outputs[1] = {}
+    results, copies = run_all(runs, outputs, [Ipc(0, 64), Ipc(1, 64)], memory)
+    assert results[1] is runs[1].error
+    assert isinstance(results[0], RedistError) and "rank 1 (tcp://w1) was aborted" in str(results[0])
+    assert not copies
+
+
+def test_a_rank_aborted_after_exporting_still_agrees_and_skips_its_copies(monkeypatch):
+    """Aborted between the two all-gathers: it copies nothing, yet takes part in the second (its
+    peers, which wrote into its chunks, wait for it there), then raises the abort."""
+    runs, outputs, memory = _slabs(2)
+    real = peers.refusal
+
+    def then_aborted(run, everyone):
+        refused = real(run, everyone)
+        if run.rank == 1:
+            run.state = "failed"
+        return refused
+
+    monkeypatch.setattr(peers, "refusal", then_aborted)
+    results, copies = run_all(runs, outputs, [Ipc(0, 64), Ipc(1, 64)], memory)
+    assert results[1] is runs[1].error and results[0] is None
+    assert copies == [0]
+
+
+def test_an_all_gather_is_given_up_once_a_rank_is_gone():
+    """A peer that died never answers: the wait ends once the scheduler says a rank is gone."""
+    runs, _, _ = _slabs(2)
+    run = runs[0]
+
+    class Never:
+        def allgather(self, obj):
+            time.sleep(60)
+
+    def gone_soon():
+        time.sleep(0.2)
+        run.state, run.gone = "failed", True
+
+    threading.Thread(target=gone_soon, daemon=True).start()
+    start = time.monotonic()
+    with pytest.raises(RedistError, match="cancelled"):
+        peers.gather(run, Never(), None)
+    assert time.monotonic() - start < 5
+
+
+def test_which_runs_take_the_path():
+    """Several PEs on one GPU, CuPy chunks of at most 3 axes, the switch on, pieces and chunks per
+    rank within the limits; the same answer on every rank."""
+    from dask_redist.planning import RechunkSpec
+
+    runs, _, _ = _slabs(2)
+    assert all(peers.applies(r, True, 1 << 16) for r in runs)
+    assert not peers.applies(runs[0], False, 1 << 16)  # PEs on separate GPUs
+    assert not peers.applies(runs[0], True, 3)  # more pieces than that
+    off = world(
+        runs[0].spec.collective.rechunk,
+        np.dtype(np.float64),
+        2,
+        runs[0].plan.in_ranks,
+        shared_gpu_copies=False,
+    )
+    assert not peers.applies(off[0], True, 1 << 16)
+    four_d = RechunkSpec(((2, 2), (2,), (2,), (2,)), ((4,), (1, 1), (2,), (2,)), 8)
+    assert not peers.applies(
+        world(four_d, np.dtype(np.float64), 2, np.array([0, 1]).reshape(2, 1, 1, 1))[0], True, 1 << 16
+    )
+    many = RechunkSpec(((1,) * 600,), ((1,) * 600,), 8)
+    assert not peers.applies(world(many, np.dtype(np.float64), 2, np.zeros(600, np.int64))[0], True, 1 << 16)
