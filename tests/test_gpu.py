@@ -95,16 +95,21 @@ def arena_rounds(client):
 
 def test_placement_that_is_not_box_shaped(gpu_client):
     two_workers(gpu_client)
-    # round robin: every worker holds every other slab -> packed layout
-    run_case(gpu_client, CASES[0], placement=lambda i, n, w: i % w, engine="cufftmp")
-    run_case(gpu_client, CASES[3], placement=lambda i, n, w: (i * 7 + 3) % w, engine="cufftmp")
+    # round robin: every worker holds every other slab -> packed layout (on the heap: PEs sharing
+    # a GPU would copy chunk to chunk, tests/test_gpu_peers.py)
+    heap = {"nvshmem": {"shared-gpu-copies": False}}
+    run_case(gpu_client, CASES[0], placement=lambda i, n, w: i % w, engine="cufftmp", **heap)
+    run_case(gpu_client, CASES[3], placement=lambda i, n, w: (i * 7 + 3) % w, engine="cufftmp", **heap)
 
 
 def test_rounds_when_the_run_exceeds_the_budget(gpu_client):
     c = case((128, 64, 64), (16, 64, 64), (128, 8, 64), name="4 MiB in rounds")
     with arena_rounds(gpu_client):
         run_case(gpu_client, c, engine="cufftmp", memory_budget="1MiB")  # direct, in slabs
-    run_case(gpu_client, c, placement=lambda i, n, w: i % w, engine="cufftmp", memory_budget="1MiB")  # packed
+    heap = {"nvshmem": {"shared-gpu-copies": False}}  # (PEs sharing a GPU: the heap's rounds too)
+    run_case(
+        gpu_client, c, placement=lambda i, n, w: i % w, engine="cufftmp", memory_budget="1MiB", **heap
+    )  # packed
 
 
 @pytest.mark.parametrize("c", [CASES[0], CASES[1], CASES[3], CASES[6]], ids=lambda c: c.name)
@@ -472,7 +477,12 @@ def test_worker_killed_during_a_cufftmp_run(gpu_client):
     killed: list = []
     thread = threading.Thread(target=killer)
     # should a worker hang, the watchdog's dead man's switch (faulthandler) ends it, its stacks in the log
-    with dask_redist.enable(engine="auto", memory_budget="1MiB", timeouts={"collective": "30s"}):
+    with dask_redist.enable(
+        engine="auto",
+        memory_budget="1MiB",
+        timeouts={"collective": "30s"},
+        nvshmem={"shared-gpu-copies": False},  # (rounds on the GPU also where PEs share it)
+    ):
         thread.start()
         y = x.rechunk(c.new).persist()
         wait(y)

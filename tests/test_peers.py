@@ -146,7 +146,7 @@ def run_all(runs, outputs, ipcs, memory, copy=None, before=None):
     """`peers.run_peers` on a thread per rank; each rank's result or the exception it raised."""
     group = Group(len(runs))
     results = [None] * len(runs)
-    copies = []
+    copies, finished = [], []
 
     def one(rank):
         run = runs[rank]
@@ -164,6 +164,7 @@ def run_all(runs, outputs, ipcs, memory, copy=None, before=None):
                 lambda: (_piece_table(run, {}, run.rank), ipcs[rank]),
                 group.for_rank(rank),
                 replayed,
+                lambda: finished.append(rank),
             )
         except Exception as e:  # noqa: BLE001 - what the test looks at
             results[rank] = e
@@ -175,6 +176,8 @@ def run_all(runs, outputs, ipcs, memory, copy=None, before=None):
         t.join(60)
     assert not any(t.is_alive() for t in threads), "a rank was left waiting"
     assert len(set(group.calls)) == 1, f"ranks made different numbers of all-gathers: {group.calls}"
+    # outputs are finished exactly where a rank's run came to an end on this path
+    assert sorted(finished) == [r for r, result in enumerate(results) if result is None]
     return results, copies
 
 

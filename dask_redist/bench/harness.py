@@ -56,8 +56,14 @@ class Result:
         keys = ("stage ms", "reshape ms", "unstage ms", "host queuing ms", "host waiting ms")
         worst = {k: max(x[k] for x in last) for k in keys if all(k in x for x in last)}
         arena = f", arena {format_bytes(last[0]['arena bytes'])}" if last[0].get("arena bytes") else ""
-        return f"{last[0]['layout']}, {last[0]['rounds']} round(s){arena}; " + ", ".join(
-            f"{k} {v:.2f}" for k, v in worst.items()
+        steps = ""
+        if all("steps ms" in x for x in last):  # (PEs on one GPU: `engines.cufftmp.peers`)
+            slowest = {k: max(x["steps ms"].get(k, 0.0) for x in last) for k in last[0]["steps ms"]}
+            steps = "; slowest rank's steps ms: " + ", ".join(f"{k} {v:.2f}" for k, v in slowest.items())
+        return (
+            f"{last[0]['layout']}, {last[0]['rounds']} round(s){arena}; "
+            + ", ".join(f"{k} {v:.2f}" for k, v in worst.items())
+            + steps
         )
 
     @property

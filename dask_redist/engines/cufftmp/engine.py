@@ -324,19 +324,20 @@ class CufftMpEngine(Engine):
                 self.ipc = peers.CudaIpc()
             return _piece_table(run, self.piece_jobs, run.rank), self.ipc
 
-        self._marks = []
-        started = time.perf_counter()
-        instead = peers.run_peers(run, outputs, prepare, self.world.group, self._copy)
+        def done():
+            self._keep.clear()
+            self._record(peers.LAYOUT)
+            run.inputs = {}
+            run.finish(outputs)
+
+        self._marks, steps = [], {}
+        instead = peers.run_peers(run, outputs, prepare, self.world.group, self._copy, done, steps)
         if instead is not None:
             logger.warning("%s: %s; the symmetric heap's rounds instead", run.name(), instead.why)
             if isinstance(instead, peers.Failed):  # (every rank saw it: none tries again here)
                 self.world.shared_gpu = False
             return False
-        self._keep.clear()
-        self._record(peers.LAYOUT)
-        self._stats["last"]["host ms"] = round((time.perf_counter() - started) * 1e3, 3)
-        run.inputs = {}
-        run.finish(outputs)
+        self._stats["last"]["steps ms"] = steps
         return True
 
     def _copy(self, run, jobs: np.ndarray, dry: bool = True) -> None:

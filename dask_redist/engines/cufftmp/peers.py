@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 import threading
+import time
 from collections import namedtuple
 from dataclasses import dataclass
 
@@ -189,19 +190,23 @@ def map_outputs(everyone: list, rank: int, outputs: dict, wanted: np.ndarray, n_
     return mapped
 
 
-def run_peers(run, outputs: dict, prepare, group, copy) -> Refused | Failed | None:
+def run_peers(
+    run, outputs: dict, prepare, group, copy, done, steps: dict | None = None
+) -> Refused | Failed | None:
     """This rank's part of ``run`` on this path: its output chunks (allocated, nothing queued on
     them) exported, its pieces copied by ``copy(run, jobs)`` into whichever output chunk they
-    belong to, and every rank's copies agreed done. None once they are (``outputs`` are then
-    complete); where every rank must take the arena's rounds instead, why: a `Refused` (nothing
-    written) or a `Failed` (chunks could not be mapped: none will be, in this world). Raises an
-    abort's error, or a rank's failure, on every rank.
+    belong to, and every rank's copies agreed done; then ``done()`` (``outputs`` are complete),
+    and the peers' chunks unmapped. None once done; where every rank must take the arena's rounds
+    instead, why: a `Refused` (nothing written) or a `Failed` (chunks could not be mapped: none
+    will be, in this world). Raises an abort's error, or a rank's failure, on every rank.
 
     ``prepare()``: the job table of this rank's pieces (a `copies.PieceJobs`) and the IPC to use
     (a `CudaIpc`); ``group``: the world's all-gather. Every rank makes both all-gathers whatever
-    goes wrong here (what does is told to the others in them), unless a rank is gone."""
+    goes wrong here (what does is told to the others in them), unless a rank is gone. ``steps``:
+    filled with the milliseconds each step took (for the engine's stats)."""
     rechunk = run.spec.collective.rechunk
     inputs = dict(run.inputs)  # (held until the copies are done: an abort empties run.inputs)
+    steps = _Steps({} if steps is None else steps)
     table = ipc = None
     if run.state == "failed":
         mine = Refused("the run was aborted", aborted=True)
@@ -212,7 +217,9 @@ def run_peers(run, outputs: dict, prepare, group, copy) -> Refused | Failed | No
             mine = export(outputs, ipc) if contiguous else Refused("an input chunk is not C-contiguous")
         except Exception as e:  # noqa: BLE001 - told to every rank: the arena's rounds then
             mine = Refused(f"{type(e).__name__}: {e}")
+    steps("export")
     everyone = gather(run, group, mine)
+    steps("all-gather chunks")
     if (refused := refusal(run, everyone)) is not None:
         return refused
     mapped, status = None, None
@@ -223,19 +230,38 @@ def run_peers(run, outputs: dict, prepare, group, copy) -> Refused | Failed | No
             )
     except Exception as e:  # noqa: BLE001 - told to every rank below: the arena's rounds then
         status = Failed(f"{type(e).__name__}: {e}", unmapped=True)
+    steps("map")
     try:
         try:
             if mapped is not None and run.state != "failed":
                 copy(run, table.at(addresses(inputs, math.prod(rechunk.old_grid)), mapped.addresses))
         except Exception as e:  # noqa: BLE001 - told to every rank below, which all raise
             status = Failed(f"{type(e).__name__}: {e}")
+        steps("copy")
         result = outcome(run, gather(run, group, status))
+        steps("all-gather done")
         if isinstance(result, BaseException):
             raise result
+        if result is None:
+            done()
         return result
     finally:
         if mapped is not None:
             mapped.close()
+        steps("unmap")
+
+
+class _Steps:
+    """Milliseconds from one step of `run_peers` to the next, by the name of the step ended."""
+
+    def __init__(self, ms: dict):
+        self.ms = ms
+        self._last = time.perf_counter()
+
+    def __call__(self, name: str) -> None:
+        now = time.perf_counter()
+        self.ms[name] = round((now - self._last) * 1e3, 3)
+        self._last = now
 
 
 def gather(run, group, payload) -> list:
