@@ -32,10 +32,10 @@ import numpy as np
 from dask_redist.engines.cufftmp.copies import addresses
 from dask_redist.errors import RedistError
 
-#: Most output chunks one rank may own for this path: each peer opens their allocations (about
-#: 45 microseconds each on an H200, and as much to close them; docs/benchmarks.md); beyond it,
-#: the arena's rounds.
-PEER_MAX_CHUNKS = 256
+#: Most output chunks one rank may own for this path: each peer maps their allocations (about 45
+#: microseconds each on an H200, and as much to unmap them); beyond it, the arena's rounds, which
+#: were faster with 128 chunks per rank (docs/benchmarks.md, "PEs sharing one GPU").
+PEER_MAX_CHUNKS = 64
 #: What a run on this path reports as its layout (`CufftMpEngine._record`).
 LAYOUT = namedtuple("Peers", "mapping rounds")("peers (one GPU: chunk to chunk through CUDA IPC)", 1)
 #: Seconds between looks at whether a rank of the run is gone, while all-gathering.
