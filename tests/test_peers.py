@@ -235,8 +235,16 @@ def test_a_rank_that_cannot_export_sends_every_rank_to_the_heaps_rounds_before_a
     ipcs = [Ipc(0, 64), Ipc(1, 64, fail="export"), Ipc(2, 64)]
     results, copies = run_all(runs, outputs, ipcs, memory)
     assert all(isinstance(r, peers.Refused) and "rank 1 (tcp://w1)" in r.why for r in results), results
-    assert "CUDA IPC" in results[0].why and not copies
+    assert "CUDA IPC" in results[0].why and results[0].lasting and not copies
     assert all(not ipc.opened for ipc in ipcs)
+
+
+def test_an_input_chunk_not_c_contiguous_sends_this_run_alone_to_the_heaps_rounds():
+    runs, outputs, memory = _slabs(2)
+    next(iter(runs[1].inputs.values())).flags.c_contiguous = False
+    results, copies = run_all(runs, outputs, [Ipc(0, 64), Ipc(1, 64)], memory)
+    assert all(isinstance(r, peers.Refused) and "not C-contiguous" in r.why for r in results), results
+    assert not any(r.lasting for r in results) and not copies
 
 
 def test_a_rank_that_cannot_map_its_peers_chunks_sends_every_rank_to_the_heaps_rounds():

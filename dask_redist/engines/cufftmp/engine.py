@@ -332,9 +332,11 @@ class CufftMpEngine(Engine):
 
         self._marks, steps = [], {}
         instead = peers.run_peers(run, outputs, prepare, self.world.group, self._copy, done, steps)
-        if instead is not None:
-            logger.warning("%s: %s; the symmetric heap's rounds instead", run.name(), instead.why)
-            if isinstance(instead, peers.Failed):  # (every rank saw it: none tries again here)
+        if instead is not None:  # (every rank saw the same: all of them leave this path alike)
+            lasting = isinstance(instead, peers.Failed) or instead.lasting
+            log = logger.warning if lasting else logger.info
+            log("%s: %s; the symmetric heap's rounds instead", run.name(), instead.why)
+            if lasting:  # (in this world's later runs too)
                 self.world.shared_gpu = False
             return False
         self._stats["last"]["steps ms"] = steps

@@ -55,10 +55,12 @@ class Exported:
 
 @dataclass(frozen=True)
 class Refused:
-    """A rank that cannot take part: ``aborted`` (the run was), or it cannot export (``why``)."""
+    """A rank that cannot take part: ``aborted`` (the run was), or it cannot export (``why``);
+    ``lasting``: nor will it in later runs (its memory has no IPC handles, CUDA IPC is missing)."""
 
     why: str
     aborted: bool = False
+    lasting: bool = False
 
 
 def applies(run, shared_gpu: bool, max_pieces: int) -> bool:
@@ -120,7 +122,9 @@ def export(outputs: dict, ipc) -> Exported | Refused:
         distinct = list(dict.fromkeys(bases))
         handles = tuple(ipc.handle(b) for b in distinct)
     except Exception as e:  # noqa: BLE001 - e.g. a stream-ordered pool's memory: the arena then
-        return Refused(f"its output chunks cannot be exported through CUDA IPC ({type(e).__name__}: {e})")
+        return Refused(
+            f"its output chunks cannot be exported through CUDA IPC ({type(e).__name__}: {e})", lasting=True
+        )
     where = {b: i for i, b in enumerate(distinct)}
     allocation = np.array([where[b] for b in bases], dtype=np.int64)
     offsets = np.array(ptrs, dtype=np.int64) - np.array(bases, dtype=np.int64)
@@ -143,7 +147,7 @@ def refusal(run, everyone: list) -> Refused | None:
             if run.state == "failed"
             else RedistError(f"{run.name()}: rank {rank} ({run.spec.workers[rank]}) was aborted")
         )
-    return Refused(f"rank {rank} ({run.spec.workers[rank]}): {why.why}")
+    return Refused(f"rank {rank} ({run.spec.workers[rank]}): {why.why}", lasting=why.lasting)
 
 
 class Mapped:
@@ -216,7 +220,7 @@ def run_peers(
             contiguous = all(a.flags.c_contiguous for a in inputs.values())
             mine = export(outputs, ipc) if contiguous else Refused("an input chunk is not C-contiguous")
         except Exception as e:  # noqa: BLE001 - told to every rank: the arena's rounds then
-            mine = Refused(f"{type(e).__name__}: {e}")
+            mine = Refused(f"{type(e).__name__}: {e}", lasting=True)
     steps("export")
     everyone = gather(run, group, mine)
     steps("all-gather chunks")
