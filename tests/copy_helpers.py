@@ -50,3 +50,23 @@ class InMemory:
         self.shape, self.ndim = tuple(shape), len(shape)
         self.data = SimpleNamespace(ptr=ptr)
         self.flags = SimpleNamespace(c_contiguous=True)
+
+
+def write_chunk(memory: np.ndarray, at: int, whole: np.ndarray, lo, hi) -> tuple[InMemory, int]:
+    """The box ``[lo, hi)`` of ``whole`` written C-ordered into the buffer at ``at``: the chunk
+    there, and the next free address."""
+    part = np.ascontiguousarray(whole[tuple(slice(a, b) for a, b in zip(lo, hi))])
+    memory[at : at + part.nbytes] = part.view(np.uint8).ravel()
+    return InMemory(part.shape, at), at + part.nbytes
+
+
+class Bump:
+    """``xp.empty`` for the engine's output chunks: one after another in the buffer from ``at``."""
+
+    def __init__(self, at: int):
+        self.at = at
+
+    def empty(self, shape, dtype) -> InMemory:
+        out = InMemory(shape, self.at)
+        self.at += int(np.prod(shape)) * np.dtype(dtype).itemsize
+        return out

@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from copy_helpers import InMemory, copy_rows, random_rechunk, replay_all
+from copy_helpers import Bump, InMemory, copy_rows, random_rechunk, replay_all, write_chunk
 
 from dask_redist.engines.cufftmp.copies import fold
 
@@ -339,23 +339,9 @@ def test_a_one_pe_run_copies_every_needed_output_chunk_as_numpy_cuts_it(data):
         memory = np.zeros(2 * whole.nbytes + 64, np.uint8)
         inputs, offset = {}, data.draw(st.integers(1, 32))  # (no chunk at address 0)
         for flat in data.draw(st.permutations(range(int(np.prod(rechunk.old_grid))))):
-            lo, hi = rechunk.old_box(flat)
-            part = np.ascontiguousarray(whole[tuple(slice(a, b) for a, b in zip(lo, hi))])
-            memory[offset : offset + part.nbytes] = part.view(np.uint8).ravel()
-            inputs[flat] = InMemory(part.shape, offset)
-            offset += part.nbytes
-
-        class Allocator:  # ``xp.empty``: output chunks after the inputs in the same buffer
-            at = offset
-
-            @classmethod
-            def empty(cls, shape, dtype):
-                out = InMemory(shape, cls.at)
-                cls.at += int(np.prod(shape)) * np.dtype(dtype).itemsize
-                return out
-
+            inputs[flat], offset = write_chunk(memory, offset, whole, *rechunk.old_box(flat))
         run = SimpleNamespace(spec=run_spec, plan=run_spec.plan, inputs=inputs, rank=0, state="running")
-        outputs = _empty_outputs(run, Allocator)
+        outputs = _empty_outputs(run, Bump(offset))  # (after the inputs in the same buffer)
         assert sorted(outputs) == np.flatnonzero(chosen.needed).tolist()
         replay_all(_local_jobs(run, outputs, kept), memory)
         assert len(kept) == 1  # (the second run's table is the first's)

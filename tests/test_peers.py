@@ -13,7 +13,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-from copy_helpers import InMemory, copy_rows, random_rechunk
+from copy_helpers import Bump, copy_rows, random_rechunk, write_chunk
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -119,26 +119,12 @@ def place(runs, whole: np.ndarray, memory: np.ndarray, at: int, block: int = 64)
     rechunk = runs[0].spec.collective.rechunk
     in_ranks = runs[0].plan.in_ranks.ravel()
     for flat in range(int(np.prod(rechunk.old_grid))):
-        lo, hi = rechunk.old_box(flat)
-        part = np.ascontiguousarray(whole[tuple(slice(a, b) for a, b in zip(lo, hi))])
-        memory[at : at + part.nbytes] = part.view(np.uint8).ravel()
-        runs[in_ranks[flat]].inputs[flat] = InMemory(part.shape, at)
-        at += part.nbytes
-
-    class Allocator:
-        pos = at
-
-        @classmethod
-        def empty(cls, shape, dtype):
-            out = InMemory(shape, cls.pos)
-            cls.pos += int(np.prod(shape)) * np.dtype(dtype).itemsize
-            return out
-
-    outputs = []
+        runs[in_ranks[flat]].inputs[flat], at = write_chunk(memory, at, whole, *rechunk.old_box(flat))
+    outputs, allocator = [], Bump(at)
     for run in runs:
-        Allocator.pos = -(-Allocator.pos // block) * block  # (no allocation shared by two processes)
-        outputs.append(_empty_outputs(run, Allocator))
-    assert Allocator.pos <= len(memory)
+        allocator.at = -(-allocator.at // block) * block  # (no allocation shared by two processes)
+        outputs.append(_empty_outputs(run, allocator))
+    assert allocator.at <= len(memory)
     return outputs
 
 
