@@ -55,7 +55,10 @@ def gpu_identity(device: int) -> tuple[str, str]:
             machine = f.read().strip()
     except OSError:  # (not Linux)
         machine = socket.gethostname()
-    return machine, cupy.cuda.Device(device).pci_bus_id
+    try:
+        return machine, cupy.cuda.Device(device).pci_bus_id
+    except Exception as e:  # noqa: BLE001 - unknown: a GPU shared with nobody (the peers agree all the same)
+        return machine, f"{type(e).__name__} in process {os.getpid()}"
 
 
 class DaskProcessGroup(_ProcessGroup):
