@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import contextlib
 import math
-import os
 
 import dask.array as da
 import numpy as np
 import pytest
 import conftest
 from conftest import scheduler_history
+from gpu_helpers import case, engine_health, kill_one_worker, worker_pid
 from distributed import wait
 
 import dask_redist
@@ -40,11 +40,6 @@ def run_case(client, case: Case, placement=contiguous, seed=1, kind="cupy", **op
     runs = scheduler_history(client)[before:]
     assert runs and all(r["engine"] == "cufftmp" and r["outcome"] == "done" for r in runs), runs
     return y
-
-
-def case(shape, old, new, dtype="float64", name=""):
-    normalize = da.core.normalize_chunks
-    return Case(name or f"{shape} {dtype}", shape, dtype, normalize(old, shape), normalize(new, shape))
 
 
 CASES = [
@@ -297,35 +292,6 @@ def test_peak_gpu_memory_per_worker_is_its_outputs_plus_a_tenth(gpu_client):
 # Order matters below: these change the worker set of the module's cluster.
 
 
-def _pid():
-    return os.getpid()
-
-
-def _kill_one_worker(client, pick=-1) -> str:
-    """SIGKILL one worker process; wait until the nanny brought a new one up. Returns the dead address."""
-    import signal
-    import time
-
-    before = set(client.scheduler_info()["workers"])
-    pids = client.run(_pid)
-    victim = sorted(pids)[pick]
-    os.kill(pids[victim], signal.SIGKILL)
-    deadline = time.monotonic() + 120
-    while True:  # a new address, and as many workers as before
-        workers = set(client.scheduler_info()["workers"])
-        if len(workers) >= len(before) and victim not in workers:
-            return victim
-        assert time.monotonic() < deadline, "the nanny did not bring the worker back"
-        time.sleep(0.5)
-
-
-def _health() -> dict:
-    from dask_redist.engines import get_engine
-
-    h = get_engine("cufftmp").health()
-    return {"broken": h.broken, "stuck": h.stuck, "in flight": h.in_flight_since is not None}
-
-
 #: Longest a held rank waits for the abort (`held_after_a_round`): below the watchdog's limit
 #: (``redist.timeouts.collective`` + 10 s) also where check.sh sets the timeout to 30 s.
 HOLD_S = 20.0
@@ -390,7 +356,7 @@ def test_a_cancel_mid_run_is_completed_dry_and_costs_no_worker(gpu_client):
     c = case((512, 512, 512), (64, 512, 512), (512, 64, 512), name="1 GiB in many rounds")
     x = placed_array(gpu_client, c, 5, kind="cupy")
     dask_redist.bootstrap(gpu_client)
-    pids = gpu_client.run(_pid)
+    pids = gpu_client.run(worker_pid)
     slow = sorted(pids)[0]
     with (
         dask_redist.enable(engine="cufftmp", memory_budget="1MiB"),
@@ -404,15 +370,17 @@ def test_a_cancel_mid_run_is_completed_dry_and_costs_no_worker(gpu_client):
                 f"the run never queued its second round: {scheduler_history(gpu_client)[-1:]}"
             )
             time.sleep(0.01)
-        assert gpu_client.run(_health, workers=[slow])[slow]["in flight"]  # its first round is on the GPU
+        assert gpu_client.run(engine_health, workers=[slow])[slow][
+            "in flight"
+        ]  # its first round is on the GPU
         gpu_client.cancel(y)
         del y
         while (scheduler_history(gpu_client) or [{"outcome": None}])[-1]["outcome"] != "cancelled":
             assert time.monotonic() < deadline, scheduler_history(gpu_client)[-1:]
             time.sleep(0.05)
     time.sleep(15)  # past the drain (5 s) and the watchdog's grace (10 s): a stuck worker has exited by now
-    assert gpu_client.run(_pid) == pids
-    health = gpu_client.run(_health)
+    assert gpu_client.run(worker_pid) == pids
+    health = gpu_client.run(engine_health)
     assert all(h == {"broken": None, "stuck": False, "in flight": False} for h in health.values()), health
     del x
     run_case(gpu_client, CASES[0], seed=23, engine="cufftmp")
@@ -423,7 +391,7 @@ def test_worker_loss_then_rebootstrap(gpu_client):
     names the stranded survivor, and with restart_broken=True restarts it and forms a new world."""
     two_workers(gpu_client)
     run_case(gpu_client, CASES[0], seed=11, engine="auto")  # NVSHMEM world = the current workers
-    _kill_one_worker(gpu_client)
+    kill_one_worker(gpu_client)
 
     x = placed_array(gpu_client, CASES[0], 12, kind="cupy")
     with dask_redist.enable(engine="auto"):
@@ -472,7 +440,7 @@ def test_worker_killed_during_a_cufftmp_run(gpu_client):
         while not gpu_client.run(reshaping, workers=[victim])[victim]:
             assert time.monotonic() < deadline, "the run never had rounds on the GPU"
             time.sleep(0.001)
-        killed.append(_kill_one_worker(gpu_client, pick=0))
+        killed.append(kill_one_worker(gpu_client, pick=0))
 
     killed: list = []
     thread = threading.Thread(target=killer)

@@ -6,13 +6,11 @@ from __future__ import annotations
 
 import os
 
-import dask.array as da
 import pytest
-from distributed import wait
 
 import conftest
-import dask_redist
-from dask_redist.bench import Case, check, engine_stats, placed_array
+from gpu_helpers import case, layouts_of_a_run
+from dask_redist.bench import Case
 
 pytestmark = pytest.mark.gpu
 
@@ -29,19 +27,9 @@ def one_gpu():
             os.environ.pop(k) if v is None else os.environ.update({k: v})
 
 
-def case(shape, old, new, dtype="float64", name=""):
-    normalize = da.core.normalize_chunks
-    return Case(name or f"{shape} {dtype}", shape, dtype, normalize(old, shape), normalize(new, shape))
-
-
 def layout_of_a_run(client, c: Case, seed: int, **options) -> str:
-    x = placed_array(client, c, seed, kind="cupy")
-    with dask_redist.enable(engine="cufftmp", **options):
-        y = x.rechunk(c.new).persist()
-        wait(y)
-    assert check(y, c, seed), f"{c.name}: values differ"
-    (stats,) = engine_stats(client, "cufftmp").values()
-    return stats["last"]["layout"]
+    (layout,) = layouts_of_a_run(client, c, seed, **options)  # (one worker)
+    return layout
 
 
 CASES = [
