@@ -277,11 +277,8 @@ class CufftMpEngine(Engine):
             else:
                 run_packed(self, run, layout, outputs)
         self.rounds.wait(run)  # (raises an abort's error once every round is done: see .rounds)
-        self._keep.clear()
         self.plans.forget()
-        self._record(layout)
-        run.inputs = {}
-        run.finish(outputs)
+        self._finish(run, layout, outputs)
 
     def prepare(self, run, transport, synchronize: bool = True) -> None:
         """Be able to run ``run`` here: cufftmp can run on this worker, NVSHMEM is usable, and
@@ -308,10 +305,7 @@ class CufftMpEngine(Engine):
         run.set_phase("exchange")
         self._marks = []
         self._copy(run, jobs, dry=False)
-        self._keep.clear()
-        self._record(LOCAL)
-        run.inputs = {}
-        run.finish(outputs)
+        self._finish(run, LOCAL, outputs)
 
     def _peers(self, run, outputs: dict) -> bool:
         """A run of PEs on one GPU: this rank's pieces copied into whichever output chunk they
@@ -325,10 +319,7 @@ class CufftMpEngine(Engine):
             return _piece_table(run, self.piece_jobs, run.rank), self.ipc
 
         def done():
-            self._keep.clear()
-            self._record(peers.LAYOUT)
-            run.inputs = {}
-            run.finish(outputs)
+            self._finish(run, peers.LAYOUT, outputs)
 
         self._marks, steps = [], {}
         instead = peers.run_peers(run, outputs, prepare, self.world.group, self._copy, done, steps)
@@ -351,6 +342,13 @@ class CufftMpEngine(Engine):
             self._mark("reshape")
         self.rounds.queued(self._marks[-1][1])
         self.rounds.wait(run, dry=dry)
+
+    def _finish(self, run, layout, outputs: dict) -> None:
+        """``run``'s GPU work is done: its statistics recorded, its inputs let go, its outputs given."""
+        self._keep.clear()
+        self._record(layout)
+        run.inputs = {}
+        run.finish(outputs)
 
     def _record(self, layout) -> None:
         """Milliseconds spent staging, reshaping (syncs included) and unstaging, over all rounds,

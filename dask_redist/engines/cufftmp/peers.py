@@ -154,14 +154,10 @@ class Mapped:
     """The output chunks this rank writes to, at addresses in this process: its own as they are,
     its peers' through their opened allocations (`close` unmaps them)."""
 
-    def __init__(self, ipc, n_new: int):
+    def __init__(self, ipc, outputs: dict, n_new: int):
         self._ipc = ipc
-        self.addresses = np.full(n_new, -1, dtype=np.int64)
+        self.addresses = addresses(outputs, n_new)  # (its own; the peers' as they are mapped)
         self._opened: list[int] = []
-
-    def own(self, outputs: dict) -> None:
-        here = addresses(outputs, len(self.addresses))
-        self.addresses = np.where(here >= 0, here, self.addresses)
 
     def peer(self, exported: Exported, wanted: np.ndarray) -> None:
         """Map those of a peer's chunks that are ``wanted`` (flat indices)."""
@@ -182,8 +178,7 @@ class Mapped:
 
 def map_outputs(everyone: list, rank: int, outputs: dict, wanted: np.ndarray, n_new: int, ipc) -> Mapped:
     """Every output chunk this rank writes to (flat indices ``wanted``), mapped here."""
-    mapped = Mapped(ipc, n_new)
-    mapped.own(outputs)
+    mapped = Mapped(ipc, outputs, n_new)
     try:
         for peer, exported in enumerate(everyone):
             if peer != rank:
