@@ -185,7 +185,7 @@ def test_slopes_and_phases_tables():
     results[-1].timeline = [
         (1.0, "worker 0: first stage"),
         (2.0, "worker 1: first stage"),
-        (5.0, "scheduler: barrier called"),
+        (5.0, "scheduler: run asked"),
         (9.0, "worker 0: executed"),
         (12.0, "worker 1: executed"),
         (20.0, "scheduler: outputs in memory"),
@@ -200,6 +200,7 @@ def test_slopes_and_phases_tables():
     assert phase_row[2:] == [
         "1.0",
         "5.0",
+        "",
         "",
         "12.0",
         "",

@@ -513,7 +513,7 @@ def test_outputs_released_while_the_run_is_planned(client, enabled, monkeypatch,
     start = time.time()
     y = x.rechunk((64, 4)).persist()
     deadline = time.monotonic() + 30
-    while dask_redist.status(client)["timeline"].get("barrier called", 0) < start:
+    while dask_redist.status(client)["timeline"].get("run asked", 0) < start:
         assert time.monotonic() < deadline
         time.sleep(0.01)
     client.cancel(y)
@@ -622,3 +622,30 @@ def test_the_timeline_is_of_the_latest_run(client, enabled):
     assert min(staged) > first_done, (first_done, marks)
     for m in marks.values():
         assert all(t > first_done for t in m.values()), (first_done, m)
+
+
+def test_a_run_starts_once_its_stage_tasks_are_done(client, enabled):
+    """The scheduler starts the run when the barrier task becomes ready, from what the stage
+    tasks said they staged; the barrier task's call then finds it started (runtime.eager)."""
+    from dask_redist.core import messages as m
+    from dask_redist.core.spec import BARRIER_PREFIX
+
+    data = data_for((60, 40), "float64", seed=11)
+    x = da.from_array(data, chunks=(6, 40)).persist()
+    wait(x)
+    np.testing.assert_array_equal(x.rechunk((60, 8)).compute(), data)  # (the plugins are there now)
+    scheduler = client.cluster.scheduler
+    plugin, real = scheduler.plugins["redist"], scheduler.handlers[m.Barrier.op]
+    found = []
+
+    async def barrier(token, **kwargs):
+        found.append(plugin.eager.started(token, scheduler.tasks.get(BARRIER_PREFIX + token)) is not None)
+        return await real(token=token, **kwargs)
+
+    scheduler.handlers[m.Barrier.op] = barrier
+    try:
+        done = runs_done(client)
+        np.testing.assert_array_equal(x.rechunk((60, 5)).compute(), data)
+    finally:
+        scheduler.handlers[m.Barrier.op] = real
+    assert found == [True] and runs_done(client) == done + 1

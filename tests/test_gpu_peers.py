@@ -17,7 +17,7 @@ from distributed import wait
 
 import conftest
 import dask_redist
-from dask_redist.bench import placed_array
+from dask_redist.bench import engine_stats, placed_array
 
 pytestmark = pytest.mark.gpu
 
@@ -47,6 +47,13 @@ CASES = [
 @pytest.mark.parametrize("c", CASES, ids=lambda c: c.name)
 def test_pes_on_one_gpu_copy_chunk_to_chunk(shared, c):
     assert set(layouts_of_a_run(shared, c, 3)) == {"peers (one GPU: chunk to chunk through CUDA IPC)"}
+
+
+def test_the_pes_all_gather_through_files(shared):
+    """PEs of one machine all-gather through files (engines.cufftmp.hostfiles), not the scheduler."""
+    assert set(layouts_of_a_run(shared, CASES[0], 11)) == {"peers (one GPU: chunk to chunk through CUDA IPC)"}
+    stats = engine_stats(shared, "cufftmp")
+    assert {s["last"]["all-gathers"] for s in stats.values()} == {"files"}, stats
 
 
 def test_a_placement_that_is_not_box_shaped_copies_chunk_to_chunk(shared):

@@ -238,7 +238,12 @@ def test_every_message_matches_the_handler_that_takes_it():
     asyncio.run(plugin.start(scheduler))
     handlers = {**worker.handlers, **worker.stream_handlers, **scheduler.handlers}
     messages = [
-        c for c in vars(m).values() if isinstance(c, type) and issubclass(c, m.Message) and c is not m.Message
+        c
+        for c in vars(m).values()
+        if isinstance(c, type)
+        and issubclass(c, m.Message)
+        and not issubclass(c, m.Event)
+        and c is not m.Message
     ]
     assert {c.op for c in messages} == set(
         handlers
@@ -257,3 +262,17 @@ def test_every_message_matches_the_handler_that_takes_it():
         )
         params = list(inspect.signature(side[cls.op]).parameters)
         assert params == fields, (cls.__name__, params, fields)
+
+
+def test_every_event_is_taken_by_the_scheduler_plugin():
+    """Events (dask_redist.core.messages.Event) reach the scheduler plugin's log_event as the
+    worker's log_event sends them: a dict of their fields, with the sending worker added."""
+    from dask_redist.core import messages as m
+    from dask_redist.core.spec import STAGE_PREFIX
+
+    sent = []
+    worker = SimpleNamespace(log_event=lambda topic, msg: sent.append((topic, msg)))
+    m.StageDone("t" * 32, [3], [5, 6], "numpy").send(worker)
+    (topic, msg), plugin = sent[0], plugin_with_an_active_run()
+    plugin.log_event(topic, {**msg, "worker": WORKERS[1]})
+    assert plugin.eager._staged == {(STAGE_PREFIX + "t" * 32, 3): (WORKERS[1], (3,), [5, 6], "numpy")}

@@ -7,6 +7,7 @@ none of them left waiting."""
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from types import SimpleNamespace
@@ -19,7 +20,8 @@ from hypothesis import strategies as st
 
 from dask_redist.config import Settings
 from dask_redist.core.spec import CollectiveSpec, RunSpec
-from dask_redist.engines.cufftmp import peers
+from dask_redist.engines.cufftmp import hostfiles, peers
+from dask_redist.engines.cufftmp.world import DaskProcessGroup
 from dask_redist.engines.cufftmp.engine import _empty_outputs, _piece_table
 from dask_redist.errors import RedistError
 from dask_redist.planning import make_plan
@@ -37,9 +39,11 @@ class Group:
         self.calls = [0] * nranks
 
     def for_rank(self, rank: int):
-        group = self
+        group, rank_ = self, rank
 
         class One:
+            rank, nranks = rank_, len(self.calls)
+
             def allgather(self, obj):
                 group.calls[rank] += 1
                 key = group.calls[rank]
@@ -128,9 +132,39 @@ def place(runs, whole: np.ndarray, memory: np.ndarray, at: int, block: int = 64)
     return outputs
 
 
-def run_all(runs, outputs, ipcs, memory, copy=None, before=None):
-    """`peers.run_peers` on a thread per rank; each rank's result or the exception it raised."""
-    group = Group(len(runs))
+class Files(Group):
+    """The PEs' all-gather through files (`hostfiles.FileExchange`), agreed on through `Group`."""
+
+    def __init__(self, nranks: int):
+        super().__init__(nranks)
+        self._groups = [None] * nranks
+        self._world = Group(nranks)  # (the scheduler's, to agree on the directory)
+
+    def for_rank(self, rank: int):
+        if self._groups[rank] is None:
+            files = hostfiles.agree(self._world.for_rank(rank), timeout=30)
+            assert files is not None
+            self._groups[rank] = DaskProcessGroup("peers", rank, len(self._groups), files)
+        counted, group = self._groups[rank], self
+
+        class Counted:
+            def allgather(self, obj):
+                group.calls[rank] += 1
+                return counted.allgather(obj)
+
+        return Counted()
+
+    def close(self) -> str:
+        """Every rank's files closed (as each rank's world does when it is left); the directory."""
+        for group in self._groups:
+            group._exchange.close()
+        return self._groups[0]._exchange.directory
+
+
+def run_all(runs, outputs, ipcs, memory, copy=None, before=None, group=None):
+    """`peers.run_peers` on a thread per rank; each rank's result or the exception it raised
+    (``group``: the all-gather, a `Group` unless given)."""
+    group = Group(len(runs)) if group is None else group
     results = [None] * len(runs)
     copies, finished = [], []
 
@@ -214,6 +248,25 @@ def _slabs(nranks=2):
     runs = world(rechunk, np.dtype(np.float64), nranks, in_ranks)
     memory = np.zeros(4 * whole.nbytes, np.uint8)
     return runs, place(runs, whole, memory, 8), memory
+
+
+@pytest.mark.parametrize("nranks", [2, 4])
+def test_the_ranks_all_gather_through_files_where_they_share_a_machine(nranks):
+    """The same run with the all-gathers through `hostfiles` (the world's choice where every PE
+    is on one GPU): every output chunk right, both all-gathers made, no file left behind."""
+    runs, outputs, memory = _slabs(nranks)
+    files = Files(nranks)
+    results, _ = run_all(runs, outputs, [Ipc(r, 64) for r in range(nranks)], memory, group=files)
+    assert results == [None] * nranks and files.calls == [2] * nranks
+    whole = np.arange(8 * 6 * 4, dtype=np.float64).reshape(8, 6, 4)
+    for rank_outputs in outputs:
+        for flat, chunk in rank_outputs.items():
+            lo, hi = runs[0].spec.collective.rechunk.new_box(flat)
+            nbytes = 8 * int(np.prod(chunk.shape))
+            got = memory[chunk.data.ptr : chunk.data.ptr + nbytes].view(np.float64).reshape(chunk.shape)
+            np.testing.assert_array_equal(got, whole[tuple(slice(a, b) for a, b in zip(lo, hi))])
+    directory = files.close()
+    assert not os.path.exists(directory)
 
 
 def test_a_rank_that_cannot_export_sends_every_rank_to_the_heaps_rounds_before_any_copy():

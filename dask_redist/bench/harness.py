@@ -59,7 +59,10 @@ class Result:
         steps = ""
         if all("steps ms" in x for x in last):  # (PEs on one GPU: `engines.cufftmp.peers`)
             slowest = {k: max(x["steps ms"].get(k, 0.0) for x in last) for k in last[0]["steps ms"]}
-            steps = "; slowest rank's steps ms: " + ", ".join(f"{k} {v:.2f}" for k, v in slowest.items())
+            through = f" (all-gathers through {last[0]['all-gathers']})" if "all-gathers" in last[0] else ""
+            steps = f"; slowest rank's steps ms{through}: " + ", ".join(
+                f"{k} {v:.2f}" for k, v in slowest.items()
+            )
         return (
             f"{last[0]['layout']}, {last[0]['rounds']} round(s){arena}; "
             + ", ".join(f"{k} {v:.2f}" for k, v in worst.items())

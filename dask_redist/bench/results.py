@@ -107,7 +107,8 @@ def slopes(results: list[Result]) -> list:
 #: Timeline marks shown per phase: (column, source, event, which of several workers' marks).
 PHASES = (
     ("stages start", "worker", "first stage", min),
-    ("barrier at scheduler", "scheduler", "barrier called", min),
+    ("run asked", "scheduler", "run asked", min),
+    ("barrier task", "worker", "barrier task", min),
     ("start sent", "scheduler", "start sent", min),
     ("executed", "worker", "executed", max),
     ("first unpack", "worker", "first unpack", min),

@@ -7,7 +7,8 @@ handlers are registered under ``Message.op``. Replies are `TypedDict`s.
 
 * scheduler -> worker, on the worker's stream: `Start`, `Abort`, `Gone`, `Cleanup`, `Forget`, `Drop`;
 * worker -> scheduler: `Barrier` (`BarrierReply`), `Failed`, `Stale` (`StaleReply`),
-  `Allgather` (`AllgatherReply`);
+  `Allgather` (`AllgatherReply`); and `StageDone`, an event on the worker's stream (its ``op``
+  the topic: `Worker.log_event`, taken by the plugin's ``log_event``);
 * scheduler -> worker: `Capabilities`, `Status`;
 * worker -> worker: `Pieces`;
 * client -> scheduler: `Probe`, `ForgetWorld`, `SchedulerStatus`, `History`.
@@ -112,6 +113,27 @@ class Barrier(Message):
     homes: list
     chunk_type: str
 
+    @classmethod
+    def of(cls, token: str, stages, what: str) -> Barrier:
+        """From what the stage tasks staged: for each, ``(address, tail, indices, types)`` (the
+        worker, the stage key's tail, the input chunks' flat indices and their types); a
+        TypeError (``what`` first) where the chunks are of mixed types."""
+        stages = [s for s in stages if len(s[2])]
+        types = set().union(*(s[3] for s in stages))
+        if len(types) > 1:
+            raise TypeError(
+                f"{what}: input chunks of mixed types {sorted(types)}; convert them to one type "
+                "first, or set redist.output-type to numpy or cupy"
+            )
+        workers = sorted({address for address, *_ in stages})
+        position = {w: i for i, w in enumerate(workers)}
+        holders = [0] * sum(len(indices) for _, _, indices, _ in stages)
+        for address, _, indices, _ in stages:
+            for index in indices:
+                holders[index] = position[address]
+        homes = [[list(tail), position[address]] for address, tail, _, _ in stages]
+        return cls(token, workers, holders, homes, types.pop() if types else "numpy")
+
 
 class BarrierReply(TypedDict, total=False):
     status: str  # "OK", "stale" (nobody takes the barrier's result) or "error"
@@ -163,6 +185,29 @@ class AllgatherReply(TypedDict, total=False):
     status: str  # "OK" or "error"
     values: list  # with "OK": every rank's payload, in rank order
     message: str
+
+
+@dataclass(frozen=True)
+class Event(Message):
+    """Not a call: an event on the worker's batched stream, its ``op`` the topic, taken by the
+    scheduler plugin's ``log_event`` (and kept in the scheduler's event log, like any event)."""
+
+    def send(self, worker) -> None:
+        """From ``worker`` (a Worker; from any thread), behind what its stream already carries."""
+        worker.log_event(self.op, self.kwargs())
+
+
+@dataclass(frozen=True)
+class StageDone(Event):
+    """A stage task of ``token`` staged input chunks ``indices`` (flat) of ``chunk_type`` ("mixed"
+    where they differ) under stage key tail ``tail``; sent before the task's result, so that the
+    scheduler has it when the barrier task becomes ready (`dask_redist.runtime.eager`)."""
+
+    op: ClassVar[str] = "redist-stage-done"
+    token: str
+    tail: list
+    indices: list
+    chunk_type: str
 
 
 # -- scheduler -> worker ------------------------------------------------------------------------

@@ -1,7 +1,8 @@
 """Scheduler side of the collective: runs, their global order, owners, restarts.
 
-The barrier task of a collective rechunk calls `RedistSchedulerPlugin.barrier`
-with where every input chunk is staged. The plugin then
+When the barrier task of a collective rechunk becomes ready, the plugin knows where every
+input chunk is staged from the stage tasks' events (`dask_redist.runtime.eager`), or else
+the barrier task calls `RedistSchedulerPlugin.barrier` with it. The plugin then
 
 1. chooses the engine (`dask_redist.engines.choice`: it asks the registry, never a
    named engine) and the owner of every output
@@ -36,11 +37,12 @@ from distributed.utils import log_errors, offload
 
 from dask_redist.config import Settings
 from dask_redist.core import messages as m
-from dask_redist.core.spec import BARRIER_PREFIX, BarrierTask, CollectiveSpec
+from dask_redist.core.spec import BARRIER_PREFIX, BarrierTask, CollectiveSpec, stage_token
 from dask_redist.engines import Request
 from dask_redist.engines.choice import EngineSelector
 from dask_redist.errors import FAILURES
 from dask_redist.runtime import ordering
+from dask_redist.runtime.eager import EagerStarts
 from dask_redist.runtime.lifecycle import Runs
 from dask_redist.runtime.rechunks import barrier_is_current, over_memory, ranks_of
 from dask_redist.runtime.rendezvous import Rendezvous, ask_each
@@ -59,6 +61,7 @@ class RedistSchedulerPlugin(SchedulerPlugin):
         self.runs = Runs()
         self.engines = EngineSelector()
         self.rendezvous = Rendezvous()
+        self.eager = EagerStarts()
         self._ready: asyncio.Event | None = None
 
     async def start(self, scheduler) -> None:
@@ -95,10 +98,27 @@ class RedistSchedulerPlugin(SchedulerPlugin):
     async def barrier(
         self, token: str, workers: list[str], holders: list[int], homes: list, chunk_type: str
     ) -> m.BarrierReply:
-        """Start a run of rechunk ``token`` over the chunks the stage tasks staged."""
-        self.runs.timeline = {"barrier called": time.time()}
+        """Start a run of rechunk ``token`` over the chunks the stage tasks staged, unless it was
+        started already, when this barrier task became ready (`dask_redist.runtime.eager`)."""
         await self._ready.wait()
         ts = self.scheduler.tasks.get(BARRIER_PREFIX + token)
+        if (started := self.eager.started(token, ts)) is not None:
+            return await started
+        return await self._start(ts, m.Barrier(token, workers, holders, homes, chunk_type))
+
+    def _start_early(self, token: str) -> None:
+        """Start the run of ``token`` now if its barrier task is ready and every stage task said
+        what it staged (`dask_redist.runtime.eager`)."""
+        ts = self.scheduler.tasks.get(BARRIER_PREFIX + token)
+        if self._ready is None or not self._ready.is_set() or not self._processing(ts):
+            return
+        if self.eager.started(token, ts) is None and (request := self.eager.request(token, ts)) is not None:
+            self.eager.start(token, ts, self._start(ts, request))
+
+    async def _start(self, ts, request: m.Barrier) -> m.BarrierReply:
+        """Start a run over what ``request`` says was staged, for barrier task ``ts``."""
+        self.runs.timeline = {"run asked": time.time()}
+        token, workers, holders, homes = request.token, request.workers, request.holders, request.homes
         if not self._processing(ts):  # released (a cancel): this call's result goes nowhere
             return {"status": "stale", "message": f"barrier task {BARRIER_PREFIX + token} is not processing"}
         spec: CollectiveSpec = ts.run_spec.spec
@@ -120,6 +140,7 @@ class RedistSchedulerPlugin(SchedulerPlugin):
                 {"token": token, "outcome": "cancelled", "why": "no output of it is wanted"}
             )
             return {"status": "OK", "run_id": 0}
+        chunk_type = request.chunk_type
         request = Request.of(spec, chunk_type)
         engine, reason = await self._choose_engine(request, ranks, token)
         self.runs.timeline["engine chosen"] = time.time()
@@ -253,6 +274,19 @@ class RedistSchedulerPlugin(SchedulerPlugin):
 
     def transition(self, key, start, finish, *args, stimulus_id: str, **kwargs) -> None:
         self.runs.transition(key, start, finish, *args, stimulus_id=stimulus_id, **kwargs)
+        if type(key) is str and key.startswith(BARRIER_PREFIX):
+            if finish == "processing":
+                self._start_early(key[len(BARRIER_PREFIX) :])
+            elif start == "processing":
+                self.eager.barrier_left(key[len(BARRIER_PREFIX) :])
+        elif start == "memory" and stage_token(key) is not None:
+            self.eager.dropped(key)
+
+    def log_event(self, topic: str, msg) -> None:
+        if topic == m.StageDone.op and isinstance(msg, dict):
+            fields = {k: msg[k] for k in m.StageDone.__dataclass_fields__ if k in msg}
+            self.eager.staged(msg.get("worker"), m.StageDone(**fields))
+            self._start_early(fields["token"])
 
     def remove_worker(self, scheduler, worker: str, *, stimulus_id: str, **kwargs) -> None:
         self.engines.worker_left(worker, self.runs.under_way())
@@ -260,3 +294,4 @@ class RedistSchedulerPlugin(SchedulerPlugin):
 
     def restart(self, scheduler) -> None:
         self.runs.clear()
+        self.eager.clear()

@@ -89,26 +89,18 @@ class WorkerState:
             markers.append(Staged(self.address, int(chunk.nbytes), chunk_type, int(index), tuple(tail)))
         self.staging.put(token, tail, {int(i): c for i, c in zip(indices, chunks)})
         self.mark("first stage", first=True)
+        types = {marker.chunk_type for marker in markers}
+        kind = types.pop() if len(types) == 1 else "mixed"
+        m.StageDone(token, list(tail), [int(i) for i in indices], kind).send(self.worker)
         return markers
 
     def barrier(self, spec: CollectiveSpec, groups) -> int:
         """Ask the scheduler to start a run over the staged chunks; its run id."""
         self.mark("barrier task")
-        markers = [marker for group in groups for marker in group]
-        types = {marker.chunk_type for marker in markers}
-        if len(types) > 1:
-            raise TypeError(
-                f"{spec.describe()}: input chunks of mixed types {sorted(types)}; convert them to one type "
-                "first, or set redist.output-type to numpy or cupy"
-            )
-        workers = sorted({marker.address for marker in markers})
-        position = {w: i for i, w in enumerate(workers)}
-        holders = np.zeros(len(markers), dtype=np.int64)
-        for marker in markers:
-            holders[marker.index] = position[marker.address]
-        homes = [[list(g[0].stage), position[g[0].address]] for g in groups if g]
-
-        request = m.Barrier(spec.token, workers, holders.tolist(), homes, types.pop() if types else "numpy")
+        stages = [
+            (g[0].address, g[0].stage, [x.index for x in g], {x.chunk_type for x in g}) for g in groups if g
+        ]
+        request = m.Barrier.of(spec.token, stages, spec.describe())
 
         async def ask() -> m.BarrierReply:
             return await request.call(self.worker.scheduler)

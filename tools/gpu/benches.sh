@@ -13,6 +13,8 @@
 #       redist.memory-budget (1 GiB: 8 rounds) and with 8 GiB and a 20 GiB heap (one round)
 #     peers: 2 PEs at 2-1024 chunks chunk to chunk through CUDA IPC (Dask's tasks at 2-256), then
 #       with redist.nvshmem.shared-gpu-copies off (the heap's rounds), then 4 PEs
+#     targets: issue 25's table: 1 PE, then 2 PEs, at 16-1024 chunks, the collective and the floor
+#       (5 reps), and at 2 chunks against Dask's tasks
 #   bash tools/gpu/benches.sh wait [SECONDS]   until they have ended (or SECONDS have passed)
 #   bash tools/gpu/benches.sh collect          the last lines of each log, everything as $OUT/benches.tgz
 set -uo pipefail
@@ -23,7 +25,7 @@ dir=/tmp/redist-benches; mkdir -p "$dir"
 running() { launched "$dir"; }
 bench() {  # name args...: one bench, its log in $dir/name.log
   local name=$1; shift
-  echo "python3 -m dask_redist.cli bench $* --reps 3 --out $dir --name $name >> $dir/$name.log 2>&1; "
+  echo "python3 -m dask_redist.cli bench --reps 3 $* --out $dir --name $name >> $dir/$name.log 2>&1; "
 }
 pes() {  # the workers of K PEs on the GPU: one LocalCUDACluster worker, else K sharing it
   if [ "$1" = 1 ]; then echo "--workers 1"; else echo "--workers $1 --pes-per-gpu $1"; fi
@@ -54,6 +56,10 @@ case ${1:-} in
         script+="$(bench gpu-peers-2pe --gpu $(pes 2) --size 8GiB --chunks 1024 --methods redist-cufftmp floor --append)"
         script+="DASK_REDIST__NVSHMEM__SHARED_GPU_COPIES=false $(bench gpu-peers-off-2pe --gpu $(pes 2) --size 8GiB --chunks 16 64 256 --methods redist-cufftmp floor)"
         script+="$(bench gpu-peers-4pe --gpu $(pes 4) --size 8GiB --chunks 16 64 256 --methods redist-cufftmp floor)" ;;
+      targets) for k in 1 2; do
+          script+="$(bench gpu-targets-pes$k --gpu $(pes $k) --size 8GiB --chunks 16 64 256 1024 --methods redist-cufftmp floor --reps 5)"
+          script+="$(bench gpu-targets-pes$k --gpu $(pes $k) --size 8GiB --chunks 2 --methods redist-cufftmp tasks --append)"
+        done ;;
       *) echo "unknown: $w"; exit 2 ;;
     esac; done
     launch "$dir" benches "$script"

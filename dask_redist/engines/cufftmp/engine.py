@@ -322,7 +322,7 @@ class CufftMpEngine(Engine):
             self._finish(run, peers.LAYOUT, outputs)
 
         self._marks, steps = [], {}
-        instead = peers.run_peers(run, outputs, prepare, self.world.group, self._copy, done, steps)
+        instead = peers.run_peers(run, outputs, prepare, self.world.peers_group, self._copy, done, steps)
         if instead is not None:  # (every rank saw the same: all of them leave this path alike)
             lasting = isinstance(instead, peers.Failed) or instead.lasting
             log = logger.warning if lasting else logger.info
@@ -331,6 +331,9 @@ class CufftMpEngine(Engine):
                 self.world.shared_gpu = False
             return False
         self._stats["last"]["steps ms"] = steps
+        self._stats["last"]["all-gathers"] = (
+            "scheduler" if self.world.peers_group is self.world.group else "files"
+        )
         return True
 
     def _copy(self, run, jobs: np.ndarray, dry: bool = True) -> None:

@@ -4,7 +4,8 @@ output chunk, whichever worker owns that, through CUDA IPC.
 The arena's rounds make three passes over the bytes (stage, reshape, unstage) and a round per
 ``redist.memory-budget``. Processes on one GPU can instead map each other's memory: each rank
 exports its output chunks (an IPC handle per allocation, and where in it each chunk lies), the
-ranks all-gather that through the scheduler, and each rank copies its own pieces into whichever
+ranks all-gather that (through files on the machine they share, `hostfiles`, where they can; else
+through the scheduler), and each rank copies its own pieces into whichever
 output chunk they belong to, in one launch of the arena's copy kernel (`copies.PieceJobs`). A
 second all-gather says that every rank's copies are done, and whether they all went right:
 only then are the outputs finished (the peers write into them until then). A rank that could

@@ -25,7 +25,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from dask_redist.engines.cufftmp import remote
+from dask_redist.engines.cufftmp import hostfiles, remote
+from dask_redist.engines.cufftmp.hostfiles import FileExchange
 from dask_redist.engines.cufftmp.nvshmem import gpu_memory, heap_problem, parse_symmetric_size
 from dask_redist.errors import EngineUnavailableError, RedistError
 
@@ -111,6 +112,10 @@ class World:
         self.bootstrap_s: float | None = None
         #: every PE of the world runs on this process's GPU (`dask_redist.engines.cufftmp.peers`)
         self.shared_gpu = False
+        #: the group PEs sharing one GPU all-gather through (`dask_redist.engines.cufftmp.peers`):
+        #: files where they can share them (`dask_redist.engines.cufftmp.hostfiles`), else `group`
+        self.peers_group: DaskProcessGroup | None = None
+        self._files: FileExchange | None = None
 
     def join(self, run, exchange_factory, release: Callable[[], None]) -> bool:
         """Be in a world over ``run``'s workers (collective); True if NVSHMEM started now.
@@ -161,6 +166,10 @@ class World:
             raise
         self.group, self.members = group, workers
         self.shared_gpu = len({where for _, where in everyone}) == 1
+        self.peers_group, self._files = group, None
+        if self.shared_gpu and (files := hostfiles.agree(group, settings.bootstrap_timeout)):  # (all alike)
+            self.peers_group = DaskProcessGroup("peers", run.rank, len(workers), files)
+            self._files = files
         self.bootstrap_s = time.perf_counter() - start
         logger.info("NVSHMEM bootstrapped over %d workers in %.2fs", len(workers), self.bootstrap_s)
         return True
@@ -229,4 +238,6 @@ class World:
         cupy.cuda.Device().synchronize()
         release()
         nvmath.distributed.finalize()
-        self.members, self.shared_gpu = None, False
+        if self._files is not None:  # (every peer is past its last all-gather: NVSHMEM's finalize waited)
+            self._files.close()
+        self.members, self.shared_gpu, self.peers_group, self._files = None, False, None, None

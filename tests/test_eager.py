@@ -1,0 +1,62 @@
+"""Runs started from the stage tasks' events (dask_redist.runtime.eager): what a barrier task
+would ask for, built from them only where every one is there, current and of one type."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from dask_redist.core import messages as m
+from dask_redist.core.spec import STAGE_PREFIX
+from dask_redist.runtime.eager import EagerStarts
+
+TOKEN = "t" * 32
+A, B = "tcp://a:1", "tcp://b:1"
+
+
+def stage_ts(tail, holder, state="memory"):
+    return SimpleNamespace(
+        key=(STAGE_PREFIX + TOKEN, *tail), state=state, who_has=[SimpleNamespace(address=holder)]
+    )
+
+
+def barrier_over(*deps):
+    return SimpleNamespace(dependencies=list(deps))
+
+
+def test_the_request_is_what_the_barrier_task_would_send():
+    eager = EagerStarts()
+    # one stage task per worker: B holds chunks 0 and 2, A chunk 1 and 3
+    eager.staged(B, m.StageDone(TOKEN, [0], [0, 2], "numpy"))
+    eager.staged(A, m.StageDone(TOKEN, [1], [1, 3], "numpy"))
+    request = eager.request(TOKEN, barrier_over(stage_ts((0,), B), stage_ts((1,), A)))
+    assert request.workers == [A, B] and request.holders == [1, 0, 1, 0] and request.chunk_type == "numpy"
+    assert sorted((tuple(tail), rank) for tail, rank in request.homes) == [((0,), 1), ((1,), 0)]
+
+
+@pytest.mark.parametrize("case", ["missing", "elsewhere", "released", "mixed in a task", "mixed across"])
+def test_no_request_unless_every_stage_task_said_what_it_staged(case):
+    eager = EagerStarts()
+    eager.staged(A, m.StageDone(TOKEN, [0], [0], "mixed" if case == "mixed in a task" else "numpy"))
+    if case != "missing":
+        eager.staged(B, m.StageDone(TOKEN, [1], [1], "cupy" if case == "mixed across" else "numpy"))
+    holder = A if case == "elsewhere" else B  # (a stage task run again on another worker, unsaid)
+    second = stage_ts((1,), holder, "released" if case == "released" else "memory")
+    assert eager.request(TOKEN, barrier_over(stage_ts((0,), A), second)) is None
+    eager.staged(B, m.StageDone(TOKEN, [1], [1], "numpy"))
+    eager.staged(A, m.StageDone(TOKEN, [0], [0], "numpy"))
+    assert eager.request(TOKEN, barrier_over(stage_ts((0,), A), stage_ts((1,), B))) is not None
+
+
+def test_a_dropped_stage_key_is_forgotten():
+    eager = EagerStarts()
+    eager.staged(A, m.StageDone(TOKEN, [0], [0], "numpy"))
+    eager.dropped((STAGE_PREFIX + TOKEN, 0))
+    assert eager.request(TOKEN, barrier_over(stage_ts((0,), A))) is None
+
+
+def test_mixed_types_name_the_rechunk():
+    stages = [(A, (0,), [0], {"numpy"}), (B, (1,), [1], {"cupy"})]
+    with pytest.raises(TypeError, match=r"rechunk x: input chunks of mixed types \['cupy', 'numpy'\]"):
+        m.Barrier.of(TOKEN, stages, "rechunk x")
