@@ -91,7 +91,7 @@ class WorkerState:
         self.mark("first stage", first=True)
         types = {marker.chunk_type for marker in markers}
         kind = types.pop() if len(types) == 1 else "mixed"
-        m.StageDone(token, list(tail), [int(i) for i in indices], kind).send(self.worker)
+        m.StageDone(token, [int(t) for t in tail], [int(i) for i in indices], kind).send(self.worker)
         return markers
 
     def barrier(self, spec: CollectiveSpec, groups) -> int:

@@ -106,10 +106,9 @@ def agree(group, timeout: float) -> FileExchange | None:
     finally:  # (every rank read every probe before the last step)
         with contextlib.suppress(OSError):
             os.unlink(os.path.join(directory, f"probe.{group.rank}"))
-    if not usable:
-        if group.rank == 0:
-            with contextlib.suppress(OSError):
-                os.rmdir(directory)
+    if not usable:  # (whichever rank removes its probe last removes the directory)
+        with contextlib.suppress(OSError):
+            os.rmdir(directory)
         return None
     return FileExchange(directory, group.rank, group.nranks, timeout)
 
