@@ -276,3 +276,38 @@ def test_every_event_is_taken_by_the_scheduler_plugin():
     (topic, msg), plugin = sent[0], plugin_with_an_active_run()
     plugin.log_event(topic, {**msg, "worker": WORKERS[1]})
     assert plugin.eager._staged == {(STAGE_PREFIX + "t" * 32, 3): (WORKERS[1], (3,), [5, 6], "numpy")}
+
+
+def test_a_start_is_written_at_once_not_after_the_streams_interval():
+    """`lifecycle.send_now` on distributed's BatchedSend: a message queued behind a write that
+    just happened goes out at once; a plain send waits for the stream's interval."""
+    from distributed.batched import BatchedSend
+
+    from dask_redist.runtime.lifecycle import send_now
+
+    class Comm:
+        def __init__(self):
+            self.written = []
+
+        def closed(self):
+            return False
+
+        async def write(self, payload, serializers=None, on_error=None):
+            self.written.append(list(payload))
+            return 1
+
+    async def main():
+        comm, stream = Comm(), BatchedSend(interval="10s")
+        stream.start(comm)
+        stream.send({"op": "first"})  # (written at once: nothing was written before)
+        await asyncio.sleep(0.1)
+        stream.send({"op": "waits"})
+        await asyncio.sleep(0.2)
+        assert comm.written == [[{"op": "first"}]]  # (the interval has not passed)
+        send_now(stream, {"op": "start"})
+        await asyncio.sleep(0.2)
+        assert comm.written == [[{"op": "first"}], [{"op": "waits"}, {"op": "start"}]]
+        stream.please_stop = True
+        stream.waker.set()
+
+    asyncio.run(main())

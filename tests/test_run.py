@@ -225,3 +225,33 @@ def _both_paths(spec, nranks, box_in, box_out, budget_items, data):
         assert box_transfers_of(runs[0]) is not None  # the box path
     assert execute_all(runs) == {}
     collect(runs, array, spec.new)
+
+
+def test_unpacks_wait_for_a_run_on_the_event_loop_woken_once_it_ends(monkeypatch):
+    """Many unpack tasks waiting for one run take no thread each (runtime.worker._finished);
+    they all return when the run ends on its own thread; a failed run wakes them too; a run
+    that never ends times out with the run's name."""
+    import asyncio
+
+    from dask_redist.runtime.worker import _finished
+
+    data = np.arange(16.0).reshape(4, 4)
+    runs = make_runs(data, ((2, 2), (4,)), ((4,), (2, 2)), 2)
+
+    async def waiting(run, n, end):
+        threads = threading.active_count()
+        waits = [asyncio.ensure_future(_finished(run)) for _ in range(n)]
+        await asyncio.sleep(0.05)
+        assert not any(w.done() for w in waits) and threading.active_count() == threads
+        threading.Thread(target=end).start()
+        await asyncio.wait_for(asyncio.gather(*waits), 5)
+
+    asyncio.run(waiting(runs[0], 64, lambda: runs[0].finish({})))
+    asyncio.run(waiting(runs[1], 8, lambda: runs[1].fail(RedistError("aborted"))))
+    asyncio.run(asyncio.wait_for(_finished(runs[0]), 1))  # (ended already: at once)
+    never = make_runs(data, ((2, 2), (4,)), ((4,), (2, 2)), 2)[0]
+    monkeypatch.setattr(WorkerRun, "outputs_timeout", property(lambda self: 0.2))
+    with pytest.raises(
+        RedistTimeoutError, match=r"timed out after 0.2s waiting for its outputs \(run is in phase"
+    ):
+        asyncio.run(_finished(never))

@@ -51,6 +51,7 @@ class WorkerRun:
         self.outputs: dict[int, Any] = {}
         self.started = time.time()
         self._inbox: list[tuple[int, int, list]] = []  # pieces as they arrive, sorted out later
+        self._when_finished: list = []  # callbacks for the end of the run (`when_finished`)
 
     @property
     def plan(self) -> Plan:
@@ -89,6 +90,7 @@ class WorkerRun:
             self._inbox = []
             self.outputs = {}
             self._cond.notify_all()
+        self._finished_now()
 
     def must_stop(self) -> bool:
         """Aborted, and not to be completed: its engine needs no completion, or a rank is gone
@@ -186,6 +188,22 @@ class WorkerRun:
             self.state = "done"
             self.phase = "done"
             self._cond.notify_all()
+        self._finished_now()
+
+    def when_finished(self, callback) -> None:
+        """Call ``callback()`` once the run is done or failed: at once if it is, else from the
+        thread that ends it."""
+        with self._cond:
+            if not self.finished:
+                self._when_finished.append(callback)
+                return
+        callback()
+
+    def _finished_now(self) -> None:
+        with self._cond:
+            callbacks, self._when_finished = self._when_finished, []
+        for callback in callbacks:
+            callback()
 
     # -- task side ------------------------------------------------------------------
 
@@ -200,16 +218,24 @@ class WorkerRun:
         everywhere, so this wait is only a backstop: twice as long, so that the
         error users see names the phase that actually stalled.
         """
-        deadline = time.monotonic() + 2 * self.timeout + 5
+        deadline = time.monotonic() + self.outputs_timeout
         with self._cond:
             while not self.finished:
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    raise RedistTimeoutError(
-                        f"{self.name()} timed out after {2 * self.timeout + 5:g}s waiting for its outputs "
-                        f"(run is in phase '{self.phase}'); raise redist.timeouts.collective if it is just slow"
-                    )
+                    raise self.outputs_timed_out()
                 self._cond.wait(left)
+
+    @property
+    def outputs_timeout(self) -> float:
+        """How long a wait for the outputs lasts (`wait_done`)."""
+        return 2 * self.timeout + 5
+
+    def outputs_timed_out(self) -> RedistTimeoutError:
+        return RedistTimeoutError(
+            f"{self.name()} timed out after {self.outputs_timeout:g}s waiting for its outputs "
+            f"(run is in phase '{self.phase}'); raise redist.timeouts.collective if it is just slow"
+        )
 
     def pop_output(self, index: int):
         """Output chunk ``index`` of a finished run (an `Assembly` or an array), handed out once."""

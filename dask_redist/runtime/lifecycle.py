@@ -78,22 +78,24 @@ class Runs:
             pending.add(out_key)
         self.scheduler.set_restrictions(pins)
         rechunk.active = ActiveRun(run, pending, restrictions, plan.nbytes, plan.moved_bytes)
-        self.send(
-            ranks, m.Start(ToPickle(run))
-        )  # no await since the sequence number: starts leave in seq order
+        # now, not after the stream's interval (the barrier task was just sent on it); no await
+        # since the sequence number: starts leave in seq order
+        self.send(ranks, m.Start(ToPickle(run)), now=True)
         self.timeline["start sent"] = time.time()
         logger.debug("started %s on %d workers (engine %s)", run.name(), len(ranks), engine)
         if not pending:
             self.finish(spec.token)
         return run
 
-    def send(self, workers, message: m.Message) -> None:
-        """To each of ``workers`` still connected (remove_worker restarts what a leaving one was in)."""
+    def send(self, workers, message: m.Message, now: bool = False) -> None:
+        """To each of ``workers`` still connected (remove_worker restarts what a leaving one was in),
+        on its stream: behind what the stream carries already; ``now``: without waiting out the
+        stream's batching interval (`send_now`)."""
         msg = message.to_dict()
         for w in workers:
             if (comm := self.scheduler.stream_comms.get(w)) is not None:
                 try:
-                    comm.send(msg)
+                    send_now(comm, msg) if now else comm.send(msg)
                 except CommClosedError:
                     logger.debug("%s: not sent to %s, which is leaving", message.op, w)
 
@@ -237,3 +239,12 @@ class Runs:
         self.rechunks.clear()
         self.by_output.clear()
         self.stage_home.clear()
+
+
+def send_now(stream, msg) -> None:
+    """``msg`` on ``stream`` (distributed's ``BatchedSend``), and the stream's buffer written at
+    once rather than when its interval (5 ms from the scheduler) has passed since its last write."""
+    stream.send(msg)
+    if hasattr(stream, "next_deadline") and hasattr(stream, "waker"):  # (BatchedSend's own attributes)
+        stream.next_deadline = None
+        stream.waker.set()

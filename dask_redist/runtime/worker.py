@@ -11,6 +11,7 @@ through ``redist_receive``; unpack tasks take the outputs.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import threading
 import time
@@ -118,8 +119,8 @@ class WorkerState:
     async def unpack(self, token: str, index: int, run_id: int):
         """Runs on the event loop (a coroutine task): no thread hand-off per output chunk.
 
-        Only the first unpack of a run still in flight waits, in a helper thread;
-        outputs that need a large copy to assemble are built off the event loop too.
+        Unpacks of a run still in flight wait on the event loop, woken once when it ends
+        (`_finished`); outputs that need a large copy to assemble are built off the event loop.
 
         A run that is missing here or does not hold the chunk may mean a stale barrier
         result (see `RedistSchedulerPlugin.stale`): the barrier is (or was already) released,
@@ -144,7 +145,7 @@ class WorkerState:
                 f"rechunk {token[:8]}: unpack of output chunk {index} expected run {run_id} on {self.address}, found {have}"
             )
         if not run.finished:
-            await asyncio.to_thread(run.wait_done)
+            await _finished(run)
         out = run.pop_output(index)
         if not isinstance(out, Assembly):
             return out
@@ -329,3 +330,23 @@ class RedistWorkerPlugin(WorkerPlugin):
 
     def teardown(self, worker):
         get_state(worker).close()
+
+
+async def _finished(run: WorkerRun) -> None:
+    """Until ``run`` is done or failed, on the event loop (no thread per waiting unpack task)."""
+    loop = asyncio.get_running_loop()
+    done = loop.create_future()
+
+    def wake() -> None:
+        if not done.done():
+            done.set_result(None)
+
+    def from_any_thread() -> None:
+        with contextlib.suppress(RuntimeError):  # (the loop closed: nobody waits any more)
+            loop.call_soon_threadsafe(wake)
+
+    run.when_finished(from_any_thread)
+    try:
+        await asyncio.wait_for(done, run.outputs_timeout)
+    except asyncio.TimeoutError:
+        raise run.outputs_timed_out() from None
