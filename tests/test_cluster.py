@@ -507,6 +507,8 @@ def test_outputs_released_while_the_run_is_planned(client, enabled, monkeypatch,
         return await real(*args, **kwargs)
 
     monkeypatch.setattr(scheduler, "offload", slow_offload)  # the scheduler runs in this process
+    if (plugin := client.cluster.scheduler.plugins.get("redist")) is not None:
+        plugin._plans.clear()  # (planned afresh, so slowly)
     x = da.from_array(data_for((64, 64), "float64", seed=6), chunks=(4, 64)).persist()
     wait(x)
     before = len(_log_problems(client))
@@ -649,3 +651,25 @@ def test_a_run_starts_once_its_stage_tasks_are_done(client, enabled):
     finally:
         scheduler.handlers[m.Barrier.op] = real
     assert found == [True] and runs_done(client) == done + 1
+
+
+def test_a_repeated_rechunk_reuses_its_plan(client, enabled, monkeypatch):
+    """The scheduler plans a rechunk of the same geometry, placement and outputs wanted once;
+    other outputs wanted get a plan of their own; every result is right."""
+    from dask_redist.runtime import scheduler
+
+    planned, real = [], scheduler.offload
+
+    async def counting(f, *args, **kwargs):
+        planned.append(getattr(f, "__name__", ""))
+        return await real(f, *args, **kwargs)
+
+    monkeypatch.setattr(scheduler, "offload", counting)
+    data = data_for((61, 43), "float64", seed=12)
+    x = da.from_array(data, chunks=(7, 43)).persist()
+    wait(x)
+    for _ in range(3):
+        np.testing.assert_array_equal(x.rechunk((61, 6)).compute(), data)
+    assert planned.count("plan_run") == 1
+    np.testing.assert_array_equal(x.rechunk((61, 6))[:, :12].compute(), data[:, :12])
+    assert planned.count("plan_run") == 2

@@ -49,6 +49,7 @@ from dask_redist.runtime.rendezvous import Rendezvous, ask_each
 
 logger = logging.getLogger("dask_redist")
 STATUS_TIMEOUT_S = 10.0  # for each worker's answer to status()
+PLANS_KEPT = 8  # plans kept for a repeated rechunk (`RedistSchedulerPlugin._plan`)
 
 
 class RedistSchedulerPlugin(SchedulerPlugin):
@@ -62,6 +63,7 @@ class RedistSchedulerPlugin(SchedulerPlugin):
         self.engines = EngineSelector()
         self.rendezvous = Rendezvous()
         self.eager = EagerStarts()
+        self._plans: dict = {}  # the last plans by geometry, placement and outputs wanted (`_plan`)
         self._ready: asyncio.Event | None = None
 
     async def start(self, scheduler) -> None:
@@ -151,7 +153,7 @@ class RedistSchedulerPlugin(SchedulerPlugin):
         self.engines.run_started(
             engine, spec.settings, ranks
         )  # (a worker leaving while we plan breaks that world)
-        plan = await offload(spec.plan_run, in_ranks, len(ranks), needed)
+        plan = await self._plan(spec, in_ranks, len(ranks), needed)
         self.runs.timeline["planned"] = time.time()
         if chunk_type == "numpy" and (too_big := over_memory(plan, ranks, self.scheduler.workers)):
             return {"status": "error", "fatal": True, "message": too_big}
@@ -165,6 +167,18 @@ class RedistSchedulerPlugin(SchedulerPlugin):
         run = self.runs.start(spec, ranks, plan, needed, engine, chunk_type, reason)
         self.runs.rechunks[spec.token].barrier = (ts, run.run_id, needed)
         return {"status": "OK", "run_id": run.run_id}
+
+    async def _plan(self, spec: CollectiveSpec, in_ranks: np.ndarray, nranks: int, needed: np.ndarray):
+        """The plan of a run (off the event loop), or the same plan again for a rechunk of the same
+        geometry, placement and outputs wanted as one of the last `PLANS_KEPT`."""
+        key = (spec.rechunk, spec.op, nranks, in_ranks.tobytes(), needed.tobytes())
+        plan = self._plans.pop(key, None)
+        if plan is None:
+            plan = await offload(spec.plan_run, in_ranks, nranks, needed)
+        self._plans[key] = plan  # (the most recently used last)
+        while len(self._plans) > PLANS_KEPT:
+            del self._plans[next(iter(self._plans))]
+        return plan
 
     def stale(self, token: str, run_id: int, index: int) -> m.StaleReply:
         """An unpack task found output chunk ``index`` of run ``run_id`` missing: is its barrier's
