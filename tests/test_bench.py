@@ -188,6 +188,8 @@ def test_slopes_and_phases_tables():
         (5.0, "scheduler: run asked"),
         (9.0, "worker 0: executed"),
         (12.0, "worker 1: executed"),
+        (14.0, "worker 0: last unpack"),
+        (15.0, "worker 1: last unpack"),
         (20.0, "scheduler: outputs in memory"),
     ]
     table = slopes(results)
@@ -204,9 +206,10 @@ def test_slopes_and_phases_tables():
         "",
         "12.0",
         "",
+        "15.0",
         "20.0",
         "42.0",
-    ]  # first stage: earliest; executed: latest
+    ]  # first stage: earliest; executed, last unpack: latest
     text = markdown(results, {"date": "d", "machine": "m", "workers": 2}, "cmd")
     assert "Cost per added chunk" in text and "Where the time goes" in text
     assert slopes(results[:1]) == [] and phases(results[:1]) == []

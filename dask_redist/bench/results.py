@@ -112,6 +112,7 @@ PHASES = (
     ("start sent", "scheduler", "start sent", min),
     ("executed", "worker", "executed", max),
     ("first unpack", "worker", "first unpack", min),
+    ("last unpack", "worker", "last unpack", max),
     ("outputs in memory", "scheduler", "outputs in memory", min),
 )
 

@@ -147,6 +147,7 @@ class WorkerState:
         if not run.finished:
             await _finished(run)
         out = run.pop_output(index)
+        self.mark("last unpack")
         if not isinstance(out, Assembly):
             return out
         if out.copies and out.nbytes > INLINE_BUILD_BYTES:
