@@ -60,3 +60,11 @@ def test_mixed_types_name_the_rechunk():
     stages = [(A, (0,), [0], {"numpy"}), (B, (1,), [1], {"cupy"})]
     with pytest.raises(TypeError, match=r"rechunk x: input chunks of mixed types \['cupy', 'numpy'\]"):
         m.Barrier.of(TOKEN, stages, "rechunk x")
+
+
+def test_a_stage_task_that_staged_nothing_does_not_hold_the_start_back():
+    eager = EagerStarts()
+    eager.staged(A, m.StageDone(TOKEN, [0], [0, 1], "cupy"))
+    eager.staged(B, m.StageDone(TOKEN, [1], [], ""))
+    request = eager.request(TOKEN, barrier_over(stage_ts((0,), A), stage_ts((1,), B)))
+    assert request.workers == [A] and request.holders == [0, 0] and request.chunk_type == "cupy"

@@ -200,7 +200,7 @@ class Event(Message):
 @dataclass(frozen=True)
 class StageDone(Event):
     """A stage task of ``token`` staged input chunks ``indices`` (flat) of ``chunk_type`` ("mixed"
-    where they differ) under stage key tail ``tail``; sent before the task's result, so that the
+    where they differ, "" where there are none) under stage key tail ``tail``; sent before the task's result, so that the
     scheduler has it when the barrier task becomes ready (`dask_redist.runtime.eager`)."""
 
     op: ClassVar[str] = "redist-stage-done"

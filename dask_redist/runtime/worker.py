@@ -91,7 +91,7 @@ class WorkerState:
         self.staging.put(token, tail, {int(i): c for i, c in zip(indices, chunks)})
         self.mark("first stage", first=True)
         types = {marker.chunk_type for marker in markers}
-        kind = types.pop() if len(types) == 1 else "mixed"
+        kind = types.pop() if len(types) == 1 else "mixed" if types else ""  # ("": nothing staged)
         m.StageDone(token, [int(t) for t in tail], [int(i) for i in indices], kind).send(self.worker)
         return markers
 
