@@ -29,12 +29,12 @@ class EagerStarts:
     token, with the barrier task they answer)."""
 
     def __init__(self):
-        self._staged: dict = {}  # stage key -> (worker, tail, indices, chunk type)
+        self._staged: dict = {}  # stage key -> (worker, indices, chunk type)
         self._started: dict = {}  # token -> (barrier TaskState, future of the barrier's reply)
 
     def staged(self, worker: str, event: m.StageDone) -> None:
         key = (STAGE_PREFIX + event.token, *event.tail)
-        self._staged[key] = (worker, tuple(event.tail), list(event.indices), event.chunk_type)
+        self._staged[key] = (worker, list(event.indices), event.chunk_type)
 
     def dropped(self, stage_key) -> None:
         """The stage key left memory (its chunks are dropped)."""
@@ -46,12 +46,12 @@ class EagerStarts:
         stages = []
         for dep in barrier.dependencies:
             seen = self._staged.get(dep.key)
-            if seen is None or dep.state != "memory" or seen[3] == "mixed":
+            if seen is None or dep.state != "memory" or seen[2] == "mixed":
                 return None
-            worker, tail, indices, chunk_type = seen
+            worker, indices, chunk_type = seen
             if worker not in {ws.address for ws in dep.who_has}:
                 return None
-            stages.append((worker, tail, indices, {chunk_type}))
+            stages.append((worker, dep.key[1:], indices, {chunk_type}))  # (the key's tail)
         try:
             return m.Barrier.of(token, stages, token)
         except TypeError:  # (the barrier task raises it, naming the rechunk)

@@ -118,10 +118,16 @@ class RedistSchedulerPlugin(SchedulerPlugin):
         if self.eager.started(token, ts) is None and (request := self.eager.request(token, ts)) is not None:
             self.eager.start(token, ts, self._start(ts, request))
 
-    async def _start(self, ts, request: m.Barrier) -> m.BarrierReply:
-        """Start a run over what ``request`` says was staged, for barrier task ``ts``."""
+    async def _start(self, ts, asked: m.Barrier) -> m.BarrierReply:
+        """Start a run over what ``asked`` says was staged, for barrier task ``ts``."""
         self.runs.timeline = {"run asked": time.time()}
-        token, workers, holders, homes = request.token, request.workers, request.holders, request.homes
+        token, workers, holders, homes, chunk_type = (
+            asked.token,
+            asked.workers,
+            asked.holders,
+            asked.homes,
+            asked.chunk_type,
+        )
         if not self._processing(ts):  # released (a cancel): this call's result goes nowhere
             return {"status": "stale", "message": f"barrier task {BARRIER_PREFIX + token} is not processing"}
         spec: CollectiveSpec = ts.run_spec.spec
@@ -143,7 +149,6 @@ class RedistSchedulerPlugin(SchedulerPlugin):
                 {"token": token, "outcome": "cancelled", "why": "no output of it is wanted"}
             )
             return {"status": "OK", "run_id": 0}
-        chunk_type = request.chunk_type
         request = Request.of(spec, chunk_type)
         engine, reason = await self._choose_engine(request, ranks, token)
         self.runs.timeline["engine chosen"] = time.time()
