@@ -219,6 +219,7 @@ class Settings:
     symmetric_size: int | None = None
     exit_when_stuck: bool = True
     shared_gpu_copies: bool = True  # PEs on one GPU copy chunk to chunk (engines.cufftmp.peers)
+    shared_gpu_max_chunks: int = 64  # ... where no worker owns more output chunks than this
     respect_method: bool = True  # an explicit rechunk(method=...) keeps Dask's rechunk
 
     def engine_path(self, name: str) -> str:
@@ -265,5 +266,8 @@ class Settings:
             symmetric_size=None if sym is None else _bytes("nvshmem.symmetric-size", sym),
             exit_when_stuck=_bool("nvshmem.exit-when-stuck", _get("nvshmem.exit-when-stuck", config)),
             shared_gpu_copies=_bool("nvshmem.shared-gpu-copies", _get("nvshmem.shared-gpu-copies", config)),
+            shared_gpu_max_chunks=_int(
+                "nvshmem.shared-gpu-max-chunks", _get("nvshmem.shared-gpu-max-chunks", config), low=1
+            ),
             respect_method=_bool("respect-method", _get("respect-method", config)),
         )

@@ -293,6 +293,20 @@ def test_cli_floor_rows(tmp_path):
     assert "| x floor |" in (tmp_path / "f.md").read_text()
 
 
+def test_the_enabled_row_says_what_the_cost_model_ran(client):
+    """``enabled`` is a user's ``enable()``: a rechunk the cost model leaves to Dask and one it
+    gives the collective, each row checked against NumPy and its note naming what ran."""
+    import dask
+
+    case = b.slab_case("1MiB", 2)
+    for min_bytes, ran in (("auto", "Dask's rechunk"), (0, "the collective")):
+        with dask.config.set({"redist.min-bytes": min_bytes}):
+            (row,) = b.run_case(client, case, ("enabled",), reps=1)
+        assert row.correct is True and len(row.times) == 1
+        assert row.note == f"enable() ran {ran}"
+        assert (row.timeline is None) is (ran == "Dask's rechunk")
+
+
 @pytest.fixture
 def gpu_client():
     import conftest

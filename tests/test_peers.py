@@ -379,5 +379,8 @@ def test_which_runs_take_the_path():
     assert not peers.applies(
         world(four_d, np.dtype(np.float64), 2, np.array([0, 1]).reshape(2, 1, 1, 1))[0], True, 1 << 16
     )
-    many = RechunkSpec(((1,) * 600,), ((1,) * 600,), 8)
+    many = RechunkSpec(((1,) * 600,), ((1,) * 600,), 8)  # 300 output chunks a rank
     assert not peers.applies(world(many, np.dtype(np.float64), 2, np.zeros(600, np.int64))[0], True, 1 << 16)
+    for limit, taken in ((300, True), (299, False)):  # redist.nvshmem.shared-gpu-max-chunks
+        run = world(many, np.dtype(np.float64), 2, np.zeros(600, np.int64), shared_gpu_max_chunks=limit)[0]
+        assert peers.applies(run, True, 1 << 16) is taken

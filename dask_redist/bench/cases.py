@@ -23,7 +23,7 @@ from dask_redist.compat import worker_info
 from dask_redist.engines import descriptions
 
 #: ``redist-<engine>`` for every engine of the registry (most preferred first), then Dask's own
-#: methods; also: tasks-ucx, p2p-ucx, nvmath, ceiling, floor
+#: methods; also: tasks-ucx, p2p-ucx, nvmath, ceiling, floor, enabled (the cost model chooses)
 METHODS = (*(f"redist-{d.name}" for d in descriptions()), "tasks", "p2p")
 
 

@@ -98,11 +98,14 @@ def _method_context(method: str):
     """(context manager, dask's rechunk method) for a method name; ``-ucx`` only names the cluster.
 
     ``redist-*`` rows time the collective itself, also where ``redist.min-bytes: auto`` (the
-    default) would leave the rechunk to Dask: ``min_bytes=0``.
+    default) would leave the rechunk to Dask: ``min_bytes=0``. ``enabled`` times what a user's
+    ``dask_redist.enable()`` does: the cost model chooses between the two.
     """
     import dask_redist
 
     method = method.removesuffix("-ucx")
+    if method == "enabled":
+        return dask_redist.enable(), None
     if method.startswith("redist-"):
         return dask_redist.enable(engine=method.split("-", 1)[1], min_bytes=0), None
     return nullcontext(), method
@@ -196,6 +199,12 @@ def run_case(
     return results
 
 
+def _note_choice(r: Result, ran: str) -> None:
+    """Say in ``r``'s note what ``enable()`` ran (under ``redist.min-bytes: auto``, the cost model's
+    choice); both, where the runs differed."""
+    r.note = f"enable() ran {ran}" if not r.note or ran in r.note else "enable() ran both, run by run"
+
+
 def _measured_apart(
     client, case: Case, r: Result, reps: int, kind: str, nworkers: int, ceiling, crossing
 ) -> bool:
@@ -245,8 +254,10 @@ def _timed_run(client, case: Case, r: Result, rep: int, kind: str) -> None:
         if before is not None:
             after = client.run(_gpu_used)
             r.peak_gpu_bytes = {w: after[w] - before[w] for w in after}
-        if r.method.startswith("redist-"):  # (marks before start: an earlier run's, no collective ran)
+        if r.method.startswith("redist-") or r.method == "enabled":  # (marks before start: an earlier run's)
             r.timeline = [m for m in timeline(client, start) if m[0] >= 0] or None
+        if r.method == "enabled":
+            _note_choice(r, "the collective" if r.timeline else "Dask's rechunk")
         ok = check(y, case, seed)
     except Exception as e:
         r.error = f"{type(e).__name__}: {e}".splitlines()[0]

@@ -14,7 +14,10 @@
 #     peers: 2 PEs at 2-1024 chunks chunk to chunk through CUDA IPC (Dask's tasks at 2-256), then
 #       with redist.nvshmem.shared-gpu-copies off (the heap's rounds), then 4 PEs
 #     targets: issue 25's table: 1 PE, then 2 PEs, at 16-1024 chunks, the collective and the floor
-#       (5 reps), and at 2 chunks against Dask's tasks
+#       (5 reps), and at 2 chunks against Dask's tasks and against what enable()'s cost model runs
+#     peers-max: 2 PEs at 128 and 256 chunks, the collective and the floor, with
+#       redist.nvshmem.shared-gpu-max-chunks at its default (64: the heap's rounds) and at 128
+#     calibrate: `bench --calibrate --gpu` with 1 PE: the cost model of this tree on this machine
 #   bash tools/gpu/benches.sh wait [SECONDS]   until they have ended (or SECONDS have passed)
 #   bash tools/gpu/benches.sh collect          the last lines of each log, everything as $OUT/benches.tgz
 set -uo pipefail
@@ -58,8 +61,12 @@ case ${1:-} in
         script+="$(bench gpu-peers-4pe --gpu $(pes 4) --size 8GiB --chunks 16 64 256 --methods redist-cufftmp floor)" ;;
       targets) for k in 1 2; do
           script+="$(bench gpu-targets-pes$k --gpu $(pes $k) --size 8GiB --chunks 16 64 256 1024 --methods redist-cufftmp floor --reps 5)"
-          script+="$(bench gpu-targets-pes$k --gpu $(pes $k) --size 8GiB --chunks 2 --methods redist-cufftmp tasks --append)"
+          script+="$(bench gpu-targets-pes$k --gpu $(pes $k) --size 8GiB --chunks 2 --methods redist-cufftmp enabled tasks --append)"
         done ;;
+      peers-max) for m in 64 128; do
+          script+="DASK_REDIST__NVSHMEM__SHARED_GPU_MAX_CHUNKS=$m $(bench gpu-peers-max$m --gpu $(pes 2) --size 8GiB --chunks 128 256 --methods redist-cufftmp floor --reps 5)"
+        done ;;
+      calibrate) script+="$(bench gpu-calibration-cupy-1 --gpu --workers 1 --calibrate)" ;;
       *) echo "unknown: $w"; exit 2 ;;
     esac; done
     launch "$dir" benches "$script"

@@ -33,10 +33,6 @@ import numpy as np
 from dask_redist.engines.cufftmp.copies import addresses
 from dask_redist.errors import RedistError
 
-#: Most output chunks one rank may own for this path: each peer maps their allocations (about 45
-#: microseconds each on an H200, and as much to unmap them); beyond it, the arena's rounds, which
-#: were faster with 128 chunks per rank (docs/benchmarks.md, "PEs sharing one GPU").
-PEER_MAX_CHUNKS = 64
 #: What a run on this path reports as its layout (`CufftMpEngine._record`).
 LAYOUT = namedtuple("Peers", "mapping rounds")("peers (one GPU: chunk to chunk through CUDA IPC)", 1)
 #: Seconds between looks at whether a rank of the run is gone, while all-gathering.
@@ -67,17 +63,18 @@ class Refused:
 def applies(run, shared_gpu: bool, max_pieces: int) -> bool:
     """Whether ``run`` takes this path (the same answer on every rank: nothing here is the rank's
     own): CuPy chunks of at most 3 axes on a world of several PEs on one GPU, at most
-    ``max_pieces`` pieces, at most `PEER_MAX_CHUNKS` output chunks per rank, and
-    ``redist.nvshmem.shared-gpu-copies`` on."""
+    ``max_pieces`` pieces, ``redist.nvshmem.shared-gpu-copies`` on and at most
+    ``redist.nvshmem.shared-gpu-max-chunks`` output chunks per rank."""
     spec, plan = run.spec, run.plan
-    if not (shared_gpu and spec.collective.settings.shared_gpu_copies):
+    settings = spec.collective.settings
+    if not (shared_gpu and settings.shared_gpu_copies):
         return False
     if spec.chunk_type != "cupy" or len(spec.workers) < 2 or spec.collective.rechunk.ndim > 3:
         return False
     if plan.piece_count > max_pieces:
         return False
     owned = np.bincount(plan.out_ranks.ravel()[plan.needed.ravel()], minlength=plan.nranks)
-    return int(owned.max(initial=0)) <= PEER_MAX_CHUNKS
+    return int(owned.max(initial=0)) <= settings.shared_gpu_max_chunks
 
 
 class CudaIpc:
