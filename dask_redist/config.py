@@ -197,6 +197,11 @@ def _cost_model(value) -> tuple:
 PACKAGED_COST_MODEL = _cost_model(DEFAULTS["redist"]["cost-model"])
 
 
+#: `Settings.from_config`'s reads of dask's config, by the text of ``redist.*`` (the last few).
+_READ: dict[str, Settings] = {}
+_READ_KEPT = 16
+
+
 @dataclass(frozen=True)
 class Settings:
     """A validated snapshot of ``redist.*``."""
@@ -228,9 +233,25 @@ class Settings:
 
     @classmethod
     def from_config(cls, config: dict | None = None) -> Settings:
-        """Read and check ``redist.*`` (from dask config, or from a dict shaped like it)."""
-        if config is None:
-            check_known(flatten(dask.config.get("redist", None) or {}))
+        """Read and check ``redist.*`` (from dask config, or from a dict shaped like it).
+
+        Read on the client for every rechunk and every graph submitted: dask's config read as it
+        is now is looked up by its text first (a read and check take about ten times as long)."""
+        if config is not None:
+            return cls._read(config)
+        current = dask.config.get("redist", None) or {}
+        key = repr(current)
+        settings = _READ.get(key)
+        if settings is None:
+            check_known(flatten(current))
+            settings = cls._read(None)
+            if len(_READ) >= _READ_KEPT:
+                _READ.clear()
+            _READ[key] = settings
+        return settings
+
+    @classmethod
+    def _read(cls, config: dict | None) -> Settings:
         engines = _engines(config)
         engine = _engine(_get("engine", config), engines)
         types = _get("chunk-types", config)

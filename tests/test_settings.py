@@ -43,6 +43,28 @@ def test_keys_dask_lost_one_by_one_are_read_from_the_packaged_defaults():
         dask.config.config.update(saved)
 
 
+def test_settings_follow_every_change_of_the_config_and_a_bad_one_fails_each_time():
+    """`Settings.from_config` keeps its recent reads (by the config's text): a change, made any way
+    and undone, is read at once; a bad value is never kept and fails every read."""
+    base = Settings.from_config()
+    for _ in range(2):
+        with dask.config.set({"redist.retries": 7, "redist.nvshmem.shared-gpu-max-chunks": 9}):
+            assert (Settings.from_config().retries, Settings.from_config().shared_gpu_max_chunks) == (7, 9)
+        assert Settings.from_config() == base
+    saved = copy.deepcopy(dask.config.config)
+    try:
+        dask.config.config["redist"]["retries"] = 5  # (changed in place, not through set)
+        assert Settings.from_config().retries == 5
+        dask.config.config["redist"]["retries"] = -1
+        for _ in range(2):
+            with pytest.raises(dask_redist.ConfigError, match="redist.retries"):
+                Settings.from_config()
+    finally:
+        dask.config.config.clear()
+        dask.config.config.update(saved)
+    assert Settings.from_config() == base
+
+
 def test_a_preload_that_cannot_enable_says_so(cluster):
     from distributed import Client
 

@@ -50,9 +50,10 @@ class CostModel:
     dask: tuple[float, ...]
     collective: tuple[float, ...]
 
-    def seconds(self, spec: RechunkSpec) -> tuple[float, float]:
-        """(Dask's rechunk, the collective): the estimated seconds of ``spec``."""
-        f = features(spec)
+    def seconds(self, spec: RechunkSpec, f: dict | None = None) -> tuple[float, float]:
+        """(Dask's rechunk, the collective): the estimated seconds of ``spec`` (whose `features`
+        are ``f``, where already counted)."""
+        f = features(spec) if f is None else f
         return float(np.dot(self.dask, f["dask"])), float(np.dot(self.collective, f["collective"]))
 
     def entry(self) -> dict:
@@ -132,10 +133,10 @@ def dask_is_faster(spec: RechunkSpec, kind: str, cost_model: tuple, workers: int
     model = model_for(cost_model, kind, workers)
     if model is None:
         return None
-    dask_s, collective_s = model.seconds(spec)
+    f = features(spec)
+    dask_s, collective_s = model.seconds(spec, f)
     if dask_s >= collective_s:
         return None
-    f = features(spec)
     return (
         f"Dask's rechunk is estimated faster: {_ms(dask_s)} ({f['dask'][1]} tasks) against {_ms(collective_s)} "
         f"for the collective ({f['collective'][1]} chunks in, {f['collective'][2]} out, "
