@@ -127,9 +127,9 @@ RECIPES = {
         calibrate.METHODS,
     ),
     "cupy-1": (
-        "gpu-floor-1pe-late.json",
-        lambda: [slab_case("8GiB", n) for n in (2, 16, 64, 256, 1024, 4096)],
-        {"collective": "redist-cufftmp", "dask": "tasks"},
+        "gpu-calibration-cupy-1.json",
+        lambda: calibrate.cases(*calibrate.SIZES["cupy"]),
+        calibrate.METHODS,
     ),
     "cupy-2": (
         "gpu-suite.json",
@@ -165,7 +165,8 @@ def test_packaged_models_are_fits_of_recorded_calibration_runs(name):
         (slab_case("2GiB", 16), "numpy", 2, False),  # 2.31 s against 2.92 s
         (slab_case("2GiB", 645), "numpy", 2, False),  # 5.33 s against 9.67 s
         (line_case("1MiB", 4, 64), "numpy", 2, False),
-        (slab_case("8GiB", 2), "cupy", 1, True),  # one H200 (15:21): 27.4 ms with Dask, 28.7 ms collective
+        (line_case("8MB", 100, 4), "cupy", 1, True),  # one H200 (2026-12-03): 21.4 ms with Dask, 27.0 collective
+        (slab_case("64MiB", 2), "cupy", 1, False),  # 24.3 ms with Dask, 21.0 ms collective
         (slab_case("8GiB", 16), "cupy", 1, False),  # 174 ms against 35.7 ms
         (slab_case("8GiB", 4096), "cupy", 1, False),
         (slab_case("8GiB", 2), "cupy", 2, False),  # two H200 over TCP: 2.11 s with Dask, 32 ms collective
@@ -193,7 +194,7 @@ def test_cupy_rechunks_dask_would_run_as_p2p_stay_with_the_collective():
     """Dask's p2p rechunk fails on CuPy chunks (seen on the GPU node, 2026-12-02: distributed's
     shuffle takes a memoryview of each shard), so neither the cost model nor redist.min-bytes
     hands such a rechunk back to Dask; planned as ``tasks``, the same rechunk goes back."""
-    rechunk = spec(slab_case("8GiB", 2))  # the model keeps Dask's rechunk here (above)
+    rechunk = spec(line_case("8MB", 100, 4))  # the model keeps Dask's rechunk here (above)
     for config in (Settings(), Settings(min_bytes=2**40)):
         made, why = collective_spec(
             "x", "y", rechunk.old, rechunk.new, np.dtype("float64"), "cupy.ndarray", config, 1, "p2p"
