@@ -224,7 +224,7 @@ class Settings:
     symmetric_size: int | None = None
     exit_when_stuck: bool = True
     shared_gpu_copies: bool = True  # PEs on one GPU copy chunk to chunk (engines.cufftmp.peers)
-    shared_gpu_max_chunks: int = 64  # ... where no worker owns more output chunks than this
+    shared_gpu_max_chunks: int = 128  # ... where no worker owns more output chunks than this
     respect_method: bool = True  # an explicit rechunk(method=...) keeps Dask's rechunk
 
     def engine_path(self, name: str) -> str:
