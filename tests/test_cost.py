@@ -165,7 +165,7 @@ def test_packaged_models_are_fits_of_recorded_calibration_runs(name):
         (slab_case("2GiB", 16), "numpy", 2, False),  # 2.31 s against 2.92 s
         (slab_case("2GiB", 645), "numpy", 2, False),  # 5.33 s against 9.67 s
         (line_case("1MiB", 4, 64), "numpy", 2, False),
-        (line_case("8MB", 100, 4), "cupy", 1, True),  # one H200 (2026-12-03): 21.4 ms with Dask, 27.0 collective
+        (line_case("8MB", 100, 4), "cupy", 1, True),  # one H200: 21.4 ms with Dask, 27.0 collective
         (slab_case("64MiB", 2), "cupy", 1, False),  # 24.3 ms with Dask, 21.0 ms collective
         (slab_case("8GiB", 16), "cupy", 1, False),  # 174 ms against 35.7 ms
         (slab_case("8GiB", 4096), "cupy", 1, False),
