@@ -211,24 +211,12 @@ class WorkerRun:
     def finished(self) -> bool:
         return self.state in ("done", "failed")
 
-    def wait_done(self) -> None:
-        """Block until the run is done or failed.
-
-        Every phase of a run has its own timeout and a failing rank aborts the run
-        everywhere, so this wait is only a backstop: twice as long, so that the
-        error users see names the phase that actually stalled.
-        """
-        deadline = time.monotonic() + self.outputs_timeout
-        with self._cond:
-            while not self.finished:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise self.outputs_timed_out()
-                self._cond.wait(left)
-
     @property
     def outputs_timeout(self) -> float:
-        """How long a wait for the outputs lasts (`wait_done`)."""
+        """How long an unpack task waits for the run to end (`runtime.worker._finished`): every
+        phase of a run has its own timeout and a failing rank aborts the run everywhere, so this
+        wait is only a backstop, twice as long, so that the error users see names the phase
+        that stalled."""
         return 2 * self.timeout + 5
 
     def outputs_timed_out(self) -> RedistTimeoutError:
@@ -248,12 +236,6 @@ class WorkerRun:
                     f"{self.name()}: output chunk {index} is not here (owned by rank "
                     f"{int(self.plan.out_ranks.ravel()[index])}, or already taken)"
                 ) from None
-
-    def take_output(self, index: int):
-        """The output chunk with flat index ``index``; waits for the run to finish."""
-        self.wait_done()
-        out = self.pop_output(index)
-        return out.build() if isinstance(out, Assembly) else out
 
     # -- helpers for engines ----------------------------------------------------------
 
