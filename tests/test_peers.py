@@ -44,7 +44,7 @@ class Group:
         class One:
             rank, nranks = rank_, len(self.calls)
 
-            def allgather(self, obj):
+            def allgather(self, obj, stop=None):  # (every rank answers: nothing to stop for)
                 group.calls[rank] += 1
                 key = group.calls[rank]
                 group._slots.setdefault(key, {})[rank] = obj
@@ -148,9 +148,9 @@ class Files(Group):
         counted, group = self._groups[rank], self
 
         class Counted:
-            def allgather(self, obj):
+            def allgather(self, obj, stop=None):
                 group.calls[rank] += 1
-                return counted.allgather(obj)
+                return counted.allgather(obj, stop)
 
         return Counted()
 
@@ -338,14 +338,21 @@ def test_a_rank_aborted_after_exporting_still_agrees_and_skips_its_copies(monkey
     assert copies == [0]
 
 
-def test_an_all_gather_is_given_up_once_a_rank_is_gone():
-    """A peer that died never answers: the wait ends once the scheduler says a rank is gone."""
+@pytest.mark.parametrize("through", ["files", "scheduler"])
+def test_an_all_gather_is_given_up_once_a_rank_is_gone(through, tmp_path):
+    """A peer that died never answers: the wait ends once the scheduler says a rank is gone, with
+    the run's error, through files (this rank's file of the step removed) and through the
+    scheduler's all-gather (left on its thread)."""
     runs, _, _ = _slabs(2)
     run = runs[0]
+    if through == "files":
+        exchange = hostfiles.FileExchange(str(tmp_path), 0, 2, timeout=60)
+    else:
 
-    class Never:
-        def allgather(self, obj):
+        def exchange(tag, payload):  # (the scheduler, waiting for a rank that never asks)
             time.sleep(60)
+
+    group = DaskProcessGroup("peers", 0, 2, exchange)
 
     def gone_soon():
         time.sleep(0.2)
@@ -353,9 +360,10 @@ def test_an_all_gather_is_given_up_once_a_rank_is_gone():
 
     threading.Thread(target=gone_soon, daemon=True).start()
     start = time.monotonic()
-    with pytest.raises(RedistError, match="cancelled"):
-        peers.gather(run, Never(), None)
+    with pytest.raises(RedistError, match="cancelled"):  # (the run's error)
+        peers.gather(run, group, None)
     assert time.monotonic() - start < 5
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_which_runs_take_the_path():

@@ -16,11 +16,16 @@ import os
 import secrets
 import tempfile
 import time
+from typing import Callable
 
 from dask_redist.errors import RedistTimeoutError
 
 #: Longest pause between looks for a peer's file (the first look is at once, then 20 us, ...).
 MAX_PAUSE_S = 0.001
+
+
+class Stopped(Exception):
+    """An all-gather given up because its caller's ``stop()`` said so (a rank is gone)."""
 
 
 class FileExchange:
@@ -34,7 +39,9 @@ class FileExchange:
     def _path(self, tag: str, rank: int) -> str:
         return os.path.join(self.directory, f"{tag.replace('/', '_')}.{rank}")
 
-    def __call__(self, tag: str, payload: bytes) -> list:
+    def __call__(self, tag: str, payload: bytes, stop: Callable[[], bool] | None = None) -> list:
+        """Every rank's payload of step ``tag``; `Stopped` as soon as ``stop()`` is true while a
+        peer's is missing (its own file of the step then removed)."""
         mine = self._path(tag, self.rank)
         with open(mine + ".part", "wb") as f:
             f.write(payload)
@@ -49,6 +56,10 @@ class FileExchange:
                     values[r] = f.read()
                     missing.remove(r)
             if missing:
+                if stop is not None and stop():
+                    with contextlib.suppress(OSError):
+                        os.unlink(mine)
+                    raise Stopped(f"step {tag}: given up waiting for ranks {missing}")
                 if time.monotonic() > deadline:
                     raise RedistTimeoutError(
                         f"step {tag} of the PEs' all-gather through {self.directory}: ranks {missing} did "

@@ -23,7 +23,6 @@ is gone ends every wait here (`gather`). No NVSHMEM call is made, and no symmetr
 from __future__ import annotations
 
 import math
-import threading
 import time
 from collections import namedtuple
 from dataclasses import dataclass
@@ -31,12 +30,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from dask_redist.engines.cufftmp.copies import addresses
+from dask_redist.engines.cufftmp.hostfiles import Stopped
 from dask_redist.errors import RedistError
 
 #: What a run on this path reports as its layout (`CufftMpEngine._record`).
 LAYOUT = namedtuple("Peers", "mapping rounds")("peers (one GPU: chunk to chunk through CUDA IPC)", 1)
-#: Seconds between looks at whether a rank of the run is gone, while all-gathering.
-POLL_S = 0.05
 
 
 @dataclass(frozen=True)
@@ -263,26 +261,11 @@ class _Steps:
 
 def gather(run, group, payload) -> list:
     """``group.allgather(payload)``, given up once the run must stop (a rank is gone: it would
-    never answer); on a thread of its own, since the scheduler answers only when every rank
-    asked or the group's timeout passed."""
-    done, box = threading.Event(), []
-
-    def target():
-        try:
-            box.append((True, group.allgather(payload)))
-        except BaseException as e:  # noqa: BLE001 - raised below, on the run's thread
-            box.append((False, e))
-        finally:
-            done.set()
-
-    threading.Thread(target=target, name="redist-peers-gather", daemon=True).start()
-    while not done.wait(POLL_S):
-        if run.must_stop():
-            raise run.failure()
-    ok, value = box[0]
-    if not ok:
-        raise value
-    return value
+    never answer)."""
+    try:
+        return group.allgather(payload, stop=run.must_stop)
+    except Stopped:
+        raise run.failure() from None
 
 
 @dataclass(frozen=True)

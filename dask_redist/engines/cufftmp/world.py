@@ -62,6 +62,33 @@ def gpu_identity(device: int) -> tuple[str, str]:
         return machine, f"{type(e).__name__} in process {os.getpid()}"
 
 
+#: Seconds between looks at ``stop()`` while an all-gather through the scheduler waits.
+STOP_POLL_S = 0.05
+
+
+def _unless(stop: Callable[[], bool], exchange: Exchange, tag: str, payload: bytes) -> list:
+    """``exchange(tag, payload)`` on a thread of its own (the scheduler answers only once every
+    rank asked, or its timeout passed), given up with `hostfiles.Stopped` once ``stop()``."""
+    done, box = threading.Event(), []
+
+    def target():
+        try:
+            box.append((True, exchange(tag, payload)))
+        except BaseException as e:  # noqa: BLE001 - raised below, on the caller's thread
+            box.append((False, e))
+        finally:
+            done.set()
+
+    threading.Thread(target=target, name="redist-allgather", daemon=True).start()
+    while not done.wait(STOP_POLL_S):
+        if stop():
+            raise hostfiles.Stopped(f"step {tag}: given up waiting for the scheduler's all-gather")
+    ok, value = box[0]
+    if not ok:
+        raise value
+    return value
+
+
 class DaskProcessGroup(_ProcessGroup):
     """Rank ``rank`` of ``nranks`` in group ``name``; ``exchange`` does the all-gather."""
 
@@ -81,10 +108,18 @@ class DaskProcessGroup(_ProcessGroup):
     def nranks(self) -> int:
         return self._nranks
 
-    def allgather(self, obj: Any) -> list:
-        """Every rank's ``obj``, in rank order (fresh copies)."""
+    def allgather(self, obj: Any, stop: Callable[[], bool] | None = None) -> list:
+        """Every rank's ``obj``, in rank order (fresh copies). With ``stop``: `hostfiles.Stopped`
+        once ``stop()`` is true (checked as files are looked for, else every `STOP_POLL_S`), where
+        a rank that is gone would never answer."""
         self._step += 1
-        payloads = self._exchange(f"{self.name}/{self._step}", pickle.dumps(obj))
+        tag, payload = f"{self.name}/{self._step}", pickle.dumps(obj)
+        if stop is None:
+            payloads = self._exchange(tag, payload)
+        elif isinstance(self._exchange, FileExchange):
+            payloads = self._exchange(tag, payload, stop)
+        else:
+            payloads = _unless(stop, self._exchange, tag, payload)
         return [pickle.loads(p) for p in payloads]
 
     def broadcast_buffer(self, array: np.ndarray, *, root: int = 0) -> None:
