@@ -226,6 +226,7 @@ class Settings:
     shared_gpu_copies: bool = True  # PEs on one GPU copy chunk to chunk (engines.cufftmp.peers)
     shared_gpu_max_chunks: int = 128  # ... where no worker owns more output chunks than this
     respect_method: bool = True  # an explicit rechunk(method=...) keeps Dask's rechunk
+    fuse: bool = True  # the collective's tasks run its blockwise neighbours' tasks (graph.fuse)
 
     def engine_path(self, name: str) -> str:
         """Where engine ``name`` lives: "package.module:EngineClass" (a path names itself)."""
@@ -291,4 +292,5 @@ class Settings:
                 "nvshmem.shared-gpu-max-chunks", _get("nvshmem.shared-gpu-max-chunks", config), low=1
             ),
             respect_method=_bool("respect-method", _get("respect-method", config)),
+            fuse=_bool("fuse", _get("fuse", config)),
         )

@@ -53,6 +53,9 @@ class CollectiveSpec:
     #: (`dask_redist.planning.fft`; ``rechunk`` then goes from the input to the output chunks
     #: in the input's space), executed by the cufftmp engine in the same run
     op: DistributedFFT | None = None
+    #: the layer whose tasks the unpack tasks also run, under its keys (`graph.fuse`); "": none,
+    #: the unpack tasks carry the output keys
+    consumer: str = ""
 
     @property
     def stage_name(self) -> str:
@@ -62,13 +65,18 @@ class CollectiveSpec:
     def barrier_key(self) -> str:
         return BARRIER_PREFIX + self.token
 
+    @property
+    def unpack_name(self) -> str:
+        """The name of the unpack tasks' keys: the output's, or its fused consumer's."""
+        return self.consumer or self.output_name
+
     def output_key(self, flat: int) -> tuple:
-        """The dask key of output chunk ``flat``."""
-        return (self.output_name, *self.rechunk.new_index(flat))
+        """The dask key of the task that hands output chunk ``flat`` over (its unpack task)."""
+        return (self.unpack_name, *self.rechunk.new_index(flat))
 
     def output_keys(self) -> list[tuple]:
-        """Every output key, in flat order."""
-        return [(self.output_name, *map(int, i)) for i in np.ndindex(*self.rechunk.new_grid)]
+        """The keys of every unpack task, in flat order."""
+        return [(self.unpack_name, *map(int, i)) for i in np.ndindex(*self.rechunk.new_grid)]
 
     def describe(self) -> str:
         what = "rechunk" if self.op is None else f"fft ({self.op.kind})"

@@ -30,7 +30,7 @@ from dask.highlevelgraph import MaterializedLayer
 
 from dask_redist.compat import DataNode, TaskRef
 from dask_redist.core.spec import BarrierTask, CollectiveSpec, CollectiveTask
-from dask_redist.runtime.tasks import barrier, stage, unpack
+from dask_redist.runtime.tasks import barrier, stage, unpack, unpack_into
 
 
 class CollectiveLayer(MaterializedLayer):
@@ -39,7 +39,10 @@ class CollectiveLayer(MaterializedLayer):
 
 
 def collective_tasks(
-    spec: CollectiveSpec, groups: list[list[tuple[int, ...]]] | None = None, inputs: dict | None = None
+    spec: CollectiveSpec,
+    groups: list[list[tuple[int, ...]]] | None = None,
+    inputs: dict | None = None,
+    consumers: list | None = None,
 ) -> dict:
     """The stage, barrier and unpack tasks of one collective rechunk.
 
@@ -48,6 +51,8 @@ def collective_tasks(
     one worker each) there is one stage task per group: far fewer tasks, so less
     scheduling overhead, when the input is persisted. ``inputs``: tasks of input
     chunks the stage tasks run themselves (by key; `graph.stages.inlined_inputs`).
+    ``consumers``: the task each unpack task runs on its chunk, by output chunk, under the
+    consumer's key (``spec.consumer``; `graph.fuse.fusable_consumers`).
     """
     inputs = inputs or {}
     old, grid = spec.rechunk.old, spec.rechunk.old_grid
@@ -72,5 +77,19 @@ def collective_tasks(
     )
     barrier_ref = TaskRef(spec.barrier_key)
     for flat, key in enumerate(spec.output_keys()):
-        dsk[key] = CollectiveTask(key, unpack, spec.token, flat, barrier_ref)
+        if consumers is None:
+            dsk[key] = CollectiveTask(key, unpack, spec.token, flat, barrier_ref)
+            continue
+        consumer = consumers[flat]
+        chunk_key = (spec.output_name, *key[1:])
+        others = [k for k in consumer.dependencies if k != chunk_key]
+        dsk[key] = CollectiveTask(
+            key,
+            unpack_into,
+            spec.token,
+            flat,
+            barrier_ref,
+            DataNode(None, (consumer, chunk_key, others)),
+            *map(TaskRef, others),
+        )
     return dsk

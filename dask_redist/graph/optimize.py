@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 from dask.base import tokenize
@@ -26,6 +26,7 @@ from dask.highlevelgraph import HighLevelGraph, MaterializedLayer
 from dask_redist.compat import METHOD_ANNOTATION, P2P_PREFIX, RECHUNK_PREFIXES, running_schedulers
 from dask_redist.config import Settings
 from dask_redist.core.spec import CollectiveSpec
+from dask_redist.graph.fuse import fusable_consumers, fuse_blockwise
 from dask_redist.graph.layer import CollectiveLayer, collective_tasks
 from dask_redist.graph.stages import inlined_inputs, scheduler_in_process, stage_grouping
 from dask_redist.runtime import ordering
@@ -255,31 +256,44 @@ def rewrite(
         decisions = [decide(hlg, c, settings, memory=memory) for c in find_rechunks(hlg, requested)]
     if not any(d.collective for d in decisions):
         return hlg, decisions
+    if only is None and settings.fuse:
+        hlg = fuse_blockwise(hlg, keys)
     layers, deps = dict(hlg.layers), {k: set(v) for k, v in hlg.dependencies.items()}
-    for d in decisions:
+    for i, d in enumerate(decisions):
         if not d.collective:
             continue
         for name in d.chain.layers[:-1]:
             del layers[name]
             del deps[name]
         out, source = d.chain.output, d.chain.source
+        consumers = None
+        if only is None and settings.fuse:
+            consumers = fusable_consumers(hlg, out, d.spec.output_keys(), requested)
+        if consumers is not None:
+            fused = replace(d.spec, consumer=consumers.name, token=tokenize(d.spec.token, consumers.name))
+            d = decisions[i] = replace(d, spec=fused)
 
         def inline(force: bool, chain=d.chain, grid=d.spec.rechunk.old_grid):
             return None if only is not None else inlined_inputs(hlg, chain, requested, grid, force=force)
 
         spec, groups, inputs = stage_grouping(d.spec, inline)
-        layers[out] = CollectiveLayer(
-            collective_tasks(spec, groups, inputs[0] if inputs else None),
-            collection_annotations=hlg.layers[out].collection_annotations,
-        )
-        deps[out] = {source} | (deps[source] if inputs else set())
+        tasks = collective_tasks(spec, groups, inputs[0] if inputs else None, consumers and consumers.tasks)
+        if consumers is None:
+            annotations = hlg.layers[out].collection_annotations
+        else:  # the consumer's layer is the collective's: its dependents find it by name
+            annotations = hlg.layers[consumers.name].collection_annotations
+            del deps[out], layers[out]
+            out = consumers.name
+            deps[out].discard(d.chain.output)
+        layers[out] = CollectiveLayer(tasks, collection_annotations=annotations)
+        deps[out] = {source} | (deps[source] if inputs else set()) | (deps[out] if consumers else set())
         if inputs and inputs[2]:  # nothing else needs the input chunks: their tasks leave the layer
             if inputs[1]:  # (what they depend on inside it stays)
                 annotations = hlg.layers[source].collection_annotations
                 layers[source] = MaterializedLayer(inputs[1], collection_annotations=annotations)
             else:
                 del layers[source]
-                deps[out] = deps.pop(source)
+                deps[out] = (deps[out] - {source}) | deps.pop(source)
     return HighLevelGraph(layers, deps), decisions
 
 

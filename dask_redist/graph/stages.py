@@ -97,6 +97,8 @@ def stage_grouping(
     else:
         groups = persisted_groups(spec)
         inputs = inline(False) if groups is None else None
+        if inputs is not None:
+            groups = inlined_groups(inputs[0], spec)
         token = (
             spec.token
             if groups is None
@@ -107,6 +109,54 @@ def stage_grouping(
         while len(_GROUPINGS) > GROUPINGS_KEPT:
             del _GROUPINGS[next(iter(_GROUPINGS))]
     return (spec if token == spec.token else replace(spec, token=token)), groups, inputs
+
+
+def inlined_groups(tasks: dict, spec: CollectiveSpec) -> list[list[tuple[int, ...]]] | None:
+    """Input chunks whose tasks the stage tasks run (`inlined_inputs`), grouped one stage task
+    per worker thread: by the worker holding most of each chunk's own inputs where they are all
+    in memory (a blockwise step over a persisted array), in even shares of C order where none
+    has inputs (generated in the graph); None (one stage task per chunk) otherwise."""
+    scheduler = scheduler_in_process()
+    if scheduler is None or not scheduler.workers:
+        return None
+    grid, name = spec.rechunk.old_grid, spec.input_name
+    try:
+        needs = [tasks[(name, *idx)].dependencies for idx in np.ndindex(*grid)]
+        threads = {w: ws.nthreads or 1 for w, ws in scheduler.workers.items()}
+        if not any(needs):
+            return _shares([list(np.ndindex(*grid))], sum(threads.values()))
+        if not all(needs):
+            return None
+        by_worker: dict[str, list] = {}
+        for idx, keys in zip(np.ndindex(*grid), needs):
+            where = _holder(scheduler.tasks, keys)
+            if where is None:
+                return None
+            by_worker.setdefault(where, []).append(idx)
+    except RuntimeError:  # state changed under us (another thread): no grouping
+        return None
+    return [g for w in sorted(by_worker) for g in _shares([by_worker[w]], threads.get(w, 1))]
+
+
+def _holder(tasks, keys) -> str | None:
+    """The worker holding most of ``keys`` (all in memory), or None."""
+    count: dict[str, int] = {}
+    for key in keys:
+        ts = tasks.get(key)
+        if ts is None or ts.state != "memory" or not ts.who_has:
+            return None
+        for ws in ts.who_has:
+            count[ws.address] = count.get(ws.address, 0) + 1
+    return min(count, key=lambda w: (-count[w], w))
+
+
+def _shares(groups: list[list], parts: int) -> list[list]:
+    """Each group cut into ``parts`` contiguous shares (fewer where it has fewer members)."""
+    out = []
+    for group in groups:
+        bounds = np.linspace(0, len(group), min(parts, len(group)) + 1).round().astype(int)
+        out += [group[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
+    return out
 
 
 def group_of_chunks(groups: list[list[tuple[int, ...]]], grid) -> np.ndarray:

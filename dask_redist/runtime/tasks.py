@@ -14,6 +14,7 @@ scheduler preload register the same.
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 from distributed import get_worker
@@ -47,6 +48,21 @@ def barrier(spec: CollectiveSpec, *markers) -> int:
 
 async def unpack(token: str, index: int, run_id: int):
     return await get_state(_worker()).unpack(token, index, run_id)
+
+
+async def unpack_into(token: str, index: int, run_id: int, consumer: tuple, *others):
+    """``unpack``, then the consumer task fused into it (`graph.fuse`) on the chunk: ``consumer``
+    is (the task, the chunk's key in it, the keys of ``others``, its other inputs). CuPy chunks'
+    consumers run on the event loop (they queue kernels); others in the worker's thread pool."""
+    worker = _worker()
+    chunk = await get_state(worker).unpack(token, index, run_id)
+    if chunk is None:  # (a stale run: this result goes nowhere)
+        return None
+    task, chunk_key, keys = consumer
+    values = {chunk_key: chunk, **dict(zip(keys, others))}
+    if type(chunk).__module__.startswith("cupy"):
+        return task(values)
+    return await asyncio.get_running_loop().run_in_executor(worker.executors["default"], task, values)
 
 
 def _worker():
