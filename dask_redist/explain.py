@@ -14,7 +14,7 @@ from dask_redist.core.messages import Probe
 from dask_redist.engines import Request, WorldRecord, description
 from dask_redist.engines.choice import choose_engine
 from dask_redist.fft import describe as fft_describe
-from dask_redist.graph.optimize import decide, find_rechunks, memory_limits
+from dask_redist.graph.optimize import decide, find_rechunks, fused_neighbours, memory_limits
 from dask_redist.planning import make_plan
 
 
@@ -48,6 +48,7 @@ class Entry:
     rounds: int | None = None
     imbalance: float | None = None
     placement: str = ""
+    fused: str = ""  # the neighbouring steps the collective's tasks compute (graph.fuse)
 
     def as_dict(self) -> dict:
         return {
@@ -64,6 +65,7 @@ class Entry:
             "rounds": "-" if self.rounds is None else str(self.rounds),
             "output imbalance": "-" if self.imbalance is None else f"{self.imbalance:.2f}",
             "placement": self.placement,
+            "fused": self.fused,
         }
 
 
@@ -159,8 +161,9 @@ def _kept_for_method(node) -> str | None:
     return None if isinstance(node, CollectiveRechunk) else kept_for_method(node.method)
 
 
-def _decisions(x, settings: Settings, memory=None) -> list[tuple[str, str, object, str]]:
-    """(output name, what dask planned, CollectiveSpec or None, reason) for every rechunk of ``x``."""
+def _decisions(x, settings: Settings, memory=None) -> list[tuple[str, str, object, str, str]]:
+    """(output name, what dask planned, CollectiveSpec or None, reason, what is fused) for every
+    rechunk of ``x``."""
     expr = getattr(x, "expr", None)
     if expr is not None:  # expression mode: the rechunks are expressions in the tree
         from dask.utils import typename
@@ -186,13 +189,13 @@ def _decisions(x, settings: Settings, memory=None) -> list[tuple[str, str, objec
                         settings,
                         len(memory[0]) if memory else None,
                     )
-                out.append((node._name, node.method or "auto", spec, why))
+                out.append((node._name, node.method or "auto", spec, why, ""))
         return out
     graph = x.__dask_graph__()
     out = []
     for chain in find_rechunks(graph, {x.name}):
         d = decide(graph, chain, settings, memory=memory)
-        out.append((chain.output, d.method, d.spec, d.reason))
+        out.append((chain.output, d.method, d.spec, d.reason, fused_neighbours(graph, d, x.__dask_keys__())))
     return out
 
 
@@ -213,7 +216,7 @@ def explain(x, *, nworkers: int | None = None, settings: Settings | None = None)
     memory = None
     if workers is not None:  # (as the scheduler decides: from the workers' memory limits)
         memory = memory_limits(w.get("memory_limit") for w in workers.values())
-    for output, method, spec, reason in _decisions(x, settings, memory):
+    for output, method, spec, reason, fused in _decisions(x, settings, memory):
         if spec is None:
             entries.append(Entry(output, method, "dask", reason))
             continue
@@ -248,6 +251,7 @@ def explain(x, *, nworkers: int | None = None, settings: Settings | None = None)
                 rounds=rounds,
                 imbalance=plan.imbalance,
                 placement=where,
+                fused=fused if runs == "collective" else "",
             )
         )
     ffts = () if getattr(x, "expr", None) is not None else tuple(fft_describe.fft_entries(x.__dask_graph__()))

@@ -236,6 +236,21 @@ def decide(hlg: HighLevelGraph, chain: RechunkChain, settings: Settings, old=Non
     return Decision(chain, spec, reason, method)
 
 
+def fused_neighbours(hlg: HighLevelGraph, decision: Decision, keys) -> str:
+    """What the collective of ``decision`` runs besides the rechunk (`graph.fuse`), as `rewrite`
+    would fuse it in a graph asked for ``keys``; "" where nothing."""
+    if not decision.collective or not decision.spec.settings.fuse:
+        return ""
+    requested = {k[0] if isinstance(k, tuple) else k for k in flatten(keys)}
+    hlg, chain, spec = fuse_blockwise(hlg, keys), decision.chain, decision.spec
+    parts = []
+    if inlined_inputs(hlg, chain, requested, spec.rechunk.old_grid) is not None:
+        parts.append(f"stage tasks compute {chain.source}")
+    if consumers := fusable_consumers(hlg, chain.output, spec.output_keys(), requested):
+        parts.append(f"unpack tasks compute {consumers.name}")
+    return "; ".join(parts)
+
+
 def memory_limits(limits) -> tuple[list[int], float]:
     """(the workers' memory ``limits``, None read as 0: none, distributed's pause fraction), for `decide`."""
     return [int(m or 0) for m in limits], pause_fraction()

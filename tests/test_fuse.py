@@ -1,0 +1,189 @@
+"""A rechunk between other steps, fused with them (`dask_redist.graph.fuse`): NumPy's values,
+the tasks the scheduler really ran, what keeps its own tasks, and a worker killed mid-run."""
+
+from __future__ import annotations
+
+import collections
+
+import dask
+import dask.array as da
+import numpy as np
+import pytest
+from conftest import scheduler_history
+from dask.utils import key_split
+from distributed import wait
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from test_reliability import _in_phase, kill_one_worker, own_cluster  # noqa: F401 (a fixture)
+
+import dask_redist
+
+pytestmark = pytest.mark.filterwarnings("ignore:Sending large graph:UserWarning")
+
+
+@pytest.fixture
+def enabled():
+    with dask_redist.enable(engine="dask", min_bytes=0):  # (the cost model would keep small ones for Dask)
+        yield
+
+
+def _prefixes(dask_scheduler) -> dict:
+    return dict(collections.Counter(key_split(k) for k in dask_scheduler.tasks))
+
+
+def tasks_of(client, y) -> dict:
+    """The tasks, by prefix, that the scheduler holds for ``y`` persisted (nothing else held)."""
+    y = y.persist()
+    wait(y)
+    held = client.run_on_scheduler(_prefixes)
+    del y
+    return held
+
+
+@pytest.fixture
+def persisted(client):
+    a = np.random.default_rng(1).standard_normal((48, 24, 6))
+    x = da.from_array(a, chunks=(4, 24, 6)).persist()
+    wait(x)
+    yield a, x
+    del x
+
+
+def test_neighbours_run_inside_the_collective_tasks(client, enabled, persisted):
+    a, x = persisted
+    y = ((2 * x + 1).rechunk((48, 4, 6))) ** 2
+    np.testing.assert_allclose(y.compute(), (2 * a + 1) ** 2)
+    held = tasks_of(client, y)
+    threads = sum(client.nthreads().values())
+    # without the rechunk: a task per chunk; with it: what the rechunk alone has (a stage task per thread)
+    assert held.pop(y.name[: y.name.rindex("-")]) == 6, held  # unpack tasks under the consumer's keys
+    assert held.pop("redist-stage") <= threads and held.pop("redist-barrier") == 1, held
+    assert set(held) == {"array"}, held  # (the persisted input)
+
+
+def test_off_every_step_keeps_its_tasks(client, enabled, persisted):
+    a, x = persisted
+    with dask.config.set({"redist.fuse": False}):
+        y = ((2 * x + 1).rechunk((48, 4, 6))) ** 2
+        held = tasks_of(client, y)
+        np.testing.assert_allclose(y.compute(), (2 * a + 1) ** 2)
+    assert held["redist-stage"] == 12 and held["pow"] == 6 and held["rechunk"] == 6, held
+
+
+def test_an_output_used_twice_or_requested_keeps_its_unpack_tasks(client, enabled, persisted):
+    a, x = persisted
+    y = (2 * x).rechunk((48, 4, 6))
+    twice = y + y.sum()
+    np.testing.assert_allclose(twice.compute(), 2 * a + (2 * a).sum())
+    assert tasks_of(client, twice)["rechunk"] == 6
+    z = y + 1
+    y_held, z_held = dask.persist(y, z)
+    wait([y_held, z_held])
+    np.testing.assert_allclose(z_held.compute(), 2 * a + 1)
+    assert client.run_on_scheduler(_prefixes)["rechunk"] == 6
+    del y_held, z_held
+
+
+def test_an_annotated_consumer_keeps_its_tasks(client, enabled, persisted):
+    a, x = persisted
+    y = x.rechunk((48, 4, 6))
+    with dask.annotate(retries=2):
+        z = y + 1
+    np.testing.assert_allclose(z.compute(), a + 1)
+    held = tasks_of(client, z)
+    assert held["rechunk"] == 6 and held["add"] == 6, held
+
+
+def test_a_consumer_of_neighbouring_chunks_keeps_its_tasks(client, enabled, persisted):
+    a, x = persisted
+    z = x.rechunk((48, 4, 6)).map_overlap(lambda b: b * 1.0, depth={1: 1}, boundary="reflect")
+    np.testing.assert_allclose(z.compute(), a)
+
+
+def test_generated_in_the_graph_is_staged_in_shares(client, enabled):
+    x = da.random.default_rng(5).standard_normal((64, 16), chunks=(2, 16))
+    y = x.rechunk((64, 2)) + 1
+    np.testing.assert_allclose(y.compute(), x.compute() + 1)
+    threads = sum(client.nthreads().values())
+    assert tasks_of(client, y)["redist-stage"] <= threads
+
+
+STEPS_BEFORE = {
+    "2x+1": lambda v: 2 * v + 1,
+    "sin": lambda v: np.sin(v) if isinstance(v, np.ndarray) else da.sin(v),
+    "square": lambda v: v**2,
+    "map_blocks": lambda v: v.map_blocks(lambda b: b[::-1] * 1.0) if isinstance(v, da.Array) else None,
+}
+STEPS_AFTER = {
+    "+3": lambda v: v + 3,
+    "abs": lambda v: abs(v),
+    "sum0": lambda v: v.sum(axis=0),
+    "mean1": lambda v: v.mean(axis=1),
+    "cumsum0": lambda v: v.cumsum(axis=0),
+}
+
+
+def _numpy_map_blocks(a, chunks0):
+    """NumPy's value of the ``map_blocks`` step: each row block reversed along axis 0."""
+    out, start = np.empty_like(a), 0
+    for c in chunks0:
+        out[start : start + c] = a[start : start + c][::-1]
+        start += c
+    return out
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
+@given(
+    rows=st.lists(st.integers(1, 9), min_size=1, max_size=6),
+    cols=st.integers(1, 12),
+    new_rows=st.integers(1, 30),
+    new_cols=st.integers(1, 12),
+    before=st.lists(st.sampled_from(sorted(STEPS_BEFORE)), max_size=3),
+    after=st.lists(st.sampled_from(sorted(STEPS_AFTER)), max_size=2),
+    persist_input=st.booleans(),
+)
+def test_pipelines_of_random_steps_around_a_rechunk_equal_numpy(
+    client, enabled, rows, cols, new_rows, new_cols, before, after, persist_input
+):
+    a = np.random.default_rng(len(rows) * 31 + cols).standard_normal((sum(rows), 2 * cols))
+    x = da.from_array(a, chunks=(tuple(rows), cols))
+    if persist_input:
+        x = x.persist()
+    v, expected = x, a
+    for step in before:
+        if step == "map_blocks":
+            v, expected = STEPS_BEFORE[step](v), _numpy_map_blocks(expected, rows)
+        else:
+            v, expected = STEPS_BEFORE[step](v), STEPS_BEFORE[step](expected)
+    v = v.rechunk((new_rows, new_cols))
+    for step in after:
+        v, expected = STEPS_AFTER[step](v), STEPS_AFTER[step](expected)
+    np.testing.assert_allclose(v.compute(), expected, rtol=1e-10, atol=1e-10)
+
+
+def test_a_worker_killed_mid_run_recomputes_what_the_fused_consumers_need(own_cluster):  # noqa: F811
+    cluster, client = own_cluster
+    a = np.random.default_rng(2).standard_normal((60, 40, 8))
+    x = da.from_array(a, chunks=(5, 40, 8)).persist()
+    wait(x)
+    with dask_redist.enable(engine="engines:SlowEngine", min_bytes=0):
+        y = ((x * 2).rechunk((60, 4, 8)) + 1).sum(axis=0)
+        future = client.compute(y)
+        _, killer = kill_one_worker(client, _in_phase(client, "exchange"))
+        got = future.result(timeout=120)
+    killer.join(5)
+    np.testing.assert_allclose(got, (a * 2 + 1).sum(axis=0))
+    outcomes = [h["outcome"] for h in scheduler_history(client)]
+    assert "restarted" in outcomes and outcomes[-1] == "done", outcomes
+
+
+def test_explain_says_what_is_fused(client, enabled, persisted):
+    a, x = persisted
+    producer = 2 * x + 1
+    y = producer.rechunk((48, 4, 6)) ** 2
+    (entry,) = dask_redist.explain(y).entries
+    assert entry.fused == f"stage tasks compute {producer.name}; unpack tasks compute {y.name}", entry
+    (alone,) = dask_redist.explain(x.rechunk((48, 4, 6))).entries
+    assert alone.fused == "" and "fused" not in str(dask_redist.explain(x.rechunk((48, 4, 6))))
+    with dask.config.set({"redist.fuse": False}):
+        assert dask_redist.explain(y).entries[0].fused == ""
