@@ -187,3 +187,11 @@ def test_explain_says_what_is_fused(client, enabled, persisted):
     assert alone.fused == "" and "fused" not in str(dask_redist.explain(x.rechunk((48, 4, 6))))
     with dask.config.set({"redist.fuse": False}):
         assert dask_redist.explain(y).entries[0].fused == ""
+
+
+def test_a_step_between_two_rechunks_is_computed_once(client, enabled, persisted):
+    a, x = persisted
+    y = (x.rechunk((48, 4, 6)) + 1).rechunk((4, 24, 6)) * 2
+    np.testing.assert_allclose(y.compute(), (a + 1) * 2)
+    held = tasks_of(client, y)
+    assert held["redist-barrier"] == 2, held

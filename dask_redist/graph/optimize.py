@@ -274,6 +274,9 @@ def rewrite(
     if only is None and settings.fuse:
         hlg = fuse_blockwise(hlg, keys)
     layers, deps = dict(hlg.layers), {k: set(v) for k, v in hlg.dependencies.items()}
+    sources = {
+        d.chain.source for d in decisions if d.collective
+    }  # (another collective's stage tasks run them)
     for i, d in enumerate(decisions):
         if not d.collective:
             continue
@@ -283,7 +286,7 @@ def rewrite(
         out, source = d.chain.output, d.chain.source
         consumers = None
         if only is None and settings.fuse:
-            consumers = fusable_consumers(hlg, out, d.spec.output_keys(), requested)
+            consumers = fusable_consumers(hlg, out, d.spec.output_keys(), requested, sources)
         if consumers is not None:
             fused = replace(d.spec, consumer=consumers.name, token=tokenize(d.spec.token, consumers.name))
             d = decisions[i] = replace(d, spec=fused)
