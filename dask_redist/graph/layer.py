@@ -37,6 +37,11 @@ class CollectiveLayer(MaterializedLayer):
     """The layer of a collective (a rewritten rechunk, a distributed FFT): never a rechunk to
     rewrite again, though it keeps the rechunk's layer name (`graph.optimize.find_rechunks`)."""
 
+    @property
+    def spec(self) -> CollectiveSpec | None:
+        """The spec its barrier task carries (None if it has none)."""
+        return next((t.spec for t in self.mapping.values() if isinstance(t, BarrierTask)), None)
+
 
 def collective_tasks(
     spec: CollectiveSpec,

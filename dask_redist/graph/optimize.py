@@ -256,6 +256,21 @@ def memory_limits(limits) -> tuple[list[int], float]:
     return [int(m or 0) for m in limits], pause_fraction()
 
 
+#: `Decision.method` of a collective built before its graph reached the scheduler
+BUILT = "built as a collective"
+
+
+def built_collectives(hlg: HighLevelGraph) -> list[Decision]:
+    """The collectives built on the client (`dask_redist.fft`'s transforms, `dask_redist.rechunk`)
+    as decisions, so that `rewrite` fuses their neighbours as it fuses a rechunk's."""
+    out = []
+    for name, layer in hlg.layers.items():
+        spec = layer.spec if isinstance(layer, CollectiveLayer) else None
+        if spec is not None and not spec.consumer and spec.output_name == name:
+            out.append(Decision(RechunkChain(spec.input_name, (name,)), spec, BUILT, BUILT))
+    return out
+
+
 def rewrite(
     hlg: HighLevelGraph, keys=(), settings: Settings | None = None, *, only: list[Decision] | None = None
 ) -> tuple[HighLevelGraph, list[Decision]]:
@@ -269,6 +284,8 @@ def rewrite(
         scheduler = scheduler_in_process()
         memory = memory_limits(ws.memory_limit for ws in scheduler.workers.values()) if scheduler else None
         decisions = [decide(hlg, c, settings, memory=memory) for c in find_rechunks(hlg, requested)]
+        if settings.fuse:
+            decisions += built_collectives(hlg)
     if not any(d.collective for d in decisions):
         return hlg, decisions
     if only is None and settings.fuse:
@@ -278,41 +295,52 @@ def rewrite(
         d.chain.source for d in decisions if d.collective
     }  # (another collective's stage tasks run them)
     for i, d in enumerate(decisions):
-        if not d.collective:
-            continue
-        for name in d.chain.layers[:-1]:
-            del layers[name]
-            del deps[name]
-        out, source = d.chain.output, d.chain.source
-        consumers = None
-        if only is None and settings.fuse:
-            consumers = fusable_consumers(hlg, out, d.spec.output_keys(), requested, sources)
-        if consumers is not None:
-            fused = replace(d.spec, consumer=consumers.name, token=tokenize(d.spec.token, consumers.name))
-            d = decisions[i] = replace(d, spec=fused)
-
-        def inline(force: bool, chain=d.chain, grid=d.spec.rechunk.old_grid):
-            return None if only is not None else inlined_inputs(hlg, chain, requested, grid, force=force)
-
-        spec, groups, inputs = stage_grouping(d.spec, inline)
-        tasks = collective_tasks(spec, groups, inputs[0] if inputs else None, consumers and consumers.tasks)
-        if consumers is None:
-            annotations = hlg.layers[out].collection_annotations
-        else:  # the consumer's layer is the collective's: its dependents find it by name
-            annotations = hlg.layers[consumers.name].collection_annotations
-            del deps[out], layers[out]
-            out = consumers.name
-            deps[out].discard(d.chain.output)
-        layers[out] = CollectiveLayer(tasks, collection_annotations=annotations)
-        deps[out] = {source} | (deps[source] if inputs else set()) | (deps[out] if consumers else set())
-        if inputs and inputs[2]:  # nothing else needs the input chunks: their tasks leave the layer
-            if inputs[1]:  # (what they depend on inside it stays)
-                annotations = hlg.layers[source].collection_annotations
-                layers[source] = MaterializedLayer(inputs[1], collection_annotations=annotations)
-            else:
-                del layers[source]
-                deps[out] = (deps[out] - {source}) | deps.pop(source)
+        if d.collective:
+            fuse = only is None and settings.fuse
+            decisions[i] = _replace_chain(hlg, layers, deps, d, requested, sources if fuse else None)
     return HighLevelGraph(layers, deps), decisions
+
+
+def _replace_chain(
+    hlg, layers: dict, deps: dict, d: Decision, requested: set, sources: set | None
+) -> Decision:
+    """Put the collective of ``d`` in place of its chain in ``layers`` and ``deps`` (``hlg``'s, changed
+    in place), fused with its neighbours unless ``sources`` is None (the inputs of every collective
+    of the graph, which no collective's unpack tasks compute); the decision, with the spec it ran."""
+    for name in d.chain.layers[:-1]:
+        del layers[name]
+        del deps[name]
+    out, source = d.chain.output, d.chain.source
+    consumers = (
+        None if sources is None else fusable_consumers(hlg, out, d.spec.output_keys(), requested, sources)
+    )
+    if consumers is not None:
+        fused = replace(d.spec, consumer=consumers.name, token=tokenize(d.spec.token, consumers.name))
+        d = replace(d, spec=fused)
+
+    def inline(force: bool, chain=d.chain, grid=d.spec.rechunk.old_grid):
+        return None if sources is None else inlined_inputs(hlg, chain, requested, grid, force=force)
+
+    if d.method == BUILT and consumers is None and inline(False) is None:
+        return d  # (nothing to fuse: the collective stays as it was built)
+    spec, groups, inputs = stage_grouping(d.spec, inline)
+    tasks = collective_tasks(spec, groups, inputs[0] if inputs else None, consumers and consumers.tasks)
+    annotations = hlg.layers[out].collection_annotations
+    if consumers is not None:  # the consumer's layer is the collective's: its dependents find it by name
+        annotations = hlg.layers[consumers.name].collection_annotations
+        del deps[out], layers[out]
+        out = consumers.name
+        deps[out].discard(d.chain.output)
+    layers[out] = CollectiveLayer(tasks, collection_annotations=annotations)
+    deps[out] = {source} | (deps[source] if inputs else set()) | (deps[out] if consumers else set())
+    if inputs and inputs[2]:  # nothing else needs the input chunks: their tasks leave the layer
+        if inputs[1]:  # (what they depend on inside it stays)
+            annotations = hlg.layers[source].collection_annotations
+            layers[source] = MaterializedLayer(inputs[1], collection_annotations=annotations)
+        else:
+            del layers[source]
+            deps[out] = (deps[out] - {source}) | deps.pop(source)
+    return d
 
 
 def running_on_scheduler() -> bool:
