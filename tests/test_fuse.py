@@ -4,12 +4,13 @@ the tasks the scheduler really ran, what keeps its own tasks, and a worker kille
 from __future__ import annotations
 
 import collections
+import time
 
 import dask
 import dask.array as da
 import numpy as np
 import pytest
-from conftest import scheduler_history
+from conftest import scheduler_history, worker_leftovers
 from dask.utils import key_split
 from distributed import wait
 from test_reliability import _in_phase, kill_one_worker, own_cluster  # noqa: F401 (a fixture)
@@ -208,3 +209,26 @@ def test_the_explicit_form_is_fused_with_its_neighbours_too(client, enabled, per
     held = tasks_of(client, y)
     assert held.pop("pow") == 6 and held.pop("redist-barrier") == 1, held
     assert held.pop("redist-stage") <= sum(client.nthreads().values()) and set(held) == {"array"}, held
+
+
+def test_a_fused_pipeline_cancelled_at_any_moment_leaves_nothing_behind(client, enabled, persisted):
+    from distributed.client import FuturesCancelledError
+    from test_cluster import _log_problems
+
+    a, x = persisted
+    before = len(_log_problems(client))
+    for i in range(10):
+        y = (((x + i).rechunk((48, 4, 6))) * 2).persist()
+        time.sleep(0.003 * i)
+        client.cancel(y)
+        for _ in range(50):
+            y = (((x + i).rechunk((48, 4, 6))) * 2).persist()
+            try:
+                wait(y, timeout=60)
+                break
+            except FuturesCancelledError:
+                time.sleep(0.05)
+        np.testing.assert_allclose(y.compute(), (a + i) * 2)
+        del y
+    assert _log_problems(client)[before:] == []
+    assert worker_leftovers(client) == {}
