@@ -264,3 +264,26 @@ def test_an_fft_too_large_for_the_heap_is_refused_and_the_world_stays_usable(fft
         assert "gpu" in _path(z), dask_redist.explain(z)
         np.testing.assert_allclose(z.compute().get(), np.fft.fftn(a), rtol=1e-10, atol=1e-8)
         assert any(r["engine"] == "cufftmp" for r in _fft_runs(client, before))
+
+
+def test_a_transform_between_other_steps_is_fused_and_equals_numpy(gpu_client, fft_gpu):
+    """A blockwise producer runs in the transform's stage tasks, its consumer in its unpack tasks
+    (`graph.fuse`, for collectives built on the client too): numpy.fft's values."""
+    import collections
+
+    from dask.utils import key_split
+    from distributed import wait
+
+    a = np.random.default_rng(9).standard_normal((32, 24, 16)) + 1j
+    x = cupy_array(a, (4, 24, 16)).persist()
+    wait(x)
+    before = len(scheduler_history(gpu_client))
+    y = (F.fftn(2 * x) * 3).persist()
+    wait(y)
+    held = gpu_client.run_on_scheduler(
+        lambda dask_scheduler: dict(collections.Counter(key_split(k) for k in dask_scheduler.tasks))
+    )
+    np.testing.assert_allclose(y.compute().get(), np.fft.fftn(2 * a) * 3, rtol=1e-10, atol=1e-8)
+    assert any(r["engine"] == "cufftmp" for r in _fft_runs(gpu_client, before))
+    assert held.pop("mul") == y.npartitions and held.pop("redist-barrier") == 1, held
+    assert held.pop("redist-stage") <= len(gpu_client.nthreads()), held

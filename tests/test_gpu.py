@@ -465,3 +465,30 @@ def test_worker_killed_during_a_cufftmp_run(gpu_client):
     # or is stranded in the old world: restart_broken covers both
     dask_redist.bootstrap(gpu_client, restart_broken=True)
     run_case(gpu_client, CASES[0], seed=22, engine="auto")
+
+
+def test_a_pipeline_around_a_rechunk_is_fused_and_equals_numpy(gpu_client):
+    """Producer steps in the stage tasks, the consumer in the unpack tasks (`graph.fuse`), on CuPy
+    chunks through cufftmp: NumPy's values, and no task of the pipeline's steps of their own."""
+    import collections
+
+    import cupy
+    from dask.utils import key_split
+
+    a = np.random.default_rng(11).standard_normal((64, 48, 32))
+    x = da.from_array(a, chunks=(8, 48, 32)).map_blocks(cupy.asarray, meta=cupy.empty((0, 0, 0))).persist()
+    wait(x)
+    before = len(scheduler_history(gpu_client))
+    with dask_redist.enable(engine="cufftmp", min_bytes=0):
+        y = (((2 * x + 1).rechunk((64, 6, 32))) ** 2).persist()
+        wait(y)
+        held = gpu_client.run_on_scheduler(
+            lambda dask_scheduler: dict(collections.Counter(key_split(k) for k in dask_scheduler.tasks))
+        )
+        np.testing.assert_allclose(y.compute().get(), (2 * a + 1) ** 2)
+        z = ((x * 3).rechunk((64, 6, 32)) + 1).sum(axis=0).compute().get()
+    np.testing.assert_allclose(z, (a * 3 + 1).sum(axis=0))
+    runs = scheduler_history(gpu_client)[before:]
+    assert len(runs) == 2 and all(r["engine"] == "cufftmp" and r["outcome"] == "done" for r in runs), runs
+    assert held.pop("pow") == 8 and held.pop("redist-barrier") == 1, held
+    assert held.pop("redist-stage") <= len(gpu_client.nthreads()), held
