@@ -63,7 +63,7 @@ import math
 import sys
 import threading
 
-from dask._task_spec import DataNode, GraphNode, Task, TaskRef
+from dask._task_spec import Alias, DataNode, GraphNode, Task, TaskRef
 
 #: dask/distributed versions the test suite ran on (see the module docstring).
 TESTED_DASK = ("2026.7.1", "2026.8.0")
@@ -80,6 +80,7 @@ METHOD_FROM_ANNOTATION = "redist-method-from"
 CONFIG_METHOD = "array.rechunk.method"
 
 __all__ = [
+    "Alias",
     "DataNode",
     "GraphNode",
     "P2P_PREFIX",
