@@ -42,8 +42,9 @@ What is relied on, and where:
   annotation, so while dask-redist is enabled ``compute_chunk_sizes`` and ``Array.rechunk``
   are wrapped to update both (`keep_annotations_current`);
 * ``dask.array.rechunk.rechunk`` (what ``x.rechunk`` calls, also exported as ``da.rechunk``):
-  wrapped while enabled to record a ``method=`` the caller passed (and that is to be kept) in
-  the output layer's annotation `METHOD_ANNOTATION` (`record_explicit_methods`): the layers of
+  wrapped while enabled to record a method the caller chose (``method=``, or dask's config
+  `CONFIG_METHOD`; where it is to be kept) in the output layer's annotations `METHOD_ANNOTATION`
+  and `METHOD_FROM_ANNOTATION` (`record_explicit_methods`): the layers of
   ``tasks`` and ``p2p`` look the same whether dask chose the method or the caller did;
 * ``Array.__dask_optimize__`` is dask's ``GlobalMethod`` returning the config's
   ``array_optimize``, read on the client when a collection becomes the expression that is
@@ -62,7 +63,7 @@ import math
 import sys
 import threading
 
-from dask._task_spec import DataNode, GraphNode, Task, TaskRef
+from dask._task_spec import Alias, DataNode, GraphNode, Task, TaskRef
 
 #: dask/distributed versions the test suite ran on (see the module docstring).
 TESTED_DASK = ("2026.7.1", "2026.8.0")
@@ -71,10 +72,15 @@ TESTED_DASK = ("2026.7.1", "2026.8.0")
 RECHUNK_PREFIXES = ("rechunk-merge-", "rechunk-split-", "rechunk-p2p-")
 P2P_PREFIX = "rechunk-p2p-"
 
-#: The key of a rechunk's output layer annotation that holds the ``method=`` its caller passed.
+#: The key of a rechunk's output layer annotation that holds the method its caller chose ...
 METHOD_ANNOTATION = "redist-method"
+#: ... and the key saying how: ``"method="`` (passed) or `CONFIG_METHOD` (configured).
+METHOD_FROM_ANNOTATION = "redist-method-from"
+#: dask's config key for the rechunk method (``None``, dask's default: dask chooses)
+CONFIG_METHOD = "array.rechunk.method"
 
 __all__ = [
+    "Alias",
     "DataNode",
     "GraphNode",
     "P2P_PREFIX",
@@ -83,7 +89,10 @@ __all__ = [
     "Task",
     "TaskRef",
     "array_expr",
+    "CONFIG_METHOD",
     "METHOD_ANNOTATION",
+    "METHOD_FROM_ANNOTATION",
+    "chosen_method",
     "building_graph",
     "cached_worker_count",
     "keep_annotations_current",
@@ -206,8 +215,21 @@ def keep_annotations_current(on: bool) -> None:
         Array.rechunk = _rechunk if on else _original_rechunk
 
 
+def chosen_method(method: str | None) -> tuple[str, str] | None:
+    """The rechunk method the user chose, and how: ``(method, "method=")`` where passed, else
+    ``(value, CONFIG_METHOD)`` where dask's config sets one (as dask reads it: when the rechunk is
+    called); None: dask's default, dask chooses."""
+    if method is not None:
+        return method, "method="
+    import dask
+
+    configured = dask.config.get(CONFIG_METHOD, None)
+    return (configured, CONFIG_METHOD) if configured else None
+
+
 def _rechunk_function(x, chunks="auto", threshold=None, block_size_limit=None, balance=False, method=None):
     depth = getattr(_calls, "depth", 0)
+    chosen = chosen_method(method) if depth == 0 else None  # (read before dask reads the config)
     _calls.depth = depth + 1
     try:
         y = _original_rechunk_function(x, chunks, threshold, block_size_limit, balance, method)
@@ -217,10 +239,14 @@ def _rechunk_function(x, chunks="auto", threshold=None, block_size_limit=None, b
             _calls.old_to_new = None
     keep = _keep_method[0]
     # (depth 0: the caller's own call; dask's p2p rechunk calls rechunk(method="tasks") inside it)
-    if method is not None and depth == 0 and y is not x and keep is not None and keep():
+    if chosen is not None and y is not x and keep is not None and keep():
         layer = y.dask.layers.get(y.name)
         if layer is not None:
-            layer.collection_annotations = {**(layer.collection_annotations or {}), METHOD_ANNOTATION: method}
+            layer.collection_annotations = {
+                **(layer.collection_annotations or {}),
+                METHOD_ANNOTATION: chosen[0],
+                METHOD_FROM_ANNOTATION: chosen[1],
+            }
     return y
 
 
@@ -250,8 +276,9 @@ def original_rechunk(x, chunks, threshold=None, block_size_limit=None, balance=F
 
 def record_explicit_methods(keep=None) -> None:
     """While ``keep`` is given, ``x.rechunk(..., method=m)`` and ``da.rechunk(x, ..., method=m)``
-    write ``m`` into their output layer's annotation `METHOD_ANNOTATION` where ``keep()`` says so
-    when they are called (``redist.respect-method``): the graph rewrite keeps Dask's method there.
+    (or without ``method=`` while dask's config sets `CONFIG_METHOD` to ``m``) write ``m`` into
+    their output layer's annotation `METHOD_ANNOTATION` where ``keep()`` says so when they are
+    called (``redist.respect-method``): the graph rewrite keeps Dask's method there.
     Expression mode carries ``method`` in the expression."""
     import dask.array
 

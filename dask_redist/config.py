@@ -225,7 +225,7 @@ class Settings:
     exit_when_stuck: bool = True
     shared_gpu_copies: bool = True  # PEs on one GPU copy chunk to chunk (engines.cufftmp.peers)
     shared_gpu_max_chunks: int = 128  # ... where no worker owns more output chunks than this
-    respect_method: bool = True  # an explicit rechunk(method=...) keeps Dask's rechunk
+    respect_method: bool = True  # rechunk(method=...), or array.rechunk.method set, keeps Dask's rechunk
     fuse: bool = True  # the collective's tasks run its blockwise neighbours' tasks (graph.fuse)
 
     def engine_path(self, name: str) -> str:

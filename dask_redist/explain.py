@@ -154,11 +154,12 @@ def _engine(spec, client) -> tuple[str, str]:
 
 
 def _kept_for_method(node) -> str | None:
-    """Expression mode: why dask's ``Rechunk`` given ``method=`` stays (a `CollectiveRechunk` took it)."""
+    """Expression mode: why dask's ``Rechunk`` given a method (``method=`` or dask's config, one
+    expression either way) stays (a `CollectiveRechunk` took it)."""
     from dask_redist.graph.expr import CollectiveRechunk
     from dask_redist.graph.optimize import kept_for_method
 
-    return None if isinstance(node, CollectiveRechunk) else kept_for_method(node.method)
+    return None if isinstance(node, CollectiveRechunk) else kept_for_method(node.method, None)
 
 
 def _decisions(x, settings: Settings, memory=None) -> list[tuple[str, str, object, str, str]]:

@@ -1,5 +1,6 @@
 """A ``method=`` passed to ``rechunk`` is the caller's choice: Dask's own method runs
-(``redist.respect-method``), and ``explain`` says so (issue 26, item 3)."""
+(``redist.respect-method``), and ``explain`` says so (issue 26, item 3); so is a method set in
+dask's config, ``array.rechunk.method`` (issue 41, item 2)."""
 
 from __future__ import annotations
 
@@ -78,6 +79,53 @@ def test_an_explicit_method_runs_dasks_rechunk_and_explain_says_so(client):
         assert len(scheduler_history(client)) == before + 1
 
 
+@pytest.mark.parametrize("config_value", ["tasks", "p2p", None])
+@pytest.mark.parametrize("keyword", ["tasks", "p2p", None])
+def test_a_configured_method_is_respected_like_method_with_distributeds_semantics(
+    client, config_value, keyword
+):
+    """distributed's ``shuffle/tests/test_rechunk.py::test_rechunk_configuration``, enabled: the
+    method the user chose (``method=`` first, then dask's config) is Dask's and runs as such; only
+    where neither is set (Dask chooses: p2p here) the collective takes over, under the same keys."""
+    a = np.random.default_rng(0).uniform(0, 1, 100).reshape((10, 10))
+    x = da.from_array(a, chunks=(10, 1))
+    new = ((1,) * 10, (10,))
+    config = {"array.rechunk.method": config_value} if config_value is not None else {}
+    with dask_redist.enable(engine="dask"):
+        before = len(scheduler_history(client))
+        with dask.config.set(config):
+            y = da.rechunk(x, chunks=new, method=keyword)
+        chosen = keyword if keyword is not None else config_value
+        p2p = [key[0][0].startswith("rechunk-p2p") for key in y.__dask_keys__()]
+        assert all(p2p) if chosen in ("p2p", None) else not any(p2p)  # (None: dask's heuristic, p2p)
+        (entry,) = dask_redist.explain(y)
+        assert entry.runs == ("collective" if chosen is None else "dask"), entry
+        if keyword is None and config_value is not None:
+            assert f"dask config sets array.rechunk.method: {config_value!r}" in entry.reason, entry.reason
+        assert y.chunks == new
+        np.testing.assert_array_equal(y.compute(), a)
+        assert len(scheduler_history(client)) == before + (chosen is None)
+
+
+@pytest.mark.parametrize(
+    "new",
+    [((1,) * 100, (100,)), ((50, 50), (2,) * 50), ((25, 25, 25, 25), (4,) * 25), ((10,) * 10, (10,) * 10)],
+)
+def test_the_collective_takes_over_whatever_dasks_heuristic_chose(client, new):
+    """distributed's ``test_rechunk_heuristic``, enabled: where Dask chooses the method (neither
+    ``method=`` nor the config), the collective runs instead, tasks or p2p alike; the config is
+    read when the rechunk is called, so setting it afterwards changes nothing."""
+    a = np.random.default_rng(1).uniform(0, 1, 10000).reshape((100, 100))
+    x = da.from_array(a, chunks=(100, 1))
+    with dask_redist.enable(engine="dask"):
+        before = len(scheduler_history(client))
+        y = da.rechunk(x, chunks=new)
+        assert dask_redist.explain(y)[0].runs == "collective"
+        with dask.config.set({"array.rechunk.method": "tasks"}):
+            np.testing.assert_array_equal(y.compute(), a)
+        assert y.chunks == new and len(scheduler_history(client)) == before + 1
+
+
 def test_expression_mode_keeps_dasks_rechunk_for_an_explicit_method():
     code = """
 import dask, dask.array as da, dask_redist
@@ -92,6 +140,12 @@ with dask_redist.enable(min_bytes=0):
     assert entry.runs == "dask" and "method='tasks' was passed" in entry.reason, entry
     with dask.config.set({"redist.respect-method": False}):
         assert isinstance(x.rechunk((64, 8), method="tasks").expr, CollectiveRechunk)
+    with dask.config.set({"array.rechunk.method": "tasks"}):  # a configured method, the same
+        y = x.rechunk((64, 8))
+        with dask.config.set({"redist.respect-method": False}):
+            assert isinstance(x.rechunk((64, 8)).expr, CollectiveRechunk)
+    assert not isinstance(y.expr, CollectiveRechunk) and y.expr.method == "tasks"
+    assert dask_redist.explain(y)[0].runs == "dask"
 print("ok")
 """
     env = {**os.environ, "DASK_ARRAY__QUERY_PLANNING": "True"}

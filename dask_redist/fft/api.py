@@ -10,12 +10,29 @@ collective step each where that can run), which ``dask.array.fft`` refuses to do
 from __future__ import annotations
 
 import math
+import warnings
+
+import numpy as np
 
 from dask_redist.fft import gpu, local
 from dask_redist.fft.plan import FFTOp, normalize
 
+#: What NumPy 2 says (a DeprecationWarning) when an N-D transform gets ``s`` but no ``axes``
+S_WITHOUT_AXES = (
+    "`axes` should not be `None` if `s` is not `None` (Deprecated in NumPy 2.0). In a future version "
+    "of NumPy, this will raise an error and `s[i]` will correspond to the size along the transformed "
+    "axis specified by `axes[i]`. To retain current behaviour, pass a sequence [0, ..., k-1] to `axes` "
+    "for an array of dimension k."
+)
 
-def _as_dask(a):
+
+def _warn_like_numpy(s, axes) -> None:
+    """NumPy 2's warning for ``s`` given without ``axes`` (to the caller of ``fftn``, ...)."""
+    if s is not None and axes is None and np.lib.NumpyVersion(np.__version__) >= "2.0.0":
+        warnings.warn(S_WITHOUT_AXES, DeprecationWarning, stacklevel=3)
+
+
+def as_dask(a):
     import dask.array as da
 
     x = a if isinstance(a, da.Array) else da.asarray(a)
@@ -37,7 +54,7 @@ def _out_chunks(op: FFTOp, chunks, dtype):
 
 def transform(a, kind: str, inverse: bool, s=None, axes=None, norm=None, chunks=None):
     """``a`` transformed as NumPy's function for (``kind``, ``inverse``) would; see the module."""
-    x = _as_dask(a)
+    x = as_dask(a)
     op = normalize(x.shape, kind, inverse, s, axes, norm)
     out_chunks = _out_chunks(op, chunks, local.result_dtype(op.function, x.dtype))
     problem = gpu.problem(x, op)
@@ -47,24 +64,31 @@ def transform(a, kind: str, inverse: bool, s=None, axes=None, norm=None, chunks=
     return y
 
 
+_KINDS = {"fftn": ("c2c", False), "ifftn": ("c2c", True), "rfftn": ("r2c", False), "irfftn": ("c2r", True)}
+
+
 def fftn(a, s=None, axes=None, norm=None, *, chunks=None):
     """The N-D discrete Fourier transform (as ``numpy.fft.fftn``) of a dask array."""
-    return transform(a, "c2c", False, s, axes, norm, chunks)
+    _warn_like_numpy(s, axes)
+    return transform(a, *_KINDS["fftn"], s, axes, norm, chunks)
 
 
 def ifftn(a, s=None, axes=None, norm=None, *, chunks=None):
     """The N-D inverse discrete Fourier transform (as ``numpy.fft.ifftn``) of a dask array."""
-    return transform(a, "c2c", True, s, axes, norm, chunks)
+    _warn_like_numpy(s, axes)
+    return transform(a, *_KINDS["ifftn"], s, axes, norm, chunks)
 
 
 def rfftn(a, s=None, axes=None, norm=None, *, chunks=None):
     """The N-D transform of real input (as ``numpy.fft.rfftn``) of a dask array."""
-    return transform(a, "r2c", False, s, axes, norm, chunks)
+    _warn_like_numpy(s, axes)
+    return transform(a, *_KINDS["rfftn"], s, axes, norm, chunks)
 
 
 def irfftn(a, s=None, axes=None, norm=None, *, chunks=None):
     """The inverse of ``rfftn`` (as ``numpy.fft.irfftn``) of a dask array."""
-    return transform(a, "c2r", True, s, axes, norm, chunks)
+    _warn_like_numpy(s, axes)
+    return transform(a, *_KINDS["irfftn"], s, axes, norm, chunks)
 
 
 def fft2(a, s=None, axes=(-2, -1), norm=None, *, chunks=None):
@@ -91,21 +115,25 @@ def _n(n):
     return None if n is None else (n,)
 
 
+def _axis(axis):
+    return (-1 if axis is None else axis,)  # (None: the last, as dask.array.fft takes it)
+
+
 def fft(a, n=None, axis=-1, norm=None, *, chunks=None):
     """The 1-D transform (as ``numpy.fft.fft``); ``axis`` may be chunked."""
-    return fftn(a, _n(n), (axis,), norm, chunks=chunks)
+    return transform(a, *_KINDS["fftn"], _n(n), _axis(axis), norm, chunks)
 
 
 def ifft(a, n=None, axis=-1, norm=None, *, chunks=None):
     """The 1-D inverse transform (as ``numpy.fft.ifft``)."""
-    return ifftn(a, _n(n), (axis,), norm, chunks=chunks)
+    return transform(a, *_KINDS["ifftn"], _n(n), _axis(axis), norm, chunks)
 
 
 def rfft(a, n=None, axis=-1, norm=None, *, chunks=None):
     """The 1-D transform of real input (as ``numpy.fft.rfft``)."""
-    return rfftn(a, _n(n), (axis,), norm, chunks=chunks)
+    return transform(a, *_KINDS["rfftn"], _n(n), _axis(axis), norm, chunks)
 
 
 def irfft(a, n=None, axis=-1, norm=None, *, chunks=None):
     """The inverse of ``rfft`` (as ``numpy.fft.irfft``)."""
-    return irfftn(a, _n(n), (axis,), norm, chunks=chunks)
+    return transform(a, *_KINDS["irfftn"], _n(n), _axis(axis), norm, chunks)

@@ -8,7 +8,9 @@ executes it on the collective thread, in the global order of runs
 output: Y slabs, X slabs for ``irfftn``) or straight in the chunks asked for, unless those
 cut the last axis in more chunks than the input's length (then a rechunk follows).
 
-On by default (``redist.fft.gpu``; tested on one H200 at 1, 2 and 4 PEs, docs/fft.md).
+On by default (``redist.fft.gpu``; tested on one H200 at 1, 2 and 4 PEs, docs/fft.md). The
+graph also holds the local path's tasks, which a scheduler other than the distributed one
+runs (`dask_redist.graph.anywhere`).
 `problem` says why a transform takes the path that runs everywhere instead.
 """
 
@@ -162,6 +164,7 @@ def build(x, op: FFTOp, chunks):
 
     from dask_redist.core.spec import CollectiveSpec
     from dask_redist.fft import local
+    from dask_redist.graph.anywhere import collective_or_dask
     from dask_redist.graph.layer import CollectiveLayer, collective_tasks
     from dask_redist.graph.stages import group_of_chunks
     from dask_redist.planning import RechunkSpec
@@ -182,6 +185,8 @@ def build(x, op: FFTOp, chunks):
     graph = HighLevelGraph.from_collections(name, layer, dependencies=[x])
     meta = (x._meta.real if geometry.out_dtype.kind == "f" else x._meta).astype(geometry.out_dtype)
     y = da.Array(graph, name, geometry.out_chunks, meta=meta)
+    # (a graph built while a Client is the default may be computed elsewhere: the local path there)
+    y = collective_or_dask(y, local.build(x, op, y.chunks, "computed on a local scheduler")[0])
     record = {
         "op": op.describe(),
         "path": "gpu",

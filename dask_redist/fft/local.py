@@ -46,7 +46,8 @@ def enabled() -> bool:
 
 def rechunk(x, chunks) -> tuple[object, str]:
     """``x`` rechunked to ``chunks``, and how: as one collective step where it can be (a distributed
-    Client is current and the rechunk is eligible), else Dask's rechunk, with the reason. Under
+    Client is current and the rechunk is eligible; computed on another scheduler, Dask's rechunk:
+    `graph.anywhere`), else Dask's rechunk, with the reason. Under
     ``enable()`` a plain rechunk, which the hook rewrites with everything it knows at submission
     (input tasks run by the stage tasks where nothing else needs them)."""
     chunks = tuple(tuple(int(n) for n in c) for c in chunks)
@@ -57,11 +58,16 @@ def rechunk(x, chunks) -> tuple[object, str]:
     if default_client() is None:
         return x.rechunk(chunks), "Dask's rechunk (no distributed Client: the collective needs one)"
     from dask_redist.api import rechunk as collective
+    from dask_redist.compat import original_rechunk
+    from dask_redist.graph.anywhere import collective_or_dask
 
     try:
-        return collective(x, chunks), "collective rechunk"
+        y = collective(x, chunks)
     except NotEligibleError as e:
         return x.rechunk(chunks), f"Dask's rechunk ({e})"
+    # (a graph built while a Client is the default may be computed elsewhere: Dask's rechunk there)
+    dask_rechunk = original_rechunk(x, chunks, method="tasks")
+    return collective_or_dask(y, dask_rechunk), "collective rechunk"
 
 
 def apply_pass(x, p: Pass, norm):

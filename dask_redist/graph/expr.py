@@ -9,7 +9,8 @@ settings of the moment. When it is lowered on a distributed scheduler and the
 array is eligible, its layer is the collective's stage, barrier and unpack
 tasks under the same output name; otherwise it lowers to dask's own rechunk. (Expression mode lowers on the
 client, so "distributed" means: a distributed Client is the default scheduler.) A rechunk given
-``method=`` stays dask's ``Rechunk`` (``redist.respect-method``).
+``method=``, or called while dask's config sets ``array.rechunk.method``, stays dask's
+``Rechunk`` (``redist.respect-method``).
 """
 
 from __future__ import annotations
@@ -18,7 +19,14 @@ from functools import cached_property
 
 from dask.utils import typename
 
-from dask_redist.compat import array_expr, cached_worker_count, default_client, meta_of, with_operand
+from dask_redist.compat import (
+    array_expr,
+    cached_worker_count,
+    chosen_method,
+    default_client,
+    meta_of,
+    with_operand,
+)
 from dask_redist.config import Settings
 from dask_redist.graph.layer import collective_tasks
 from dask_redist.graph.optimize import collective_spec, running_on_scheduler
@@ -70,10 +78,12 @@ def _collective_rechunk(
     self, chunks="auto", threshold=None, block_size_limit=None, balance=False, method=None
 ):
     settings = Settings.from_config()
-    if method is not None and settings.respect_method or self.ndim > 0 and all(s == 0 for s in self.shape):
+    chosen = chosen_method(method) if settings.respect_method else None
+    if chosen is not None or self.ndim > 0 and all(s == 0 for s in self.shape):
+        method = chosen[0] if chosen else method  # (a configured one as dask reads it now, not when lowered)
         return _original_rechunk(
             self, chunks, threshold, block_size_limit, balance, method
-        )  # (the caller's method)
+        )  # (the user's method)
     result = CollectiveRechunk(self, chunks, threshold, block_size_limit, balance, method, settings)
     result.chunks  # noqa: B018 - validates the chunks now, as dask does
     return result

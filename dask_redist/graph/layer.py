@@ -24,12 +24,15 @@ the N-D tails of the keys are dask's, converted here.
 
 from __future__ import annotations
 
+import dataclasses
 
 import numpy as np
+from dask.base import clone_key, tokenize
 from dask.highlevelgraph import MaterializedLayer
 
-from dask_redist.compat import DataNode, TaskRef
+from dask_redist.compat import DataNode, GraphNode, TaskRef
 from dask_redist.core.spec import BarrierTask, CollectiveSpec, CollectiveTask
+from dask_redist.errors import RedistError
 from dask_redist.runtime.tasks import barrier, stage, unpack, unpack_into
 
 
@@ -41,6 +44,45 @@ class CollectiveLayer(MaterializedLayer):
     def spec(self) -> CollectiveSpec | None:
         """The spec its barrier task carries (None if it has none)."""
         return next((t.spec for t in self.mapping.values() if isinstance(t, BarrierTask)), None)
+
+    def clone(self, keys: set, seed, bind_to=None) -> tuple[CollectiveLayer, bool]:
+        """``dask.graph_manipulation``'s clone (`clone_collective`)."""
+        tasks = clone_collective(dict(self), keys, seed, bind_to)
+        return CollectiveLayer(tasks, self.annotations, self.collection_annotations), False
+
+
+def clone_collective(tasks: dict, keys, seed, bind_to=None) -> dict:
+    """The collective of ``tasks`` cloned (``dask.graph_manipulation.clone``, ``bind``): a rechunk
+    of its own (a new token: its runs are not the original's), its output keys and its input's,
+    where ``keys`` lists them, under ``clone_key(key, seed)``. Dask's generic clone kept the
+    original's token and input keys: the clone's unpack tasks waited on the original's run."""
+    (old,) = [t.spec for t in tasks.values() if isinstance(t, BarrierTask)]
+    stages = [t for t in tasks.values() if isinstance(t.key, tuple) and t.key[0] == old.stage_name]
+    inputs = {dep for t in stages for dep in t.dependencies}
+    if bind_to is not None and not inputs & set(keys):
+        raise RedistError(
+            f"{old.describe()}: bind() of a collective built by dask_redist.rechunk/fft to its own input "
+            "(omit=) is not supported; bind the input instead, or rechunk with x.rechunk under enable()"
+        )
+    spec = dataclasses.replace(
+        old,
+        token=tokenize(old.token, seed),
+        input_name=clone_key(old.input_name, seed) if inputs & set(keys) else old.input_name,
+        output_name=clone_key(old.output_name, seed),
+    )
+    subs = {dep: clone_key(dep, seed) for dep in inputs if dep in keys}
+    out = {}
+    for task in stages:  # (args: token, tail, indices, shapes, output type, then the input chunks)
+        tail, rest, chunks = task.args[1], task.args[2:5], task.args[5:]
+        key = (spec.stage_name, *tail)
+        out[key] = CollectiveTask(key, stage, spec.token, tail, *rest, *(_renamed(a, subs) for a in chunks))
+    return {**out, **barrier_and_unpacks(spec, list(out))}
+
+
+def _renamed(arg, subs: dict):
+    if isinstance(arg, TaskRef):
+        return TaskRef(subs.get(arg.key, arg.key))
+    return arg.substitute(subs) if isinstance(arg, GraphNode) else arg
 
 
 def collective_tasks(
@@ -77,9 +119,17 @@ def collective_tasks(
         args = [inputs.get((spec.input_name, *idx)) or TaskRef((spec.input_name, *idx)) for idx in group]
         dsk[key] = CollectiveTask(key, stage, spec.token, tail, indices, shapes, output_type, *args)
         stage_refs.append(TaskRef(key))
-    dsk[spec.barrier_key] = BarrierTask(
-        spec.barrier_key, barrier, DataNode(None, spec), *stage_refs, spec=spec
-    )
+    return {**dsk, **barrier_and_unpacks(spec, [ref.key for ref in stage_refs], consumers)}
+
+
+def barrier_and_unpacks(spec: CollectiveSpec, stage_keys: list, consumers: list | None = None) -> dict:
+    """The barrier task over ``stage_keys`` and an unpack task per output chunk (running its
+    ``consumers`` task, where given: `collective_tasks`)."""
+    dsk: dict = {
+        spec.barrier_key: BarrierTask(
+            spec.barrier_key, barrier, DataNode(None, spec), *map(TaskRef, stage_keys), spec=spec
+        )
+    }
     barrier_ref = TaskRef(spec.barrier_key)
     for flat, key in enumerate(spec.output_keys()):
         if consumers is None:

@@ -20,10 +20,10 @@ import math
 
 import numpy as np
 from dask.array import Array
-from dask.base import tokenize
-from dask.highlevelgraph import HighLevelGraph, Layer
+from dask.base import clone_key, tokenize
+from dask.highlevelgraph import HighLevelGraph, Layer, MaterializedLayer
 
-from dask_redist.compat import original_rechunk_step
+from dask_redist.compat import Task, TaskRef, original_rechunk_step
 
 
 class LazyRechunkStep(Layer):
@@ -74,6 +74,49 @@ class LazyRechunkStep(Layer):
 
     def __len__(self) -> int:
         return len(self._dict)
+
+    def clone(self, keys: set, seed, bind_to=None) -> tuple[MaterializedLayer, bool]:
+        """``dask.graph_manipulation``'s clone of this step (`clone_tasks`): Dask's tasks under the
+        cloned keys, its annotations kept."""
+        tasks, bound = clone_tasks(self._dict, keys, seed, bind_to)
+        layer = ClonedRechunkStep(tasks, self.annotations, self.collection_annotations)
+        layer.chunks_input = self.old
+        return layer, bound
+
+
+class ClonedRechunkStep(MaterializedLayer):
+    """A clone of a `LazyRechunkStep` (`LazyRechunkStep.clone`): Dask's tasks under the cloned
+    keys, and the step's input chunks, ``chunks_input`` (read as a p2p layer's are,
+    `graph.optimize.input_chunks`): the cloned input layer has lost its annotations, so the
+    graph rewrite learns them here and the collective can take the clone too."""
+
+    chunks_input: tuple = ()
+
+
+def clone_tasks(tasks: dict, keys, seed, bind_to=None) -> tuple[dict, bool]:
+    """A layer's ``tasks`` as ``dask.graph_manipulation`` clones them (``Layer.clone``): every
+    task of the layer under ``clone_key(key, seed)``, its references to ``keys`` and to the
+    layer's own keys (the split steps, which ``keys`` does not list) cloned too, and the tasks
+    that reference none of them (leaves) bound to ``bind_to`` (``bind``, ``wait_on``).
+
+    Dask's generic ``Layer.clone`` substitutes keys in tuple tasks only: a clone of a layer of
+    ``Task`` objects, such as Dask's rechunk, keeps pointing at the original's keys, which no
+    longer exist once the original's rechunk is rewritten into the collective (or were never
+    computed). Returns the tasks and whether any was bound."""
+    from dask.graph_manipulation import chunks
+
+    subs = {key: clone_key(key, seed) for key in tasks}
+    for task in tasks.values():
+        subs.update(
+            {dep: clone_key(dep, seed) for dep in task.dependencies if dep not in subs and dep in keys}
+        )
+    cloned, bound = {}, False
+    for key, task in tasks.items():
+        new = task.substitute(subs, key=subs[key])
+        if bind_to is not None and not task.dependencies & subs.keys():
+            new, bound = Task(subs[key], chunks.bind, new, TaskRef(bind_to)), True
+        cloned[subs[key]] = new
+    return cloned, bound
 
 
 def lazy_rechunk_step(x: Array, chunks) -> Array:

@@ -23,7 +23,14 @@ from dask.core import flatten
 from dask.utils import ensure_dict
 from dask.highlevelgraph import HighLevelGraph, MaterializedLayer
 
-from dask_redist.compat import METHOD_ANNOTATION, P2P_PREFIX, RECHUNK_PREFIXES, running_schedulers
+from dask_redist.compat import (
+    CONFIG_METHOD,
+    METHOD_ANNOTATION,
+    METHOD_FROM_ANNOTATION,
+    P2P_PREFIX,
+    RECHUNK_PREFIXES,
+    running_schedulers,
+)
 from dask_redist.config import Settings
 from dask_redist.core.spec import CollectiveSpec
 from dask_redist.graph.fuse import fusable_consumers, fuse_blockwise
@@ -100,14 +107,20 @@ def _method(chain: RechunkChain) -> str:
     return f"tasks ({len(chain.layers)} step{'s' * (len(chain.layers) > 1)})"
 
 
-def kept_for_method(method: str | None) -> str | None:
-    """Why a rechunk whose caller passed ``method=`` (and ``redist.respect-method`` when it was called,
-    `compat.record_explicit_methods`) keeps Dask's rechunk; None: no method passed."""
-    if method is not None:
-        return (
-            f"method={method!r} was passed to rechunk: Dask's own {method} rechunk runs (redist.respect-method; "
-            "without method=, or with dask_redist.rechunk(x, chunks), the collective)"
-        )
+def kept_for_method(method: str | None, chosen_by: str | None = "method=") -> str | None:
+    """Why a rechunk whose caller chose its method (``redist.respect-method`` when it was called,
+    `compat.record_explicit_methods`) keeps Dask's rechunk; None: no method chosen. ``chosen_by``:
+    ``"method="``, `compat.CONFIG_METHOD`, or None where unknown (expression mode)."""
+    if method is None:
+        return None
+    how = {
+        "method=": f"method={method!r} was passed to rechunk",
+        CONFIG_METHOD: f"dask config sets {CONFIG_METHOD}: {method!r}",
+    }.get(chosen_by, f"method={method!r} was passed to rechunk, or set as {CONFIG_METHOD}")
+    return (
+        f"{how}: Dask's own {method} rechunk runs (redist.respect-method; without a method chosen, "
+        "or with dask_redist.rechunk(x, chunks), the collective)"
+    )
 
 
 def collective_spec(
@@ -212,7 +225,9 @@ def decide(hlg: HighLevelGraph, chain: RechunkChain, settings: Settings, old=Non
     method = _method(chain)
     source = hlg.layers.get(chain.source)
     out_ann = hlg.layers[chain.output].collection_annotations or {}
-    if kept := kept_for_method(out_ann.get(METHOD_ANNOTATION)):
+    if kept := kept_for_method(
+        out_ann.get(METHOD_ANNOTATION), out_ann.get(METHOD_FROM_ANNOTATION, "method=")
+    ):
         return Decision(chain, None, kept, method)
     old = input_chunks(hlg, chain) if old is None else old
     if stale := stale_chunks(old, out_ann.get("chunks")):

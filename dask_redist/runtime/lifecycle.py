@@ -9,7 +9,6 @@ message handlers decide when a run starts or fails; this module carries it out.
 
 from __future__ import annotations
 
-import itertools
 import logging
 import time
 from collections import deque
@@ -37,7 +36,12 @@ class Runs:
         self.stage_home: dict = {}  # stage key -> worker holding its chunks
         self.history: deque = deque(maxlen=HISTORY_KEPT)
         self.timeline: dict[str, float] = {}  # wall-clock marks of the latest run, for diagnostics
-        self._seq = itertools.count(1)
+        self._last_seq = 0  # (an int, not itertools.count: Python 3.14 cannot pickle that)
+
+    def _next_seq(self) -> int:
+        """The next run's number in the one global order over all runs."""
+        self._last_seq += 1
+        return self._last_seq
 
     def active(self, token: str, run_id: int | None = None) -> ActiveRun | None:
         """The active run of rechunk ``token`` (if it is run ``run_id``, where given), or None."""
@@ -55,7 +59,7 @@ class Runs:
         run = RunSpec(
             collective=spec,
             run_id=self.run_ids.next(spec.token),
-            seq=next(self._seq),
+            seq=self._next_seq(),
             workers=tuple(ranks),
             in_ranks=plan.in_ranks,
             out_ranks=plan.out_ranks,

@@ -67,6 +67,11 @@ class RedistSchedulerPlugin(SchedulerPlugin):
         self._plans: dict = {}  # the last plans by geometry, placement and outputs wanted (`_plan`)
         self._ready: asyncio.Event | None = None
 
+    def __reduce__(self):
+        """The plugin travels (registered from a task, `runtime.tasks.register`) as what it is,
+        never with its state: runs, locks and events stay in the scheduler that holds them."""
+        return (type(self), (self.worker_plugin,))
+
     async def start(self, scheduler) -> None:
         if self.name in scheduler.plugins:  # registered concurrently by another barrier
             return

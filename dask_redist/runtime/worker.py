@@ -303,6 +303,9 @@ class RedistWorkerPlugin(WorkerPlugin):
     name = "redist"
     idempotent = True
 
+    def __reduce__(self):  # (travels without the worker it was set up on)
+        return (type(self), ())
+
     def setup(self, worker):
         self._worker = worker
         state = get_state(worker)
