@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 import dask_redist
 from dask_redist.config import ConfigError, Settings
-from dask_redist.core.spec import BARRIER_PREFIX, STAGE_PREFIX
+from dask_redist.core.spec import BARRIER_PREFIX
 from dask_redist.graph.optimize import CollectiveOptimizer, decide, find_rechunks, rewrite
 from dask_redist.planning import RechunkSpec
 
@@ -27,7 +27,7 @@ def test_tasks_chain_becomes_one_collective_with_the_same_output_keys():
     assert set(new.layers) == {y.name}  # (x's chunks are computed by the stage tasks: test below)
     keys = set(new.layers[y.name])
     assert set(dask.core.flatten(y.__dask_keys__())) <= keys
-    assert sum(isinstance(k, tuple) and k[0] == STAGE_PREFIX + d.spec.token for k in keys) == 8
+    assert sorted(staged_chunks(new.layers[y.name], d.spec)) == list(range(8))
     assert BARRIER_PREFIX + d.spec.token in keys
 
 
@@ -297,7 +297,20 @@ def test_rewrite_of_a_10000_chunk_rechunk():
     x = da.ones((10_000, 100), chunks=(1, 100))
     y = x.rechunk((10_000, 1))
     new, (d,) = rewrite(y.__dask_graph__(), [y.__dask_keys__()])
-    assert d.collective and len(new.layers[y.name]) == 10_000 + 1 + 100
+    layer = new.layers[y.name]
+    assert d.collective and sorted(staged_chunks(layer, d.spec)) == list(range(10_000))
+    assert len(layer) == len(stage_tasks(layer, d.spec)) + 1 + 100
+
+
+def stage_tasks(layer, spec) -> list:
+    return [t for k, t in layer.items() if isinstance(k, tuple) and k[0] == spec.stage_name]
+
+
+def staged_chunks(layer, spec) -> list[int]:
+    """The input chunks (flat indices) the stage tasks of ``layer`` stage: one stage task each, or
+    grouped (where the rewrite finds a scheduler running in this process, as beside the session's
+    cluster)."""
+    return [i for t in stage_tasks(layer, spec) for i in t.args[2]]
 
 
 @settings(max_examples=100, deadline=None)

@@ -355,7 +355,7 @@ def _replace_chain(
         else:
             del layers[source]
             deps[out] = (deps[out] - {source}) | deps.pop(source)
-    return d
+    return replace(d, spec=spec)
 
 
 def running_on_scheduler() -> bool:
