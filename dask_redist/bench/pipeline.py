@@ -216,9 +216,9 @@ def _fft_ok(y, x, case: Case, rechunk: bool, rng) -> bool:
         meta=np.empty((0, 0, 0, 0), np.complex128),
     )
     reference = shares.sum(axis=(0, 1, 2))
-    got = y.vindex[tuple(np.array(p) for p in zip(*places))]
-    reference, got = dask.compute(reference, got)
-    got = got.get() if hasattr(got, "get") else np.asarray(got)
+    values = [y[i0 : i0 + 1, k1 : k1 + 1, k2 : k2 + 1] for i0, k1, k2 in places]
+    reference, *values = dask.compute(reference, *values)
+    got = np.array([complex(_host(v).ravel()[0]) for v in values])
     # rounding: of the order of eps x the sum of |input| (the values are below 65521 * sqrt(2))
     return bool(np.allclose(got, reference, rtol=1e-9, atol=1e-12 * 1.5 * 65521 * math.prod(case.shape)))
 
@@ -243,7 +243,7 @@ def check_output(pipeline: str, case: Case, y, x, token: int, rechunk: bool, kin
         want = _expected(pipeline, case, token, box)
         atol = 0.0
         if case.dtype == "float32":  # float32 sums: rounding of eps x log2(terms) x the largest value
-            atol = 2e-7 * (0.5 * 65521 + token) * (2 + math.log2(case.shape[0]))
+            atol = 1e-6 * (0.5 * 65521 + token) * (2 + math.log2(case.shape[0]))
         ok = ok and g.shape == want.shape and bool(np.allclose(g, want, rtol=1e-9, atol=atol))
     return ok
 
