@@ -451,3 +451,37 @@ def test_cli_pipeline_writes_markdown_and_json(tmp_path):
     md = (tmp_path / "p.md").read_text()
     assert md.startswith("Command: `dask-redist bench --pipeline") and "Date: " in md
     assert "| elementwise | slab" in md and "skipped" in md
+
+
+def test_the_pipeline_summary_relates_the_rows_and_gives_the_gpu_time():
+    """One summary row per pipeline and chunk count: what the rechunk adds (medians), the bare
+    rechunk and the floor of its input, and where cufftmp kept statistics, its GPU ms."""
+    from dask_redist.bench import pipeline as p
+
+    case = "slab 8.00 GiB 16->16 float64"
+    stats = {
+        "w": {"last": {"layout": "slabs", "rounds": 1, "stage ms": 1.0, "reshape ms": 5.0, "unstage ms": 2.0}}
+    }
+
+    def row(name, method, times, **kw):
+        return p.PipelineResult(name, method, 1, 16, 16, times=times, correct=True, **kw)
+
+    rows = [
+        row(f"elementwise: {case}", "without", [0.030, 0.040, 0.050], tasks=16),
+        row(f"elementwise: {case}", "with", [0.100, 0.090], tasks=34, engine_stats=stats),
+        row(case, "bare", [0.060], engine_stats=stats),
+        row(case, "floor", [0.020]),
+    ]
+    (s,) = p.summary(rows)
+    assert (s["without"], s["with"], s["adds"], s["bare"], s["floor"]) == (
+        "40.0 ms",
+        "95.0 ms",
+        "55.0 ms",
+        "60.0 ms",
+        "20.0 ms",
+    )
+    assert s["tasks"] == "skipped" and s["GPU ms (with / bare)"] == "8.0 / 8.0" and s["checked"] == "equal"
+    assert s["task count (without / with / tasks)"] == "16 / 34 / -"
+    md = p.markdown(rows, {"date": "d", "machine": "m", "workers": 1}, "dask-redist bench --pipeline")
+    assert md.startswith("Command: `dask-redist bench --pipeline`") and "| elementwise | slab 8.00 GiB" in md
+    assert "reshape ms 5.00" in md  # every row's note: the engine's last run

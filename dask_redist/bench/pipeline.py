@@ -54,7 +54,7 @@ from distributed.diagnostics.plugin import SchedulerPlugin
 from dask_redist.bench.cases import Case, _even, check, expected_block, placed_array, slab_case
 from dask_redist.bench.fft import pencils
 from dask_redist.bench.floor import floor_row
-from dask_redist.bench.harness import Result, _gpu_idle, timeline
+from dask_redist.bench.harness import Result, _gpu_idle, engine_stats, timeline
 
 PIPELINES = ("elementwise", "fft", "reduction", "generated", "weather")
 #: rows of every pipeline (``bare`` and ``floor``: once per input case)
@@ -333,6 +333,8 @@ def _one_run(client, pipeline: str, case: Case, method: str, r: Result, opts: Op
             r.timeline = marks or None
             ran = "the collective" if marks else "Dask's rechunk"
             r.note = f"enable() ran {ran}" if not r.note or ran in r.note else "enable() ran both, run by run"
+            if marks and timed:
+                r.engine_stats = _engine_stats(client) or None
         if method == "bare":
             ok = check(y, case, token)
         else:
@@ -383,13 +385,33 @@ def run_pipeline(
     return out
 
 
+def _engine_stats(client) -> dict:
+    """The statistics of the engine that ran last, per worker (`harness.engine_stats`), of the
+    first engine that keeps any (cufftmp: stage, reshape, unstage ms on the GPU's clock)."""
+    from dask_redist import status
+
+    names = {e for w in status(client)["workers"].values() for e in w["engines"]}
+    for name in sorted(names):
+        if stats := engine_stats(client, name):
+            return stats
+    return {}
+
+
 @dataclass
 class PipelineResult(Result):
     tasks: int | None = None  # tasks the last timed run's graph put on the scheduler
 
+    @property
+    def gpu_ms(self) -> float | None:
+        """The slowest worker's stage + reshape + unstage ms in the last timed run (cufftmp)."""
+        last = [s["last"] for s in (self.engine_stats or {}).values() if s.get("last")]
+        spent = [sum(x.get(k, 0.0) for k in ("stage ms", "reshape ms", "unstage ms")) for x in last]
+        return max(spent) if spent else None
+
     def row(self) -> dict:
         row = super().row()
-        return {**row, "tasks": "" if self.tasks is None else self.tasks}
+        note = "; ".join(p for p in (self.error or self.note, self._engine_note()) if p)
+        return {**row, "note": note[:200], "tasks": "" if self.tasks is None else self.tasks}
 
 
 def _summary(r: Result) -> str:
@@ -434,6 +456,12 @@ def summary(results: list) -> list[dict]:
                 "floor": _ms(get("floor", case)),
                 "tasks": _ms(get("tasks")) if tasks is not None else "skipped",
                 "tasks / with": f"{get('tasks') / with_:.1f}" if get("tasks") and with_ else "",
+                "GPU ms (with / bare)": " / ".join(
+                    "-" if g is None else f"{g:.1f}"
+                    for g in (r.gpu_ms, by[(case, "bare")].gpu_ms if (case, "bare") in by else None)
+                )
+                if r.gpu_ms is not None
+                else "",
                 "task count (without / with / tasks)": " / ".join(
                     str(by[(r.case, m)].tasks)
                     if (r.case, m) in by and by[(r.case, m)].tasks is not None
@@ -450,12 +478,12 @@ def summary(results: list) -> list[dict]:
 def markdown(results: list, env: dict, command: str) -> str:
     """The summary table, then every row in full (`results.markdown`: header, per-chunk costs, phases)."""
     from dask_redist.bench.results import markdown as full
-    from dask_redist.report import markdown_table
+    from dask_redist.report import fitted_table
 
     page = full(results, env, command)
     head, rest = page.split("\n\n", 1)
-    table = markdown_table(summary(results), "")
-    return f"{head}\n\n{table}\n\nEvery row:\n\n{rest}"
+    table = fitted_table(summary(results), "", terminal=False)  # (columns empty everywhere left out)
+    return f"{head}\n\n{table}\nEvery row:\n\n{rest}"
 
 
 def to_json(results: list, env: dict, command: str) -> str:
