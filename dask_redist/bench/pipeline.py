@@ -525,7 +525,7 @@ def main(args, command: str, connect, show) -> int:
                         client, pipeline, size, n, opts, shared, lambda line: print(line, flush=True)
                     )
                     results += done
-                    show(summary(done), f"{pipeline}, {n} chunks")
+                    show(summary(results)[-1:], f"{pipeline}, {n} chunks")  # (with the shared bare, floor)
                     if stem:  # after every pipeline: a run cut short keeps what it measured
                         write(stem, results, env, command)
     show(summary(results), "pipelines")
