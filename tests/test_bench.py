@@ -485,3 +485,24 @@ def test_the_pipeline_summary_relates_the_rows_and_gives_the_gpu_time():
     md = p.markdown(rows, {"date": "d", "machine": "m", "workers": 1}, "dask-redist bench --pipeline")
     assert md.startswith("Command: `dask-redist bench --pipeline`") and "| elementwise | slab 8.00 GiB" in md
     assert "reshape ms 5.00" in md  # every row's note: the engine's last run
+
+
+@pytest.mark.gpu
+def test_every_pipeline_on_cupy_chunks(gpu_client):
+    """`bench --pipeline --gpu`: the pipelines on CuPy chunks (CuPy's FFT and RandomState in the
+    graph, the checks' values brought to the host), every row checked, with the engine's GPU ms."""
+    from dask_redist.bench import pipeline as p
+
+    shared, results = {}, []
+    for name in p.PIPELINES:
+        results += p.run_pipeline(
+            gpu_client, name, "8MiB", 16, p.Options(kind="cupy", reps=1), shared, say=lambda _: None
+        )
+    assert all(r.error is None and r.correct is True for r in results), [
+        r for r in results if r.error or not r.correct
+    ]
+    withs = [r for r in results if r.method == "with"]
+    assert len(withs) == len(p.PIPELINES)
+    for r in withs:  # (the collective or Dask's rechunk, as enable()'s cost model chose)
+        assert r.note.startswith("enable() ran"), r
+    assert all(row["checked"] == "equal" for row in p.summary(results))
