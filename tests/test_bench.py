@@ -369,3 +369,140 @@ def test_cli_calibrate_writes_a_model_the_settings_read(cluster, tmp_path):
     )
     with pytest.raises(SystemExit, match="two --size values"):
         main(["bench", "--calibrate", "--scheduler", cluster.scheduler_address, "--size", "64KiB"])
+
+
+# -- bench --pipeline ------------------------------------------------------------------------
+
+
+def test_the_weather_case_is_daily_chunks_to_long_time_series():
+    from dask_redist.bench.pipeline import weather_case
+
+    era5 = weather_case("36.4GB", 8760)  # dask#11162's year of hourly fields
+    assert era5.shape == (8760, 721, 1440) and era5.dtype == "float32"
+    assert era5.old == ((1,) * 8760, (721,), (1440,))
+    assert era5.new[0] == (8760,) and len(era5.new[1]) * len(era5.new[2]) == 8760
+    small = weather_case("256KiB", 4)
+    assert small.nbytes <= 256 * 1024 and tuple(map(len, small.new)) == (1, 2, 2)
+
+
+def test_every_pipeline_gives_its_rows_checked(client):
+    """`bench --pipeline`: per pipeline, without / with / tasks rows, and once per input case the
+    bare rechunk and Dask's floor, every one timed and checked; the summary says what the
+    rechunk adds. No timings asserted."""
+    from dask_redist.bench import pipeline as p
+
+    lines, shared, results = [], {}, []
+    opts = p.Options(engine="dask", reps=1)
+    for name in p.PIPELINES:
+        results += p.run_pipeline(client, name, "256KiB", 4, opts, shared, say=lines.append)
+    by = {(r.case.split(": ")[0], r.method): r for r in results}
+    for name in p.PIPELINES:
+        for method in ("without", "with", "tasks"):
+            r = by[(name, method)]
+            assert r.error is None and r.correct is True and len(r.times) == 1, r
+            assert r.tasks > 0, r
+        assert by[(name, "with")].note == "enable() ran the collective"
+    bare_floor = [r for r in results if r.method in ("bare", "floor")]
+    assert len(bare_floor) == 2 * 3  # three input cases: float64 slabs, complex128 slabs, weather
+    assert all(r.correct is True and len(r.times) == 1 for r in bare_floor), bare_floor
+    rows = p.summary(results)
+    assert [row["pipeline"] for row in rows] == list(p.PIPELINES)
+    for row in rows:
+        assert all(row[k].endswith(" ms") for k in ("without", "with", "adds", "bare", "floor", "tasks")), row
+        assert row["checked"] == "equal", row
+    assert len(lines) == len(results)
+
+
+@pytest.mark.parametrize("pipeline", ["elementwise", "fft", "weather"])
+def test_a_wrong_result_fails_its_row(client, monkeypatch, pipeline):
+    """A pipeline whose rechunked result is off (here: one added after the rechunk) is WRONG."""
+    from dask_redist.bench import pipeline as p
+
+    build = p.build
+
+    def off(pipeline, case, x, token, rechunk, method=None):
+        y = build(pipeline, case, x, token, rechunk, method)
+        return y + 1 if rechunk else y
+
+    monkeypatch.setattr(p, "build", off)
+    shared = {p.pipeline_case(pipeline, "256KiB", 4).name: []}  # (no bare rechunk, no floor)
+    rows = p.run_pipeline(client, pipeline, "256KiB", 4, p.Options(reps=1, tasks_up_to=0), shared)
+    correct = {r.method: r.correct for r in rows}
+    assert correct == {"without": True, "with": False}, rows
+    assert p.summary(rows)[0]["checked"] == "WRONG" and p.summary(rows)[0]["tasks"] == "skipped"
+
+
+def test_cli_pipeline_writes_markdown_and_json(tmp_path):
+    args = "bench --pipeline --workers 2 --size 256KiB --chunks 4 --reps 1 --engine dask --name p"
+    args = args.split() + [
+        "--pipelines",
+        "elementwise",
+        "reduction",
+        "--tasks-up-to",
+        "0",
+        "--out",
+        str(tmp_path),
+    ]
+    assert main(args) == 0
+    data = json.loads((tmp_path / "p.json").read_text())
+    assert [row["pipeline"] for row in data["pipelines"]] == ["elementwise", "reduction"]
+    assert {r["method"] for r in data["results"]} == {"without", "with", "bare", "floor"}
+    assert all(r["correct"] is True for r in data["results"])
+    md = (tmp_path / "p.md").read_text()
+    assert md.startswith("Command: `dask-redist bench --pipeline") and "Date: " in md
+    assert "| elementwise | slab" in md and "skipped" in md
+
+
+def test_the_pipeline_summary_relates_the_rows_and_gives_the_gpu_time():
+    """One summary row per pipeline and chunk count: what the rechunk adds (medians), the bare
+    rechunk and the floor of its input, and where cufftmp kept statistics, its GPU ms."""
+    from dask_redist.bench import pipeline as p
+
+    case = "slab 8.00 GiB 16->16 float64"
+    stats = {
+        "w": {"last": {"layout": "slabs", "rounds": 1, "stage ms": 1.0, "reshape ms": 5.0, "unstage ms": 2.0}}
+    }
+
+    def row(name, method, times, **kw):
+        return p.PipelineResult(name, method, 1, 16, 16, times=times, correct=True, **kw)
+
+    rows = [
+        row(f"elementwise: {case}", "without", [0.030, 0.040, 0.050], tasks=16),
+        row(f"elementwise: {case}", "with", [0.100, 0.090], tasks=34, engine_stats=stats),
+        row(case, "bare", [0.060], engine_stats=stats),
+        row(case, "floor", [0.020]),
+    ]
+    (s,) = p.summary(rows)
+    assert (s["without"], s["with"], s["adds"], s["bare"], s["floor"]) == (
+        "40.0 ms",
+        "95.0 ms",
+        "55.0 ms",
+        "60.0 ms",
+        "20.0 ms",
+    )
+    assert s["tasks"] == "skipped" and s["GPU ms (with / bare)"] == "8.0 / 8.0" and s["checked"] == "equal"
+    assert s["task count (without / with / tasks)"] == "16 / 34 / -"
+    md = p.markdown(rows, {"date": "d", "machine": "m", "workers": 1}, "dask-redist bench --pipeline")
+    assert md.startswith("Command: `dask-redist bench --pipeline`") and "| elementwise | slab 8.00 GiB" in md
+    assert "reshape ms 5.00" in md  # every row's note: the engine's last run
+
+
+@pytest.mark.gpu
+def test_every_pipeline_on_cupy_chunks(gpu_client):
+    """`bench --pipeline --gpu`: the pipelines on CuPy chunks (CuPy's FFT and RandomState in the
+    graph, the checks' values brought to the host), every row checked, with the engine's GPU ms."""
+    from dask_redist.bench import pipeline as p
+
+    shared, results = {}, []
+    for name in p.PIPELINES:
+        results += p.run_pipeline(
+            gpu_client, name, "8MiB", 16, p.Options(kind="cupy", reps=1), shared, say=lambda _: None
+        )
+    assert all(r.error is None and r.correct is True for r in results), [
+        r for r in results if r.error or not r.correct
+    ]
+    withs = [r for r in results if r.method == "with"]
+    assert len(withs) == len(p.PIPELINES)
+    for r in withs:  # (the collective or Dask's rechunk, as enable()'s cost model chose)
+        assert r.note.startswith("enable() ran"), r
+    assert all(row["checked"] == "equal" for row in p.summary(results))

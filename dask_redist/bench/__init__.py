@@ -5,7 +5,9 @@
 * `baselines`: nvmath's own ``Redistribute`` and the measured peer-copy ceiling;
 * `calibrate`: ``bench --calibrate``, the cost model of ``redist.min-bytes: auto`` measured here;
 * `floor`: Dask's own floor for a chunk count (a layer of coroutine tasks keyed like the output);
-* `micro`: the graph rewrite of a large rechunk, the fixed cost of a tiny one.
+* `micro`: the graph rewrite of a large rechunk, the fixed cost of a tiny one;
+* `pipeline`: ``bench --pipeline``, a rechunk between other steps, with and without it;
+* `fft`: ``bench --fft``, ``dask_redist.fft.fftn`` against the four steps by hand.
 
 Nothing in the library imports this package; the CLI does.
 """

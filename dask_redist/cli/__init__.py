@@ -132,6 +132,30 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--fft", action="store_true", help="dask_redist.fft.fftn against the four-step path (bench.fft)"
     )
+    p.add_argument(
+        "--pipeline",
+        action="store_true",
+        help="a rechunk between other steps (bench.pipeline): per pipeline and --chunks, the pipeline without "
+        "the rechunk, with it under enable(), what it adds, the bare rechunk, Dask's floor and Dask's tasks; "
+        "sized by --size (--dtype is the pipelines' own)",
+    )
+    p.add_argument(
+        "--pipelines",
+        nargs="+",
+        choices=["elementwise", "fft", "reduction", "generated", "weather"],
+        help="--pipeline: which pipelines (default all)",
+    )
+    p.add_argument(
+        "--tasks-up-to",
+        type=int,
+        metavar="CHUNKS",
+        help="--pipeline: time Dask's tasks rechunk only at chunk counts up to this (0: never; default: always)",
+    )
+    p.add_argument(
+        "--engine",
+        choices=["auto", *engines],
+        help="--pipeline: redist.engine of the enable() the pipelines run under (default: as configured)",
+    )
     p.set_defaults(func=bench)
 
     p = sub.add_parser(

@@ -23,6 +23,10 @@ def bench(args) -> int:
         from dask_redist.bench import fft
 
         return fft.main(args, command, client_for, show, write)
+    if args.pipeline:
+        from dask_redist.bench import pipeline
+
+        return pipeline.main(args, command, client_for, show)
     if args.calibrate:
         return _calibrate(args, command)
     if args.micro:

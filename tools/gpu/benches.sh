@@ -18,6 +18,8 @@
 #     peers-max: 2 PEs at 128 and 256 chunks, the collective and the floor, with
 #       redist.nvshmem.shared-gpu-max-chunks at its default (64: the heap's rounds) and at 128
 #     calibrate: `bench --calibrate --gpu` with 1 PE: the cost model of this tree on this machine
+#     pipelines: issue 40's table: `bench --pipeline --gpu --size 8GiB` at 16-1024 chunks (Dask's
+#       tasks up to 256), 4 reps, at 1 PE, then 2 PEs
 #   bash tools/gpu/benches.sh wait [SECONDS]   until they have ended (or SECONDS have passed)
 #   bash tools/gpu/benches.sh collect          the last lines of each log, everything as $OUT/benches.tgz
 set -uo pipefail
@@ -67,6 +69,9 @@ case ${1:-} in
           script+="DASK_REDIST__NVSHMEM__SHARED_GPU_MAX_CHUNKS=$m $(bench gpu-peers-max$m --gpu $(pes 2) --size 8GiB --chunks 128 256 --methods redist-cufftmp floor --reps 5)"
         done ;;
       calibrate) script+="$(bench gpu-calibration-cupy-1 --gpu --workers 1 --calibrate)" ;;
+      pipelines) for k in 1 2; do
+          script+="$(bench gpu-pipelines-pes$k --pipeline --gpu $(pes $k) --size 8GiB --chunks 16 64 256 1024 --tasks-up-to 256 --reps 4)"
+        done ;;
       *) echo "unknown: $w"; exit 2 ;;
     esac; done
     launch "$dir" benches "$script"
@@ -76,5 +81,5 @@ case ${1:-} in
     running && echo "(still running)"
     for log in "$dir"/*.log; do [ -f "$log" ] && { echo "== $(basename "$log")"; grep -vE '^[0-9-]+ [0-9:,]+ - |^\s*$|[Ww]arn' "$log" | tail -15; }; done
     pack benches "$dir" ;;
-  *) sed -n 2,15p "$0"; exit 2 ;;
+  *) sed -n 2,24p "$0"; exit 2 ;;
 esac
