@@ -1,0 +1,145 @@
+"""Hosts as every part of dask-redist sees them (issue 44): a worker's ``redist.host`` (its own
+config, ``DASK_REDIST__HOST`` where it is started), else its address's host
+(`dask_redist.config.host`). Pseudo-hosts, workers of one machine given two names, take the
+branches of several hosts: here on CPU worker processes (doctor, status, explain, the dask
+engine's values), and in the pure functions of the NVSHMEM world with fake members; on one GPU
+with tools/gpu/pseudo-hosts.sh."""
+
+from __future__ import annotations
+
+import dask
+import numpy as np
+import pytest
+from test_peers import Group
+
+import dask_redist
+from dask_redist.bench.gpu_cluster import pseudo_host
+from dask_redist.config import host
+from dask_redist.engines.cufftmp import hostfiles
+from dask_redist.engines.cufftmp.world import Member, across_hosts, shares_gpu
+
+
+def test_the_host_is_the_processes_own_setting_else_the_addresss():
+    with dask.config.set({"redist.host": None}):
+        assert host("tcp://10.1.2.3:4001") == "10.1.2.3"
+        assert host("tcp://[::1]:4001") == "::1"
+        assert host(None)  # (outside a worker: the machine's name)
+    with dask.config.set({"redist.host": " hostA "}):
+        assert host("tcp://10.1.2.3:4001") == "hostA"
+    with dask.config.set({"redist.host": ""}):  # (empty: not set)
+        assert host("tcp://10.1.2.3:4001") == "10.1.2.3"
+
+
+def test_the_environment_variable_counts_where_the_config_says_null(monkeypatch):
+    """A nanny hands its worker the nanny's config (``redist.host: null`` where the nanny's process
+    imported dask_redist) over the worker's ``env``: the variable is read then."""
+    monkeypatch.setenv("DASK_REDIST__HOST", "hostB")
+    with dask.config.set({"redist.host": None}):
+        assert host("tcp://10.1.2.3:4001") == "hostB"
+    with dask.config.set({"redist.host": "hostA"}):
+        assert host("tcp://10.1.2.3:4001") == "hostA"
+
+
+def test_pseudo_hosts_split_the_workers_in_order():
+    assert [pseudo_host(i, 4, 2) for i in range(4)] == ["hostA", "hostA", "hostB", "hostB"]
+    assert [pseudo_host(i, 6, 3) for i in range(6)] == ["hostA", "hostA", "hostB", "hostB", "hostC", "hostC"]
+    assert pseudo_host(0, 4, 1) is None  # one host: each worker's own
+    with pytest.raises(ValueError, match="hosts"):
+        pseudo_host(0, 2, 3)
+
+
+GPU = ("boot-1", "0000:19:00.0")
+NO_TRANSPORT = {"network devices": [], "remote transport": None}
+
+
+def test_pes_of_two_pseudo_hosts_on_one_gpu_do_not_copy_chunk_to_chunk():
+    """The peers' path through CUDA IPC is for one host: PEs of two pseudo-hosts on the same GPU
+    take the symmetric heap's rounds, as PEs of two hosts would."""
+    assert shares_gpu([Member("hostA", GPU, NO_TRANSPORT)] * 2)
+    assert not shares_gpu([Member("hostA", GPU, NO_TRANSPORT), Member("hostB", GPU, NO_TRANSPORT)])
+    assert not shares_gpu(
+        [Member("hostA", GPU, NO_TRANSPORT), Member("hostA", ("boot-1", "other"), NO_TRANSPORT)]
+    )
+
+
+def test_every_rank_refuses_a_world_across_hosts_without_a_remote_transport():
+    """What every rank decides alike from the members' all-gather, before NVSHMEM starts."""
+    workers = ["tcp://127.0.0.1:1", "tcp://127.0.0.1:2"]
+    two = [Member("hostA", GPU, NO_TRANSPORT), Member("hostB", GPU, NO_TRANSPORT)]
+    why = across_hosts(workers, two)
+    assert why.startswith("workers on 2 hosts (hostA, hostB)") and "NVSHMEM_REMOTE_TRANSPORT" in why
+    ucx = {"network devices": [], "remote transport": "ucx"}
+    assert across_hosts(workers, [Member("hostA", GPU, ucx), Member("hostB", GPU, ucx)]) is None
+    assert across_hosts(workers, [Member("hostA", GPU, NO_TRANSPORT)] * 2) is None
+
+
+def test_ranks_of_several_hosts_share_no_files(tmp_path):
+    """hostfiles: same host only, without a step of the world's group (alike on every rank)."""
+    group = Group(2)
+    for rank in range(2):
+        assert hostfiles.agree(group.for_rank(rank), 30, hosts=["hostA", "hostB"]) is None
+    assert group.calls == [0, 0]
+
+
+# -- 2 pseudo-hosts x 2 CPU worker processes ----------------------------------------------------
+
+HOSTS = ("hostA", "hostA", "hostB", "hostB")
+
+
+@pytest.fixture(scope="module")
+def pseudo_client():
+    from distributed import Client, Nanny, Scheduler, SpecCluster
+
+    workers = {
+        f"w{i}": {
+            "cls": Nanny,
+            "options": {"nthreads": 1, "dashboard": False, "env": {"DASK_REDIST__HOST": h}},
+        }
+        for i, h in enumerate(HOSTS)
+    }
+    scheduler = {"cls": Scheduler, "options": {"dashboard_address": None}}
+    with SpecCluster(workers=workers, scheduler=scheduler) as cluster, Client(cluster) as client:
+        client.wait_for_workers(len(HOSTS))
+        yield client
+
+
+def _hosts_by_worker(client) -> dict[str, str]:
+    return client.run(lambda dask_worker: host(dask_worker.address))
+
+
+def test_each_worker_reads_its_own_redist_host_not_the_clients(pseudo_client):
+    with dask.config.set({"redist.host": "the-client"}):
+        by_worker = _hosts_by_worker(pseudo_client)
+    assert sorted(by_worker.values()) == sorted(HOSTS)
+
+
+def test_doctor_and_status_show_the_pseudo_hosts(pseudo_client):
+    from dask_redist.doctor import doctor
+
+    by_worker = _hosts_by_worker(pseudo_client)
+    d = doctor(pseudo_client)
+    assert [h for h, _ in d.hosts] == ["hostA", "hostB"] and all(len(ws) == 2 for _, ws in d.hosts)
+    assert "hosts: 2 (hostA: 2 workers, hostB: 2 workers)" in str(d)
+    assert {r["worker"]: r["host"] for r in d.rows()} == by_worker
+    assert d.engine == "dask"  # CPU workers
+    status = dask_redist.status(pseudo_client)
+    assert {w: s["host"] for w, s in status["workers"].items()} == by_worker
+    assert "hostB" in str(status)
+
+
+def test_the_dask_engine_gives_numpys_values_across_pseudo_hosts(pseudo_client):
+    import dask.array as da
+
+    x = da.random.default_rng(44).random((400, 300), chunks=(25, 300))
+    expected = x.compute()
+    with dask_redist.enable(engine="auto"):
+        y = x.rechunk((400, 20))
+        explained = dask_redist.explain(y)
+        got = y.compute()
+    np.testing.assert_array_equal(got, expected)
+    assert explained[0].engine == "dask"
+    assert explained[0].engine_reason.endswith("; workers on 2 hosts (hostA, hostB)"), explained[
+        0
+    ].engine_reason
+    last = dask_redist.status(pseudo_client)["history"][-1]
+    assert last["engine"] == "dask" and last["outcome"] == "done", last
