@@ -80,8 +80,10 @@ for s in ${*:-facts cluster tests}; do case $s in
   facts)
     { python3 -m pip list 2>/dev/null | grep -iE 'nvshmem|ucx|cufftmp|nvmath|cupy|dask'
       lib=$(python3 -c "import nvidia.nvshmem as m; print(list(m.__path__)[0])" 2>/dev/null)
-      echo "nvshmem package: $lib"; ls -la "$lib"/lib 2>/dev/null | grep -iE 'transport|host'
-      for t in "$lib"/lib/nvshmem_transport_*.so*; do echo "== ldd $t"; ldd "$t" | grep -iE 'not found|ucp|ucs|fabric'; done
+      echo "nvshmem package: ${lib:-not found}"; ls -la "$lib"/lib 2>/dev/null | grep -iE 'transport|host'
+      for t in "$lib"/lib/nvshmem_transport_*.so*; do
+        [ -e "$t" ] && { echo "== ldd $t"; ldd "$t" | grep -iE 'not found|ucp|ucs|fabric'; }
+      done
       python3 -c "import libucx, os; d=os.path.dirname(libucx.__file__); print('libucx', d); print(os.listdir(os.path.join(d, 'lib')))" \
         || echo "libucx: not installed (the [ucx] extra brings libucx-cu13)"
       ldconfig -p | grep -iE 'libfabric|libucp' || echo "system: no libfabric, no libucp"

@@ -225,10 +225,8 @@ class World:
         self.group, self.members = group, workers
         self.shared_gpu = shares_gpu(members)
         self.peers_group, self._files = group, None
-        hosts = [m.host for m in members]
-        if self.shared_gpu and (
-            files := hostfiles.agree(group, settings.bootstrap_timeout, hosts)
-        ):  # (alike)
+        hosts = [m.host for m in members]  # (alike on every rank, as is shared_gpu)
+        if self.shared_gpu and (files := hostfiles.agree(group, settings.bootstrap_timeout, hosts)):
             self.peers_group = DaskProcessGroup("peers", run.rank, len(workers), files)
             self._files = files
         self.bootstrap_s = time.perf_counter() - start
