@@ -3,7 +3,9 @@
 # processes, all with CUDA_VISIBLE_DEVICES=0 and NVSHMEM_SYMMETRIC_SIZE=8G, two started with
 # DASK_REDIST__HOST=hostA and two with hostB, then checks against them; logs under $OUT.
 #   bash tools/gpu/pseudo-hosts.sh [steps...]        default: facts cluster tests   (each < 10 min)
-#   facts:   what the node has for NVSHMEM's remote transports (its transport plugins, libucx, libfabric)
+#   facts:   what the node has for NVSHMEM's remote transports (its transport plugins, libucx, libfabric);
+#            where libucx is missing and .whl/libucx_cu13-*.whl was carried (the [ucx] extra's UCX, 42 MB;
+#            tools/gpu/make-bundle.sh leaves it out without WITH_UCX=1), it is pip-installed first
 #   cluster: no remote transport set: `dask-redist doctor` against it (expect "hosts: 2", the warning
 #            and remedy), then a CuPy rechunk against NumPy with engine auto (expect: dask, the reason)
 #            and cufftmp forced (expect: refused before the run, the same reason)
@@ -78,6 +80,10 @@ ucx_env() {  # UCX's libraries where the [ucx] extra (libucx-cu13) put them, for
 date -u +"%Y-%m-%d %H:%M UTC pseudo-hosts" >> "$summary"
 for s in ${*:-facts cluster tests}; do case $s in
   facts)
+    if ! python3 -c "import libucx" 2>/dev/null && ls .whl/libucx_cu13-*.whl > /dev/null 2>&1; then
+      python3 -m pip install --no-deps .whl/libucx_cu13-*.whl > "$out/install-libucx.log" 2>&1; rc=$?
+      note "libucx: pip install --no-deps .whl/libucx_cu13-*.whl: rc=$rc (install-libucx.log)"
+    fi
     { python3 -m pip list 2>/dev/null | grep -iE 'nvshmem|ucx|cufftmp|nvmath|cupy|dask'
       lib=$(python3 -c "import nvidia.nvshmem as m; print(list(m.__path__)[0])" 2>/dev/null)
       echo "nvshmem package: ${lib:-not found}"; ls -la "$lib"/lib 2>/dev/null | grep -iE 'transport|host'
