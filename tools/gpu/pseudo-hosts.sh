@@ -93,6 +93,9 @@ for s in ${*:-facts cluster tests}; do case $s in
       python3 -c "import libucx, os; d=os.path.dirname(libucx.__file__); print('libucx', d); print(os.listdir(os.path.join(d, 'lib')))" \
         || echo "libucx: not installed (the [ucx] extra brings libucx-cu13)"
       ldconfig -p | grep -iE 'libfabric|libucp' || echo "system: no libfabric, no libucp"
+      for t in "$lib"/lib/nvshmem_transport_ucx.so*; do  # (as the workers of the ucx step will load it)
+        [ -e "$t" ] && { echo "== with $(ucx_env): ldd $t"; env $(ucx_env) ldd "$t" | grep -iE 'not found|ucp|ucs'; }
+      done
       ls /sys/class/infiniband 2>&1; nvidia-smi -L
     } > "$out/facts.log" 2>&1
     note "facts: $(grep -cE 'transport_' "$out/facts.log") transport lines, $(grep -c 'not found' "$out/facts.log") libraries not found; facts.log" ;;
