@@ -143,3 +143,15 @@ def test_the_dask_engine_gives_numpys_values_across_pseudo_hosts(pseudo_client):
     ].engine_reason
     last = dask_redist.status(pseudo_client)["history"][-1]
     assert last["engine"] == "dask" and last["outcome"] == "done", last
+
+
+def test_every_engines_answer_carries_the_workers_host():
+    """The registry adds it (one function for every engine, the folder engine of tests/engines.py too)."""
+    from dask_redist.engines.registry import capabilities
+
+    engines = {"dask": "dask_redist.engines.dask:DaskEngine", "folder": "engines:FolderEngine"}
+    with dask.config.set({"redist.host": None}):
+        answers = capabilities(engines, "tcp://10.0.0.5:4001")
+    assert {a["host"] for a in answers.values()} == {"10.0.0.5"}, answers
+    with dask.config.set({"redist.host": "hostB"}):
+        assert capabilities(engines, "tcp://10.0.0.5:4001")["folder"]["host"] == "hostB"
