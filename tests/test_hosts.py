@@ -155,3 +155,119 @@ def test_every_engines_answer_carries_the_workers_host():
     assert {a["host"] for a in answers.values()} == {"10.0.0.5"}, answers
     with dask.config.set({"redist.host": "hostB"}):
         assert capabilities(engines, "tcp://10.0.0.5:4001")["folder"]["host"] == "hostB"
+
+
+# -- World.join on threads, with CuPy and nvmath faked: what each rank decides from the others ----
+
+
+class _Exchange:
+    """The scheduler's all-gather among threads: ``factory(rank, n)(tag, payload)``."""
+
+    def __init__(self, nranks: int):
+        import threading
+
+        self._barrier, self._slots = threading.Barrier(nranks, timeout=30), {}
+
+    def factory(self, rank: int, nranks: int):
+        def exchange(tag: str, payload: bytes) -> list:
+            self._slots.setdefault(tag, {})[rank] = payload
+            self._barrier.wait()
+            values = [self._slots[tag][r] for r in range(nranks)]
+            self._barrier.wait()
+            return values
+
+        return exchange
+
+
+@pytest.fixture
+def faked_gpu(monkeypatch):
+    """CuPy and nvmath.distributed as World.join uses them; the calls to NVSHMEM's start, counted."""
+    import sys
+    import types
+
+    from dask_redist.engines.cufftmp import remote, world
+
+    started = []
+    cuda = types.SimpleNamespace(
+        runtime=types.SimpleNamespace(getDevice=lambda: 0),
+        Device=lambda i: types.SimpleNamespace(pci_bus_id="0000:19:00.0"),
+    )
+    distributed = types.ModuleType("nvmath.distributed")
+    distributed.initialize = lambda device, group, backends: started.append(group.rank)
+    nvmath = types.ModuleType("nvmath")
+    nvmath.distributed = distributed
+    monkeypatch.setitem(sys.modules, "cupy", types.SimpleNamespace(cuda=cuda))
+    monkeypatch.setitem(sys.modules, "nvmath", nvmath)
+    monkeypatch.setitem(sys.modules, "nvmath.distributed", distributed)
+    monkeypatch.setattr(world.World, "_rejoin_problem", lambda self: None)
+    monkeypatch.setattr(world.World, "_heap_problem", staticmethod(lambda: None))
+    monkeypatch.setattr(remote, "ib_devices", lambda path=remote.IB_DEVICES: [])
+    monkeypatch.setenv("NVSHMEM_SYMMETRIC_SIZE", "1G")
+    monkeypatch.setenv(remote.VARIABLE, "")
+    monkeypatch.delenv(remote.VARIABLE)
+    monkeypatch.setattr(remote, "_ours", [False])
+    return started
+
+
+def _join(monkeypatch, hosts: list[str]) -> list:
+    """Every rank's World after joining a world over workers on ``hosts`` (or what it raised)."""
+    import types
+
+    from dask_redist.config import Settings
+    from dask_redist.engines.cufftmp import world
+    from test_hostfiles import on_threads
+
+    workers = tuple(f"tcp://127.0.0.1:{4001 + i}" for i in range(len(hosts)))
+    monkeypatch.setattr(world, "host", dict(zip(workers, hosts)).get)  # (each rank's own redist.host)
+    exchange = _Exchange(len(hosts))
+
+    def body(rank):
+        spec = types.SimpleNamespace(
+            workers=workers,
+            token="t",
+            collective=types.SimpleNamespace(settings=Settings(bootstrap_timeout=30)),
+        )
+        run = types.SimpleNamespace(spec=spec, rank=rank, run_id=1, name=lambda: "rechunk t run 1")
+        w = world.World()
+        w.join(run, exchange.factory, release=lambda: None)
+        return w
+
+    return on_threads(len(hosts), body)
+
+
+def test_a_world_across_pseudo_hosts_without_a_transport_is_refused_by_every_rank(faked_gpu, monkeypatch):
+    from dask_redist.errors import EngineUnavailableError
+
+    results = _join(monkeypatch, ["hostA", "hostA", "hostB", "hostB"])
+    assert all(isinstance(r, EngineUnavailableError) for r in results), results
+    assert "workers on 2 hosts (hostA, hostB)" in str(results[0]) and "keep cufftmp to one node" in str(
+        results[0]
+    )
+    assert faked_gpu == []  # NVSHMEM never started: no rank is left inside its bootstrap
+
+
+def test_a_world_across_pseudo_hosts_with_ucx_takes_the_branches_of_several_hosts(faked_gpu, monkeypatch):
+    import os
+
+    from dask_redist.engines.cufftmp import remote
+
+    monkeypatch.setenv(remote.VARIABLE, "ucx")
+    worlds = _join(monkeypatch, ["hostA", "hostA", "hostB", "hostB"])
+    assert sorted(faked_gpu) == [0, 1, 2, 3], worlds
+    assert os.environ[remote.VARIABLE] == "ucx"  # (the operator's, kept)
+    for w in worlds:  # one GPU, two hosts: no chunk-to-chunk path, no files, the scheduler's group
+        assert not w.shared_gpu and w._files is None and w.peers_group is w.group
+
+
+def test_a_world_on_one_host_shares_its_gpu_and_files(faked_gpu, monkeypatch):
+    import os
+
+    from dask_redist.engines.cufftmp import remote
+
+    worlds = _join(monkeypatch, ["hostA", "hostA"])
+    assert sorted(faked_gpu) == [0, 1] and os.environ[remote.VARIABLE] == "none"
+    try:
+        assert all(w.shared_gpu and w._files is not None and w.peers_group is not w.group for w in worlds)
+    finally:
+        for w in worlds:
+            w._files.close()
