@@ -89,7 +89,8 @@ class Diagnosis:
         picks = "; ".join(f"{_chunks(t)}: <b>{e}</b> ({html.escape(why)})" for t, e, why in self.picks)
         return (
             f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
-            f"<p>{html.escape(self.hosts_line())}</p><ul>{engines}</ul><p><b>auto</b> picks for {picks}</p><ul>{notes}</ul>"
+            f"<p>{html.escape(self.hosts_line() if self.hosts else '')}</p>"
+            f"<ul>{engines}</ul><p><b>auto</b> picks for {picks}</p><ul>{notes}</ul>"
         )
 
 

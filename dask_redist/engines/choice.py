@@ -86,7 +86,8 @@ def choose_engine(
 def needs_probe(request: Request, capabilities: dict, workers, records: dict | None = None) -> list[str]:
     """Workers the choice for ``request`` must ask first: those that never said whether they can
     run the most preferred engine that is not passed over without asking (none where that engine
-    needs no answer)."""
+    needs no answer); under an engine named in ``redist.engine`` that probes, those that never
+    answered for it (whether it can run over them at all: `EngineSelector.refusal`)."""
     if request.settings.engine != "auto":  # (named: asked whether it can run over them at all)
         d = description(request.settings.engine, request.settings)
         return [w for w in workers if d.name not in capabilities.get(w, {})] if d.probes else []
