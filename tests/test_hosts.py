@@ -271,3 +271,30 @@ def test_a_world_on_one_host_shares_its_gpu_and_files(faked_gpu, monkeypatch):
     finally:
         for w in worlds:
             w._files.close()
+
+
+def test_doctors_cufftmp_lines_for_gpu_workers_on_two_pseudo_hosts():
+    """What doctor prints of cufftmp for 2 x 2 GPU workers (fake reports, as the workers give them)."""
+    from dask_redist.engines import description
+
+    def report(h: str) -> dict:
+        able = {
+            "ok": True,
+            "gpus": 1,
+            "gpu": "H200",
+            "host": h,
+            "network devices": [],
+            "remote transport": None,
+        }
+        return {"host": h, "network devices": [], "NVSHMEM environment": {}, "capabilities": able}
+
+    reports = {w: report(h) for w, h in zip(PSEUDO_WORKERS, HOSTS)}
+    d = description("cufftmp")
+    line = d.doctor_line(reports)
+    assert "NVSHMEM remote transport ibrc (NVSHMEM's default; workers on 2 hosts)" in line, line
+    warnings, _ = d.doctor_notes(reports)
+    assert len([w for w in warnings if "no remote transport NVSHMEM can use" in w]) == 4, warnings
+    assert any("NVSHMEM_BOOTSTRAP_UID_SOCK_IFNAME" in w for w in warnings), warnings
+
+
+PSEUDO_WORKERS = [f"tcp://127.0.0.1:{4001 + i}" for i in range(4)]
