@@ -17,7 +17,8 @@
 #            NVSHMEM_DEBUG=INFO: doctor, auto and cufftmp; then the same with NVSHMEM_DISABLE_P2P=1, which
 #            makes NVSHMEM send between the PEs of one GPU through the remote transport (UCX over TCP)
 #   soak:    `dask-redist soak --gpu --workers 4 --pes-per-gpu 4 --pseudo-hosts 2 --engine auto`, with
-#            kills, for $REDIST_SOAK_MINUTES (default 5; the call's limit is 10 minutes)
+#            kills, for $REDIST_SOAK_MINUTES (default 5; the call's limit is 10 minutes), the workers'
+#            transport as for tests (auto then takes cufftmp where its world may form, else dask)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 source tools/gpu/env.sh
@@ -109,9 +110,11 @@ for s in ${*:-facts cluster tests}; do case $s in
   ucx)
     start_cluster ucx $(ucx_env); checks ucx; stop_cluster
     start_cluster ucx-nop2p $(ucx_env) NVSHMEM_DISABLE_P2P=1; checks ucx-nop2p; stop_cluster ;;
-  soak)
-    step soak-hosts2 590 python3 -m dask_redist.cli soak --gpu --workers 4 --pes-per-gpu 4 --pseudo-hosts 2 \
-      --engine auto --minutes "${REDIST_SOAK_MINUTES:-5}" --max-bytes 64MiB --seed "${REDIST_SOAK_SEED:-44}" \
-      --kinds rechunk cancel again clients kill ;;
+  soak)  # (as tests: the workers inherit the transport; auto takes cufftmp where it may form)
+    ( [ "${REDIST_PSEUDO_TRANSPORT:-ucx}" = ucx ] && export $(ucx_env | sed 's/NVSHMEM_DEBUG=INFO//')
+      export NVSHMEM_REMOTE_TRANSPORT=${REDIST_PSEUDO_TRANSPORT:-ucx} NVSHMEM_SYMMETRIC_SIZE=8G
+      step soak-hosts2 590 python3 -m dask_redist.cli soak --gpu --workers 4 --pes-per-gpu 4 --pseudo-hosts 2 \
+        --engine auto --minutes "${REDIST_SOAK_MINUTES:-5}" --max-bytes 64MiB --seed "${REDIST_SOAK_SEED:-44}" \
+        --kinds rechunk cancel again clients kill ) ;;
 esac; done
 cat "$summary"
