@@ -78,6 +78,30 @@ def _get(key: str, config: dict | None):
     return node
 
 
+#: The environment variable of ``redist.host`` (read by dask where the worker starts, and by `host`).
+HOST_VARIABLE = "DASK_REDIST__HOST"
+
+
+def host(address: str | None = None) -> str:
+    """This process's host, as every part of dask-redist sees it: ``redist.host`` of THIS
+    process's config (a worker's own: env ``DASK_REDIST__HOST`` where the worker is started; never
+    the client's snapshot), else the host of ``address`` (the worker's), else the machine's name.
+
+    Workers of one host (the same value) may share files and GPU memory; workers of two hosts
+    must reach each other over the network (NVSHMEM's remote transport). Pseudo-hosts: workers
+    of one machine given different values are treated as on different hosts."""
+    for value in (dask.config.get("redist.host", default=None), os.environ.get(HOST_VARIABLE)):
+        if value is not None and str(value).strip():  # (the variable too: a nanny hands its worker
+            return str(value).strip()  # its own config, redist.host null in it, over the worker's env)
+    if address:
+        from distributed.comm import get_address_host
+
+        return get_address_host(address)
+    import socket
+
+    return socket.gethostname()
+
+
 def _bool(key, value) -> bool:
     if not isinstance(value, bool):
         raise ConfigError(f"redist.{key} must be true or false, got {value!r}")

@@ -18,18 +18,28 @@ from dask_redist.engines.choice import choose_engine
 from dask_redist.engines.registry import capabilities
 
 
-def worker_reports(engines: dict[str, str]) -> dict:
-    """What one worker has for each engine of ``engines`` (name -> path; run on the worker)."""
+def worker_reports(engines: dict[str, str], dask_worker=None) -> dict:
+    """What one worker has for each engine of ``engines`` (name -> path; run on the worker by
+    ``client.run``, which passes it as ``dask_worker``), with its host (`dask_redist.config.host`:
+    the worker's own ``redist.host``, else its address's host)."""
     settings = Settings(engines=tuple(engines.items()))
-    able = capabilities(engines)
+    able = capabilities(engines, getattr(dask_worker, "address", None))
     out = {}
     for name in engines:
         try:
             report = description(name, settings).worker_report()
         except Exception as e:
             report = {"error": f"{type(e).__name__}: {e}"}
-        out[name] = {**report, "capabilities": able[name]}
+        out[name] = {**report, "host": able[name]["host"], "capabilities": able[name]}
     return out
+
+
+def _hosts(by_worker: dict[str, str]) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    """(host, its workers) for every host, sorted."""
+    out: dict[str, list[str]] = {}
+    for w, h in sorted(by_worker.items()):
+        out.setdefault(h, []).append(w)
+    return tuple((h, tuple(ws)) for h, ws in sorted(out.items()))
 
 
 @dataclass(frozen=True)
@@ -42,6 +52,7 @@ class Diagnosis:
     lines: tuple[tuple[str, str], ...] = ()  # (engine name, its line)
     picks: tuple[tuple[str, str, str], ...] = ()  # (chunk type, engine `auto` picks, why)
     columns: tuple[tuple[str, dict], ...] = ()  # (worker, its columns), sorted
+    hosts: tuple[tuple[str, tuple[str, ...]], ...] = ()  # (host, its workers): each worker's redist.host
 
     def rows(self) -> list[dict]:
         """One row per worker, every row with the same columns ("-" where an engine has none)."""
@@ -53,6 +64,7 @@ class Diagnosis:
         for row in self.rows():
             lines.append(row.pop("worker") + ":")
             lines += [f"  {k:<15} {v}" for k, v in row.items()]
+        lines += [self.hosts_line()] if self.hosts else []
         lines += [f"engine {name}: {line}" for name, line in self.lines]
         lines += [f"engine `auto` picks for {_chunks(t)}: {engine} ({why})" for t, engine, why in self.picks]
         lines += [f"warning: {w}" for w in self.warnings]
@@ -60,6 +72,11 @@ class Diagnosis:
         return "\n".join(lines)
 
     __repr__ = __str__
+
+    def hosts_line(self) -> str:
+        """``hosts: 2 (hostA: 2 workers, hostB: 2 workers)``."""
+        each = ", ".join(f"{h}: {len(ws)} worker{'s' * (len(ws) != 1)}" for h, ws in self.hosts)
+        return f"hosts: {len(self.hosts)} ({each})"
 
     def _repr_html_(self) -> str:
         rows = self.rows()
@@ -72,6 +89,7 @@ class Diagnosis:
         picks = "; ".join(f"{_chunks(t)}: <b>{e}</b> ({html.escape(why)})" for t, e, why in self.picks)
         return (
             f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+            f"<p>{html.escape(self.hosts_line() if self.hosts else '')}</p>"
             f"<ul>{engines}</ul><p><b>auto</b> picks for {picks}</p><ul>{notes}</ul>"
         )
 
@@ -93,8 +111,15 @@ def doctor(client, settings: Settings | None = None) -> Diagnosis:
         more_warnings, more_fixes = d.doctor_notes(by_engine[d.name])
         warnings += more_warnings
         fixes += [f for f in more_fixes if f not in fixes]
+    host_of = {w: next((r["host"] for r in reports[w].values() if "host" in r), "?") for w in workers}
     columns = tuple(
-        (w, {k: v for d in engines for k, v in d.doctor_columns(by_engine[d.name][w]).items()})
+        (
+            w,
+            {
+                "host": host_of[w],
+                **{k: v for d in engines for k, v in d.doctor_columns(by_engine[d.name][w]).items()},
+            },
+        )
         for w in workers
     )
     able = {w: {d.name: by_engine[d.name][w].get("capabilities", {}) for d in engines} for w in workers}
@@ -104,5 +129,13 @@ def doctor(client, settings: Settings | None = None) -> Diagnosis:
         picks.append((chunk_type, engine, why))
     (_, engine, reason), _ = picks
     return Diagnosis(
-        reports, engine, reason, tuple(fixes), tuple(warnings), tuple(lines), tuple(picks), columns
+        reports,
+        engine,
+        reason,
+        tuple(fixes),
+        tuple(warnings),
+        tuple(lines),
+        tuple(picks),
+        columns,
+        _hosts(host_of),
     )

@@ -150,7 +150,15 @@ def _engine(spec, client) -> tuple[str, str]:
     state = client.sync(Probe(dict(request.settings.engines)).call, client.scheduler)
     records = {name: WorldRecord.from_state(r) for name, r in state["records"].items()}
     workers = sorted(worker_info(client))
-    return choose_engine(request, state["capabilities"], workers, records)
+    engine, why = choose_engine(request, state["capabilities"], workers, records)
+    return engine, why + _hosts(state["capabilities"], workers)
+
+
+def _hosts(capabilities: dict, workers) -> str:
+    """``; workers on 2 hosts (hostA, hostB)`` where they span several (each worker's
+    ``redist.host``, as it answered the scheduler), else nothing."""
+    hosts = sorted({a["host"] for w in workers for a in capabilities.get(w, {}).values() if a.get("host")})
+    return f"; workers on {len(hosts)} hosts ({', '.join(hosts)})" if len(hosts) > 1 else ""
 
 
 def _kept_for_method(node) -> str | None:

@@ -129,6 +129,7 @@ class Status(dict):
         workers = [
             {
                 "worker": w,
+                "host": s.get("host", "-"),
                 "staged chunks": s.get("staged chunks", "-"),
                 "stage keys": s.get("stage keys", "-"),
                 "runs held": ", ".join(f"{r} ({p})" for r, p in s.get("runs", {}).items()) or "-",

@@ -61,6 +61,13 @@ def gpu_layout() -> tuple[int, int]:
     return int(os.environ.get("REDIST_TEST_GPUS", "2")), int(os.environ.get("REDIST_TEST_PES", "1"))
 
 
+def gpu_hosts() -> int:
+    """Pseudo-hosts the GPU tests split their workers into: ``REDIST_TEST_HOSTS`` (default 1; 2:
+    `dask cuda worker` processes with ``DASK_REDIST__HOST`` hostA, hostB, as
+    `dask_redist.bench.gpu_cluster.pseudo_host` assigns them)."""
+    return int(os.environ.get("REDIST_TEST_HOSTS", "1"))
+
+
 def gpu_client(**cluster_options):
     """A Client on ``REDIST_TEST_GPUS`` GPUs with ``REDIST_TEST_PES`` workers each (`gpu_layout`):
     a LocalCUDACluster at one per GPU, else a `SharedGPUCluster`; skips where the GPUs or the GPU
@@ -78,14 +85,14 @@ def gpu_client(**cluster_options):
         pytest.skip(f"needs {want} GPUs")
     # (LocalCUDACluster replaces a worker's `env` with its CUDA_VISIBLE_DEVICES: workers that
     # need an environment of their own are started as dask cuda worker processes)
-    if pes > 1 or "env" in cluster_options:
+    if pes > 1 or gpu_hosts() > 1 or "env" in cluster_options:
         from dask_redist.bench.gpu_cluster import SharedGPUCluster
 
         tests = os.path.dirname(os.path.abspath(__file__))  # (functions the tests run there live here)
         path = os.pathsep.join(filter(None, [tests, os.environ.get("PYTHONPATH")]))
         env = {"PYTHONPATH": path, **cluster_options.pop("env", {})}
         with (
-            SharedGPUCluster(n * pes, pes, env=env, **cluster_options) as shared,
+            SharedGPUCluster(n * pes, pes, env=env, hosts=gpu_hosts(), **cluster_options) as shared,
             Client(shared.scheduler_address) as client,
         ):
             yield client

@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
-import socket
 import tempfile
 import time
 
@@ -313,8 +312,7 @@ class FolderEngine(Engine):
         return {
             "ok": ok,
             "reason": f"writes {FOLDER}" if ok else f"cannot write {FOLDER}",
-            "host": socket.gethostname(),
-        }
+        }  # (and its host: the registry adds each worker's, dask_redist.config.host)
 
     def execute(self, run, transport):
         from dask_redist.core.assemble import cut

@@ -227,3 +227,49 @@ def test_stranded_workers_refuse_a_forced_cufftmp_run_but_a_restart_finishes_on_
     assert selector.refusal("dask", forced, workers) is None
     # workers outside the dead world are not stranded
     assert selector.refusal("cufftmp", forced, ["tcp://b:1", "tcp://d:1"]) is None
+
+
+def _on(host: str, **facts) -> dict:
+    """A GPU worker's answers on ``host`` (as the registry adds it), no InfiniBand, no remote transport set."""
+    return {
+        "cufftmp": {**ABLE["cufftmp"], "network devices": [], "remote transport": None, "host": host, **facts}
+    }
+
+
+PSEUDO = ["tcp://127.0.0.1:1", "tcp://127.0.0.1:2", "tcp://127.0.0.1:3", "tcp://127.0.0.1:4"]
+
+
+def test_auto_never_takes_cufftmp_across_hosts_without_a_remote_transport():
+    """Issue 44: workers on 2 hosts (pseudo-hosts of one machine: 127.0.0.1 each) with no InfiniBand
+    and NVSHMEM_REMOTE_TRANSPORT unset: NVSHMEM's world could not form, so auto takes dask and says
+    why and what to do; with a remote transport on every worker, or on one host, cufftmp."""
+    cupy_request = request(chunk_type="cupy")
+    two_hosts = {w: _on("hostA" if i < 2 else "hostB") for i, w in enumerate(PSEUDO)}
+    engine, why = choose_engine(cupy_request, two_hosts, PSEUDO)
+    assert engine == "dask", why
+    assert why.startswith("workers on 2 hosts (hostA, hostB), but tcp://127.0.0.1:1 (and 3 more workers)")
+    assert "NVSHMEM_REMOTE_TRANSPORT unset" in why and "keep cufftmp to one node" in why
+    assert choose_engine(request(512 * MiB), two_hosts, PSEUDO)[0] == "dask"  # (NumPy through the GPUs too)
+    one_host = {w: _on("hostA") for w in PSEUDO}
+    assert choose_engine(cupy_request, one_host, PSEUDO)[0] == "cufftmp"
+    ucx = {w: _on("hostA" if i < 2 else "hostB", **{"remote transport": "ucx"}) for i, w in enumerate(PSEUDO)}
+    assert choose_engine(cupy_request, ucx, PSEUDO)[0] == "cufftmp"
+    ib = {w: _on(f"node{i}", **{"network devices": ["mlx5_0"]}) for i, w in enumerate(PSEUDO)}
+    assert choose_engine(cupy_request, ib, PSEUDO)[0] == "cufftmp"
+
+
+def test_a_named_cufftmp_across_hosts_without_a_remote_transport_is_refused_up_front():
+    selector = EngineSelector()
+    forced = Request("cupy", Settings(engine="cufftmp"), 64 * MiB, np.dtype("float64"))
+    assert selector.needs_probe(forced, PSEUDO) == PSEUDO  # (named: asked whether it can run over them)
+    selector.learn({w: _on("hostA" if i < 2 else "hostB") for i, w in enumerate(PSEUDO)})
+    assert selector.needs_probe(forced, PSEUDO) == []
+    assert selector.choose(forced, PSEUDO) == ("cufftmp", "set by redist.engine")
+    refused = selector.refusal("cufftmp", forced, PSEUDO)
+    assert refused.startswith(
+        "redist.engine is cufftmp, but cufftmp cannot run over these workers: workers on 2"
+    )
+    assert "set NVSHMEM_REMOTE_TRANSPORT (ucx, libfabric)" in refused and "redist.engine: auto" in refused
+    assert selector.refusal("dask", Request("cupy", Settings(engine="dask")), PSEUDO) is None
+    assert selector.refusal("cufftmp", forced, PSEUDO[:2]) is None  # one host of them
+    assert selector.choose(Request("cupy", Settings()), PSEUDO)[0] == "dask"  # auto

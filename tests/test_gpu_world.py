@@ -12,7 +12,7 @@ import os
 
 import dask
 import pytest
-from conftest import gpu_layout, scheduler_history
+from conftest import gpu_hosts, gpu_layout, scheduler_history
 from distributed import wait
 
 import dask_redist
@@ -30,8 +30,8 @@ def _cluster(n_workers: int, **kwargs):
     from dask_cuda import LocalCUDACluster
 
     _, pes = gpu_layout()
-    if pes > 1:
-        return SharedGPUCluster(n_workers, pes, **kwargs)
+    if pes > 1:  # (REDIST_TEST_HOSTS=2: its workers split into 2 pseudo-hosts)
+        return SharedGPUCluster(n_workers, pes, hosts=min(gpu_hosts(), n_workers), **kwargs)
     if cupy.cuda.runtime.getDeviceCount() < 2:
         pytest.skip("needs 2 GPUs, or REDIST_TEST_PES=2 to share one")
     os.environ.setdefault("NVSHMEM_SYMMETRIC_SIZE", "4G")
@@ -107,7 +107,10 @@ def test_two_worker_processes_that_each_see_one_gpu():
     _, pes = gpu_layout()
     if cupy.cuda.runtime.getDeviceCount() * pes < 2:
         pytest.skip("needs 2 GPUs, or REDIST_TEST_PES=2 to share one")
-    with SharedGPUCluster(2, pes) as cluster, Client(cluster.scheduler_address) as client:
+    with (
+        SharedGPUCluster(2, pes, hosts=min(gpu_hosts(), 2)) as cluster,
+        Client(cluster.scheduler_address) as client,
+    ):
         seen = sorted(client.run(lambda: os.environ["CUDA_VISIBLE_DEVICES"]).values())
         assert seen == sorted(cluster.gpus[i // pes] for i in range(2))
         record = _rechunk(client, 51, engine="auto")
@@ -126,6 +129,8 @@ def test_no_infiniband_error_line_on_one_host(capfd):
 
     if remote.ib_devices():
         pytest.skip("this host has InfiniBand devices: NVSHMEM's default transport stays")
+    if gpu_hosts() > 1:
+        pytest.skip("REDIST_TEST_HOSTS > 1: the workers are on several (pseudo-)hosts")
     with _cluster(2) as cluster, Client(cluster.scheduler_address) as client:
         run = _rechunk(client, 41, engine="cufftmp")
         assert run["engine"] == "cufftmp" and run["outcome"] == "done", run
@@ -135,3 +140,35 @@ def test_no_infiniband_error_line_on_one_host(capfd):
     out = capfd.readouterr()
     assert "no IB devices found" not in out.err + out.out, (out.err + out.out)[-3000:]
     assert "NVSHMEM remote transport none (every worker on one host" in text, text
+
+
+def test_pseudo_hosts_without_a_remote_transport_keep_cufftmp_off():
+    """Issue 44: 2 pseudo-hosts x 2 `dask cuda worker` processes on one GPU (DASK_REDIST__HOST hostA,
+    hostB) and no remote transport (NVSHMEM_REMOTE_TRANSPORT empty, no InfiniBand): auto takes the
+    dask engine with the reason and remedy, a named cufftmp is refused before anything starts (no
+    NVSHMEM world forms, nothing hangs), and doctor counts 2 hosts."""
+    pytest.importorskip("cupy")
+    pytest.importorskip("dask_cuda")
+    pytest.importorskip("nvmath")
+    from distributed import Client
+
+    from dask_redist.engines.cufftmp import remote
+
+    if remote.ib_devices():
+        pytest.skip("this host has InfiniBand devices: NVSHMEM's default transport could serve")
+    with (
+        SharedGPUCluster(4, 4, hosts=2, env={remote.VARIABLE: ""}) as cluster,
+        Client(cluster.scheduler_address) as client,
+    ):
+        record = _rechunk(client, 44, engine="auto")
+        assert record["engine"] == "dask" and record["outcome"] == "done", record
+        assert "workers on 2 hosts (hostA, hostB)" in record["why"], record
+        assert "set NVSHMEM_REMOTE_TRANSPORT (ucx, libfabric)" in record["why"], record
+        with pytest.raises(dask_redist.RedistError, match="redist.engine is cufftmp, but cufftmp cannot run"):
+            _rechunk(client, 45, engine="cufftmp")
+        text = str(dask_redist.doctor(client))
+        assert "hosts: 2 (hostA: 2 workers, hostB: 2 workers)" in text, text
+        assert "keep cufftmp to one node" in text, text
+        states = dask_redist.status(client)["workers"]
+        assert sorted(s["host"] for s in states.values()) == ["hostA", "hostA", "hostB", "hostB"]
+        assert not any(s["engines"].get("cufftmp", {}).get("broken") for s in states.values()), states

@@ -10,8 +10,8 @@ import pytest
 
 from dask_redist.engines.cufftmp import remote
 
-ONE_HOST = ("tcp://10.0.0.1:4001", "tcp://10.0.0.1:4002")
-TWO_HOSTS = ("tcp://10.0.0.1:4001", "tcp://10.0.0.2:4001")
+ONE_HOST = ("10.0.0.1", "10.0.0.1")  # (each world member's host: dask_redist.config.host)
+TWO_HOSTS = ("hostA", "hostB")  # (pseudo-hosts are hosts too)
 
 
 @pytest.fixture
@@ -47,11 +47,64 @@ def test_the_doctor_line_names_the_remote_transport():
     """doctor's cufftmp line (GPU clusters) says which remote transport a world over the workers takes."""
     from dask_redist.engines.cufftmp.checks import remote_transport_line
 
-    reports = {w: {"network devices": [], "NVSHMEM environment": {}} for w in ONE_HOST}
-    assert remote_transport_line(reports).startswith(
+    def reports(hosts):
+        return {
+            f"tcp://10.0.0.1:{4001 + i}": {"host": h, "network devices": [], "NVSHMEM environment": {}}
+            for i, h in enumerate(hosts)
+        }
+
+    assert remote_transport_line(reports(ONE_HOST)).startswith(
         "NVSHMEM remote transport none (every worker on one host"
     )
-    reports = {w: {"network devices": [], "NVSHMEM environment": {}} for w in TWO_HOSTS}
-    assert remote_transport_line(reports).startswith(
+    # one machine's addresses, two redist.host values: two hosts
+    assert remote_transport_line(reports(TWO_HOSTS)).startswith(
         "NVSHMEM remote transport ibrc (NVSHMEM's default; workers on 2"
     )
+
+
+@pytest.mark.parametrize(
+    "devices, environment, problem",
+    [
+        (
+            [],
+            None,
+            "no InfiniBand/RoCE device for NVSHMEM's remote transport and NVSHMEM_REMOTE_TRANSPORT unset",
+        ),
+        ([], "ibrc", "NVSHMEM_REMOTE_TRANSPORT is ibrc"),
+        ([], "none", "NVSHMEM_REMOTE_TRANSPORT=none"),
+        (["mlx5_0"], "none", "NVSHMEM_REMOTE_TRANSPORT=none"),
+        (["mlx5_0"], None, None),
+        ([], "ucx", None),
+        ([], "LibFabric", None),
+    ],
+)
+def test_which_workers_nvshmem_can_reach_from_another_host(devices, environment, problem):
+    why = remote.transport_problem(devices, environment)
+    assert (why is None) if problem is None else (problem in why), why
+
+
+def test_a_world_across_hosts_needs_a_remote_transport_on_every_worker():
+    def answers(hosts, **facts):
+        base = {"network devices": [], "remote transport": None}
+        return {f"tcp://127.0.0.1:{4001 + i}": {"host": h, **base, **facts} for i, h in enumerate(hosts)}
+
+    assert remote.across_hosts_problem(answers(["a", "a"])) is None  # one host: P2P, no transport needed
+    why = remote.across_hosts_problem(answers(["hostA", "hostA", "hostB", "hostB"]))
+    assert why.startswith("workers on 2 hosts (hostA, hostB), but tcp://127.0.0.1:4001 (and 3 more workers)")
+    assert "set NVSHMEM_REMOTE_TRANSPORT (ucx, libfabric)" in why and "keep cufftmp to one node" in why
+    assert remote.across_hosts_problem(answers(["hostA", "hostB"], **{"remote transport": "ucx"})) is None
+    assert remote.across_hosts_problem(answers(["hostA", "hostB"], **{"network devices": ["mlx5_0"]})) is None
+    mixed = answers(["hostA", "hostB"], **{"network devices": ["mlx5_0"]})
+    mixed["tcp://127.0.0.1:4002"]["remote transport"] = "none"
+    assert "tcp://127.0.0.1:4002 has no remote transport" in remote.across_hosts_problem(mixed)
+    assert remote.across_hosts_problem({"w": {}, "v": {"host": "b"}}) is None  # (hosts not said: not counted)
+
+
+def test_the_transport_set_here_is_not_the_workers_environment(clean, monkeypatch):
+    """What a worker reports of NVSHMEM_REMOTE_TRANSPORT is the operator's, not the "none" dask-redist
+    set for a world on one host (that world's value says nothing of a world across hosts)."""
+    remote.set_for_world(ONE_HOST, devices=[])
+    assert os.environ[remote.VARIABLE] == "none" and remote.facts()["remote transport"] is None
+    monkeypatch.setattr(remote, "_ours", [False])
+    monkeypatch.setenv(remote.VARIABLE, "ucx")
+    assert remote.facts()["remote transport"] == "ucx"

@@ -95,7 +95,15 @@ def test_cluster_warnings():
 
     two_hosts = {**one_host, "w1": {**one_host["w1"], "host": "b", "network devices": ["mlx5_0"]}}
     found = cluster_warnings(two_hosts)
-    assert any(w.startswith("w0 (a): workers are on 2 hosts but this one has no InfiniBand") for w in found)
+    assert any(
+        w.startswith(
+            "w0 (a): workers are on 2 hosts (a, b) but this one has no remote transport NVSHMEM can use"
+        )
+        and "no InfiniBand/RoCE device" in w
+        and "set NVSHMEM_REMOTE_TRANSPORT (ucx, libfabric)" in w
+        and "keep cufftmp to one node" in w
+        for w in found
+    ), found
     assert not any(w.startswith("w1") for w in found)  # it has a device
     assert any("NVSHMEM_BOOTSTRAP_UID_SOCK_IFNAME" in w for w in found)
 

@@ -54,7 +54,8 @@ def client_for(args):
         if args.gpu and args.pes_per_gpu:
             from dask_redist.bench.gpu_cluster import SharedGPUCluster
 
-            with SharedGPUCluster(workers, args.pes_per_gpu, protocol=args.protocol) as shared:
+            hosts = getattr(args, "pseudo_hosts", None) or 1
+            with SharedGPUCluster(workers, args.pes_per_gpu, protocol=args.protocol, hosts=hosts) as shared:
                 with Client(shared.scheduler_address) as client:
                     yield client
             return
@@ -132,5 +133,12 @@ def cluster_args(p: argparse.ArgumentParser, workers: int = 2):
         metavar="N",
         help="with --gpu: start --workers `dask cuda worker` processes, N sharing each GPU (one NVSHMEM PE each): "
         "values, faults and restarts as on separate GPUs, but not their speed",
+    )
+    p.add_argument(
+        "--pseudo-hosts",
+        type=int,
+        metavar="N",
+        help="with --pes-per-gpu: split the workers into N pseudo-hosts in order (DASK_REDIST__HOST=hostA, "
+        "hostB, ...): one machine taking the branches of N hosts (docs/scale.md)",
     )
     p.add_argument("--protocol", default="tcp", help="tcp or ucx (local cluster)")

@@ -86,9 +86,11 @@ def choose_engine(
 def needs_probe(request: Request, capabilities: dict, workers, records: dict | None = None) -> list[str]:
     """Workers the choice for ``request`` must ask first: those that never said whether they can
     run the most preferred engine that is not passed over without asking (none where that engine
-    needs no answer)."""
-    if request.settings.engine != "auto":
-        return []
+    needs no answer); under an engine named in ``redist.engine`` that probes, those that never
+    answered for it (whether it can run over them at all: `EngineSelector.refusal`)."""
+    if request.settings.engine != "auto":  # (named: asked whether it can run over them at all)
+        d = description(request.settings.engine, request.settings)
+        return [w for w in workers if d.name not in capabilities.get(w, {})] if d.probes else []
     for d in descriptions(request.settings):
         if d.preference is None:
             continue
@@ -151,7 +153,8 @@ class EngineSelector:
 
     def refusal(self, engine: str, request: Request, workers) -> str | None:
         """Why a run of ``request`` on ``engine`` over ``workers`` must not start, or None: what the
-        engine refuses, or workers stranded in its world.
+        engine refuses, workers it cannot run over at all (``cannot_form``: their hosts, from their
+        answers), or workers stranded in its world.
 
         Stranded workers cannot leave their world (NVSHMEM's frees and finalize wait for the dead
         PE, holding the process): asked to form a new one they would never return. ``auto``
@@ -160,6 +163,12 @@ class EngineSelector:
         d = description(engine, request.settings)
         if problem := d.refuses(request):
             return problem
+        answers = _answers(d, self.capabilities, workers)
+        if d.probes and all(answers.values()) and (why := d.cannot_form(answers)):
+            return (
+                f"redist.engine is {engine}, but {engine} cannot run over these workers: {why} "
+                "(redist.engine: auto runs such rechunks on another engine)"
+            )
         if not (stranded := self.stranded(engine, workers)):
             return None
         return (

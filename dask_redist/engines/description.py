@@ -6,6 +6,7 @@ rank's pieces of a run. Its scheduler side, an `EngineDescription` named by the 
 ask about it, without importing anything the engine needs to run:
 
 * ``refuses``: why it cannot run a rechunk at all (also when asked for by name);
+  ``cannot_form``: why it cannot run over a set of workers at all (their hosts, say);
 * ``preference``, ``declines``, ``unable``, ``chosen``: its place in ``redist.engine: auto``
   (`dask_redist.engines.choice`), the reasons written for the person reading them;
 * ``world``: whether it starts over a set of workers that the scheduler records
@@ -123,6 +124,12 @@ class EngineDescription:
         if not bad:
             return None
         return f"{self.name} cannot run on {bad[0]}: {answers[bad[0]].get('reason', 'no answer')}"
+
+    def cannot_form(self, answers: dict[str, dict]) -> str | None:
+        """Why it cannot run over these workers at all, from what each answered (``answers`` as
+        for `unable`, each with the worker's ``host``): a run is refused before it starts, also
+        when the engine is named in ``redist.engine``, and ``auto`` passes it over."""
+        return None
 
     def chosen(self, request: Request, passed_over: list[str]) -> str:
         """Why ``auto`` took it: ``passed_over`` says why each engine preferred to it did not."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 import importlib
 import logging
 
-from dask_redist.config import Settings
+from dask_redist.config import Settings, host
 from dask_redist.engines.description import EngineDescription
 from dask_redist.engines.protocol import Engine
 
@@ -65,13 +65,16 @@ def loaded_engines() -> dict[str, Engine]:
     return {name: engine for name, engine in _instances.values()}
 
 
-def capabilities(engines: dict[str, str]) -> dict[str, dict]:
-    """Whether this process can run each engine of ``engines`` (name -> path): ``Engine.capabilities()``,
-    or why its class cannot be loaded here."""
-    out = {}
+def capabilities(engines: dict[str, str], address: str | None = None) -> dict[str, dict]:
+    """Whether this process (the worker at ``address``) can run each engine of ``engines`` (name ->
+    path): ``Engine.capabilities()``, or why its class cannot be loaded here; each with the
+    worker's ``host`` (`dask_redist.config.host`: ``redist.host``, else the address's host), the
+    one the scheduler, ``explain`` and ``doctor`` go by."""
+    out, where = {}, host(address)
     for name, path in engines.items():
         try:
-            out[name] = engine_class(path).capabilities()
+            answer = engine_class(path).capabilities()
         except Exception as e:
-            out[name] = {"ok": False, "reason": f"{path} does not load here: {type(e).__name__}: {e}"}
+            answer = {"ok": False, "reason": f"{path} does not load here: {type(e).__name__}: {e}"}
+        out[name] = {**answer, "host": where}
     return out

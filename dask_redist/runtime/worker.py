@@ -21,7 +21,7 @@ from dataclasses import asdict
 import numpy as np
 from distributed.diagnostics.plugin import WorkerPlugin
 
-from dask_redist.config import Settings
+from dask_redist.config import Settings, host
 from dask_redist.core import messages as m
 from dask_redist.core.assemble import Assembly, chunk_type_of, converted
 from dask_redist.core.run import WorkerRun
@@ -190,7 +190,7 @@ class WorkerState:
         engines = dict(Settings().engines) if engines is None else engines
         new = {n: p for n, p in engines.items() if (n, p) not in self.capabilities}
         if new:
-            answers = await asyncio.to_thread(capabilities, new)
+            answers = await asyncio.to_thread(capabilities, new, self.address)
             self.capabilities.update({(n, new[n]): a for n, a in answers.items()})
         return {n: self.capabilities[(n, p)] for n, p in engines.items()}
 
@@ -272,7 +272,13 @@ class WorkerState:
                 "early pieces": len(self.early),
             }
         engines = {name: {**asdict(e.health()), "stats": e.stats()} for name, e in loaded_engines().items()}
-        return {**self.staging.counts(), **held, "timeline": dict(self.timeline), "engines": engines}
+        return {
+            "host": host(self.address),  # (its redist.host, else its address's host)
+            **self.staging.counts(),
+            **held,
+            "timeline": dict(self.timeline),
+            "engines": engines,
+        }
 
     def close(self) -> None:
         self.executor.close()

@@ -5,7 +5,6 @@ agree on (`cluster_warnings`), the NVSHMEM each loaded (`version_warnings`), and
 from __future__ import annotations
 
 import os
-import socket
 
 from dask_redist.engines.cufftmp import remote
 from dask_redist.engines.cufftmp.nvshmem import nvshmem_problem
@@ -24,8 +23,7 @@ def worker_report() -> dict:
     from dask_redist.engines.cufftmp.nvshmem import nvshmem_library
 
     report = {"pid": os.getpid(), "CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES", "")}
-    report["host"] = socket.gethostname()
-    report["network devices"] = sorted(os.listdir(_IB_DEVICES)) if os.path.isdir(_IB_DEVICES) else []
+    report["network devices"] = remote.ib_devices()  # (its host: doctor adds it, `dask_redist.config.host`)
     report["NVSHMEM environment"] = {k: v for k, v in os.environ.items() if k in _NVSHMEM_KEYS}
     if remote.set_here():  # (not the environment's: dask-redist's, for the world of the moment)
         report["NVSHMEM environment"].pop(remote.VARIABLE, None)
@@ -69,8 +67,6 @@ def worker_report() -> dict:
     return report
 
 
-#: Where Linux lists InfiniBand / RoCE devices (what NVSHMEM's remote transports use).
-_IB_DEVICES = "/sys/class/infiniband"
 _NVSHMEM_KEYS = (
     "NVSHMEM_REMOTE_TRANSPORT",
     "NVSHMEM_BOOTSTRAP_UID_SOCK_IFNAME",
@@ -86,7 +82,8 @@ def cluster_warnings(reports: dict[str, dict]) -> list[str]:
     heap size (NVSHMEM allocates symmetric memory identically on every PE). Workers on more
     than one host reach each other through NVSHMEM's remote transport: each host needs a
     network device it can use (``/sys/class/infiniband``), or ``NVSHMEM_REMOTE_TRANSPORT``
-    naming one that does not need it (``ucx``, ``libfabric``).
+    naming one that does not need it (``ucx``, ``libfabric``): `remote.transport_problem`. A
+    worker's host is its ``redist.host`` (``report["host"]``, pseudo-hosts included).
     """
     out = []
     for key, what in (
@@ -101,15 +98,11 @@ def cluster_warnings(reports: dict[str, dict]) -> list[str]:
     hosts = {r.get("host") for r in reports.values() if r.get("host")}
     if len(hosts) > 1:
         for address, r in sorted(reports.items()):
-            env = r.get("NVSHMEM environment") or {}
-            if not r.get("network devices") and env.get("NVSHMEM_REMOTE_TRANSPORT", "").lower() not in (
-                "ucx",
-                "libfabric",
-            ):
+            env = (r.get("NVSHMEM environment") or {}).get(remote.VARIABLE)
+            if why := remote.transport_problem(r.get("network devices"), env):
                 out.append(
-                    f"{address} ({r.get('host')}): workers are on {len(hosts)} hosts but this one has no InfiniBand/RoCE "
-                    "device for NVSHMEM's default remote transport (ibrc); set NVSHMEM_REMOTE_TRANSPORT (ucx, libfabric) "
-                    "for its network, or keep cufftmp to one node (docs/deployment.md)"
+                    f"{address} ({r.get('host')}): workers are on {len(hosts)} hosts ({', '.join(sorted(hosts))}) "
+                    f"but this one has no remote transport NVSHMEM can use ({why}): {remote.REMEDY}"
                 )
         ifnames = {
             str((r.get("NVSHMEM environment") or {}).get("NVSHMEM_BOOTSTRAP_UID_SOCK_IFNAME"))
@@ -174,9 +167,7 @@ def _peer_access() -> str:
 def remote_transport_line(reports: dict[str, dict]) -> str:
     """The NVSHMEM remote transport a world over every worker of ``reports`` would use, and why
     (`dask_redist.engines.cufftmp.remote`); the first worker's where they differ, said so."""
-    from distributed.comm import get_address_host
-
-    hosts = {get_address_host(w) for w in reports}
+    hosts = {r.get("host") for r in reports.values()}  # (each worker's redist.host, as doctor asked it)
     seen = {
         remote.remote_transport(
             hosts, r.get("network devices") or [], (r.get("NVSHMEM environment") or {}).get(remote.VARIABLE)

@@ -53,7 +53,7 @@ class CufftMpDescription(EngineDescription):
     def unable(self, answers: dict[str, dict], request: Request) -> str | None:
         bad = [w for w, a in answers.items() if not a.get("ok")]
         if not bad:
-            return None
+            return self.cannot_form(answers)
         cpu = [w for w in bad if _cpu_only(answers[w])]
         if len(cpu) == len(answers):
             return f"{request.chunks} on CPU workers"
@@ -61,6 +61,13 @@ class CufftMpDescription(EngineDescription):
             return f"{request.chunks}; {cpu[0]} has no GPU (cufftmp needs one on every worker)"
         why = answers[bad[0]].get("reason", "no answer")
         return f"cufftmp cannot run on {bad[0]}: {why}; see dask-redist doctor"
+
+    def cannot_form(self, answers: dict[str, dict]) -> str | None:
+        """Workers on several hosts (``redist.host``, pseudo-hosts included) where one has no
+        remote transport NVSHMEM can use: its world would never form (`remote.across_hosts_problem`)."""
+        from dask_redist.engines.cufftmp.remote import across_hosts_problem
+
+        return across_hosts_problem(answers)
 
     def chosen(self, request: Request, passed_over: list[str]) -> str:
         if request.chunk_type != "cupy":

@@ -94,9 +94,13 @@ def make_directory() -> str:
     return tempfile.mkdtemp(prefix="dask-redist-", dir=where)
 
 
-def agree(group, timeout: float) -> FileExchange | None:
+def agree(group, timeout: float, hosts=None) -> FileExchange | None:
     """A `FileExchange` every rank of ``group`` (the world's, through the scheduler) can use, or
-    None for every rank (three steps of ``group``; collective)."""
+    None for every rank (three steps of ``group``; collective). ``hosts``: every rank's
+    `dask_redist.config.host`, alike on every rank; ranks of several hosts share no files (None at
+    once, no step taken), even pseudo-hosts of one machine."""
+    if hosts is not None and len(set(hosts)) > 1:
+        return None
     directory = None
     if group.rank == 0:
         with contextlib.suppress(OSError):

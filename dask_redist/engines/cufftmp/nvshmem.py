@@ -11,13 +11,14 @@
 
 from __future__ import annotations
 
-
+from dask_redist.engines.cufftmp import remote
 from dask_redist.planning.layout import size_class
 
 
 def capabilities() -> dict:
-    """Can this process run the cufftmp engine? ``{"ok": bool, "reason": str, ...}``."""
-    info: dict = {"ok": False}
+    """Can this process run the cufftmp engine? ``{"ok": bool, "reason": str, ...}``, with what a
+    world across hosts needs of it (`remote.facts`; the registry adds its host)."""
+    info: dict = {"ok": False, **remote.facts()}
     try:
         import cupy
 

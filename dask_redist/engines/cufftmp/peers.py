@@ -1,5 +1,6 @@
-"""A run of PEs that share one GPU: every piece copied from its input chunk straight into its
-output chunk, whichever worker owns that, through CUDA IPC.
+"""A run of PEs that share one GPU of one host: every piece copied from its input chunk straight
+into its output chunk, whichever worker owns that, through CUDA IPC. (One host by ``redist.host``:
+PEs of two pseudo-hosts on one GPU take the arena's rounds, as PEs of two hosts would.)
 
 The arena's rounds make three passes over the bytes (stage, reshape, unstage) and a round per
 ``redist.memory-budget``. Processes on one GPU can instead map each other's memory: each rank

@@ -15,6 +15,14 @@ So where every worker of a world is on one host and the host has no InfiniBand/R
 kept (the operator's choice); a ``none`` set here is taken back for a later world that spans
 hosts. A host with InfiniBand devices keeps NVSHMEM's default: there the transport can serve
 GPU pairs without peer access.
+
+A worker's host is ``redist.host`` of its own process, else its address's host
+(`dask_redist.config.host`): workers given two names on one machine (pseudo-hosts) are two hosts
+here. A world over several hosts needs a remote transport on every worker (`transport_problem`):
+``ucx`` or ``libfabric`` named in ``NVSHMEM_REMOTE_TRANSPORT`` (no InfiniBand needed: UCX's or
+libfabric's TCP), or an InfiniBand/RoCE device for NVSHMEM's default; where one worker has none,
+NVSHMEM's bootstrap could not reach it, and ``auto`` runs such rechunks on the dask engine
+(`across_hosts_problem`).
 """
 
 from __future__ import annotations
@@ -24,6 +32,13 @@ import os
 VARIABLE = "NVSHMEM_REMOTE_TRANSPORT"
 IB_DEVICES = "/sys/class/infiniband"  # where Linux lists InfiniBand / RoCE devices
 _SET_HERE = "none"
+#: Remote transports NVSHMEM can run without an InfiniBand/RoCE device (over TCP, among others).
+WITHOUT_IB = ("ucx", "libfabric")
+#: How to make a world over several hosts form, for reasons.
+REMEDY = (
+    "set NVSHMEM_REMOTE_TRANSPORT (ucx, libfabric) where the workers are started, for their network, "
+    "or keep cufftmp to one node (docs/deployment.md#nvshmem-settings-for-several-nodes)"
+)
 
 
 def ib_devices(path: str = IB_DEVICES) -> list[str]:
@@ -51,17 +66,62 @@ def set_here() -> bool:
     return _ours[0]
 
 
-def set_for_world(workers, devices=None) -> str:
-    """Set ``NVSHMEM_REMOTE_TRANSPORT`` in this process for a world over ``workers`` (addresses),
-    before NVSHMEM starts (module docstring); the value NVSHMEM will read."""
-    from distributed.comm import get_address_host
-
+def set_for_world(hosts, devices=None) -> str:
+    """Set ``NVSHMEM_REMOTE_TRANSPORT`` in this process for a world over workers on ``hosts``
+    (each member's `dask_redist.config.host`), before NVSHMEM starts (module docstring); the value
+    NVSHMEM will read."""
     if _ours[0]:  # (a world before this one had it set here: decide afresh)
         os.environ.pop(VARIABLE, None)
         _ours[0] = False
     devices = ib_devices() if devices is None else devices
-    value, _ = remote_transport({get_address_host(w) for w in workers}, devices, os.environ.get(VARIABLE))
+    value, _ = remote_transport(set(hosts), devices, os.environ.get(VARIABLE))
     if VARIABLE not in os.environ and value == _SET_HERE:
         os.environ[VARIABLE] = value
         _ours[0] = True
     return value
+
+
+def environment() -> str | None:
+    """``NVSHMEM_REMOTE_TRANSPORT`` as the worker's environment sets it (None: unset, or set by
+    `set_for_world` for the world of the moment)."""
+    return None if _ours[0] else (os.environ.get(VARIABLE) or None)
+
+
+def facts() -> dict:
+    """What `transport_problem` needs of this worker (its cufftmp capabilities carry them)."""
+    return {"network devices": ib_devices(), "remote transport": environment()}
+
+
+def transport_problem(devices, environment: str | None) -> str | None:
+    """Why NVSHMEM could not reach a worker on another host (``devices``: its InfiniBand/RoCE
+    devices; ``environment``: its ``NVSHMEM_REMOTE_TRANSPORT``), or None."""
+    value = (environment or "").strip().lower()
+    if value in WITHOUT_IB:
+        return None
+    if value == "none":
+        return f"{VARIABLE}=none"
+    if not devices:
+        named = f"is {environment}" if value else "unset"
+        return f"no InfiniBand/RoCE device for NVSHMEM's remote transport and {VARIABLE} {named}"
+    return None
+
+
+def across_hosts_problem(answers: dict[str, dict]) -> str | None:
+    """Why a world over the workers of ``answers`` (address -> its cufftmp capabilities: ``host``
+    and `facts`) cannot form, or None: they are on several hosts and one of them has no remote
+    transport NVSHMEM can use. Workers that said nothing of their host are not counted."""
+    hosts = sorted({str(a["host"]) for a in answers.values() if a.get("host")})
+    if len(hosts) < 2:
+        return None
+    bad = [
+        (w, why)
+        for w, a in sorted(answers.items())
+        if a.get("host") and (why := transport_problem(a.get("network devices"), a.get("remote transport")))
+    ]
+    if not bad:
+        return None
+    (worker, why), more = bad[0], f" (and {len(bad) - 1} more workers)" if len(bad) > 1 else ""
+    return (
+        f"workers on {len(hosts)} hosts ({', '.join(hosts)}), but {worker}{more} has no remote transport "
+        f"NVSHMEM can use ({why}); {REMEDY}"
+    )

@@ -21,10 +21,11 @@ import os
 import pickle
 import threading
 import time
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import numpy as np
 
+from dask_redist.config import host
 from dask_redist.engines.cufftmp import hostfiles, remote
 from dask_redist.engines.cufftmp.hostfiles import FileExchange
 from dask_redist.engines.cufftmp.nvshmem import gpu_memory, heap_problem, parse_symmetric_size
@@ -60,6 +61,25 @@ def gpu_identity(device: int) -> tuple[str, str]:
         return machine, cupy.cuda.Device(device).pci_bus_id
     except Exception as e:  # noqa: BLE001 - unknown: a GPU shared with nobody (the peers agree all the same)
         return machine, f"{type(e).__name__} in process {os.getpid()}"
+
+
+class Member(NamedTuple):
+    """What every rank of a world tells the others before NVSHMEM starts."""
+
+    host: str  # its `dask_redist.config.host`: redist.host, else its address's host
+    gpu: tuple[str, str]  # `gpu_identity`
+    transport: dict  # `remote.facts`: its InfiniBand devices, its NVSHMEM_REMOTE_TRANSPORT
+
+
+def shares_gpu(members: list[Member]) -> bool:
+    """Every PE on one GPU of one host (the same ``redist.host`` too: PEs of two pseudo-hosts
+    are on two hosts for dask-redist, even on one GPU): the peers' chunk-to-chunk path."""
+    return len({(m.host, m.gpu) for m in members}) == 1
+
+
+def across_hosts(workers, members: list[Member]) -> str | None:
+    """Why a world over ``workers`` (with the ``members`` they told) cannot form across hosts."""
+    return remote.across_hosts_problem({w: {"host": m.host, **m.transport} for w, m in zip(workers, members)})
 
 
 #: Seconds between looks at ``stop()`` while an all-gather through the scheduler waits.
@@ -174,9 +194,6 @@ class World:
             os.environ["NVSHMEM_SYMMETRIC_SIZE"] = str(settings.symmetric_size)
         elif "NVSHMEM_SYMMETRIC_SIZE" not in os.environ:  # the arena (budget + 13% + workspace) must fit
             os.environ["NVSHMEM_SYMMETRIC_SIZE"] = str(settings.memory_budget * 5 // 4 + 2**28)
-        remote.set_for_world(
-            workers
-        )  # (one host, no InfiniBand: no remote transport, no "no IB devices" line)
         start = time.perf_counter()
         group = DaskProcessGroup(
             f"nvshmem/{run.spec.token}/{run.run_id}",
@@ -188,21 +205,28 @@ class World:
         # the others inside NVSHMEM's bootstrap until it times out
         problem = problem or self._rejoin_problem() or self._heap_problem()
         device = cupy.cuda.runtime.getDevice()
-        everyone = group.allgather((problem, gpu_identity(device)))
+        mine = Member(host(workers[run.rank]), gpu_identity(device), remote.facts())
+        everyone = group.allgather((problem, mine))
         problems = [(workers[r], p) for r, (p, _) in enumerate(everyone) if p]
         if problems:
             raise EngineUnavailableError(
                 f"{run.name()}: cufftmp cannot start on {problems[0][0]}: {problems[0][1]}"
             )
+        members = [m for _, m in everyone]
+        if why := across_hosts(workers, members):  # (alike on every rank: NVSHMEM not started)
+            raise EngineUnavailableError(f"{run.name()}: cufftmp cannot start: {why}")
+        # (one host, no InfiniBand: no remote transport, no "no IB devices" line)
+        remote.set_for_world([m.host for m in members])
         try:
             nvmath.distributed.initialize(device, group, ["nvshmem"])
         except BaseException as e:  # noqa: B036 - NVSHMEM may be half started: never again here
             self.broken = f"NVSHMEM's bootstrap failed in this process ({type(e).__name__}: {e})"
             raise
         self.group, self.members = group, workers
-        self.shared_gpu = len({where for _, where in everyone}) == 1
+        self.shared_gpu = shares_gpu(members)
         self.peers_group, self._files = group, None
-        if self.shared_gpu and (files := hostfiles.agree(group, settings.bootstrap_timeout)):  # (all alike)
+        hosts = [m.host for m in members]  # (alike on every rank, as is shared_gpu)
+        if self.shared_gpu and (files := hostfiles.agree(group, settings.bootstrap_timeout, hosts)):
             self.peers_group = DaskProcessGroup("peers", run.rank, len(workers), files)
             self._files = files
         self.bootstrap_s = time.perf_counter() - start
