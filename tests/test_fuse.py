@@ -232,3 +232,11 @@ def test_a_fused_pipeline_cancelled_at_any_moment_leaves_nothing_behind(client, 
         del y
     assert _log_problems(client)[before:] == []
     assert worker_leftovers(client) == {}
+
+
+def test_a_step_after_two_rechunks_is_fused_with_one_of_them(client, enabled, persisted):
+    a, x = persisted
+    y = x.rechunk((48, 4, 6)) * 2 + (x + 1).rechunk((48, 4, 6))  # one blockwise layer needs both
+    np.testing.assert_allclose(y.compute(), a * 2 + a + 1)
+    held = tasks_of(client, y)
+    assert held["redist-barrier"] == 2 and held["rechunk"] == 6, held  # the other's unpack tasks stay

@@ -52,16 +52,16 @@ def fuse_blockwise(hlg: HighLevelGraph, keys) -> HighLevelGraph:
 
 
 def fusable_consumers(
-    hlg: HighLevelGraph, output: str, output_keys: list, requested: set, inputs: set = frozenset()
+    hlg: HighLevelGraph, output: str, output_keys: list, requested: set, taken: set = frozenset()
 ) -> Consumers | None:
     """The layer after the rechunk's ``output`` layer whose tasks its unpack tasks can run, or None.
 
-    It must be the output's only dependent layer, neither annotated nor a rechunk nor one of
-    ``inputs`` (another collective's stage tasks run those), with exactly one plain task per
+    It must be the output's only dependent layer, neither annotated nor a rechunk nor ``taken``
+    (another collective's input, or another collective's consumer already), with exactly one plain task per
     output chunk, keyed like it and needing no other output chunk; the output not ``requested``.
     """
     after = hlg.dependents.get(output, set())
-    if output in requested or len(after) != 1 or after <= inputs:
+    if output in requested or len(after) != 1 or after <= taken:
         return None
     (name,) = after
     layer = hlg.layers[name]

@@ -306,35 +306,32 @@ def rewrite(
     if only is None and settings.fuse:
         hlg = fuse_blockwise(hlg, keys)
     layers, deps = dict(hlg.layers), {k: set(v) for k, v in hlg.dependencies.items()}
-    sources = {
-        d.chain.source for d in decisions if d.collective
-    }  # (another collective's stage tasks run them)
+    # layers no unpack tasks may compute: another collective's input (its stage tasks run it), and
+    # a consumer some collective's unpack tasks compute already (one of two rechunks it adds up)
+    taken = {d.chain.source for d in decisions if d.collective}
     for i, d in enumerate(decisions):
         if d.collective:
             fuse = only is None and settings.fuse
-            decisions[i] = _replace_chain(hlg, layers, deps, d, requested, sources if fuse else None)
+            decisions[i] = _replace_chain(hlg, layers, deps, d, requested, taken if fuse else None)
     return HighLevelGraph(layers, deps), decisions
 
 
-def _replace_chain(
-    hlg, layers: dict, deps: dict, d: Decision, requested: set, sources: set | None
-) -> Decision:
+def _replace_chain(hlg, layers: dict, deps: dict, d: Decision, requested: set, taken: set | None) -> Decision:
     """Put the collective of ``d`` in place of its chain in ``layers`` and ``deps`` (``hlg``'s, changed
-    in place), fused with its neighbours unless ``sources`` is None (the inputs of every collective
-    of the graph, which no collective's unpack tasks compute); the decision, with the spec it ran."""
+    in place), fused with its neighbours unless ``taken`` is None (layers no unpack tasks may
+    compute; the consumer it fuses is added); the decision, with the spec it ran."""
     for name in d.chain.layers[:-1]:
         del layers[name]
         del deps[name]
     out, source = d.chain.output, d.chain.source
-    consumers = (
-        None if sources is None else fusable_consumers(hlg, out, d.spec.output_keys(), requested, sources)
-    )
+    consumers = None if taken is None else fusable_consumers(hlg, out, d.spec.output_keys(), requested, taken)
     if consumers is not None:
+        taken.add(consumers.name)
         fused = replace(d.spec, consumer=consumers.name, token=tokenize(d.spec.token, consumers.name))
         d = replace(d, spec=fused)
 
     def inline(force: bool, chain=d.chain, grid=d.spec.rechunk.old_grid):
-        return None if sources is None else inlined_inputs(hlg, chain, requested, grid, force=force)
+        return None if taken is None else inlined_inputs(hlg, chain, requested, grid, force=force)
 
     if d.method == BUILT and consumers is None and inline(False) is None:
         return d  # (nothing to fuse: the collective stays as it was built)
