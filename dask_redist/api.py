@@ -24,6 +24,7 @@ from dask_redist.core.assemble import converted
 from dask_redist.core.messages import ForgetWorld, SchedulerStatus
 from dask_redist.errors import NotEligibleError, RedistError, RedistTimeoutError
 from dask_redist.graph.lazy import lazy_rechunk_step
+from dask_redist.graph.names import own_name
 from dask_redist.graph.optimize import CollectiveOptimizer, decide, find_rechunks, rewrite
 from dask_redist import submissions
 from dask_redist.report import Status
@@ -116,7 +117,7 @@ def _patches(on: bool) -> None:
     when a graph is submitted, the steps of Dask's rechunk built only when read (`graph.lazy`),
     and in expression mode (no optimize hook) the rechunk expression swapped."""
     keep_annotations_current(on)
-    record_explicit_methods(_respect_method if on else None)
+    record_explicit_methods(_respect_method if on else None, own_name if on else None)
     read_array_optimize_through(snapshot if on else None)
     use_rechunk_step(lazy_rechunk_step if on else None)
     try:
@@ -157,6 +158,7 @@ def rechunk(x, chunks="auto", *, threshold=None, block_size_limit=None, balance=
         return x
     with dask.config.set(_overrides(options)):
         settings = Settings.from_config()
+    y = own_name(y, settings)  # (never Dask's keys: graph.names)
     graph = y.__dask_graph__()
     (chain,) = [c for c in find_rechunks(graph, {y.name}) if c.output == y.name]
     decision = decide(graph, chain, settings, old=x.chunks)

@@ -1,6 +1,6 @@
 """A retry after a failed collective run gets a fresh run where the settings changed.
 
-A rechunk's output keys are Dask's whatever the settings (everything downstream finds them).
+A rechunk's output keys are fixed when it is built, whatever the settings at submission.
 Submitting them again right after a failure could meet the old tasks on the scheduler, erred:
 
 * a Client releases the futures of a failed ``compute`` through two hops of its event loop,
