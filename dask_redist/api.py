@@ -22,7 +22,7 @@ from dask_redist.compat import (
 from dask_redist.config import Settings, check_known, flatten, restore_defaults
 from dask_redist.core.assemble import converted
 from dask_redist.core.messages import ForgetWorld, SchedulerStatus
-from dask_redist.errors import NotEligibleError, RedistError, RedistTimeoutError
+from dask_redist.errors import EngineUnavailableError, NotEligibleError, RedistError, RedistTimeoutError
 from dask_redist.graph.lazy import lazy_rechunk_step
 from dask_redist.graph.names import own_name
 from dask_redist.graph.optimize import CollectiveOptimizer, decide, find_rechunks, rewrite
@@ -101,9 +101,54 @@ def snapshot(hook, collection=None):
     if isinstance(hook, CollectiveOptimizer) and hook.settings is None:
         settings = Settings.from_config()
         if collection is not None:
+            refuse_unrunnable(_collective_specs(collection, settings), settings)
             submissions.submitted(collection, settings)
         return CollectiveOptimizer(hook.chain, settings)
     return hook
+
+
+def _collective_specs(collection, settings: Settings) -> list:
+    """The collectives that ``collection``'s rechunks become under ``settings`` (none is asked of the
+    cluster: the workers' memory is not weighed here)."""
+    graph = collection.__dask_graph__()
+    if settings.engine == "auto" or not hasattr(graph, "layers"):
+        return []
+    names = {getattr(collection, "name", None)}
+    decisions = (decide(graph, chain, settings) for chain in find_rechunks(graph, names))
+    return [d.spec for d in decisions if d.collective]
+
+
+def engines_state(client, settings: Settings) -> tuple[dict, list[str], dict]:
+    """(each worker's capabilities, the workers, the engines' records) once every worker said which
+    engines of ``redist.engines``, and the one ``redist.engine`` names, it can run (asks the
+    scheduler, which asks each worker once)."""
+    from dask_redist.core.messages import Probe
+    from dask_redist.engines import WorldRecord
+
+    _ensure_scheduler_plugin(client)
+    engines = dict(settings.engines)
+    if settings.engine != "auto":
+        engines[settings.engine] = settings.engine_path(settings.engine)
+    state = client.sync(Probe(engines).call, client.scheduler)
+    records = {name: WorldRecord.from_state(r) for name, r in state["records"].items()}
+    return state["capabilities"], sorted(worker_info(client)), records
+
+
+def refuse_unrunnable(specs, settings: Settings) -> None:
+    """Raise `EngineUnavailableError` where the engine named in ``redist.engine`` cannot run one of
+    ``specs`` on the default Client's workers: once, at submission, with the remedy, instead of
+    every task of the run failing on the workers. Nothing to check without a Client, or under ``auto``."""
+    from dask_redist.compat import default_client
+    from dask_redist.engines import Request
+    from dask_redist.engines.choice import cannot_run
+
+    client = default_client()
+    if not specs or settings.engine == "auto" or client is None or submissions.in_event_loop():
+        return
+    capabilities, workers, _ = engines_state(client, settings)
+    for spec in specs:
+        if problem := cannot_run(Request.of(spec), capabilities, workers):
+            raise EngineUnavailableError(problem)
 
 
 def _respect_method() -> bool:
@@ -164,6 +209,7 @@ def rechunk(x, chunks="auto", *, threshold=None, block_size_limit=None, balance=
     decision = decide(graph, chain, settings, old=x.chunks)
     if not decision.collective:
         raise NotEligibleError(decision.reason)
+    refuse_unrunnable([decision.spec], settings)
     graph, _ = rewrite(graph, [], settings, only=[decision])
     meta = meta_of(y)
     if settings.output_type != "same":  # (x.rechunk under enable() keeps x's meta: the graph changes, not x)

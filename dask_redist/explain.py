@@ -10,9 +10,8 @@ import numpy as np
 
 from dask_redist.compat import default_client, worker_info
 from dask_redist.config import Settings
-from dask_redist.core.messages import Probe
-from dask_redist.engines import Request, WorldRecord, description
-from dask_redist.engines.choice import choose_engine
+from dask_redist.engines import Request, description
+from dask_redist.engines.choice import cannot_run, choose_engine
 from dask_redist.fft import describe as fft_describe
 from dask_redist.graph.optimize import decide, find_rechunks, memory_limits
 from dask_redist.planning import make_plan
@@ -136,19 +135,17 @@ def _placement(spec, x, client, nworkers: int) -> tuple[np.ndarray, str]:
     return ranks, f"assumed: contiguous blocks over {nworkers} workers"
 
 
-def _engine(spec, client) -> tuple[str, str]:
+def _engine(spec, client) -> tuple[str, str, str | None]:
     """The engine a run would use and why, decided as the scheduler decides it (`choose_engine`),
-    from what the workers answered: asked here if nobody asked them yet."""
+    from what the workers answered (asked here if nobody asked them yet); and why that engine,
+    named in ``redist.engine``, is refused at submission (`api.refuse_unrunnable`), or None."""
     request = Request.of(spec)
-    if request.settings.engine != "auto" or client is None:
-        return choose_engine(request, None, [])
-    from dask_redist.api import _ensure_scheduler_plugin
+    if client is None:
+        return *choose_engine(request, None, []), None
+    from dask_redist.api import engines_state
 
-    _ensure_scheduler_plugin(client)
-    state = client.sync(Probe(dict(request.settings.engines)).call, client.scheduler)
-    records = {name: WorldRecord.from_state(r) for name, r in state["records"].items()}
-    workers = sorted(worker_info(client))
-    return choose_engine(request, state["capabilities"], workers, records)
+    capabilities, workers, records = engines_state(client, request.settings)
+    return *choose_engine(request, capabilities, workers, records), cannot_run(request, capabilities, workers)
 
 
 def _kept_for_method(node) -> str | None:
@@ -230,7 +227,9 @@ def explain(x, *, nworkers: int | None = None, settings: Settings | None = None)
             runs = "dask"
         in_ranks, where = _placement(spec, x, client, nworkers)
         plan = make_plan(spec.rechunk, in_ranks, nworkers)
-        engine, engine_why = _engine(spec, client)
+        engine, engine_why, refused = _engine(spec, client)
+        if refused and runs == "collective":
+            runs, reason = "refused at submission (EngineUnavailableError)", refused
         mapping, padding, rounds = description(engine, settings).mapping(plan, settings)
         entries.append(
             Entry(
