@@ -190,8 +190,9 @@ def disable(handle: Enabled | None = None) -> None:
 def rechunk(x, chunks="auto", *, threshold=None, block_size_limit=None, balance=False, **options):
     """``x.rechunk(chunks)`` as one collective step, whether or not `enable` was called.
 
-    Takes dask's arguments; ``options`` override ``redist.*`` keys for this call.
-    Raises `NotEligibleError` (with the reason) where the collective
+    Takes dask's arguments; ``options`` override ``redist.*`` keys for this call. Runs where
+    ``redist.min-bytes`` (the cost model, by default) would keep Dask's rechunk, and ``explain()``
+    says so. Raises `NotEligibleError` (with the reason) only where the collective
     cannot run, e.g. for object dtypes or unknown chunk sizes.
     """
     from dask.array import Array
@@ -206,7 +207,7 @@ def rechunk(x, chunks="auto", *, threshold=None, block_size_limit=None, balance=
     y = own_name(y, settings)  # (never Dask's keys: graph.names)
     graph = y.__dask_graph__()
     (chain,) = [c for c in find_rechunks(graph, {y.name}) if c.output == y.name]
-    decision = decide(graph, chain, settings, old=x.chunks)
+    decision = decide(graph, chain, settings, old=x.chunks, explicit=True)
     if not decision.collective:
         raise NotEligibleError(decision.reason)
     refuse_unrunnable([decision.spec], settings)

@@ -156,8 +156,9 @@ def _kept_for_method(node) -> str | None:
     return None if isinstance(node, CollectiveRechunk) else kept_for_method(node.method)
 
 
-def _decisions(x, settings: Settings, memory=None) -> list[tuple[str, str, object, str]]:
-    """(output name, what dask planned, CollectiveSpec or None, reason) for every rechunk of ``x``."""
+def _decisions(x, settings: Settings, memory=None) -> list[tuple[str, str, object, str, bool]]:
+    """(output name, what dask planned, CollectiveSpec or None, reason, asked for by
+    `dask_redist.rechunk`) for every rechunk of ``x``."""
     expr = getattr(x, "expr", None)
     if expr is not None:  # expression mode: the rechunks are expressions in the tree
         from dask.utils import typename
@@ -183,13 +184,16 @@ def _decisions(x, settings: Settings, memory=None) -> list[tuple[str, str, objec
                         settings,
                         len(memory[0]) if memory else None,
                     )
-                out.append((node._name, node.method or "auto", spec, why))
+                out.append((node._name, node.method or "auto", spec, why, False))
         return out
     graph = x.__dask_graph__()
     out = []
     for chain in find_rechunks(graph, {x.name}):
         d = decide(graph, chain, settings, memory=memory)
-        out.append((chain.output, d.method, d.spec, d.reason))
+        out.append((chain.output, d.method, d.spec, d.reason, False))
+    for name, layer in graph.layers.items():  # (dask_redist.rechunk's: decided when it was called)
+        if (d := getattr(layer, "decision", None)) is not None:
+            out.append((name, d.method, d.spec, d.reason, True))
     return out
 
 
@@ -210,7 +214,7 @@ def explain(x, *, nworkers: int | None = None, settings: Settings | None = None)
     memory = None
     if workers is not None:  # (as the scheduler decides: from the workers' memory limits)
         memory = memory_limits(w.get("memory_limit") for w in workers.values())
-    for output, method, spec, reason in _decisions(x, settings, memory):
+    for output, method, spec, reason, explicit in _decisions(x, settings, memory):
         if spec is None:
             entries.append(Entry(output, method, "dask", reason))
             continue
@@ -220,7 +224,7 @@ def explain(x, *, nworkers: int | None = None, settings: Settings | None = None)
                 "eligible, but no distributed Client: dask's rechunk runs on local schedulers",
                 "dask",
             )
-        elif not enabled:
+        elif not enabled and not explicit:
             reason = (
                 f"dask_redist is not enabled: dask's rechunk runs; enable() would run a collective ({reason})"
             )

@@ -33,6 +33,11 @@ from dask_redist.planning import PlanError, RechunkSpec
 from dask_redist.planning.cost import beyond_memory, dask_is_faster, estimate, pause_fraction
 
 
+#: What the reason of a rechunk asked for by `dask_redist.rechunk` says where ``redist.min-bytes``
+#: would have kept Dask's.
+EXPLICIT = "asked for by dask_redist.rechunk"
+
+
 def is_rechunk_layer(name: str) -> bool:
     return isinstance(name, str) and name.startswith(RECHUNK_PREFIXES)
 
@@ -119,6 +124,7 @@ def collective_spec(
     settings: Settings,
     workers: int | None = None,
     dask_method: str = "tasks",
+    explicit: bool = False,
 ) -> tuple[CollectiveSpec | None, str]:
     """The collective for rechunking ``input_name`` into ``output_name``, or None and why not.
 
@@ -126,7 +132,8 @@ def collective_spec(
     how many the cluster has, where known (the cost model measured nearest is used).
     ``dask_method``: what dask planned, ``tasks`` or ``p2p``. Dask's p2p rechunk cannot move CuPy
     chunks (distributed's shuffle reads its shards on the host and fails), so the collective never
-    leaves it a rechunk of CuPy chunks for being small or cheap.
+    leaves it a rechunk of CuPy chunks for being small or cheap. ``explicit``: asked for by
+    `dask_redist.rechunk`, which runs whatever ``redist.min-bytes`` would say (the reason says it).
     """
     if old is None or new is None or dtype is None:
         return None, "the rechunk's input carries no array metadata"
@@ -156,10 +163,16 @@ def collective_spec(
         estimated = "Dask's p2p rechunk cannot move CuPy chunks"
     elif settings.min_bytes == "auto":
         if faster := dask_is_faster(rechunk, chunk_type, settings.cost_model, workers):
-            return None, faster
-        estimated = estimate(rechunk, chunk_type, settings.cost_model, workers)
+            if not explicit:
+                return None, faster
+            estimated = f"{EXPLICIT}; without it the cost model would have kept Dask's rechunk: {faster}"
+        else:
+            estimated = estimate(rechunk, chunk_type, settings.cost_model, workers)
     elif rechunk.nbytes < settings.min_bytes:
-        return None, f"{rechunk.nbytes} bytes is below redist.min-bytes ({settings.min_bytes})"
+        below = f"{rechunk.nbytes} bytes is below redist.min-bytes ({settings.min_bytes})"
+        if not explicit:
+            return None, below
+        estimated = f"{EXPLICIT}; without it Dask's rechunk would run: {below}"
     token = tokenize(output_name, settings)  # (other settings, other stage and barrier keys: a fresh run)
     spec = CollectiveSpec(token, input_name, output_name, rechunk, dtype, settings, chunk_type)
     reason = (
@@ -201,12 +214,20 @@ def stale_chunks(old, new) -> str | None:
     )
 
 
-def decide(hlg: HighLevelGraph, chain: RechunkChain, settings: Settings, old=None, memory=None) -> Decision:
+def decide(
+    hlg: HighLevelGraph,
+    chain: RechunkChain,
+    settings: Settings,
+    old=None,
+    memory=None,
+    explicit: bool = False,
+) -> Decision:
     """Turn a chain into a `CollectiveSpec`, or say why it keeps dask's rechunk.
 
     ``old``: the input's chunks where the caller knows them (from the array itself); else
     from the graph (`input_chunks`). ``memory``: the workers' memory limits and pause
     fraction, where known (`planning.cost.beyond_memory`; their number picks the cost model).
+    ``explicit``: `dask_redist.rechunk` asks (`collective_spec`).
     """
     method = _method(chain)
     source = hlg.layers.get(chain.source)
@@ -226,6 +247,7 @@ def decide(hlg: HighLevelGraph, chain: RechunkChain, settings: Settings, old=Non
         settings,
         len(memory[0]) if memory else None,
         method,
+        explicit,
     )
     if spec is not None and (chain.source,) + (0,) * spec.rechunk.ndim not in source.get_output_keys():
         spec, reason = None, f"input keys of layer {chain.source} are not ({chain.source}, i, j, ...)"
@@ -271,6 +293,7 @@ def rewrite(
         layers[out] = CollectiveLayer(
             collective_tasks(spec, groups, inputs[0] if inputs else None),
             collection_annotations=hlg.layers[out].collection_annotations,
+            decision=d if only is not None else None,
         )
         deps[out] = {source} | (deps[source] if inputs else set())
         if inputs and inputs[2]:  # nothing else needs the input chunks: their tasks leave the layer
