@@ -18,7 +18,7 @@ from dask.base import tokenize
 from dask.highlevelgraph import HighLevelGraph, MaterializedLayer
 
 from dask_redist.compat import P2P_PREFIX, RECHUNK_PREFIXES, meta_of, p2p_layer_renamed
-from dask_redist.config import Settings
+from dask_redist.config import ConfigError, Settings
 from dask_redist.graph.lazy import LazyRechunkStep, renamed_tasks
 
 MERGE_PREFIX = "rechunk-merge-"
@@ -44,13 +44,22 @@ def _renamed_layer(layer, old: str, new: str):
     return MaterializedLayer(renamed_tasks(layer, old, new))
 
 
+def _settings_now() -> Settings:
+    """The settings of this moment; a bad one is raised where the graph is submitted, with its key
+    (`dask_redist.api.snapshot`), not by ``x.rechunk``: the packaged defaults name it meanwhile."""
+    try:
+        return Settings.from_config()
+    except ConfigError:
+        return Settings()
+
+
 def own_name(y: Array, settings: Settings | None = None) -> Array:
     """``y`` (a rechunk's output) under a name of the collective's own (module docstring); ``y``
     itself where it already has one, or is no rechunk of Dask's."""
     graph = y.__dask_graph__()
     if is_own(y.name) or not y.name.startswith(RECHUNK_PREFIXES) or not hasattr(graph, "layers"):
         return y
-    new = new_name(y.name, settings or Settings.from_config())
+    new = new_name(y.name, settings or _settings_now())
     layer = graph.layers[y.name]
     renamed = _renamed_layer(layer, y.name, new)
     renamed.collection_annotations = dict(layer.collection_annotations or {})
