@@ -25,8 +25,9 @@ from dask.highlevelgraph import HighLevelGraph, MaterializedLayer
 
 from dask_redist.compat import METHOD_ANNOTATION, P2P_PREFIX, RECHUNK_PREFIXES, running_schedulers
 from dask_redist.config import Settings
-from dask_redist.core.spec import CollectiveSpec
+from dask_redist.core.spec import CollectiveSpec, CollectiveTask
 from dask_redist.graph.layer import CollectiveLayer, collective_tasks
+from dask_redist.graph.names import is_own
 from dask_redist.graph.stages import inlined_inputs, scheduler_in_process, stage_grouping
 from dask_redist.runtime import ordering
 from dask_redist.planning import PlanError, RechunkSpec
@@ -257,6 +258,27 @@ def decide(
     return Decision(chain, spec, reason, method)
 
 
+#: Why a rechunk whose output keys the scheduler holds with Dask's tasks behind them stays Dask's.
+HELD_BY_DASK = (
+    "the scheduler holds this rechunk's output keys with Dask's tasks behind them (it was built before "
+    "enable() and run by Dask): the same keys with the collective's tasks would clash, so Dask's rechunk "
+    "runs; build the rechunk after enable() for the collective (its keys are then its own)"
+)
+
+
+def held_by_dask(scheduler, d: Decision) -> Decision:
+    """``d``, or Dask's rechunk where the output keys of a collective ``d`` are Dask's names
+    (`graph.names`: built before `dask_redist.enable`) and ``scheduler`` holds them with another
+    task behind them: one key with two tasks makes distributed warn of a different ``run_spec``
+    and reuse what it holds."""
+    if scheduler is None or not d.collective or is_own(d.chain.output):
+        return d
+    ts = scheduler.tasks.get((d.chain.output,) + (0,) * d.spec.rechunk.ndim)
+    if ts is None or isinstance(ts.run_spec, CollectiveTask):
+        return d
+    return Decision(d.chain, None, HELD_BY_DASK, d.method)
+
+
 def memory_limits(limits) -> tuple[list[int], float]:
     """(the workers' memory ``limits``, None read as 0: none, distributed's pause fraction), for `decide`."""
     return [int(m or 0) for m in limits], pause_fraction()
@@ -275,6 +297,7 @@ def rewrite(
         scheduler = scheduler_in_process()
         memory = memory_limits(ws.memory_limit for ws in scheduler.workers.values()) if scheduler else None
         decisions = [decide(hlg, c, settings, memory=memory) for c in find_rechunks(hlg, requested)]
+        decisions = [held_by_dask(scheduler, d) for d in decisions]
     if not any(d.collective for d in decisions):
         return hlg, decisions
     layers, deps = dict(hlg.layers), {k: set(v) for k, v in hlg.dependencies.items()}
