@@ -195,6 +195,13 @@ def rechunk(x, chunks="auto", *, threshold=None, block_size_limit=None, balance=
     says so. Raises `NotEligibleError` (with the reason) only where the collective
     cannot run, e.g. for object dtypes or unknown chunk sizes.
     """
+    return collective_rechunk(x, chunks, threshold, block_size_limit, balance, options)
+
+
+def collective_rechunk(x, chunks, threshold, block_size_limit, balance, options: dict, explicit: bool = True):
+    """`rechunk`; ``explicit=False``: also `NotEligibleError` where ``redist.min-bytes`` keeps Dask's
+    rechunk (``dask_redist.fft``'s passes, which follow the cost model), and ``explain()`` lists it
+    under the FFT only."""
     from dask.array import Array
 
     if any(isinstance(c, float) and c != c for axis in x.chunks for c in axis):
@@ -207,11 +214,13 @@ def rechunk(x, chunks="auto", *, threshold=None, block_size_limit=None, balance=
     y = own_name(y, settings)  # (never Dask's keys: graph.names)
     graph = y.__dask_graph__()
     (chain,) = [c for c in find_rechunks(graph, {y.name}) if c.output == y.name]
-    decision = decide(graph, chain, settings, old=x.chunks, explicit=True)
+    decision = decide(graph, chain, settings, old=x.chunks, explicit=explicit)
     if not decision.collective:
         raise NotEligibleError(decision.reason)
     refuse_unrunnable([decision.spec], settings)
     graph, _ = rewrite(graph, [], settings, only=[decision])
+    if not explicit:
+        graph.layers[y.name].decision = None
     meta = meta_of(y)
     if settings.output_type != "same":  # (x.rechunk under enable() keeps x's meta: the graph changes, not x)
         try:

@@ -51,6 +51,7 @@ class Entry:
     rounds: int | None = None
     imbalance: float | None = None
     placement: str = ""
+    explicit: bool = False  # asked for by dask_redist.rechunk: runs whether or not enabled
 
     def headline(self) -> str:
         """What runs, first: the collective (on which engine), Dask's rechunk, or a refusal."""
@@ -98,7 +99,7 @@ class Explanation:
         if not self.entries:
             return "\n".join(fft_describe.text(self.ffts) or ["no rechunk in this graph"])
         lines = []
-        if not self.enabled:
+        if not self.enabled and not all(e.explicit for e in self.entries):
             lines.append("dask_redist is not enabled: this is what enable() would do")
         for e in self.entries:
             d = e.as_dict()
@@ -121,7 +122,9 @@ class Explanation:
             "<tr>" + "".join(f"<td>{html.escape(str(v))}</td>" for v in r.values()) + "</tr>" for r in rows
         )
         note = (
-            "" if self.enabled else "<p><i>dask_redist is not enabled: this is what enable() would do</i></p>"
+            ""
+            if self.enabled or all(e.explicit for e in self.entries)
+            else "<p><i>dask_redist is not enabled: this is what enable() would do</i></p>"
         )
         table = f"{note}<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
         return table + fft_describe.table(self.ffts)
@@ -342,6 +345,7 @@ def explain(x, *, nworkers: int | None = None, settings: Settings | None = None)
                 rounds=rounds,
                 imbalance=plan.imbalance,
                 placement=where,
+                explicit=explicit,
             )
         )
     ffts = tuple(

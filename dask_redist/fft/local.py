@@ -56,10 +56,10 @@ def rechunk(x, chunks) -> tuple[object, str]:
         return x.rechunk(chunks), "rechunk under enable(): collective where eligible (its own entry says)"
     if default_client() is None:
         return x.rechunk(chunks), "Dask's rechunk (no distributed Client: the collective needs one)"
-    from dask_redist.api import rechunk as collective
+    from dask_redist.api import collective_rechunk
 
-    try:
-        return collective(x, chunks), "collective rechunk"
+    try:  # (as the cost model says: explicit=False)
+        return collective_rechunk(x, chunks, None, None, False, {}, explicit=False), "collective rechunk"
     except NotEligibleError as e:
         return x.rechunk(chunks), f"Dask's rechunk ({e})"
 
