@@ -159,3 +159,38 @@ def test_a_rechunk_submitted_before_the_world_lost_a_pe_finishes_on_dask(own_clu
     with dask_redist.enable(engine="cufftmp", timeouts={"collective": "120s", "bootstrap": "120s"}):
         with pytest.raises(RedistError, match="restart_broken=True"):
             da.from_array(base, chunks=(8, 32)).rechunk((32, 16)).compute()
+
+
+def _defer_a_restart(dask_scheduler, reason: str) -> str:
+    """What a worker leaving does while the barrier task of the active run is still processing
+    (`Runs.worker_left` -> `restart_once_barrier_done`): the restart waits for the barrier."""
+    runs = dask_scheduler.plugins["redist"].runs
+    (token,) = [t for t, r in runs.rechunks.items() if r.active is not None]
+    runs.rechunks[token].defer_restart(reason, [])
+    return token
+
+
+def test_a_survivor_refusing_a_run_that_a_worker_left_restarts_it(client):
+    """The GPU soak at 2 PEs, engine cufftmp (seed 57): a worker was killed while the barrier task
+    of run 1 was still processing, so its restart waited; the survivor, told its world lost a PE,
+    refused run 1 ("NVSHMEM is unusable in this worker") and the scheduler failed the rechunk with
+    that error. A failure of a run that a worker left is that worker's doing: the rechunk restarts."""
+    from engines import unusable_gate
+
+    a = np.arange(32 * 32.0).reshape(32, 32)
+    x = da.from_array(a, chunks=(8, 32)).persist()
+    with dask_redist.enable(engine="engines:UnusableWorldEngine", timeouts={"collective": "60s"}):
+        y = x.rechunk((32, 8)).persist()
+        deadline = time.monotonic() + 30
+        while not dask_redist.status(client)["active"]:
+            assert time.monotonic() < deadline, "run 1 never started"
+            time.sleep(0.05)
+        token = client.run_on_scheduler(_defer_a_restart, reason="worker tcp://gone:1 left during run 1")
+        with open(unusable_gate(token), "w"):
+            pass
+        try:
+            np.testing.assert_array_equal(y.compute(), a)
+        finally:
+            os.remove(unusable_gate(token))
+    last = scheduler_history(client)[-1]
+    assert last["run"] == 2 and last["outcome"] == "done", last
