@@ -137,13 +137,17 @@ def engines_state(client, settings: Settings) -> tuple[dict, list[str], dict]:
 def refuse_unrunnable(specs, settings: Settings) -> None:
     """Raise `EngineUnavailableError` where the engine named in ``redist.engine`` cannot run one of
     ``specs`` on the default Client's workers: once, at submission, with the remedy, instead of
-    every task of the run failing on the workers. Nothing to check without a Client, or under ``auto``."""
+    every task of the run failing on the workers. Nothing to check without a Client, under ``auto``,
+    or for an engine that loads here and needs nothing of the workers (``dask``: no round trip)."""
     from dask_redist.compat import default_client
-    from dask_redist.engines import Request
+    from dask_redist.engines import Request, description
     from dask_redist.engines.choice import cannot_run
 
     client = default_client()
     if not specs or settings.engine == "auto" or client is None or submissions.in_event_loop():
+        return
+    named = description(settings.engine, settings)
+    if named.engine is not None and not named.probes:  # (it runs wherever its class loads, as here)
         return
     capabilities, workers, _ = engines_state(client, settings)
     for spec in specs:
