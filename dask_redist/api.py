@@ -22,8 +22,9 @@ from dask_redist.compat import (
 from dask_redist.config import Settings, check_known, flatten, restore_defaults
 from dask_redist.core.assemble import converted
 from dask_redist.core.messages import ForgetWorld, SchedulerStatus
-from dask_redist.errors import NotEligibleError, RedistError, RedistTimeoutError
+from dask_redist.errors import EngineUnavailableError, NotEligibleError, RedistError, RedistTimeoutError
 from dask_redist.graph.lazy import lazy_rechunk_step
+from dask_redist.graph.names import own_name
 from dask_redist.graph.optimize import CollectiveOptimizer, decide, find_rechunks, rewrite
 from dask_redist import submissions
 from dask_redist.report import Status
@@ -100,9 +101,58 @@ def snapshot(hook, collection=None):
     if isinstance(hook, CollectiveOptimizer) and hook.settings is None:
         settings = Settings.from_config()
         if collection is not None:
+            refuse_unrunnable(_collective_specs(collection, settings), settings)
             submissions.submitted(collection, settings)
         return CollectiveOptimizer(hook.chain, settings)
     return hook
+
+
+def _collective_specs(collection, settings: Settings) -> list:
+    """The collectives that ``collection``'s rechunks become under ``settings`` (none is asked of the
+    cluster: the workers' memory is not weighed here)."""
+    graph = collection.__dask_graph__()
+    if settings.engine == "auto" or not hasattr(graph, "layers"):
+        return []
+    names = {getattr(collection, "name", None)}
+    decisions = (decide(graph, chain, settings) for chain in find_rechunks(graph, names))
+    return [d.spec for d in decisions if d.collective]
+
+
+def engines_state(client, settings: Settings) -> tuple[dict, list[str], dict]:
+    """(each worker's capabilities, the workers, the engines' records) once every worker said which
+    engines of ``redist.engines``, and the one ``redist.engine`` names, it can run (asks the
+    scheduler, which asks each worker once)."""
+    from dask_redist.core.messages import Probe
+    from dask_redist.engines import WorldRecord
+
+    _ensure_scheduler_plugin(client)
+    engines = dict(settings.engines)
+    if settings.engine != "auto":
+        engines[settings.engine] = settings.engine_path(settings.engine)
+    state = client.sync(Probe(engines).call, client.scheduler)
+    records = {name: WorldRecord.from_state(r) for name, r in state["records"].items()}
+    return state["capabilities"], sorted(worker_info(client)), records
+
+
+def refuse_unrunnable(specs, settings: Settings) -> None:
+    """Raise `EngineUnavailableError` where the engine named in ``redist.engine`` cannot run one of
+    ``specs`` on the default Client's workers: once, at submission, with the remedy, instead of
+    every task of the run failing on the workers. Nothing to check without a Client, under ``auto``,
+    or for an engine that loads here and needs nothing of the workers (``dask``: no round trip)."""
+    from dask_redist.compat import default_client
+    from dask_redist.engines import Request, description
+    from dask_redist.engines.choice import cannot_run
+
+    client = default_client()
+    if not specs or settings.engine == "auto" or client is None or submissions.in_event_loop():
+        return
+    named = description(settings.engine, settings)
+    if named.engine is not None and not named.probes:  # (it runs wherever its class loads, as here)
+        return
+    capabilities, workers, _ = engines_state(client, settings)
+    for spec in specs:
+        if problem := cannot_run(Request.of(spec), capabilities, workers):
+            raise EngineUnavailableError(problem)
 
 
 def _respect_method() -> bool:
@@ -116,7 +166,7 @@ def _patches(on: bool) -> None:
     when a graph is submitted, the steps of Dask's rechunk built only when read (`graph.lazy`),
     and in expression mode (no optimize hook) the rechunk expression swapped."""
     keep_annotations_current(on)
-    record_explicit_methods(_respect_method if on else None)
+    record_explicit_methods(_respect_method if on else None, own_name if on else None)
     read_array_optimize_through(snapshot if on else None)
     use_rechunk_step(lazy_rechunk_step if on else None)
     try:
@@ -144,10 +194,18 @@ def disable(handle: Enabled | None = None) -> None:
 def rechunk(x, chunks="auto", *, threshold=None, block_size_limit=None, balance=False, **options):
     """``x.rechunk(chunks)`` as one collective step, whether or not `enable` was called.
 
-    Takes dask's arguments; ``options`` override ``redist.*`` keys for this call.
-    Raises `NotEligibleError` (with the reason) where the collective
+    Takes dask's arguments; ``options`` override ``redist.*`` keys for this call. Runs where
+    ``redist.min-bytes`` (the cost model, by default) would keep Dask's rechunk, and ``explain()``
+    says so. Raises `NotEligibleError` (with the reason) only where the collective
     cannot run, e.g. for object dtypes or unknown chunk sizes.
     """
+    return collective_rechunk(x, chunks, threshold, block_size_limit, balance, options)
+
+
+def collective_rechunk(x, chunks, threshold, block_size_limit, balance, options: dict, explicit: bool = True):
+    """`rechunk`; ``explicit=False``: also `NotEligibleError` where ``redist.min-bytes`` keeps Dask's
+    rechunk (``dask_redist.fft``'s passes, which follow the cost model), and ``explain()`` lists it
+    under the FFT only."""
     from dask.array import Array
 
     if any(isinstance(c, float) and c != c for axis in x.chunks for c in axis):
@@ -157,12 +215,16 @@ def rechunk(x, chunks="auto", *, threshold=None, block_size_limit=None, balance=
         return x
     with dask.config.set(_overrides(options)):
         settings = Settings.from_config()
+    y = own_name(y, settings)  # (never Dask's keys: graph.names)
     graph = y.__dask_graph__()
     (chain,) = [c for c in find_rechunks(graph, {y.name}) if c.output == y.name]
-    decision = decide(graph, chain, settings, old=x.chunks)
+    decision = decide(graph, chain, settings, old=x.chunks, explicit=explicit)
     if not decision.collective:
         raise NotEligibleError(decision.reason)
+    refuse_unrunnable([decision.spec], settings)
     graph, _ = rewrite(graph, [], settings, only=[decision])
+    if not explicit:
+        graph.layers[y.name].decision = None
     meta = meta_of(y)
     if settings.output_type != "same":  # (x.rechunk under enable() keeps x's meta: the graph changes, not x)
         try:

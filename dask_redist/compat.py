@@ -45,7 +45,9 @@ What is relied on, and where:
   wrapped while enabled to record a method the caller chose (``method=``, or dask's config
   `CONFIG_METHOD`; where it is to be kept) in the output layer's annotations `METHOD_ANNOTATION`
   and `METHOD_FROM_ANNOTATION` (`record_explicit_methods`): the layers of
-  ``tasks`` and ``p2p`` look the same whether dask chose the method or the caller did;
+  ``tasks`` and ``p2p`` look the same whether dask chose the method or the caller did; the
+  other rechunks it returns under a name of the collective's own (graph.names), for which
+  ``distributed.shuffle._rechunk.P2PRechunkLayer``'s fields are copied (`p2p_layer_renamed`);
 * ``Array.__dask_optimize__`` is dask's ``GlobalMethod`` returning the config's
   ``array_optimize``, read on the client when a collection becomes the expression that is
   submitted (``dask._expr.HLGExpr.from_collection``): while dask-redist is enabled it is
@@ -99,6 +101,7 @@ __all__ = [
     "meta_of",
     "original_rechunk",
     "original_rechunk_step",
+    "p2p_layer_renamed",
     "plan_dask_rechunk",
     "read_array_optimize_through",
     "record_explicit_methods",
@@ -239,7 +242,9 @@ def _rechunk_function(x, chunks="auto", threshold=None, block_size_limit=None, b
             _calls.old_to_new = None
     keep = _keep_method[0]
     # (depth 0: the caller's own call; dask's p2p rechunk calls rechunk(method="tasks") inside it)
-    if chosen is not None and y is not x and keep is not None and keep():
+    if depth > 0 or y is x:
+        return y
+    if chosen is not None and keep is not None and keep():
         layer = y.dask.layers.get(y.name)
         if layer is not None:
             layer.collection_annotations = {
@@ -247,10 +252,13 @@ def _rechunk_function(x, chunks="auto", threshold=None, block_size_limit=None, b
                 METHOD_ANNOTATION: chosen[0],
                 METHOD_FROM_ANNOTATION: chosen[1],
             }
-    return y
+        return y
+    rename = _rename[0]
+    return y if rename is None else rename(y)
 
 
 _keep_method: list = [None]
+_rename: list = [None]
 _calls = threading.local()
 
 
@@ -274,16 +282,17 @@ def original_rechunk(x, chunks, threshold=None, block_size_limit=None, balance=F
     return _original_rechunk_function(x, chunks, threshold, block_size_limit, balance, method)
 
 
-def record_explicit_methods(keep=None) -> None:
+def record_explicit_methods(keep=None, rename=None) -> None:
     """While ``keep`` is given, ``x.rechunk(..., method=m)`` and ``da.rechunk(x, ..., method=m)``
     (or without ``method=`` while dask's config sets `CONFIG_METHOD` to ``m``) write ``m`` into
     their output layer's annotation `METHOD_ANNOTATION` where ``keep()`` says so when they are
     called (``redist.respect-method``): the graph rewrite keeps Dask's method there.
-    Expression mode carries ``method`` in the expression."""
+    The other rechunks are returned as ``rename(y)`` (the collective's own output name,
+    `graph.names`). Expression mode carries ``method`` in the expression."""
     import dask.array
 
     if _original_compute_chunk_sizes is not None:  # (the HighLevelGraph Array)
-        _keep_method[0] = keep
+        _keep_method[0], _rename[0] = keep, rename
         function = _original_rechunk_function if keep is None else _rechunk_function
         sys.modules["dask.array.rechunk"].rechunk = function
         sys.modules["dask.array.rechunk"].old_to_new = (
@@ -330,6 +339,29 @@ _original_rechunk = _original("rechunk")
 _original_rechunk_function = getattr(sys.modules.get("dask.array.rechunk"), "rechunk", None)
 _original_old_to_new = getattr(sys.modules.get("dask.array.rechunk"), "old_to_new", None)
 _original_optimize = _array_dict().get("__dask_optimize__")  # (the descriptor, not what it returns)
+
+
+def p2p_layer_renamed(layer, name: str):
+    """A copy of distributed's ``P2PRechunkLayer`` ``layer`` with output name ``name`` (a
+    `P2P_PREFIX` name): its token, which names its output, transfer and barrier keys, is the rest of
+    ``name``. None where ``layer`` is no such layer."""
+    try:
+        from distributed.shuffle._rechunk import P2PRechunkLayer, rechunk_name
+    except ImportError:  # pragma: no cover - distributed is a dependency
+        return None
+    token = name.removeprefix(P2P_PREFIX)
+    if not isinstance(layer, P2PRechunkLayer) or rechunk_name(token) != name:
+        return None
+    return P2PRechunkLayer(
+        name=name,
+        token=token,
+        chunks=layer.chunks,
+        chunks_input=layer.chunks_input,
+        name_input=layer.name_input,
+        disk=layer.disk,
+        keepmap=layer.keepmap,
+        annotations=layer.annotations,
+    )
 
 
 def worker_info(client) -> dict[str, dict]:

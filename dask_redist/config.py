@@ -108,13 +108,26 @@ def _bool(key, value) -> bool:
     return value
 
 
-def _bytes(key, value) -> int:
+#: The ranges of the numeric settings (each checked, the `ConfigError` naming key, value and range).
+#: Timeouts stop short of what Python's waits take (``threading.TIMEOUT_MAX``); size classes beyond
+#: 16 bits are exact for any width; a retry count or chunk count beyond these is a typo.
+MAX_SECONDS = 30 * 24 * 3600.0
+RANGES = {
+    "size-class-bits": (0, 16),
+    "retries": (0, 100),
+    "nvshmem.shared-gpu-max-chunks": (1, 1 << 20),
+}
+
+
+def _bytes(key, value, low: int = 0) -> int:
     try:
         n = parse_bytes(value) if isinstance(value, str) else value
     except ValueError:
         raise ConfigError(f"redist.{key} must be a size like '1GiB', got {value!r}") from None
-    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
-        raise ConfigError(f"redist.{key} must be a size like '1GiB' or a number of bytes >= 0, got {value!r}")
+    if isinstance(n, bool) or not isinstance(n, int) or n < low:
+        raise ConfigError(
+            f"redist.{key} must be a size like '1GiB' or a number of bytes >= {low}, got {value!r}"
+        )
     return n
 
 
@@ -130,9 +143,11 @@ def _seconds(key, value) -> float:
     try:
         t = parse_timedelta(value, default="s")
     except (ValueError, KeyError, TypeError):
-        raise ConfigError(f"redist.{key} must be a duration like '60s', got {value!r}") from None
-    if t is None or isinstance(value, bool) or t <= 0:
-        raise ConfigError(f"redist.{key} must be a positive duration like '60s', got {value!r}")
+        t = None
+    if t is None or isinstance(value, bool) or not 0 < t <= MAX_SECONDS:
+        raise ConfigError(
+            f"redist.{key} must be a duration above 0s and at most 30 days, like '60s', got {value!r}"
+        )
     return float(t)
 
 
@@ -171,9 +186,10 @@ def _engine(value, engines: tuple[tuple[str, str], ...]) -> str:
     return value
 
 
-def _int(key, value, low=0) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise ConfigError(f"redist.{key} must be an integer >= {low}, got {value!r}")
+def _int(key, value) -> int:
+    low, high = RANGES[key]
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise ConfigError(f"redist.{key} must be an integer from {low} to {high}, got {value!r}")
     return value
 
 
@@ -202,8 +218,8 @@ def _cost_entry(name: str, entry) -> tuple:
             )
         for term in terms:
             v = line[term]
-            if isinstance(v, bool) or not isinstance(v, Real) or not v >= 0:
-                raise ConfigError(f"{key}.{method}.{term} must be a number >= 0 (seconds), got {v!r}")
+            if isinstance(v, bool) or not isinstance(v, Real) or not 0 <= v < float("inf"):
+                raise ConfigError(f"{key}.{method}.{term} must be a finite number >= 0 (seconds), got {v!r}")
         lines.append(tuple(float(line[t]) for t in terms))
     return (name, entry["kind"], workers, str(entry.get("measured", "")), *lines)
 
@@ -292,9 +308,7 @@ class Settings:
                 f"redist.output-type must be one of {', '.join(OUTPUT_TYPES)}, got {output_type!r}"
             )
         sym = _get("nvshmem.symmetric-size", config)
-        budget = _bytes("memory-budget", _get("memory-budget", config))
-        if budget == 0:
-            raise ConfigError("redist.memory-budget must be a size larger than 0, got 0")
+        budget = _bytes("memory-budget", _get("memory-budget", config), low=1)
         return cls(
             engine=engine,
             engines=engines,
@@ -309,11 +323,11 @@ class Settings:
             barrier_timeout=_seconds("timeouts.barrier", _get("timeouts.barrier", config)),
             collective_timeout=_seconds("timeouts.collective", _get("timeouts.collective", config)),
             bootstrap_timeout=_seconds("timeouts.bootstrap", _get("timeouts.bootstrap", config)),
-            symmetric_size=None if sym is None else _bytes("nvshmem.symmetric-size", sym),
+            symmetric_size=None if sym is None else _bytes("nvshmem.symmetric-size", sym, low=1),
             exit_when_stuck=_bool("nvshmem.exit-when-stuck", _get("nvshmem.exit-when-stuck", config)),
             shared_gpu_copies=_bool("nvshmem.shared-gpu-copies", _get("nvshmem.shared-gpu-copies", config)),
             shared_gpu_max_chunks=_int(
-                "nvshmem.shared-gpu-max-chunks", _get("nvshmem.shared-gpu-max-chunks", config), low=1
+                "nvshmem.shared-gpu-max-chunks", _get("nvshmem.shared-gpu-max-chunks", config)
             ),
             respect_method=_bool("respect-method", _get("respect-method", config)),
             fuse=_bool("fuse", _get("fuse", config)),

@@ -1,4 +1,8 @@
-"""``explain(x)``: what will run for each rechunk in an array's graph, and why."""
+"""``explain(x)``: what will run for each rechunk in a collection's graph, and why.
+
+``x``: any dask collection (a dask array, an xarray object backed by dask, a ``Delayed`` such
+as ``to_zarr(compute=False)`` returns), or a list, tuple or dict of them; anything else gets
+one sentence saying why there is nothing to explain."""
 
 from __future__ import annotations
 
@@ -10,9 +14,8 @@ import numpy as np
 
 from dask_redist.compat import default_client, worker_info
 from dask_redist.config import Settings
-from dask_redist.core.messages import Probe
-from dask_redist.engines import Request, WorldRecord, description
-from dask_redist.engines.choice import choose_engine
+from dask_redist.engines import Request, description
+from dask_redist.engines.choice import cannot_run, choose_engine
 from dask_redist.fft import describe as fft_describe
 from dask_redist.graph.optimize import decide, find_rechunks, fused_neighbours, memory_limits
 from dask_redist.planning import make_plan
@@ -49,12 +52,21 @@ class Entry:
     imbalance: float | None = None
     placement: str = ""
     fused: str = ""  # the neighbouring steps the collective's tasks compute (graph.fuse)
+    explicit: bool = False  # asked for by dask_redist.rechunk: runs whether or not enabled
+
+    def headline(self) -> str:
+        """What runs, first: the collective (on which engine), Dask's rechunk, or a refusal."""
+        if self.runs == "collective":
+            return f"the collective on {self.engine}, in place of Dask's {self.method} rechunk: {self.output}"
+        if self.runs.startswith("refused"):
+            return f"refused at submission, {self.engine} cannot run it: {self.output}"
+        return f"Dask's {self.method} rechunk: {self.output}"
 
     def as_dict(self) -> dict:
         return {
             "rechunk": self.output,
-            "dask planned": self.method,
             "runs as": self.runs,
+            "Dask's method": self.method,
             "why": self.reason,
             "chunks": self.chunks,
             "engine": f"{self.engine} ({self.engine_reason})" if self.engine_reason else self.engine,
@@ -75,6 +87,7 @@ class Explanation:
     enabled: bool
     nworkers: int
     ffts: tuple = ()  # dask_redist.fft's transforms in the graph (`dask_redist.fft.describe`)
+    note: str = ""  # why there is nothing to explain (not a dask collection)
 
     def __len__(self) -> int:
         return len(self.entries)
@@ -83,14 +96,17 @@ class Explanation:
         return self.entries[i]
 
     def __str__(self) -> str:
+        if self.note:
+            return self.note
         if not self.entries:
             return "\n".join(fft_describe.text(self.ffts) or ["no rechunk in this graph"])
         lines = []
-        if not self.enabled:
+        if not self.enabled and not all(e.explicit for e in self.entries):
             lines.append("dask_redist is not enabled: this is what enable() would do")
         for e in self.entries:
             d = e.as_dict()
-            lines.append(f"{d.pop('rechunk')}:")
+            del d["rechunk"], d["Dask's method"]  # (in the headline)
+            lines.append(e.headline())
             width = max(map(len, d))
             lines += [f"  {k:<{width}}  {v}" for k, v in d.items() if v not in ("", "-")]
         return "\n".join(lines + fft_describe.text(self.ffts))
@@ -98,6 +114,8 @@ class Explanation:
     __repr__ = __str__
 
     def _repr_html_(self) -> str:
+        if self.note:
+            return f"<p>{html.escape(self.note)}</p>"
         if not self.entries:
             return fft_describe.table(self.ffts) or "<p>no rechunk in this graph</p>"
         rows = [e.as_dict() for e in self.entries]
@@ -106,7 +124,9 @@ class Explanation:
             "<tr>" + "".join(f"<td>{html.escape(str(v))}</td>" for v in r.values()) + "</tr>" for r in rows
         )
         note = (
-            "" if self.enabled else "<p><i>dask_redist is not enabled: this is what enable() would do</i></p>"
+            ""
+            if self.enabled or all(e.explicit for e in self.entries)
+            else "<p><i>dask_redist is not enabled: this is what enable() would do</i></p>"
         )
         table = f"{note}<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
         return table + fft_describe.table(self.ffts)
@@ -123,7 +143,7 @@ def _holders(keys, dask_scheduler=None):
     return out
 
 
-def _placement(spec, x, client, nworkers: int) -> tuple[np.ndarray, str]:
+def _placement(spec, client, nworkers: int) -> tuple[np.ndarray, str]:
     """Rank of each input chunk: where it is if persisted, else contiguous blocks over the workers."""
     grid = spec.rechunk.old_grid
     n = math.prod(grid)
@@ -138,20 +158,18 @@ def _placement(spec, x, client, nworkers: int) -> tuple[np.ndarray, str]:
     return ranks, f"assumed: contiguous blocks over {nworkers} workers"
 
 
-def _engine(spec, client) -> tuple[str, str]:
+def _engine(spec, client) -> tuple[str, str, str | None]:
     """The engine a run would use and why, decided as the scheduler decides it (`choose_engine`),
-    from what the workers answered: asked here if nobody asked them yet."""
+    from what the workers answered (asked here if nobody asked them yet); and why that engine,
+    named in ``redist.engine``, is refused at submission (`api.refuse_unrunnable`), or None."""
     request = Request.of(spec)
-    if request.settings.engine != "auto" or client is None:
-        return choose_engine(request, None, [])
-    from dask_redist.api import _ensure_scheduler_plugin
+    if client is None:
+        return *choose_engine(request, None, []), None
+    from dask_redist.api import engines_state
 
-    _ensure_scheduler_plugin(client)
-    state = client.sync(Probe(dict(request.settings.engines)).call, client.scheduler)
-    records = {name: WorldRecord.from_state(r) for name, r in state["records"].items()}
-    workers = sorted(worker_info(client))
-    engine, why = choose_engine(request, state["capabilities"], workers, records)
-    return engine, why + _hosts(state["capabilities"], workers)
+    capabilities, workers, records = engines_state(client, request.settings)
+    engine, why = choose_engine(request, capabilities, workers, records)
+    return engine, why + _hosts(capabilities, workers), cannot_run(request, capabilities, workers)
 
 
 def _hosts(capabilities: dict, workers) -> str:
@@ -170,10 +188,10 @@ def _kept_for_method(node) -> str | None:
     return None if isinstance(node, CollectiveRechunk) else kept_for_method(node.method, None)
 
 
-def _decisions(x, settings: Settings, memory=None) -> list[tuple[str, str, object, str, str]]:
-    """(output name, what dask planned, CollectiveSpec or None, reason, what is fused) for every
-    rechunk of ``x``."""
-    expr = getattr(x, "expr", None)
+def _decisions(x, settings: Settings, memory=None) -> list[tuple[str, str, object, str, bool, str]]:
+    """(output name, what dask planned, CollectiveSpec or None, reason, asked for by
+    `dask_redist.rechunk`, what is fused) for every rechunk of ``x``."""
+    expr = _expression(x)
     if expr is not None:  # expression mode: the rechunks are expressions in the tree
         from dask.utils import typename
 
@@ -198,24 +216,101 @@ def _decisions(x, settings: Settings, memory=None) -> list[tuple[str, str, objec
                         settings,
                         len(memory[0]) if memory else None,
                     )
-                out.append((node._name, node.method or "auto", spec, why, ""))
+                out.append((node._name, node.method or "auto", spec, why, False, ""))
         return out
     graph = x.__dask_graph__()
     out = []
-    for chain in find_rechunks(graph, {x.name}):
+    for chain in find_rechunks(graph, _names(x)):
         d = decide(graph, chain, settings, memory=memory)
-        out.append((chain.output, d.method, d.spec, d.reason, fused_neighbours(graph, d, x.__dask_keys__())))
+        out.append(
+            (chain.output, d.method, d.spec, d.reason, False, fused_neighbours(graph, d, x.__dask_keys__()))
+        )
+    for name, layer in graph.layers.items():  # (dask_redist.rechunk's: decided when it was called)
+        if (d := getattr(layer, "decision", None)) is not None:
+            out.append((name, d.method, d.spec, d.reason, True, ""))
+    return out + _made_tasks(graph)
+
+
+#: Why a rechunk that a collection holds as plain tasks keeps Dask's rechunk.
+MADE_TASKS = (
+    "this graph holds the rechunk as plain tasks, not as a rechunk layer: dask turned the array's graph "
+    "into tasks when a Delayed was built on it (dask.delayed(f)(array), to_zarr(compute=False)), before "
+    "dask-redist could rewrite it, so Dask's rechunk runs. Persist the rechunked array first "
+    "(y = x.rechunk(...).persist(), or ds.chunk(...).persist()) and build on that"
+)
+
+
+def _made_tasks(graph) -> list[tuple]:
+    """A `_decisions` entry for each layer of ``graph`` holding a rechunk's tasks among others
+    (a Delayed's ``finalize`` layer): Dask's rechunk, made tasks before any rewrite."""
+    from dask.highlevelgraph import MaterializedLayer
+
+    from dask_redist.compat import P2P_PREFIX, RECHUNK_PREFIXES
+
+    out = []
+    for name, layer in graph.layers.items():
+        if not isinstance(layer, MaterializedLayer) or name.startswith(RECHUNK_PREFIXES):
+            continue
+        names = {k[0] for k in layer if isinstance(k, tuple) and str(k[0]).startswith(RECHUNK_PREFIXES)}
+        if names:
+            method = "p2p" if any(n.startswith(P2P_PREFIX) for n in names) else "tasks"
+            out.append((name, method, None, MADE_TASKS, False, ""))
     return out
 
 
+def _expression(x):
+    """``x``'s expression in dask's expression mode, or None (a ``Delayed`` answers any attribute)."""
+    from dask.delayed import Delayed
+
+    return None if isinstance(x, Delayed) else getattr(x, "expr", None)
+
+
+def _names(x) -> set:
+    """The names of the layers ``x``'s keys are in (what it asks for: no rechunk chain absorbs them)."""
+    from dask.core import flatten
+
+    return {k[0] if isinstance(k, tuple) else k for k in flatten(x.__dask_keys__())}
+
+
+def collections(x) -> list | str:
+    """The dask collections ``x`` is, or holds (a list, tuple, set or dict of them, nested), or one
+    sentence saying why there is nothing to explain."""
+    from dask.base import is_dask_collection
+
+    if is_dask_collection(x):
+        return [x]
+    if isinstance(x, (list, tuple, set, frozenset, dict)):
+        found = [c for item in (x.values() if isinstance(x, dict) else x) for c in _listed(item)]
+        if found:
+            return found
+        return f"explain() found no dask collection in this {type(x).__name__}: nothing is rechunked"
+    kind = f"{type(x).__module__.split('.')[0]}.{type(x).__qualname__}".removeprefix("builtins.")
+    if hasattr(x, "chunk") and hasattr(x, "dims"):  # (an xarray object of in-memory data)
+        return f"this {kind} holds no dask arrays, so nothing is rechunked: .chunk(...) makes its data dask arrays"
+    return (
+        f"explain() takes a dask collection (a dask array, an xarray object backed by dask, a Delayed) or a "
+        f"list of them; a {kind} holds no dask graph, so nothing is rechunked"
+    )
+
+
+def _listed(item) -> list:
+    found = collections(item)
+    return [] if isinstance(found, str) else found
+
+
 def explain(x, *, nworkers: int | None = None, settings: Settings | None = None) -> Explanation:
-    """For every rechunk in ``x``'s graph: engine, mapping, bytes moved, padding, rounds, or why not."""
+    """For every rechunk in ``x``'s graph: what runs (the collective, on which engine, or Dask's
+    rechunk), why, and the engine, mapping, bytes moved, padding and rounds. ``x``: a dask
+    collection or a list of them (module docstring)."""
     import dask
 
     from dask_redist.graph.optimize import CollectiveOptimizer
 
     settings = settings or Settings.from_config()
     enabled = isinstance(dask.config.get("array_optimize", None), CollectiveOptimizer)
+    found = collections(x)
+    if isinstance(found, str):
+        return Explanation((), enabled, nworkers or 0, note=found)
     client = default_client()
     workers = worker_info(client) if client is not None else None
     if nworkers is None:
@@ -225,7 +320,8 @@ def explain(x, *, nworkers: int | None = None, settings: Settings | None = None)
     memory = None
     if workers is not None:  # (as the scheduler decides: from the workers' memory limits)
         memory = memory_limits(w.get("memory_limit") for w in workers.values())
-    for output, method, spec, reason, fused in _decisions(x, settings, memory):
+    decisions = {d[0]: d for c in found for d in _decisions(c, settings, memory)}  # (shared rechunks once)
+    for output, method, spec, reason, explicit, fused in decisions.values():
         if spec is None:
             entries.append(Entry(output, method, "dask", reason))
             continue
@@ -235,14 +331,16 @@ def explain(x, *, nworkers: int | None = None, settings: Settings | None = None)
                 "eligible, but no distributed Client: dask's rechunk runs on local schedulers",
                 "dask",
             )
-        elif not enabled:
+        elif not enabled and not explicit:
             reason = (
                 f"dask_redist is not enabled: dask's rechunk runs; enable() would run a collective ({reason})"
             )
             runs = "dask"
-        in_ranks, where = _placement(spec, x, client, nworkers)
+        in_ranks, where = _placement(spec, client, nworkers)
         plan = make_plan(spec.rechunk, in_ranks, nworkers)
-        engine, engine_why = _engine(spec, client)
+        engine, engine_why, refused = _engine(spec, client)
+        if refused and runs == "collective":
+            runs, reason = "refused at submission (EngineUnavailableError)", refused
         mapping, padding, rounds = description(engine, settings).mapping(plan, settings)
         entries.append(
             Entry(
@@ -261,7 +359,10 @@ def explain(x, *, nworkers: int | None = None, settings: Settings | None = None)
                 imbalance=plan.imbalance,
                 placement=where,
                 fused=fused if runs == "collective" else "",
+                explicit=explicit,
             )
         )
-    ffts = () if getattr(x, "expr", None) is not None else tuple(fft_describe.fft_entries(x.__dask_graph__()))
+    ffts = tuple(
+        f for c in found if _expression(c) is None for f in fft_describe.fft_entries(c.__dask_graph__())
+    )
     return Explanation(tuple(entries), enabled, nworkers, ffts)

@@ -1,6 +1,6 @@
 """A retry after a failed collective run gets a fresh run where the settings changed.
 
-A rechunk's output keys are Dask's whatever the settings (everything downstream finds them).
+A rechunk's output keys are fixed when it is built, whatever the settings at submission.
 Submitting them again right after a failure could meet the old tasks on the scheduler, erred:
 
 * a Client releases the futures of a failed ``compute`` through two hops of its event loop,
@@ -51,7 +51,7 @@ def _erred_and_wanted(dask_scheduler=None, names=(), client: str = "") -> list:
     return [k for k in seen if any(c.client_key == client for c in dask_scheduler.tasks[k].who_wants or ())]
 
 
-def _in_event_loop() -> bool:
+def in_event_loop() -> bool:
     import asyncio
 
     try:
@@ -71,7 +71,7 @@ def _cancel_erred(names) -> list:
     except (ImportError, ValueError):
         return []
     if (
-        client.status != "running" or _in_event_loop()
+        client.status != "running" or in_event_loop()
     ):  # (a preload's teardown runs on the loop: no sync call there)
         return []
     try:

@@ -369,3 +369,27 @@ class SleepingEngine(DaskEngine):
         run.set_phase("asleep")
         time.sleep(self.pause)
         super().execute(run, transport)
+
+
+def unusable_gate(token: str) -> str:
+    """The file whose creation lets `UnusableWorldEngine`'s run 1 of rechunk ``token`` go on."""
+    return os.path.join(tempfile.gettempdir(), f"redist-test-unusable-{token}")
+
+
+class UnusableWorldEngine(DaskEngine):
+    """Run 1: every rank waits for its `unusable_gate`, then rank 0 refuses the run as a survivor of
+    an NVSHMEM world that lost a PE does (cufftmp's ``prepare``), the others go on. Later runs work."""
+
+    def execute(self, run, transport):
+        from dask_redist.errors import RedistError
+
+        if run.run_id == 1:
+            deadline = time.monotonic() + 60
+            while not os.path.exists(unusable_gate(run.spec.token)) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            if run.rank == 0:
+                raise RedistError(
+                    f"{run.name()}: NVSHMEM is unusable in this worker: worker tcp://gone:1 of this worker's "
+                    "NVSHMEM world left, and NVSHMEM cannot leave a world that lost a PE"
+                )
+        super().execute(run, transport)

@@ -109,6 +109,44 @@ def test_the_demo_is_quiet():
     )
 
 
+def test_long_work_shows_a_progress_bar_on_a_terminal_only(monkeypatch):
+    for terminal in (True, False):
+        file = io.StringIO()
+        monkeypatch.setattr(output, "console", Console(file=file, force_terminal=terminal, width=80))
+        with output.progress("soak, seed 3", 4) as update:
+            output.console.print("step 0 ok", highlight=False)
+            update(completed=2)
+        shown = file.getvalue()
+        assert "step 0 ok" in shown and ("soak, seed 3" in shown) == terminal, shown
+
+
+@pytest.mark.slow
+def test_the_soaks_kill_steps_log_to_the_file_it_names_not_the_terminal(tmp_path):
+    """A kill step makes distributed log (the scheduler lists the lost task keys, the nanny restarts
+    its worker): those records go to the log file the command names first; stderr stays empty."""
+    log = tmp_path / "soak.log"
+    cmd = [
+        sys.executable,
+        "-m",
+        "dask_redist.cli",
+        "soak",
+        "--steps",
+        "2",
+        "--kinds",
+        "kill",
+        "--max-bytes",
+        "1MiB",
+    ]
+    out = subprocess.run([*cmd, "--log-file", str(log)], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert out.stderr == "", out.stderr[-3000:]
+    assert out.stdout.splitlines()[0] == f"logs of distributed and dask-redist: {log}"
+    assert "distributed" not in out.stdout.split("\n", 1)[1] and "0 problems" in out.stdout, out.stdout
+    records = log.read_text()
+    assert "distributed.scheduler - WARNING - Removing worker" in records, records[-3000:]
+    assert "distributed.nanny - WARNING - Restarting worker" in records, records[-3000:]
+
+
 def test_more_gpu_workers_than_gpus_is_refused_with_what_to_do(monkeypatch):
     """LocalCUDACluster starts one worker per GPU; asking for more says how to get them."""
     from dask_redist.cli.clusters import too_many_workers

@@ -277,18 +277,21 @@ def test_chunks_of_another_type_fail_clearly(client, enabled):
 
 
 def test_cufftmp_asked_for_where_it_cannot_run_says_why(client):
-    """redist.engine=cufftmp on workers without GPUs: the rank's reason, not a bare import error;
-    NumPy chunks of a dtype CuPy does not hold: refused before the run starts."""
+    """redist.engine=cufftmp on workers without GPUs: refused at submission, in words about the
+    cluster, not a bare import error (tests/test_unrunnable_engine.py); NumPy chunks of a dtype
+    CuPy does not hold too."""
     if importlib.util.find_spec("cupy") is not None:
         pytest.skip("CuPy is installed here: the workers may well run cufftmp")
     x = da.from_array(data_for((32, 32), "float64"), chunks=(4, 32))
     with (
         dask_redist.enable(engine="cufftmp"),
-        pytest.raises(dask_redist.RedistError, match="cufftmp cannot run on this worker: CuPy unusable"),
+        pytest.raises(
+            dask_redist.RedistError, match="'cufftmp', which cannot run this rechunk: NumPy chunks on CPU"
+        ),
     ):
         x.rechunk((32, 4)).compute()
     words = da.from_array(np.array(["ab"] * 1024).reshape(32, 32), chunks=(4, 32))
-    with dask_redist.enable(engine="cufftmp"), pytest.raises(dask_redist.RedistError, match="not <U2"):
+    with dask_redist.enable(engine="cufftmp"), pytest.raises(dask_redist.RedistError, match="on CPU workers"):
         words.rechunk((32, 4)).compute()
     with dask_redist.enable():  # auto is still fine after
         np.testing.assert_array_equal(x.rechunk((32, 4)).compute(), x.compute())
@@ -371,13 +374,15 @@ def test_output_type(client):
 
 
 def test_an_engine_the_workers_cannot_load_fails_the_rechunk_not_the_workers(client):
-    """redist.engine naming a module the workers cannot import: the rechunk fails naming the engine,
-    and the workers' collective threads live on (the next rechunk runs)."""
+    """redist.engine naming a module the workers cannot import: the rechunk is refused at submission
+    naming the engine and the import error, and the next rechunk runs."""
     a = data_for((32, 32), "float64")
     x = da.from_array(a, chunks=(4, 32))
     timeouts = {"collective": "20s", "barrier": "20s"}
     with dask_redist.enable(engine="no_such_module:Engine", timeouts=timeouts):
-        with pytest.raises(dask_redist.RedistError, match="cannot load engine 'no_such_module:Engine'"):
+        with pytest.raises(
+            dask_redist.RedistError, match="No module named 'no_such_module'. Set redist.engine"
+        ):
             x.rechunk((32, 4)).compute()
     with dask_redist.enable(
         engine="dask", timeouts=timeouts

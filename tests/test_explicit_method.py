@@ -151,3 +151,25 @@ print("ok")
     env = {**os.environ, "DASK_ARRAY__QUERY_PLANNING": "True"}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-3000:]
+
+
+@pytest.mark.parametrize("min_bytes", ["auto", "1GiB"])
+def test_the_explicit_form_runs_where_min_bytes_would_keep_dasks_and_explain_says_so(client, min_bytes):
+    """``dask_redist.rechunk`` refuses only what cannot take part: where the cost model (or a
+    ``redist.min-bytes`` size) would keep Dask's rechunk, it runs, and ``explain`` says so."""
+    a = np.arange(64 * 64.0).reshape(64, 64)
+    x = da.from_array(a, chunks=(32, 64))
+    with dask.config.set({"redist.min-bytes": min_bytes}):
+        graph = x.rechunk((64, 32), method="tasks").__dask_graph__()
+        (chain,) = find_rechunks(graph)
+        assert not decide(graph, chain, Settings.from_config()).collective  # (Dask's is preferred)
+        runs = len(scheduler_history(client))
+        y = dask_redist.rechunk(x, (64, 32))
+        (entry,) = dask_redist.explain(y)
+    assert entry.runs == "collective", entry
+    assert "asked for by dask_redist.rechunk; without it" in entry.reason, entry.reason
+    assert (
+        "the cost model would have kept" if min_bytes == "auto" else "below redist.min-bytes"
+    ) in entry.reason
+    np.testing.assert_array_equal(y.compute(), a)
+    assert len(scheduler_history(client)) == runs + 1

@@ -157,15 +157,16 @@ def test_a_bad_setting_before_enable_is_raised_by_enable(how, tmp_path):
 
 
 def _fails(y, client, how: str):
-    """``y`` computed where it fails (an engine the workers cannot load); ``future``: a Future of it
-    is kept, and with it the erred keys on the scheduler."""
+    """``y`` computed where it fails (an engine that fails on rank 0; one the workers cannot load is
+    refused before anything is submitted); ``future``: a Future of it is kept, and with it the
+    erred keys on the scheduler."""
     timeouts = {"collective": "20s", "barrier": "20s"}
-    with dask_redist.enable(engine="no_such_module:Engine", timeouts=timeouts):
+    with dask_redist.enable(engine="engines:FailingEngine", timeouts=timeouts):
         if how == "future":
             future = client.compute(y)
-            assert "cannot load engine" in str(future.exception(timeout=60))
+            assert "injected failure on rank 0" in str(future.exception(timeout=60))
             return future
-        with pytest.raises(dask_redist.RedistError, match="cannot load engine"):
+        with pytest.raises(dask_redist.RedistError, match="injected failure on rank 0"):
             y.compute()
 
 
@@ -187,3 +188,44 @@ def test_a_retry_with_other_settings_or_after_disable_gets_a_fresh_run(client, h
         assert kept.status == "cancelled"
     kept = _fails(y, client, how)  # (its handle is the last: leaving it is disable())
     np.testing.assert_array_equal(y.compute(), a)  # Dask's own rechunk
+
+
+@pytest.mark.parametrize(
+    "key, value, says",
+    [
+        ("size-class-bits", 99, "an integer from 0 to 16"),
+        ("size-class-bits", -1, "an integer from 0 to 16"),
+        ("retries", 10**6, "an integer from 0 to 100"),
+        ("retries", -1, "an integer from 0 to 100"),
+        ("nvshmem.shared-gpu-max-chunks", 0, "an integer from 1 to 1048576"),
+        ("nvshmem.shared-gpu-max-chunks", 2**21, "an integer from 1 to 1048576"),
+        ("timeouts.barrier", "0s", "a duration above 0s and at most 30 days"),
+        ("timeouts.collective", "400 days", "a duration above 0s and at most 30 days"),
+        ("timeouts.bootstrap", -5, "a duration above 0s and at most 30 days"),
+        ("memory-budget", 0, "a number of bytes >= 1"),
+        ("nvshmem.symmetric-size", 0, "a number of bytes >= 1"),
+        ("min-bytes", -1, "a number of bytes >= 0"),
+        ("numpy-via-gpus", -1, "a number of bytes >= 0"),
+        ("cost-model.numpy-2.workers", 0, "an integer >= 1"),
+        ("cost-model.numpy-2.dask.per-task", float("inf"), "a finite number >= 0"),
+        ("cost-model.numpy-2.collective.fixed", -0.1, "a finite number >= 0"),
+    ],
+)
+def test_every_numeric_setting_checks_its_range_naming_key_value_and_range(key, value, says):
+    with dask.config.set({f"redist.{key}": value}):
+        with pytest.raises(dask_redist.ConfigError) as e:
+            Settings.from_config()
+    message = str(e.value)
+    assert f"redist.{key}" in message and repr(value) in message and says in message, message
+
+
+def test_the_ranges_cover_every_integer_setting():
+    """A new integer key gets a range too (`config.RANGES`)."""
+    from dask_redist.config import DEFAULTS, RANGES, flatten
+
+    ints = {
+        k.removeprefix("redist.")
+        for k, v in flatten(DEFAULTS["redist"]).items()
+        if isinstance(v, int) and not isinstance(v, bool) and not k.startswith("redist.cost-model.")
+    }
+    assert ints == set(RANGES)

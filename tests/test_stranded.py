@@ -5,7 +5,8 @@ never return and hold the process (seen on the GPU node: a soak with `redist.eng
 stalled for minutes after its first kill). So the scheduler refuses cufftmp runs over stranded
 workers with the remedy, and each worker's engine, told that a member of its world left,
 refuses to touch that world again. On CPU the world is pretended (the scheduler's record, the
-engine's members); the messages and refusals are the real ones.
+engine's members), and so is the workers' answer that they can run cufftmp (else it is refused
+at submission, tests/test_unrunnable_engine.py); the messages and refusals are the real ones.
 """
 
 from __future__ import annotations
@@ -33,9 +34,24 @@ def own_cluster():
 
 
 def _pretend_world_on_scheduler(dask_scheduler):
+    _pretend_cufftmp_runs(dask_scheduler)
     world = dask_scheduler.plugins["redist"].engines.record("cufftmp")
     world.members = tuple(sorted(dask_scheduler.workers))
     return world.members
+
+
+def _pretend_cufftmp_runs(dask_scheduler):
+    """Every worker answered that it can run cufftmp (asked once: the answer is kept)."""
+    for w in dask_scheduler.workers:
+        answers = dask_scheduler.plugins["redist"].engines.capabilities.setdefault(w, {})
+        answers["cufftmp"] = {"ok": True, "reason": "pretended by the test"}
+        answers.setdefault("dask", {"ok": True})  # (a worker missing an answer is asked for all)
+
+
+def _replaced(client) -> None:
+    """The killed worker's nanny started another, which (pretends it) can run cufftmp too."""
+    client.wait_for_workers(3, timeout=60)
+    client.run_on_scheduler(_pretend_cufftmp_runs)
 
 
 def _pretend_world_on_worker(members):
@@ -88,6 +104,7 @@ def test_forced_cufftmp_over_stranded_survivors_fails_at_once_with_the_remedy(ow
         time.sleep(0.1)
     assert all(victim in why for why in client.run(_cufftmp_broken, workers=survivors).values())
 
+    _replaced(client)
     start = time.monotonic()
     with dask_redist.enable(engine="cufftmp", timeouts={"collective": "120s", "bootstrap": "120s"}):
         with pytest.raises(RedistError, match="stranded") as info:
@@ -138,6 +155,42 @@ def test_a_rechunk_submitted_before_the_world_lost_a_pe_finishes_on_dask(own_clu
     assert last["engine"] == "dask" and last["outcome"] == "done", last
     assert "stranded" in last["why"] and "under way" in last["why"], last
     # a rechunk submitted now, forced onto the broken world, is still refused with the remedy
+    _replaced(client)
     with dask_redist.enable(engine="cufftmp", timeouts={"collective": "120s", "bootstrap": "120s"}):
         with pytest.raises(RedistError, match="restart_broken=True"):
             da.from_array(base, chunks=(8, 32)).rechunk((32, 16)).compute()
+
+
+def _defer_a_restart(dask_scheduler, reason: str) -> str:
+    """What a worker leaving does while the barrier task of the active run is still processing
+    (`Runs.worker_left` -> `restart_once_barrier_done`): the restart waits for the barrier."""
+    runs = dask_scheduler.plugins["redist"].runs
+    (token,) = [t for t, r in runs.rechunks.items() if r.active is not None]
+    runs.rechunks[token].defer_restart(reason, [])
+    return token
+
+
+def test_a_survivor_refusing_a_run_that_a_worker_left_restarts_it(client):
+    """The GPU soak at 2 PEs, engine cufftmp (seed 57): a worker was killed while the barrier task
+    of run 1 was still processing, so its restart waited; the survivor, told its world lost a PE,
+    refused run 1 ("NVSHMEM is unusable in this worker") and the scheduler failed the rechunk with
+    that error. A failure of a run that a worker left is that worker's doing: the rechunk restarts."""
+    from engines import unusable_gate
+
+    a = np.arange(32 * 32.0).reshape(32, 32)
+    x = da.from_array(a, chunks=(8, 32)).persist()
+    with dask_redist.enable(engine="engines:UnusableWorldEngine", timeouts={"collective": "60s"}):
+        y = x.rechunk((32, 8)).persist()
+        deadline = time.monotonic() + 30
+        while not dask_redist.status(client)["active"]:
+            assert time.monotonic() < deadline, "run 1 never started"
+            time.sleep(0.05)
+        token = client.run_on_scheduler(_defer_a_restart, reason="worker tcp://gone:1 left during run 1")
+        with open(unusable_gate(token), "w"):
+            pass
+        try:
+            np.testing.assert_array_equal(y.compute(), a)
+        finally:
+            os.remove(unusable_gate(token))
+    last = scheduler_history(client)[-1]
+    assert last["run"] == 2 and last["outcome"] == "done", last

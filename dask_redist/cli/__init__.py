@@ -20,7 +20,12 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = parser().parse_args(argv)
     args.argv = argv[1:]
-    return args.func(args)
+    if not hasattr(args, "log_file"):  # (no cluster: nothing logs)
+        return args.func(args)
+    from dask_redist.cli.output import log_path, logs_to_file
+
+    with logs_to_file(log_path(args.command, args.log_file)):
+        return args.func(args)
 
 
 def parser() -> argparse.ArgumentParser:

@@ -8,7 +8,7 @@ import os
 import shlex
 
 from dask_redist.cli.clusters import client_for
-from dask_redist.cli.output import console, show, text
+from dask_redist.cli.output import console, progress, show, text
 
 DEFAULT_SIZE = ["1GiB"]  # (--size: the calibration has sizes of its own)
 
@@ -62,7 +62,10 @@ def bench(args) -> int:
         earlier, earlier_command = b.load_json(stem + ".json")
         results = {(r.case, r.method): r for r in earlier}
         command = earlier_command + " && " + command
-    for protocol, todo in _by_cluster(args, plan):
+    clusters = _by_cluster(args, plan)
+    bar = contextlib.ExitStack()
+    advance = bar.enter_context(progress("bench", sum(len(todo) for _, todo in clusters)))
+    for protocol, todo in clusters:
         with contextlib.ExitStack() as stack:
             try:
                 client = stack.enter_context(
@@ -78,10 +81,12 @@ def bench(args) -> int:
                         for m in ms
                     }
                 )
+                advance(advance=len(todo))
                 continue
             env = env or b.environment(client) | ({"ceiling": ceiling} if ceiling else {})
             for case, methods in todo:
                 console.print(f"[bold]{case.name}[/] ({protocol}): {', '.join(methods)} ...")
+                advance(description=f"bench: {case.name} ({protocol})")
                 done = b.run_case(
                     client,
                     case,
@@ -95,6 +100,8 @@ def bench(args) -> int:
                 results.update({(r.case, r.method): r for r in done})
                 if stem:  # after every case: a run cut short keeps what it measured
                     write(stem, _ordered(results, plan), env, command)
+                advance(advance=1)
+    bar.close()
     ordered = _ordered(results, plan)
     for r in ordered:
         if r.timeline:

@@ -42,6 +42,7 @@ def client_for(args):
                     f"dask-redist: no worker joined the scheduler at {args.scheduler} within {args.wait_workers:g}s; "
                     "start workers (`dask worker` / `dask cuda worker` with that address) or wait longer (--wait-workers)"
                 ) from None
+            forward_logs(client)
             yield client
         return
     if args.gpu:
@@ -57,13 +58,19 @@ def client_for(args):
             hosts = getattr(args, "pseudo_hosts", None) or 1
             with SharedGPUCluster(workers, args.pes_per_gpu, protocol=args.protocol, hosts=hosts) as shared:
                 with Client(shared.scheduler_address) as client:
+                    forward_logs(client)
                     yield client
             return
         if args.gpu:
             from dask_cuda import LocalCUDACluster
 
             too_many_workers(workers)
-            cluster = LocalCUDACluster(n_workers=workers, dashboard_address=":0", protocol=args.protocol)
+            cluster = LocalCUDACluster(
+                n_workers=workers,
+                dashboard_address=":0",
+                protocol=args.protocol,
+                silence_logs=logging.CRITICAL,
+            )
         else:
             cluster = LocalCluster(
                 n_workers=workers,
@@ -71,10 +78,22 @@ def client_for(args):
                 processes=True,
                 dashboard_address=":0",
                 protocol=args.protocol,
+                silence_logs=logging.CRITICAL,  # (the workers' records come to the log file instead)
             )
         with cluster, Client(cluster) as client:
             client.wait_for_workers(workers)
+            forward_logs(client)
             yield client
+
+
+def forward_logs(client) -> None:
+    """The workers' records of distributed and dask-redist (warnings and worse) come to this process,
+    where the command's log file takes them (`cli.output.logs_to_file`); a worker that replaces a
+    killed one too (a worker plugin)."""
+    from dask_redist.cli.output import LOGGERS
+
+    for name in LOGGERS:
+        client.forward_logging(name, level=logging.WARNING)
 
 
 def gpu_packages() -> None:
@@ -142,3 +161,9 @@ def cluster_args(p: argparse.ArgumentParser, workers: int = 2):
         "hostB, ...): one machine taking the branches of N hosts (docs/scale.md)",
     )
     p.add_argument("--protocol", default="tcp", help="tcp or ucx (local cluster)")
+    p.add_argument(
+        "--log-file",
+        metavar="PATH",
+        help="where the logs of distributed and dask-redist go (default: a new file in the temporary "
+        "directory, named when the command starts); the terminal shows the command's own output only",
+    )

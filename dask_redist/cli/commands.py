@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import time
+
 from dask_redist.cli.clusters import client_for, quiet_p2p_logs
-from dask_redist.cli.output import console, show, text
+from dask_redist.cli.output import console, progress, show, text
 
 
 def demo(args) -> int:
@@ -44,10 +46,13 @@ def soak(args) -> int:
     kind = "cupy" if args.gpu and not args.numpy else "numpy"
     options = {"engine": args.engine} if args.engine else {}
 
-    def progress(line: str) -> None:  # as it goes: a stall shows where it stopped
-        console.print(line, markup=False, highlight=False, soft_wrap=True)
+    start, total = time.monotonic(), args.steps or 60 * args.minutes
+    with client_for(args) as client, progress(f"soak, seed {args.seed}", total) as update:
 
-    with client_for(args) as client:
+        def step_done(line: str) -> None:  # as it goes: a stall shows where it stopped
+            console.print(line, markup=False, highlight=False, soft_wrap=True)
+            update(completed=len(s.report.steps) if args.steps else time.monotonic() - start)
+
         s = Soak(
             client,
             seed=args.seed,
@@ -55,7 +60,7 @@ def soak(args) -> int:
             max_bytes=parse_bytes(args.max_bytes),
             steps=args.kinds,
             gpu=args.gpu,
-            progress=progress,
+            progress=step_done,
             **options,
         )
         report = s.run(steps=args.steps, minutes=None if args.steps else args.minutes)

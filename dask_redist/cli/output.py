@@ -1,10 +1,89 @@
-"""What the command line prints: tables fitted to the terminal (Markdown elsewhere), plain text."""
+"""What the command line prints: tables fitted to the terminal (Markdown elsewhere), plain text,
+progress bars on long work; and where the logs of distributed and dask-redist go: a file it names."""
 
 from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import tempfile
+import time
 
 from rich.console import Console
 
 console = Console()
+
+#: The loggers whose records go to the command's log file (`logs_to_file`), not the terminal.
+LOGGERS = ("distributed", "dask_redist")
+
+
+class _FileLog(logging.Handler):
+    """Records appended to a file. (Not a ``StreamHandler``: LocalCluster's ``silence_logs`` turns
+    those down, which would silence the file too.)"""
+
+    def __init__(self, path: str):
+        super().__init__(logging.INFO)
+        self.file = open(path, "a", buffering=1)  # noqa: SIM115 - closed by `logs_to_file`
+        self.setFormatter(logging.Formatter("%(asctime)s - %(name)s - %(levelname)s - %(message)s"))
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            self.file.write(self.format(record) + "\n")
+        except Exception:  # (logging must never fail the command)
+            self.handleError(record)
+
+    def close(self) -> None:
+        self.file.close()
+        super().close()
+
+
+def log_path(command: str, path: str | None = None) -> str:
+    """``path``, or a new file of the temporary directory named after the command and the time."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    return path or os.path.join(tempfile.gettempdir(), f"dask-redist-{command}-{stamp}-{os.getpid()}.log")
+
+
+@contextlib.contextmanager
+def logs_to_file(path: str):
+    """While inside, the records of `LOGGERS` in this process (and those the workers forward:
+    `cli.clusters.client_for`) go to ``path``, and none to the terminal; the path is printed once."""
+    handler = _FileLog(path)
+    saved = []
+    for name in LOGGERS:
+        logger = logging.getLogger(name)
+        saved.append((logger, logger.handlers[:], logger.propagate, logger.level))
+        logger.handlers, logger.propagate = [handler], False
+        if logger.level == logging.NOTSET or logger.level > logging.INFO:
+            logger.setLevel(logging.INFO)
+    text(f"logs of distributed and dask-redist: {path}")
+    try:
+        yield path
+    finally:
+        for logger, handlers, propagate, level in saved:
+            logger.handlers, logger.propagate = handlers, propagate
+            logger.setLevel(level)
+        handler.close()
+
+
+@contextlib.contextmanager
+def progress(description: str, total: float):
+    """A progress bar on the terminal (nothing elsewhere) while inside; yields ``update(**fields)``
+    (rich's ``Progress.update``: ``advance=``, ``completed=``, ``description=``). Lines printed on
+    `console` meanwhile appear above it."""
+    if not console.is_terminal:
+        yield lambda **fields: None
+        return
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    columns = (
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TextColumn("{task.percentage:>3.0f}%"),
+        TimeElapsedColumn(),
+    )
+    with Progress(*columns, console=console, transient=True) as bar:
+        task = bar.add_task(description, total=total)
+        yield lambda **fields: bar.update(task, **fields)
 
 
 def show(rows: list[dict], title: str = "") -> None:

@@ -83,6 +83,28 @@ def choose_engine(
     )
 
 
+def cannot_run(request: Request, capabilities: dict | None, workers) -> str | None:
+    """Why the engine named in ``redist.engine`` cannot run ``request`` on ``workers``, with the
+    remedy, from what they answered (``capabilities`` as for `choose_engine`); None where it can,
+    where nobody was asked, or under ``auto`` (which picks an engine every worker runs)."""
+    name = request.settings.engine
+    if name == "auto" or capabilities is None or not workers:
+        return None
+    d = description(name, request.settings)
+    answers = _answers(d, capabilities, workers)
+    if all(a.get("ok") for a in answers.values()):
+        why = d.refuses(request)
+    else:
+        why = d.unable(answers, request)
+    if why is None:
+        return None
+    return (
+        f"redist.engine is {name!r}, which cannot run this rechunk: {why}. Set redist.engine to auto "
+        "(it picks an engine every worker runs) or to an engine the workers have; `dask-redist doctor` "
+        "shows what each worker can run"
+    )
+
+
 def needs_probe(request: Request, capabilities: dict, workers, records: dict | None = None) -> list[str]:
     """Workers the choice for ``request`` must ask first: those that never said whether they can
     run the most preferred engine that is not passed over without asking (none where that engine

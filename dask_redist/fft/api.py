@@ -15,7 +15,7 @@ import warnings
 import numpy as np
 
 from dask_redist.fft import gpu, local
-from dask_redist.fft.plan import FFTOp, normalize
+from dask_redist.fft.plan import FFTOp, normalize, repeated_axes
 
 #: What NumPy 2 says (a DeprecationWarning) when an N-D transform gets ``s`` but no ``axes``
 S_WITHOUT_AXES = (
@@ -55,6 +55,11 @@ def _out_chunks(op: FFTOp, chunks, dtype):
 def transform(a, kind: str, inverse: bool, s=None, axes=None, norm=None, chunks=None):
     """``a`` transformed as NumPy's function for (``kind``, ``inverse``) would; see the module."""
     x = as_dask(a)
+    if steps := repeated_axes(x.shape, kind, s, axes):  # (an axis repeated: transformed again, as NumPy)
+        for i, (step_kind, step_s, step_axes) in enumerate(steps):
+            last = i == len(steps) - 1
+            x = transform(x, step_kind, inverse, step_s, step_axes, norm, chunks if last else None)
+        return x
     op = normalize(x.shape, kind, inverse, s, axes, norm)
     out_chunks = _out_chunks(op, chunks, local.result_dtype(op.function, x.dtype))
     problem = gpu.problem(x, op)

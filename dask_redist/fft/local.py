@@ -57,12 +57,12 @@ def rechunk(x, chunks) -> tuple[object, str]:
         return x.rechunk(chunks), "rechunk under enable(): collective where eligible (its own entry says)"
     if default_client() is None:
         return x.rechunk(chunks), "Dask's rechunk (no distributed Client: the collective needs one)"
-    from dask_redist.api import rechunk as collective
+    from dask_redist.api import collective_rechunk
     from dask_redist.compat import original_rechunk
     from dask_redist.graph.anywhere import collective_or_dask
 
-    try:
-        y = collective(x, chunks)
+    try:  # (as the cost model says: explicit=False)
+        y = collective_rechunk(x, chunks, None, None, False, {}, explicit=False)
     except NotEligibleError as e:
         return x.rechunk(chunks), f"Dask's rechunk ({e})"
     # (a graph built while a Client is the default may be computed elsewhere: Dask's rechunk there)

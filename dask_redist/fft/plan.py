@@ -66,7 +66,7 @@ def normalize(shape, kind: str, inverse: bool, s=None, axes=None, norm=None) -> 
 
     As NumPy: ``axes`` defaults to the last ``len(s)`` axes (or all), ``s`` to the input's
     lengths (``irfftn``: ``2 * (m - 1)`` on the last axis), ``-1`` in ``s`` keeps the input's
-    length. Unlike NumPy, an axis may not be repeated.
+    length. An axis may not be repeated here: `repeated_axes` splits such a call in steps.
     """
     shape = tuple(int(n) for n in shape)
     if norm not in NORMS:
@@ -95,6 +95,47 @@ def normalize(shape, kind: str, inverse: bool, s=None, axes=None, norm=None) -> 
             raise ValueError(f"s: invalid number of data points ({n}) for axis {a}; each must be >= 1")
         out.append(n)
     return FFTOp(kind, inverse, axes, tuple(out), norm, shape)
+
+
+def _one_d_ops(kind: str, axes: tuple, s: list) -> list[tuple[str, int, int]]:
+    """NumPy's order of 1-D transforms for ``fftn``/``rfftn``/``irfftn``: (kind, axis, n) each."""
+    ops = [("c2c", a, n) for a, n in zip(axes, s)]
+    if kind == "c2c":
+        return ops[::-1]
+    if kind == "r2c":  # rfft over the last axis first, then fft over the others, last to first
+        return [("r2c", *ops[-1][1:]), *ops[-2::-1]]
+    return [*ops[:-1], ("c2r", *ops[-1][1:])]  # ifft over all axes but the last, in order; then irfft
+
+
+def repeated_axes(shape, kind: str, s=None, axes=None) -> list[tuple[str, tuple, tuple]] | None:
+    """Where ``axes`` repeat an axis, NumPy transforms it again: the steps that do as NumPy does,
+    each over distinct axes, as (kind, s, axes), first to last; None where no axis repeats.
+
+    NumPy applies one 1-D transform per entry of ``axes`` (`_one_d_ops`); consecutive ones over
+    distinct axes commute and are one step. ``s`` defaults as NumPy's, from the input's shape."""
+    if axes is None:
+        return None
+    shape = tuple(int(n) for n in shape)
+    axes = tuple(_axis(a, len(shape), "axes") for a in axes)
+    if len(set(axes)) == len(axes):
+        return None
+    if s is None:
+        s = [shape[a] for a in axes]
+        if kind == "c2r":
+            s[-1] = 2 * (shape[axes[-1]] - 1)
+    elif len(s) != len(axes):
+        raise ValueError(f"s and axes have different lengths ({len(s)} and {len(axes)})")
+    steps: list[list[tuple[str, int, int]]] = []
+    for op in _one_d_ops(kind, axes, [shape[a] if n == -1 else n for n, a in zip(s, axes)]):
+        if not steps or op[1] in {a for _, a, _ in steps[-1]}:
+            steps.append([])
+        steps[-1].append(op)
+    out = []
+    for ops in steps:
+        real = [o for o in ops if o[0] != "c2c"]  # (the real axis last: FFTOp transforms it so)
+        ops = [o for o in ops if o[0] == "c2c"] + real
+        out.append((real[0][0] if real else "c2c", tuple(n for _, _, n in ops), tuple(a for _, a, _ in ops)))
+    return out
 
 
 @dataclass(frozen=True)

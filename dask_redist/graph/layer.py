@@ -38,7 +38,13 @@ from dask_redist.runtime.tasks import barrier, stage, unpack, unpack_into
 
 class CollectiveLayer(MaterializedLayer):
     """The layer of a collective (a rewritten rechunk, a distributed FFT): never a rechunk to
-    rewrite again, though it keeps the rechunk's layer name (`graph.optimize.find_rechunks`)."""
+    rewrite again, though it keeps the rechunk's layer name (`graph.optimize.find_rechunks`).
+    ``decision``: the rewrite's `graph.optimize.Decision` where it was made on the client
+    (`dask_redist.rechunk`), for ``explain``."""
+
+    def __init__(self, mapping, annotations=None, collection_annotations=None, decision=None):
+        super().__init__(mapping, annotations=annotations, collection_annotations=collection_annotations)
+        self.decision = decision
 
     @property
     def spec(self) -> CollectiveSpec | None:

@@ -30,12 +30,27 @@ class LazyRechunkStep(Layer):
     """One step of Dask's ``tasks`` rechunk of ``input_name`` from ``old`` to ``new`` chunks."""
 
     def __init__(
-        self, name: str, input_name: str, old, new, dtype, annotations=None, collection_annotations=None
+        self,
+        name: str,
+        input_name: str,
+        old,
+        new,
+        dtype,
+        annotations=None,
+        collection_annotations=None,
+        dask_name: str | None = None,
     ):
         super().__init__(annotations=annotations, collection_annotations=collection_annotations)
         self.name, self.input_name = name, input_name
+        self.dask_name = dask_name or name  # (Dask's name for it: `graph.names` may give it another)
         self.old, self.new, self.dtype = old, new, np.dtype(dtype)
         self._cached: dict | None = None
+
+    def renamed(self, name: str) -> LazyRechunkStep:
+        """The same step, its output keys ``(name, ...)`` (`dask_redist.graph.names`)."""
+        return LazyRechunkStep(
+            name, self.input_name, self.old, self.new, self.dtype, self.annotations, dask_name=self.dask_name
+        )
 
     def __repr__(self) -> str:
         return f"LazyRechunkStep<name='{self.name}', {len(self.old)}-d>"
@@ -59,11 +74,11 @@ class LazyRechunkStep(Layer):
                 HighLevelGraph.from_collections(self.input_name, {}, ()), self.input_name, self.old, meta=meta
             )
             step = original_rechunk_step(stand_in, self.new)
-            if step.name != self.name:  # pragma: no cover - only if dask changed how it names steps
+            if step.name != self.dask_name:  # pragma: no cover - only if dask changed how it names steps
                 raise RuntimeError(
-                    f"dask named a rechunk step {step.name}, expected {self.name}: see dask_redist.compat"
+                    f"dask named a rechunk step {step.name}, expected {self.dask_name}: see dask_redist.compat"
                 )
-            self._cached = dict(step.dask.layers[step.name])
+            self._cached = renamed_tasks(step.dask.layers[step.name], step.name, self.name)
         return self._cached
 
     def __getitem__(self, key):
@@ -117,6 +132,20 @@ def clone_tasks(tasks: dict, keys, seed, bind_to=None) -> tuple[dict, bool]:
             new, bound = Task(subs[key], chunks.bind, new, TaskRef(bind_to)), True
         cloned[subs[key]] = new
     return cloned, bound
+
+
+def renamed_tasks(tasks, old: str, new: str) -> dict:
+    """``tasks``, those keyed ``(old, ...)`` keyed ``(new, ...)`` (nothing in a rechunk step refers
+    to its own output keys)."""
+    if old == new:
+        return dict(tasks)
+    out = {}
+    for key, task in dict(tasks).items():
+        if isinstance(key, tuple) and key[0] == old:
+            key = (new, *key[1:])
+            task = task.substitute({}, key=key)
+        out[key] = task
+    return out
 
 
 def lazy_rechunk_step(x: Array, chunks) -> Array:

@@ -32,13 +32,19 @@ from dask_redist.compat import (
     running_schedulers,
 )
 from dask_redist.config import Settings
-from dask_redist.core.spec import CollectiveSpec
+from dask_redist.core.spec import CollectiveSpec, CollectiveTask
 from dask_redist.graph.fuse import fusable_consumers, fuse_blockwise
 from dask_redist.graph.layer import CollectiveLayer, collective_tasks
+from dask_redist.graph.names import is_own
 from dask_redist.graph.stages import inlined_inputs, scheduler_in_process, stage_grouping
 from dask_redist.runtime import ordering
 from dask_redist.planning import PlanError, RechunkSpec
 from dask_redist.planning.cost import beyond_memory, dask_is_faster, estimate, pause_fraction
+
+
+#: What the reason of a rechunk asked for by `dask_redist.rechunk` says where ``redist.min-bytes``
+#: would have kept Dask's.
+EXPLICIT = "asked for by dask_redist.rechunk"
 
 
 def is_rechunk_layer(name: str) -> bool:
@@ -133,6 +139,7 @@ def collective_spec(
     settings: Settings,
     workers: int | None = None,
     dask_method: str = "tasks",
+    explicit: bool = False,
 ) -> tuple[CollectiveSpec | None, str]:
     """The collective for rechunking ``input_name`` into ``output_name``, or None and why not.
 
@@ -140,7 +147,8 @@ def collective_spec(
     how many the cluster has, where known (the cost model measured nearest is used).
     ``dask_method``: what dask planned, ``tasks`` or ``p2p``. Dask's p2p rechunk cannot move CuPy
     chunks (distributed's shuffle reads its shards on the host and fails), so the collective never
-    leaves it a rechunk of CuPy chunks for being small or cheap.
+    leaves it a rechunk of CuPy chunks for being small or cheap. ``explicit``: asked for by
+    `dask_redist.rechunk`, which runs whatever ``redist.min-bytes`` would say (the reason says it).
     """
     if old is None or new is None or dtype is None:
         return None, "the rechunk's input carries no array metadata"
@@ -170,10 +178,16 @@ def collective_spec(
         estimated = "Dask's p2p rechunk cannot move CuPy chunks"
     elif settings.min_bytes == "auto":
         if faster := dask_is_faster(rechunk, chunk_type, settings.cost_model, workers):
-            return None, faster
-        estimated = estimate(rechunk, chunk_type, settings.cost_model, workers)
+            if not explicit:
+                return None, faster
+            estimated = f"{EXPLICIT}; without it the cost model would have kept Dask's rechunk: {faster}"
+        else:
+            estimated = estimate(rechunk, chunk_type, settings.cost_model, workers)
     elif rechunk.nbytes < settings.min_bytes:
-        return None, f"{rechunk.nbytes} bytes is below redist.min-bytes ({settings.min_bytes})"
+        below = f"{rechunk.nbytes} bytes is below redist.min-bytes ({settings.min_bytes})"
+        if not explicit:
+            return None, below
+        estimated = f"{EXPLICIT}; without it Dask's rechunk would run: {below}"
     token = tokenize(output_name, settings)  # (other settings, other stage and barrier keys: a fresh run)
     spec = CollectiveSpec(token, input_name, output_name, rechunk, dtype, settings, chunk_type)
     reason = (
@@ -215,12 +229,20 @@ def stale_chunks(old, new) -> str | None:
     )
 
 
-def decide(hlg: HighLevelGraph, chain: RechunkChain, settings: Settings, old=None, memory=None) -> Decision:
+def decide(
+    hlg: HighLevelGraph,
+    chain: RechunkChain,
+    settings: Settings,
+    old=None,
+    memory=None,
+    explicit: bool = False,
+) -> Decision:
     """Turn a chain into a `CollectiveSpec`, or say why it keeps dask's rechunk.
 
     ``old``: the input's chunks where the caller knows them (from the array itself); else
     from the graph (`input_chunks`). ``memory``: the workers' memory limits and pause
     fraction, where known (`planning.cost.beyond_memory`; their number picks the cost model).
+    ``explicit``: `dask_redist.rechunk` asks (`collective_spec`).
     """
     method = _method(chain)
     source = hlg.layers.get(chain.source)
@@ -242,6 +264,7 @@ def decide(hlg: HighLevelGraph, chain: RechunkChain, settings: Settings, old=Non
         settings,
         len(memory[0]) if memory else None,
         method,
+        explicit,
     )
     if spec is not None and (chain.source,) + (0,) * spec.rechunk.ndim not in source.get_output_keys():
         spec, reason = None, f"input keys of layer {chain.source} are not ({chain.source}, i, j, ...)"
@@ -264,6 +287,27 @@ def fused_neighbours(hlg: HighLevelGraph, decision: Decision, keys) -> str:
     if consumers := fusable_consumers(hlg, chain.output, spec.output_keys(), requested):
         parts.append(f"unpack tasks compute {consumers.name}")
     return "; ".join(parts)
+
+
+#: Why a rechunk whose output keys the scheduler holds with Dask's tasks behind them stays Dask's.
+HELD_BY_DASK = (
+    "the scheduler holds this rechunk's output keys with Dask's tasks behind them (it was built before "
+    "enable() and run by Dask): the same keys with the collective's tasks would clash, so Dask's rechunk "
+    "runs; build the rechunk after enable() for the collective (its keys are then its own)"
+)
+
+
+def held_by_dask(scheduler, d: Decision) -> Decision:
+    """``d``, or Dask's rechunk where the output keys of a collective ``d`` are Dask's names
+    (`graph.names`: built before `dask_redist.enable`) and ``scheduler`` holds them with another
+    task behind them: one key with two tasks makes distributed warn of a different ``run_spec``
+    and reuse what it holds."""
+    if scheduler is None or not d.collective or is_own(d.chain.output):
+        return d
+    ts = scheduler.tasks.get((d.chain.output,) + (0,) * d.spec.rechunk.ndim)
+    if ts is None or isinstance(ts.run_spec, CollectiveTask):
+        return d
+    return Decision(d.chain, None, HELD_BY_DASK, d.method)
 
 
 def memory_limits(limits) -> tuple[list[int], float]:
@@ -299,6 +343,7 @@ def rewrite(
         scheduler = scheduler_in_process()
         memory = memory_limits(ws.memory_limit for ws in scheduler.workers.values()) if scheduler else None
         decisions = [decide(hlg, c, settings, memory=memory) for c in find_rechunks(hlg, requested)]
+        decisions = [held_by_dask(scheduler, d) for d in decisions]
         if settings.fuse:
             decisions += built_collectives(hlg)
     if not any(d.collective for d in decisions):
@@ -312,14 +357,19 @@ def rewrite(
     for i, d in enumerate(decisions):
         if d.collective:
             fuse = only is None and settings.fuse
-            decisions[i] = _replace_chain(hlg, layers, deps, d, requested, taken if fuse else None)
+            decisions[i] = _replace_chain(
+                hlg, layers, deps, d, requested, taken if fuse else None, only is not None
+            )
     return HighLevelGraph(layers, deps), decisions
 
 
-def _replace_chain(hlg, layers: dict, deps: dict, d: Decision, requested: set, taken: set | None) -> Decision:
+def _replace_chain(
+    hlg, layers: dict, deps: dict, d: Decision, requested: set, taken: set | None, explicit: bool = False
+) -> Decision:
     """Put the collective of ``d`` in place of its chain in ``layers`` and ``deps`` (``hlg``'s, changed
     in place), fused with its neighbours unless ``taken`` is None (layers no unpack tasks may
-    compute; the consumer it fuses is added); the decision, with the spec it ran."""
+    compute; the consumer it fuses is added); the decision, with the spec it ran. ``explicit``:
+    `dask_redist.rechunk`'s, whose layer keeps its decision for ``explain``."""
     for name in d.chain.layers[:-1]:
         del layers[name]
         del deps[name]
@@ -343,7 +393,7 @@ def _replace_chain(hlg, layers: dict, deps: dict, d: Decision, requested: set, t
         del deps[out], layers[out]
         out = consumers.name
         deps[out].discard(d.chain.output)
-    layers[out] = CollectiveLayer(tasks, collection_annotations=annotations)
+    layers[out] = CollectiveLayer(tasks, collection_annotations=annotations, decision=d if explicit else None)
     deps[out] = {source} | (deps[source] if inputs else set()) | (deps[out] if consumers else set())
     if inputs and inputs[2]:  # nothing else needs the input chunks: their tasks leave the layer
         if inputs[1]:  # (what they depend on inside it stays)

@@ -153,6 +153,17 @@ class Runs:
             self.scheduler.transitions(recs, stimulus_id=stimulus)
             self.scheduler.stimulus_queue_slots_maybe_opened(stimulus_id=stimulus)
 
+    def worker_left_during(self, token: str) -> bool:
+        """Did a worker leave during the active run of ``token``: its restart is held back until the
+        barrier task is in memory, or a rank of it is no longer among the scheduler's workers."""
+        rechunk = self.rechunks.get(token)
+        run = rechunk.active if rechunk else None
+        if run is None:
+            return False
+        return rechunk.pending_restart is not None or any(
+            w not in self.scheduler.workers for w in run.spec.workers
+        )
+
     def restart_once_barrier_done(self, token: str, reason: str, stale: list = ()) -> None:
         """`_restart` the active run, at once or, while the barrier task is still processing,
         once it is in memory (`dask_redist.runtime.rechunks`)."""

@@ -253,7 +253,11 @@ class RedistSchedulerPlugin(SchedulerPlugin):
     @log_errors
     def failed(self, token: str, run_id: int, address: str, message: str, failure: str) -> None:
         """A rank's run failed (``failure``: see `dask_redist.errors.FAILURES`): restart it, on the
-        next engine if its own could not start under ``auto``, or abort it."""
+        next engine if its own could not start under ``auto``, or abort it. A failure of a run that
+        a worker left (its restart waits for the barrier task, or the rank's failure came first)
+        is that worker's doing: the restart finishes the rechunk (on ``dask`` where the engine's
+        world lost it: a survivor of an NVSHMEM world says so as it refuses the run), never the
+        user's error."""
         run = self.runs.active(token, run_id)
         if run is None:  # an old run's late report, or no such rechunk
             return
@@ -266,7 +270,11 @@ class RedistSchedulerPlugin(SchedulerPlugin):
         unavailable = failure == "unavailable"
         why = message if unavailable else f"{run.spec.name()} failed on {address}"
         self.engines.run_failed(run.spec.engine, run.spec.collective.settings, failure, why)
-        if failure == "restart" or (unavailable and run.spec.collective.settings.engine == "auto"):
+        if (
+            failure == "restart"
+            or (unavailable and run.spec.collective.settings.engine == "auto")
+            or self.runs.worker_left_during(token)
+        ):
             self.runs.restart_once_barrier_done(token, message)
         else:
             self.runs.abort(token, message, failure=failure)

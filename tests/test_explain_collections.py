@@ -1,0 +1,79 @@
+"""``explain()`` of what users hold: xarray objects, Delayed, lists of them; one sentence for
+anything else; each rechunk's headline says what runs first (issue 42, items 4 and 5)."""
+
+from __future__ import annotations
+
+import dask
+import dask.array as da
+import numpy as np
+import pytest
+
+import dask_redist
+
+xr = pytest.importorskip("xarray")
+
+
+def _dataset():
+    data = {"a": (("x", "y"), np.ones((64, 64))), "b": (("x", "y"), np.zeros((64, 64)))}
+    return xr.Dataset(data).chunk({"x": 4}).chunk({"x": 64, "y": 4})
+
+
+def test_explain_takes_xarray_objects_delayed_and_lists(client):
+    with dask_redist.enable(engine="dask"):
+        ds = _dataset()
+        both = dask_redist.explain(ds)
+        assert len(both) == 2 and all(e.runs == "collective" for e in both), both
+        assert len(dask_redist.explain(ds["a"])) == 1
+        listed = dask_redist.explain([ds["a"].data, {"b": ds["b"]}, 3, ds["a"]])
+        assert sorted(e.output for e in listed) == sorted(e.output for e in both)  # (each rechunk once)
+        assert float(ds["a"].sum().compute()) == 64 * 64
+
+
+def test_a_delayed_built_on_a_rechunk_says_dasks_rechunk_runs_and_why(client):
+    """dask makes an array's graph tasks when a Delayed is built on it: no rewrite can find the
+    rechunk there, and explain says so, with what to do instead."""
+    # (tasks: Dask's p2p rechunk inside a Delayed fails in dask 2026.8 itself, "lost dependencies")
+    with dask_redist.enable(engine="dask"), dask.config.set({"array.rechunk.method": "tasks"}):
+        delayed = dask.delayed(np.sum)(_dataset()["a"].data)
+        (entry,) = dask_redist.explain(delayed)
+        assert entry.runs == "dask" and entry.output.startswith("finalize-"), entry
+        assert "Delayed" in entry.reason and "Persist the rechunked array first" in entry.reason
+        persisted = _dataset()["a"].data.persist()
+        assert dask_redist.explain(dask.delayed(np.sum)(persisted)).entries == ()
+        assert delayed.compute() == 64 * 64
+
+
+@pytest.mark.parametrize(
+    "thing, says",
+    [
+        (np.ones(3), "a numpy.ndarray holds no dask graph, so nothing is rechunked"),
+        ([1, "a"], "explain() found no dask collection in this list"),
+        (None, "a NoneType holds no dask graph"),
+    ],
+)
+def test_anything_else_gets_one_sentence(thing, says):
+    text = str(dask_redist.explain(thing))
+    assert says in text and "\n" not in text, text
+    assert "explain() takes a dask collection" in text or "found no dask collection" in text
+
+
+def test_an_in_memory_xarray_object_is_told_how_to_chunk_it():
+    text = str(dask_redist.explain(xr.Dataset({"a": ("x", np.ones(3))})))
+    assert (
+        text
+        == "this xarray.Dataset holds no dask arrays, so nothing is rechunked: .chunk(...) makes its data dask arrays"
+    )
+
+
+def test_the_headline_leads_with_what_runs(client):
+    x = da.ones((64, 64), chunks=(4, 64))
+    with dask_redist.enable(engine="dask"):
+        (collective,) = dask_redist.explain(x.rechunk((64, 4)))
+        (kept,) = dask_redist.explain(x.rechunk((64, 4), method="p2p"))
+    first = str(dask_redist.explain(x.rechunk((64, 4)))).splitlines()
+    assert collective.headline().startswith(
+        "the collective on dask, in place of Dask's p2p rechunk: rechunk-p2p-redist-"
+    )
+    assert kept.headline().startswith("Dask's p2p rechunk: rechunk-p2p-")
+    assert first[0] == "dask_redist is not enabled: this is what enable() would do"
+    assert first[1].startswith("Dask's ") and "dask planned" not in "\n".join(first)
