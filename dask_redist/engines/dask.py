@@ -155,6 +155,7 @@ class DaskDescription(EngineDescription):
     when no engine it prefers takes the rechunk, and says why those did not."""
 
     preference = 0
+    recovery = True  # a run the engine chosen cannot finish recovers here: it runs wherever Dask does
 
     def chosen(self, request: Request, passed_over: list[str]) -> str:
         return passed_over[0] if passed_over else request.chunks

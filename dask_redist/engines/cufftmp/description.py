@@ -30,6 +30,7 @@ class CufftMpDescription(EngineDescription):
     probes = True  # CuPy, nvmath-python, cuFFTMp and NVSHMEM must load on every worker
     world = True
     world_name = "NVSHMEM"
+    fft_chunk_types = ("cupy",)  # distributed FFTs through cuFFTMp (`.fft`)
 
     def declines(self, request: Request) -> str | None:
         if request.chunk_type == "cupy":
