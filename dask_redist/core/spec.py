@@ -29,6 +29,7 @@ from dask_redist.planning.fft import DistributedFFT
 
 STAGE_PREFIX = "redist-stage-"
 BARRIER_PREFIX = "redist-barrier-"
+_LABELS = {"numpy": "NumPy", "cupy": "CuPy"}  # chunk types, as reasons name them
 
 
 def stage_token(key) -> str | None:
@@ -82,13 +83,18 @@ class CollectiveSpec:
         what = "rechunk" if self.op is None else f"fft ({self.op.kind})"
         return f"{what} {self.token[:8]} ({self.output_name})"
 
-    def run_problem(self, engine: str, kind: str, nranks: int) -> str | None:
+    def run_problem(
+        self, engine: str, kind: str, nranks: int, ffts: dict[str, tuple[str, ...]]
+    ) -> str | None:
         """Why a run on ``engine`` over ``nranks`` ranks with staged chunks of ``kind`` cannot do
-        what this spec asks (an FFT needs cufftmp and CuPy chunks), or None."""
+        what this spec asks, or None. ``ffts``: the engines that run FFTs, and on which chunk types
+        (an FFT needs one of them, with one of its chunk types)."""
         if self.op is None:
             return None
-        if engine != "cufftmp" or kind != "cupy":
-            return f"{self.describe()} runs on the cufftmp engine with CuPy chunks only, not {engine} with {kind} chunks"
+        if kind not in ffts.get(engine, ()):
+            names = " or ".join(ffts) or "no"
+            kinds = "/".join(sorted({_LABELS.get(k, k) for types in ffts.values() for k in types}))
+            return f"{self.describe()} runs on the {names} engine with {kinds} chunks only, not {engine} with {kind} chunks"
         return self.op.problem(nranks)
 
     def plan_run(self, in_ranks, nranks: int, needed=None) -> Plan:

@@ -39,7 +39,7 @@ from dask_redist.config import Settings
 from dask_redist.core import messages as m
 from dask_redist.core.spec import BARRIER_PREFIX, BarrierTask, CollectiveSpec, stage_token
 from dask_redist.engines import Request
-from dask_redist.engines.choice import EngineSelector
+from dask_redist.engines.choice import EngineSelector, fft_engines
 from dask_redist.errors import FAILURES
 from dask_redist.runtime import ordering
 from dask_redist.runtime.eager import EagerStarts
@@ -152,7 +152,7 @@ class RedistSchedulerPlugin(SchedulerPlugin):
         request = Request.of(spec, chunk_type)
         engine, reason = await self._choose_engine(request, ranks, token)
         self.runs.timeline["engine chosen"] = time.time()
-        if problem := spec.run_problem(engine, chunk_type, len(ranks)):  # (a distributed FFT: cufftmp only)
+        if problem := spec.run_problem(engine, chunk_type, len(ranks), fft_engines(spec.settings)):
             return {"status": "error", "fatal": True, "message": f"{problem} ({reason})"}
         if problem := self.engines.refusal(engine, request, ranks):
             return {"status": "error", "fatal": True, "message": problem}
