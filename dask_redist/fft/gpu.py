@@ -101,17 +101,18 @@ def _engine_problem(client, workers) -> str | None:
     from dask_redist.api import _ensure_scheduler_plugin
     from dask_redist.core.messages import Probe
     from dask_redist.engines import Request, WorldRecord
-    from dask_redist.engines.choice import choose_engine
+    from dask_redist.engines.choice import choose_engine, fft_engines
 
     settings = Settings.from_config()
-    if settings.engine not in ("auto", "cufftmp"):
+    ffts = [name for name, kinds in fft_engines(settings).items() if "cupy" in kinds]
+    if settings.engine != "auto" and settings.engine not in ffts:
         return f"redist.engine is {settings.engine}"
     _ensure_scheduler_plugin(client)
     state = client.sync(Probe(dict(settings.engines)).call, client.scheduler)
     records = {name: WorldRecord.from_state(r) for name, r in state["records"].items()}
     request = Request("cupy", replace(settings, engine="auto"))
     engine, why = choose_engine(request, state["capabilities"], workers, records)
-    return None if engine == "cufftmp" else why
+    return None if engine in ffts else why
 
 
 def heap_problem(geometry, nworkers: int, settings: Settings) -> str | None:
