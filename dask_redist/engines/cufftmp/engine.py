@@ -129,6 +129,7 @@ class CufftMpEngine(Engine):
     description = CufftMpDescription
     watched = True  # a launch can block behind a reshape that waits for a dead peer
     completes_aborted_runs = True  # every rank must make the same NVSHMEM calls
+    stuck_wording = "GPU inside an NVSHMEM collective that cannot finish"
     capabilities = staticmethod(capabilities)
 
     def __init__(self):
