@@ -8,6 +8,7 @@ user had set, not on their own process's config.
 from __future__ import annotations
 
 import difflib
+import importlib.metadata
 import os
 from dataclasses import dataclass
 from numbers import Real
@@ -24,6 +25,8 @@ dask.config.update_defaults(DEFAULTS)
 #: The engines every configuration has, by name (``redist.engines`` in redist.yaml adds none of
 #: its own beyond them; a user's config adds to them): name -> "package.module:EngineClass".
 BUILTIN_ENGINES: tuple[tuple[str, str], ...] = tuple(DEFAULTS["redist"]["engines"].items())
+#: The entry-point group through which installed packages register engines (name = "module:Class").
+ENTRY_POINTS = "dask_redist.engines"
 CHUNK_TYPES = ("numpy", "cupy")
 OUTPUT_TYPES = ("same", "numpy", "cupy")
 
@@ -58,12 +61,28 @@ def flatten(options: dict, prefix: str = "redist") -> dict:
     return out
 
 
+def installed_engines() -> tuple[tuple[str, str], ...]:
+    """Engines that installed packages register in the ``dask_redist.engines`` entry-point group:
+    (name, "package.module:EngineClass") pairs (read each time: a package installed since counts)."""
+    return tuple((ep.name, ep.value) for ep in importlib.metadata.entry_points(group=ENTRY_POINTS))
+
+
+def engine_names(keys=()) -> set[str]:
+    """The names of every engine registered: built in, installed (entry points), in dask's config
+    or among ``keys`` (``redist.engines.NAME``) about to be set."""
+    table = dask.config.get("redist.engines", None) or {}
+    named = {k.split(".")[2] for k in keys if k.startswith("redist.engines.") and k.count(".") >= 2}
+    return {n for n, _ in BUILTIN_ENGINES} | {n for n, _ in installed_engines()} | set(table) | named
+
+
 def check_known(keys) -> None:
     """ConfigError naming every key of ``keys`` (``redist.a.b``) that is not a ``redist.*`` setting,
-    with the nearest one: a misspelt key would otherwise be ignored without a word."""
+    with the nearest one: a misspelt key would otherwise be ignored without a word. An engine's
+    section (``redist.NAME.*``, NAME registered) is the engine's to check (`Settings.section`)."""
     known = flatten(DEFAULTS["redist"])
     # (engines of one's own are registered under redist.engines: any name goes there)
-    if unknown := sorted(k for k in keys if k not in known and not k.startswith("redist.engines.")):
+    own = tuple(f"redist.{name}." for name in engine_names(keys) if f"redist.{name}" not in known)
+    if unknown := sorted(k for k in keys if k not in known and not k.startswith(("redist.engines.", *own))):
         near = {k: difflib.get_close_matches(k, known, n=1) for k in unknown}
         hints = "; ".join(f"{k}" + (f" (did you mean {m[0]}?)" if m else "") for k, m in near.items())
         raise ConfigError(f"unknown option {hints}: the redist.* keys are listed in docs/configuration.md")
@@ -113,7 +132,8 @@ def _seconds(key, value) -> float:
 
 
 def _engines(config: dict | None) -> tuple[tuple[str, str], ...]:
-    """``redist.engines`` over the built-in ones: (name, "package.module:EngineClass") pairs."""
+    """``redist.engines`` over the built-in and the installed ones (`installed_engines`):
+    (name, "package.module:EngineClass") pairs."""
     try:
         table = _get("engines", config)
     except KeyError:
@@ -123,6 +143,7 @@ def _engines(config: dict | None) -> tuple[tuple[str, str], ...]:
             f"redist.engines must map engine names to 'package.module:EngineClass', got {table!r}"
         )
     out = dict(BUILTIN_ENGINES)
+    out.update((name, path) for name, path in installed_engines() if name not in out)
     for name, path in table.items():
         if not isinstance(name, str) or not name.replace("-", "_").isidentifier():
             raise ConfigError(f"redist.engines: an engine's name must be a word like 'nccl', got {name!r}")
@@ -151,6 +172,31 @@ def _int(key, value, low=0) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < low:
         raise ConfigError(f"redist.{key} must be an integer >= {low}, got {value!r}")
     return value
+
+
+def _frozen(value):
+    """``value`` hashable: lists as tuples (a section travels inside the frozen `Settings`)."""
+    if isinstance(value, (list, tuple)):
+        return tuple(_frozen(v) for v in value)
+    return () if isinstance(value, dict) else value
+
+
+def _sections(config: dict | None, engines: tuple[tuple[str, str], ...]) -> tuple:
+    """The engines' own sections of ``redist`` as set: (name, ((key, value), ...)) per registered
+    engine with a section ``redist.NAME`` (keys relative to it), unchecked: the engine checks them."""
+    out = []
+    for name, _ in engines:
+        if name in DEFAULTS["redist"]:  # (a shared key, never an engine's section)
+            continue
+        raw = dask.config.get(f"redist.{name}", None) if config is None else config.get(name)
+        if raw is None:
+            continue
+        if not isinstance(raw, dict):
+            raise ConfigError(f"redist.{name} must be a mapping of the {name} engine's settings, got {raw!r}")
+        prefix = f"redist.{name}."
+        items = ((k[len(prefix) :], _frozen(v)) for k, v in flatten(raw, prefix[:-1]).items())
+        out.append((name, tuple(sorted(items))))
+    return tuple(out)
 
 
 #: The terms of each method's line in a cost model (``redist.cost-model``; `dask_redist.planning.cost`).
@@ -227,6 +273,14 @@ class Settings:
     shared_gpu_max_chunks: int = 128  # ... where no worker owns more output chunks than this
     respect_method: bool = True  # an explicit rechunk(method=...) keeps Dask's rechunk
     fuse: bool = True  # the collective's tasks run its blockwise neighbours' tasks (graph.fuse)
+    #: the engines' own sections of ``redist`` as set, unchecked (`section`; `_sections`)
+    sections: tuple[tuple[str, tuple], ...] = ()
+
+    def section(self, name: str) -> dict:
+        """Engine ``name``'s own settings as set (``redist.NAME.*``: keys relative to the section,
+        ``-`` for ``_``, nested keys dotted); the engine checks them
+        (`dask_redist.engines.EngineDescription.read_settings`)."""
+        return dict(dict(self.sections).get(name, ()))
 
     def engine_path(self, name: str) -> str:
         """Where engine ``name`` lives: "package.module:EngineClass" (a path names itself)."""
@@ -293,4 +347,5 @@ class Settings:
             ),
             respect_method=_bool("respect-method", _get("respect-method", config)),
             fuse=_bool("fuse", _get("fuse", config)),
+            sections=_sections(config, engines),
         )
