@@ -13,7 +13,14 @@ from __future__ import annotations
 
 from dask_redist.engines.description import EngineDescription, Request, WorldRecord
 from dask_redist.engines.protocol import Engine, Health, Transport
-from dask_redist.engines.registry import description, descriptions, get_engine, loaded_engines
+from dask_redist.engines.registry import (
+    check_settings,
+    description,
+    descriptions,
+    engine_settings,
+    get_engine,
+    loaded_engines,
+)
 
 __all__ = [
     "Engine",
@@ -22,8 +29,10 @@ __all__ = [
     "Request",
     "Transport",
     "WorldRecord",
+    "check_settings",
     "description",
     "descriptions",
+    "engine_settings",
     "get_engine",
     "loaded_engines",
 ]

@@ -12,6 +12,7 @@ ask about it, without importing anything the engine needs to run:
   ``fft_chunk_types`` (the chunk types it runs distributed FFTs on; none: it runs none);
   ``recovery``: whether a run the engine chosen cannot finish (its world lost a worker)
   recovers on it;
+* ``read_settings``: its own section of the settings (``redist.NAME.*``), checked by it;
 * ``world``: whether it starts over a set of workers that the scheduler records
   (`WorldRecord`), and forgets when ``dask_redist.bootstrap`` is called; ``world_name``,
   what its reasons call that world;
@@ -28,7 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from dask_redist.config import Settings
+from dask_redist.config import ConfigError, Settings
 
 if TYPE_CHECKING:
     from dask_redist.core.spec import CollectiveSpec
@@ -119,6 +120,20 @@ class EngineDescription:
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name!r}>"
+
+    # -- its settings ---------------------------------------------------------------------
+
+    def read_settings(self, section: dict) -> Any:
+        """Its own settings, checked: ``section`` is ``redist.NAME.*`` as set (`Settings.section`:
+        keys relative to it); raise `ConfigError` naming a key it does not take or a bad value.
+        What it returns is what the engine reads (`dask_redist.engines.engine_settings`). By
+        default an engine takes none."""
+        if section:
+            key = sorted(section)[0]
+            raise ConfigError(
+                f"unknown option redist.{self.name}.{key}: the {self.name} engine takes no settings"
+            )
+        return None
 
     # -- which rechunks -----------------------------------------------------------------
 
