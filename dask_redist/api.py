@@ -22,6 +22,7 @@ from dask_redist.compat import (
 from dask_redist.config import Settings, check_known, flatten, restore_defaults
 from dask_redist.core.assemble import converted
 from dask_redist.core.messages import ForgetWorld, SchedulerStatus
+from dask_redist.engines import check_settings
 from dask_redist.errors import NotEligibleError, RedistError, RedistTimeoutError
 from dask_redist.graph.lazy import lazy_rechunk_step
 from dask_redist.graph.optimize import CollectiveOptimizer, decide, find_rechunks, rewrite
@@ -34,7 +35,7 @@ def _overrides(options: dict) -> dict:
     cfg = flatten(options)
     check_known(cfg)
     with dask.config.set(cfg):
-        Settings.from_config()  # fail here, naming the key, not later on the scheduler
+        check_settings(Settings.from_config())  # fail here, naming the key, not later on the scheduler
     return cfg
 
 
@@ -98,7 +99,7 @@ def snapshot(hook, collection=None):
     under a serialization error); a collection that erred under other settings gets a fresh run
     (`dask_redist.submissions`)."""
     if isinstance(hook, CollectiveOptimizer) and hook.settings is None:
-        settings = Settings.from_config()
+        settings = check_settings(Settings.from_config())
         if collection is not None:
             submissions.submitted(collection, settings)
         return CollectiveOptimizer(hook.chain, settings)
