@@ -2,9 +2,16 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import sys
 import time
 
 import pytest
+
+
+# The third engine's package (tests/third_party_engine), on the path as an editable install puts
+# it, before any cluster starts (worker processes inherit the path); it is registered only where a
+# test installs its metadata (its entry point) or names it in redist.engines.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "third_party_engine"))
 
 
 def _gpus() -> int:
