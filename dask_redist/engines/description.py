@@ -123,16 +123,17 @@ class EngineDescription:
 
     # -- its settings ---------------------------------------------------------------------
 
+    #: the section of ``redist`` it owns (None: ``redist.NAME``, NAME as registered)
+    settings_section: str | None = None
+
     def read_settings(self, section: dict) -> Any:
         """Its own settings, checked: ``section`` is ``redist.NAME.*`` as set (`Settings.section`:
         keys relative to it); raise `ConfigError` naming a key it does not take or a bad value.
         What it returns is what the engine reads (`dask_redist.engines.engine_settings`). By
         default an engine takes none."""
         if section:
-            key = sorted(section)[0]
-            raise ConfigError(
-                f"unknown option redist.{self.name}.{key}: the {self.name} engine takes no settings"
-            )
+            key = f"redist.{self.settings_section or self.name}.{sorted(section)[0]}"
+            raise ConfigError(f"unknown option {key}: the {self.name} engine takes no settings")
         return None
 
     # -- which rechunks -----------------------------------------------------------------

@@ -58,13 +58,13 @@ def engine_settings(name: str, settings: Settings) -> Any:
     """Engine ``name``'s own settings (``redist.NAME.*``) in ``settings``, as its description reads
     and checks them (`EngineDescription.read_settings`); as set where its class does not load here."""
     d = description(name, settings)
-    section = settings.section(name)
+    section = settings.section(d.settings_section or name)
     return section if d.engine is None else d.read_settings(section)
 
 
 def check_settings(settings: Settings) -> Settings:
     """``settings``, once every engine that loads here has checked its own section (`ConfigError`)."""
-    for name, _ in settings.sections:
+    for name, _ in settings.engines:
         engine_settings(name, settings)
     return settings
 
