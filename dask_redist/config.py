@@ -181,22 +181,32 @@ def _frozen(value):
     return () if isinstance(value, dict) else value
 
 
+#: Sections of redist.yaml that an engine reads and checks (its description's ``settings_section``),
+#: besides ``redist.NAME`` of every engine registered (the runtime reads exit-when-stuck too).
+ENGINE_SECTIONS = ("nvshmem",)
+
+
 def _sections(config: dict | None, engines: tuple[tuple[str, str], ...]) -> tuple:
-    """The engines' own sections of ``redist`` as set: (name, ((key, value), ...)) per registered
-    engine with a section ``redist.NAME`` (keys relative to it), unchecked: the engine checks them."""
+    """The engines' own sections of ``redist`` as set: (name, ((key, value), ...)) for
+    `ENGINE_SECTIONS` and each registered engine with a section ``redist.NAME`` (keys relative
+    to it), unchecked: the engine checks them."""
     out = []
-    for name, _ in engines:
-        if name in DEFAULTS["redist"]:  # (a shared key, never an engine's section)
-            continue
+    for name in [*ENGINE_SECTIONS, *(n for n, _ in engines if n not in DEFAULTS["redist"])]:
         raw = dask.config.get(f"redist.{name}", None) if config is None else config.get(name)
+        if raw is not None and not isinstance(raw, dict):
+            raise ConfigError(f"redist.{name} must be a mapping of an engine's settings, got {raw!r}")
+        if name in DEFAULTS["redist"]:  # (the packaged defaults of keys not set)
+            raw = {**DEFAULTS["redist"][name], **(raw or {})}
         if raw is None:
             continue
-        if not isinstance(raw, dict):
-            raise ConfigError(f"redist.{name} must be a mapping of the {name} engine's settings, got {raw!r}")
         prefix = f"redist.{name}."
         items = ((k[len(prefix) :], _frozen(v)) for k, v in flatten(raw, prefix[:-1]).items())
         out.append((name, tuple(sorted(items))))
     return tuple(out)
+
+
+#: The engines' sections of the packaged defaults (redist.yaml): the default of `Settings.sections`.
+PACKAGED_SECTIONS = _sections(DEFAULTS["redist"], BUILTIN_ENGINES)
 
 
 #: The terms of each method's line in a cost model (``redist.cost-model``; `dask_redist.planning.cost`).
@@ -267,14 +277,11 @@ class Settings:
     barrier_timeout: float = 60.0
     collective_timeout: float = 300.0
     bootstrap_timeout: float = 120.0
-    symmetric_size: int | None = None
-    exit_when_stuck: bool = True
-    shared_gpu_copies: bool = True  # PEs on one GPU copy chunk to chunk (engines.cufftmp.peers)
-    shared_gpu_max_chunks: int = 128  # ... where no worker owns more output chunks than this
+    exit_when_stuck: bool = True  # a worker whose engine is stuck exits (redist.nvshmem.exit-when-stuck)
     respect_method: bool = True  # an explicit rechunk(method=...) keeps Dask's rechunk
     fuse: bool = True  # the collective's tasks run its blockwise neighbours' tasks (graph.fuse)
     #: the engines' own sections of ``redist`` as set, unchecked (`section`; `_sections`)
-    sections: tuple[tuple[str, tuple], ...] = ()
+    sections: tuple[tuple[str, tuple], ...] = PACKAGED_SECTIONS
 
     def section(self, name: str) -> dict:
         """Engine ``name``'s own settings as set (``redist.NAME.*``: keys relative to the section,
@@ -321,7 +328,6 @@ class Settings:
             raise ConfigError(
                 f"redist.output-type must be one of {', '.join(OUTPUT_TYPES)}, got {output_type!r}"
             )
-        sym = _get("nvshmem.symmetric-size", config)
         budget = _bytes("memory-budget", _get("memory-budget", config))
         if budget == 0:
             raise ConfigError("redist.memory-budget must be a size larger than 0, got 0")
@@ -339,13 +345,12 @@ class Settings:
             barrier_timeout=_seconds("timeouts.barrier", _get("timeouts.barrier", config)),
             collective_timeout=_seconds("timeouts.collective", _get("timeouts.collective", config)),
             bootstrap_timeout=_seconds("timeouts.bootstrap", _get("timeouts.bootstrap", config)),
-            symmetric_size=None if sym is None else _bytes("nvshmem.symmetric-size", sym),
             exit_when_stuck=_bool("nvshmem.exit-when-stuck", _get("nvshmem.exit-when-stuck", config)),
-            shared_gpu_copies=_bool("nvshmem.shared-gpu-copies", _get("nvshmem.shared-gpu-copies", config)),
-            shared_gpu_max_chunks=_int(
-                "nvshmem.shared-gpu-max-chunks", _get("nvshmem.shared-gpu-max-chunks", config), low=1
-            ),
             respect_method=_bool("respect-method", _get("respect-method", config)),
             fuse=_bool("fuse", _get("fuse", config)),
             sections=_sections(config, engines),
         )
+
+
+#: The checks of a value, for engines checking their own sections (``key`` relative to ``redist``).
+check_size, check_bool, check_int = _bytes, _bool, _int
