@@ -28,6 +28,7 @@ import numpy as np
 from dask_redist.engines.cufftmp import hostfiles, remote
 from dask_redist.engines.cufftmp.hostfiles import FileExchange
 from dask_redist.engines.cufftmp.nvshmem import gpu_memory, heap_problem, parse_symmetric_size
+from dask_redist.engines.registry import engine_settings
 from dask_redist.errors import EngineUnavailableError, RedistError
 
 logger = logging.getLogger("dask_redist")
@@ -170,8 +171,8 @@ class World:
                 self._leave_within(settings.bootstrap_timeout, release)
             except RedistError as e:
                 problem = str(e)
-        if settings.symmetric_size is not None:
-            os.environ["NVSHMEM_SYMMETRIC_SIZE"] = str(settings.symmetric_size)
+        if (symmetric_size := engine_settings(run.spec.engine, settings).symmetric_size) is not None:
+            os.environ["NVSHMEM_SYMMETRIC_SIZE"] = str(symmetric_size)
         elif "NVSHMEM_SYMMETRIC_SIZE" not in os.environ:  # the arena (budget + 13% + workspace) must fit
             os.environ["NVSHMEM_SYMMETRIC_SIZE"] = str(settings.memory_budget * 5 // 4 + 2**28)
         remote.set_for_world(
