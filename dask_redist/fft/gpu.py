@@ -92,7 +92,9 @@ def problem(x, op: FFTOp) -> str | None:
         return f"{why}: {rest}"
     if why := _engine_problem(client, workers):
         return f"{why}: {rest}"
-    if why := heap_problem(distributed(op, x.dtype, None), len(workers), Settings.from_config()):
+    settings = Settings.from_config()
+    geometry = distributed(op, x.dtype, None)
+    if why := heap_problem(geometry, len(workers), settings, _symmetric_size(settings)):
         return f"{why}: {rest}"
     return None
 
@@ -115,18 +117,27 @@ def _engine_problem(client, workers) -> str | None:
     return None if engine in ffts else why
 
 
-def heap_problem(geometry, nworkers: int, settings: Settings) -> str | None:
+def _symmetric_size(settings: Settings) -> int | None:
+    """``redist.nvshmem.symmetric-size`` as the FFT's engine reads it (None: unset, or no such engine)."""
+    from dask_redist.engines import engine_settings
+    from dask_redist.engines.choice import fft_engines
+
+    names = [name for name, kinds in fft_engines(settings).items() if "cupy" in kinds]
+    return getattr(engine_settings(names[0], settings), "symmetric_size", None) if names else None
+
+
+def heap_problem(geometry, nworkers: int, settings: Settings, symmetric_size: int | None) -> str | None:
     """Why one transform's slab (operand and about as much workspace) and the arena do not fit
-    the symmetric heap set by ``redist.nvshmem.symmetric-size`` (unset: not checked here). One
-    worker's transform takes none (`dask_redist.engines.cufftmp.fft.local_transform`)."""
-    if settings.symmetric_size is None or nworkers == 1:
+    the symmetric heap of ``symmetric_size`` bytes (``redist.nvshmem.symmetric-size``; None: not
+    checked here). One worker's transform takes none (`dask_redist.engines.cufftmp.fft.local_transform`)."""
+    if symmetric_size is None or nworkers == 1:
         return None
     slab = max(_slab_bytes(geometry, nworkers))
     need = 2 * slab + settings.memory_budget * 5 // 4
-    if need > settings.symmetric_size:
+    if need > symmetric_size:
         return (
             f"one transform needs about {need} bytes of symmetric heap per GPU with the arena, over "
-            f"redist.nvshmem.symmetric-size ({settings.symmetric_size})"
+            f"redist.nvshmem.symmetric-size ({symmetric_size})"
         )
     return None
 
