@@ -49,7 +49,15 @@ def test_settings_follow_every_change_of_the_config_and_a_bad_one_fails_each_tim
     base = Settings.from_config()
     for _ in range(2):
         with dask.config.set({"redist.retries": 7, "redist.nvshmem.shared-gpu-max-chunks": 9}):
-            assert (Settings.from_config().retries, Settings.from_config().shared_gpu_max_chunks) == (7, 9)
+            assert (Settings.from_config().retries, Settings.from_config().section("nvshmem")) == (
+                7,
+                {
+                    "symmetric-size": None,
+                    "exit-when-stuck": True,
+                    "shared-gpu-copies": True,
+                    "shared-gpu-max-chunks": 9,
+                },
+            )
         assert Settings.from_config() == base
     saved = copy.deepcopy(dask.config.config)
     try:
@@ -187,3 +195,31 @@ def test_a_retry_with_other_settings_or_after_disable_gets_a_fresh_run(client, h
         assert kept.status == "cancelled"
     kept = _fails(y, client, how)  # (its handle is the last: leaving it is disable())
     np.testing.assert_array_equal(y.compute(), a)  # Dask's own rechunk
+
+
+def test_the_cufftmp_engine_reads_and_checks_redist_nvshmem():
+    """``redist.nvshmem.*`` keeps its keys, now the cufftmp engine's own section: read by it
+    (`engine_settings`), checked by it when enabled, and the runtime's exit-when-stuck kept."""
+    from dask_redist.engines import engine_settings
+
+    with dask.config.set(
+        {"redist.nvshmem.shared-gpu-max-chunks": 9, "redist.nvshmem.symmetric-size": "2GiB"}
+    ):
+        settings = Settings.from_config()
+        (name,) = [
+            d.name for d in dask_redist.engines.descriptions(settings) if d.settings_section == "nvshmem"
+        ]
+        mine = engine_settings(name, settings)
+        assert (mine.shared_gpu_max_chunks, mine.symmetric_size, mine.shared_gpu_copies) == (9, 2**31, True)
+        assert settings.exit_when_stuck is True
+    assert engine_settings(name, Settings()).shared_gpu_max_chunks == 128  # (the packaged defaults)
+    for bad, message in [
+        ({"shared-gpu-max-chunks": 0}, "redist.nvshmem.shared-gpu-max-chunks must be an integer >= 1"),
+        ({"symmetric-size": "lots"}, "redist.nvshmem.symmetric-size must be a size"),
+        ({"shared-gpu-copies": "yes"}, "redist.nvshmem.shared-gpu-copies must be true or false"),
+        ({"exit-when-stuck": 1}, "redist.nvshmem.exit-when-stuck must be true or false"),
+    ]:
+        with pytest.raises(dask_redist.ConfigError, match=message):
+            dask_redist.enable(nvshmem=bad)
+    with pytest.raises(dask_redist.ConfigError, match="unknown option redist.nvshmem.heap"):
+        dask_redist.enable(nvshmem={"heap": "1GiB"})
