@@ -31,7 +31,8 @@ from dask_redist.graph.layer import CollectiveLayer, collective_tasks
 from dask_redist.graph.stages import inlined_inputs, scheduler_in_process, stage_grouping
 from dask_redist.runtime import ordering
 from dask_redist.planning import PlanError, RechunkSpec
-from dask_redist.planning.cost import beyond_memory, dask_is_faster, estimate, pause_fraction
+from dask_redist.planning.cost import dask_is_faster, estimate
+from dask_redist.planning.memory import beyond_memory, pause_fraction
 
 
 def is_rechunk_layer(name: str) -> bool:
@@ -207,7 +208,7 @@ def decide(hlg: HighLevelGraph, chain: RechunkChain, settings: Settings, old=Non
 
     ``old``: the input's chunks where the caller knows them (from the array itself); else
     from the graph (`input_chunks`). ``memory``: the workers' memory limits and pause
-    fraction, where known (`planning.cost.beyond_memory`; their number picks the cost model).
+    fraction, where known (`planning.memory.beyond_memory`; their number picks the cost model).
     """
     method = _method(chain)
     source = hlg.layers.get(chain.source)

@@ -22,12 +22,8 @@ import time
 from dataclasses import dataclass, field
 
 import numpy as np
-from dask.utils import format_bytes
 
 from dask_redist.core.spec import BARRIER_PREFIX, RunSpec
-from dask_redist.planning import Plan
-from dask_redist.planning.cost import pause_fraction
-from dask_redist.planning.geometry import chunk_nbytes
 
 
 @dataclass
@@ -146,27 +142,3 @@ def ranks_of(workers: list[str], holders: list[int], alive) -> tuple[list[str], 
     ranks = sorted(set(alive) | set(workers))
     position = {w: i for i, w in enumerate(ranks)}
     return ranks, np.array([position[workers[h]] for h in holders], dtype=np.int64)
-
-
-def over_memory(plan: Plan, ranks: list[str], workers: dict) -> str | None:
-    """Why the run cannot fit: the first rank whose inputs and outputs at once exceed the pause
-    fraction of its memory limit (``workers``: the scheduler's states; no limit: fits), or None.
-    A collective holds both and cannot spill them; rather than have the nanny kill the worker,
-    the run fails with the numbers."""
-    fraction = pause_fraction()
-    limits = [getattr(workers.get(w), "memory_limit", 0) or 0 for w in ranks]
-    in_bytes = np.bincount(
-        plan.in_ranks.ravel(),
-        weights=chunk_nbytes(plan.spec.old, plan.spec.itemsize).ravel(),
-        minlength=plan.nranks,
-    )
-    for rank, limit in enumerate(limits):
-        need = int(in_bytes[rank] + plan.out_bytes[rank])
-        if limit and need > fraction * limit:
-            return (
-                f"the rechunk needs {format_bytes(need)} at once on worker {ranks[rank]}, over {fraction:.0%} of its "
-                f"memory limit ({format_bytes(limit)}); the collective cannot spill to disk. Use more workers "
-                "or more memory per worker, or keep dask's rechunk for this array (redist.min-bytes, "
-                "dask_redist.disable())"
-            )
-    return None

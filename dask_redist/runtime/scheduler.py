@@ -44,7 +44,8 @@ from dask_redist.errors import FAILURES
 from dask_redist.runtime import ordering
 from dask_redist.runtime.eager import EagerStarts
 from dask_redist.runtime.lifecycle import Runs
-from dask_redist.runtime.rechunks import barrier_is_current, over_memory, ranks_of
+from dask_redist.planning.memory import over_memory, pause_fraction
+from dask_redist.runtime.rechunks import barrier_is_current, ranks_of
 from dask_redist.runtime.rendezvous import Rendezvous, ask_each
 
 logger = logging.getLogger("dask_redist")
@@ -161,7 +162,8 @@ class RedistSchedulerPlugin(SchedulerPlugin):
         )  # (a worker leaving while we plan breaks that world)
         plan = await self._plan(spec, in_ranks, len(ranks), needed)
         self.runs.timeline["planned"] = time.time()
-        if chunk_type == "numpy" and (too_big := over_memory(plan, ranks, self.scheduler.workers)):
+        limits = [getattr(self.scheduler.workers.get(w), "memory_limit", 0) or 0 for w in ranks]
+        if chunk_type == "numpy" and (too_big := over_memory(plan, ranks, limits, pause_fraction())):
             return {"status": "error", "fatal": True, "message": too_big}
         if lost := self._lost(ranks, homes, spec, "left while the run was planned", workers):
             return lost
