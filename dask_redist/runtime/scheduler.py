@@ -130,7 +130,9 @@ class RedistSchedulerPlugin(SchedulerPlugin):
             asked.chunk_type,
         )
         if not self._processing(ts):  # released (a cancel): this call's result goes nowhere
-            return {"status": "stale", "message": f"barrier task {BARRIER_PREFIX + token} is not processing"}
+            return m.BarrierReply(
+                status="stale", message=f"barrier task {BARRIER_PREFIX + token} is not processing"
+            )
         spec: CollectiveSpec = ts.run_spec.spec
         if lost := self._lost(workers, homes, spec, "holding staged inputs left before the run started"):
             return lost
@@ -149,14 +151,14 @@ class RedistSchedulerPlugin(SchedulerPlugin):
             self.runs.history.append(
                 {"token": token, "outcome": "cancelled", "why": "no output of it is wanted"}
             )
-            return {"status": "OK", "run_id": 0}
+            return m.BarrierReply(status="OK", run_id=0)
         request = Request.of(spec, chunk_type)
         engine, reason = await self._choose_engine(request, ranks, token)
         self.runs.timeline["engine chosen"] = time.time()
         if problem := spec.run_problem(engine, chunk_type, len(ranks), fft_engines(spec.settings)):
-            return {"status": "error", "fatal": True, "message": f"{problem} ({reason})"}
+            return m.BarrierReply(status="error", fatal=True, message=f"{problem} ({reason})")
         if problem := self.engines.refusal(engine, request, ranks):
-            return {"status": "error", "fatal": True, "message": problem}
+            return m.BarrierReply(status="error", fatal=True, message=problem)
         self.engines.run_started(
             engine, spec.settings, ranks
         )  # (a worker leaving while we plan breaks that world)
@@ -164,17 +166,16 @@ class RedistSchedulerPlugin(SchedulerPlugin):
         self.runs.timeline["planned"] = time.time()
         limits = [getattr(self.scheduler.workers.get(w), "memory_limit", 0) or 0 for w in ranks]
         if chunk_type == "numpy" and (too_big := over_memory(plan, ranks, limits, pause_fraction())):
-            return {"status": "error", "fatal": True, "message": too_big}
+            return m.BarrierReply(status="error", fatal=True, message=too_big)
         if lost := self._lost(ranks, homes, spec, "left while the run was planned", workers):
             return lost
         if self.scheduler.tasks.get(ts.key) is not ts or not self._processing(ts):  # released meanwhile
-            return {
-                "status": "stale",
-                "message": f"barrier task {ts.key} was released while the run was planned",
-            }
+            return m.BarrierReply(
+                status="stale", message=f"barrier task {ts.key} was released while the run was planned"
+            )
         run = self.runs.start(spec, ranks, plan, needed, engine, chunk_type, reason)
         self.runs.rechunks[spec.token].barrier = (ts, run.run_id, needed)
-        return {"status": "OK", "run_id": run.run_id}
+        return m.BarrierReply(status="OK", run_id=run.run_id)
 
     async def _plan(self, spec: CollectiveSpec, in_ranks: np.ndarray, nranks: int, needed: np.ndarray):
         """The plan of a run (off the event loop), or the same plan again for a rechunk of the same
@@ -198,12 +199,12 @@ class RedistSchedulerPlugin(SchedulerPlugin):
         """
         ts = self.scheduler.tasks.get(BARRIER_PREFIX + token)
         if barrier_is_current(self.runs.rechunks.get(token), ts, run_id, index):
-            return {"stale": False}
+            return m.StaleReply(stale=False)
         if ts is None or ts.state != "memory":
-            return {"stale": True, "released": False}
+            return m.StaleReply(stale=True, released=False)
         logger.debug("%s: result of run %d is stale for output %d; running it again", ts.key, run_id, index)
         self.runs.restart(token, f"output chunk {index} is not in run {run_id} (stale barrier result)")
-        return {"stale": True, "released": True}
+        return m.StaleReply(stale=True, released=True)
 
     @staticmethod
     def _processing(ts) -> bool:
@@ -211,7 +212,7 @@ class RedistSchedulerPlugin(SchedulerPlugin):
 
     def _lost(
         self, who: list[str], homes: list, spec: CollectiveSpec, what: str, holders=None
-    ) -> dict | None:
+    ) -> m.BarrierReply | None:
         """Restart the rechunk if any of ``who`` left; the barrier's answer then."""
         lost = [w for w in who if w not in self.scheduler.workers]
         if not lost:
@@ -221,7 +222,7 @@ class RedistSchedulerPlugin(SchedulerPlugin):
         # worker) while the staged chunks died with it: released too, or the barrier loops
         stale = [(spec.stage_name, *tail) for tail, h in homes if holders[h] in lost]
         self.runs.restart(spec.token, f"workers {lost} {what}", stale, spec.settings)
-        return {"status": "error", "message": f"workers {lost} left"}
+        return m.BarrierReply(status="error", message=f"workers {lost} left")
 
     async def _choose_engine(self, request: Request, ranks: list[str], token: str) -> tuple[str, str]:
         """The engine for a run of rechunk ``token`` and why; asks workers what they can run the
