@@ -280,7 +280,7 @@ class RedistSchedulerPlugin(SchedulerPlugin):
     async def get_status(self) -> dict:
         """Runs finished, runs active, the engines' state, and what every worker holds."""
         answers = await ask_each(
-            self.scheduler, m.Status().to_dict(), self.scheduler.workers, STATUS_TIMEOUT_S
+            self.scheduler, m.WorkerStatus().to_dict(), self.scheduler.workers, STATUS_TIMEOUT_S
         )
         return {
             "history": list(self.runs.history),
