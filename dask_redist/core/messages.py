@@ -11,7 +11,7 @@ handlers are registered under ``Message.op``. Replies are `TypedDict`s.
   the topic: `Worker.log_event`, taken by the plugin's ``log_event``);
 * scheduler -> worker: `Capabilities`, `WorkerStatus`;
 * worker -> worker: `Pieces`;
-* client -> scheduler: `Probe`, `ForgetWorld`, `SchedulerStatus`, `History`.
+* client -> scheduler: `Probe`, `ForgetWorld`, `SchedulerStatus`.
 """
 
 from __future__ import annotations
@@ -268,10 +268,3 @@ class SchedulerStatus(Message):
     """Runs, engines and every worker's `WorkerStatus` (``dask_redist.status``)."""
 
     op: ClassVar[str] = "redist_status"
-
-
-@dataclass(frozen=True)
-class History(Message):
-    """The runs the scheduler finished, oldest first."""
-
-    op: ClassVar[str] = "redist_history"

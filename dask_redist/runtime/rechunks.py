@@ -38,7 +38,7 @@ class ActiveRun:
     started: float = field(default_factory=time.time)
 
     def history(self, outcome: str) -> dict:
-        """The entry ``redist_history`` reports for this run."""
+        """This run's entry of the history (``dask_redist.status(client)["history"]``)."""
         return {
             "token": self.spec.token,
             "run": self.spec.run_id,

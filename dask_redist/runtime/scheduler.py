@@ -79,7 +79,6 @@ class RedistSchedulerPlugin(SchedulerPlugin):
             {
                 m.Barrier.op: self.barrier,
                 m.Failed.op: self.failed,
-                m.History.op: self.get_history,
                 m.SchedulerStatus.op: self.get_status,
                 m.ForgetWorld.op: self.forget_world,
                 m.Allgather.op: self.rendezvous.handle,
@@ -273,9 +272,6 @@ class RedistSchedulerPlugin(SchedulerPlugin):
         """The next run of ``engine`` (of every engine: None) starts its world over the workers of
         that moment, and is tried again if it could not start."""
         self.engines.forget(engine)
-
-    def get_history(self) -> list[dict]:
-        return list(self.runs.history)
 
     async def get_status(self) -> dict:
         """Runs finished, runs active, the engines' state, and what every worker holds."""
