@@ -188,7 +188,7 @@ def build(x, op: FFTOp, chunks):
     grouping = None if groups is None else group_of_chunks(groups, x.numblocks)
     name = f"redist-fft-{op.function}-" + tokenize(x.name, op, geometry.out_chunks, grouping)
     spec = CollectiveSpec(
-        tokenize(name), x.name, name, rechunk, geometry.in_dtype, settings, "cupy", op=geometry
+        tokenize(name), x.name, name, rechunk, geometry.in_dtype, settings, "cupy", fft=geometry
     )
     layer = CollectiveLayer(collective_tasks(spec, groups))
     graph = HighLevelGraph.from_collections(name, layer, dependencies=[x])

@@ -180,7 +180,7 @@ class RedistSchedulerPlugin(SchedulerPlugin):
         """The plan of a run (off the event loop), or the same plan again for a rechunk of the same
         geometry, placement and outputs wanted as one of the last `PLANS_KEPT` (plans of at most
         `PLAN_KEPT_PIECES` pieces are kept)."""
-        key = (spec.rechunk, spec.op, nranks, in_ranks.tobytes(), needed.tobytes())
+        key = (spec.rechunk, spec.fft, nranks, in_ranks.tobytes(), needed.tobytes())
         plan = self._plans.pop(key, None)
         if plan is None:
             plan = await offload(spec.plan_run, in_ranks, nranks, needed)

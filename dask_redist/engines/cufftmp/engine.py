@@ -241,7 +241,7 @@ class CufftMpEngine(Engine):
     # -- a run -------------------------------------------------------------------------
 
     def execute(self, run, transport) -> None:
-        if run.spec.collective.op is not None:  # a distributed FFT: two legs of this path around it
+        if run.spec.collective.fft is not None:  # a distributed FFT: two legs of this path around it
             return fft.execute(self, run, transport)
         self.prepare(run, transport, synchronize=False)  # (waited for below, after the host's work)
         import cupy
