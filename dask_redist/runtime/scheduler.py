@@ -50,8 +50,8 @@ from dask_redist.runtime.rendezvous import Rendezvous, ask_each
 
 logger = logging.getLogger("dask_redist")
 STATUS_TIMEOUT_S = 10.0  # for each worker's answer to status()
-PLANS_KEPT = 8  # plans kept for a repeated rechunk (`RedistSchedulerPlugin._plan`) ...
-PLAN_KEPT_PIECES = 4096  # ... of at most this many pieces each
+RUN_PLANS_KEPT = 8  # plans kept for a repeated rechunk (`RedistSchedulerPlugin._plan`) ...
+RUN_PLAN_KEPT_PIECES = 4096  # ... of at most this many pieces each
 
 
 class RedistSchedulerPlugin(SchedulerPlugin):
@@ -178,16 +178,16 @@ class RedistSchedulerPlugin(SchedulerPlugin):
 
     async def _plan(self, spec: CollectiveSpec, in_ranks: np.ndarray, nranks: int, needed: np.ndarray):
         """The plan of a run (off the event loop), or the same plan again for a rechunk of the same
-        geometry, placement and outputs wanted as one of the last `PLANS_KEPT` (plans of at most
-        `PLAN_KEPT_PIECES` pieces are kept)."""
+        geometry, placement and outputs wanted as one of the last `RUN_PLANS_KEPT` (plans of at most
+        `RUN_PLAN_KEPT_PIECES` pieces are kept)."""
         key = (spec.rechunk, spec.fft, nranks, in_ranks.tobytes(), needed.tobytes())
         plan = self._plans.pop(key, None)
         if plan is None:
             plan = await offload(spec.plan_run, in_ranks, nranks, needed)
-        if plan.piece_count > PLAN_KEPT_PIECES:  # (planning is a small part of such a run)
+        if plan.piece_count > RUN_PLAN_KEPT_PIECES:  # (planning is a small part of such a run)
             return plan
         self._plans[key] = plan  # (the most recently used last)
-        while len(self._plans) > PLANS_KEPT:
+        while len(self._plans) > RUN_PLANS_KEPT:
             del self._plans[next(iter(self._plans))]
         return plan
 
