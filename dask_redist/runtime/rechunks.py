@@ -1,19 +1,11 @@
-"""The scheduler's state of each collective rechunk, and the restarts it decides.
+"""The scheduler's state of each collective rechunk across its runs.
 
 A rechunk (one token) can run several times: a worker that held staged inputs
 leaves, a rank finds its state stale, an engine cannot start under ``engine: auto``.
 `Rechunk` keeps what spans those runs (restarts, the active run, a restart
-waiting for the barrier task); `ActiveRun` what one run pinned and waits for. The
-functions here decide, the plugin (`dask_redist.runtime.scheduler`) applies: a restart
-is a set of recommendations (`restart_recommendations`) that the plugin hands to the
-scheduler's transition engine, as distributed's shuffle does.
-
-Why a restart can wait: a rank can fail, or a worker leave, before the barrier task's
-own result reached the scheduler (an engine that cannot start fails at once).
-Releasing the barrier task while it is still processing races its completion:
-distributed takes the late result for a stale one and releases the task again,
-restarting the new run as well. So such a restart is kept (`PendingRestart`) and
-done once the barrier task is in memory.
+waiting for the barrier task: `PendingRestart`); `ActiveRun` what one run pinned and
+waits for; `RunIds` each rechunk's next run id. Restarts themselves are
+`dask_redist.runtime.lifecycle`'s.
 """
 
 from __future__ import annotations
@@ -23,7 +15,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from dask_redist.core.spec import BARRIER_PREFIX, RunSpec
+from dask_redist.core.spec import RunSpec
 
 
 @dataclass
@@ -74,14 +66,6 @@ class Rechunk:
     #: so is one for an output the run did not include (`barrier_is_current`)
     barrier: tuple | None = None
 
-    def defer_restart(self, reason: str, stale: list) -> None:
-        """Restart the active run once the barrier task is in memory (keeps the first reason)."""
-        earlier = self.pending_restart
-        if earlier is None:
-            self.pending_restart = PendingRestart(self.active.spec.run_id, reason, list(stale))
-        else:
-            earlier.stale.extend(stale)
-
 
 class RunIds:
     """The next run id of each rechunk. Ids count on across a rechunk's lifetimes: a token
@@ -120,21 +104,6 @@ def barrier_is_current(rechunk: Rechunk | None, ts, run_id: int, index: int) -> 
         and bool(needed[index])
         and run.spec.collective.output_key(index) in run.pending
     )
-
-
-def restart_recommendations(tasks: dict, token: str, stale=()) -> dict:
-    """What to release so that dask runs the rechunk's barrier again: the barrier, its unpack
-    tasks not yet done, and the ``stale`` stage keys (their staged chunks are gone)."""
-    barrier = tasks.get(BARRIER_PREFIX + token)
-    if barrier is None:
-        return {}
-    recs = {
-        dt.key: "released" for dt in barrier.dependents if dt.state in ("processing", "waiting", "no-worker")
-    }
-    if barrier.state in ("memory", "processing"):
-        recs[barrier.key] = "released"
-    recs.update({k: "released" for k in stale if k in tasks and tasks[k].state == "memory"})
-    return recs
 
 
 def ranks_of(workers: list[str], holders: list[int], alive) -> tuple[list[str], np.ndarray]:

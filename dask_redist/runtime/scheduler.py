@@ -18,7 +18,7 @@ workers; when one errs the run is aborted everywhere. When a worker of an active
 run leaves, or a rank reports that a run's state was lost, the run is restarted
 (`dask_redist.runtime.rechunks`): the barrier and the unfinished unpack tasks are
 released, so dask runs the barrier again (re-staging what was lost) under a new
-run id, up to ``redist.retries`` times; the stage tasks of a worker that left run
+run id, up to ``redist.retries`` times (`dask_redist.runtime.lifecycle`, the one home of restarts); the stage tasks of a worker that left run
 again too (copies of their markers may live on, the staged chunks died with it).
 A rank that fails for any other reason has the run aborted on every rank with its
 error, so no rank is left waiting.
@@ -315,5 +315,6 @@ class RedistSchedulerPlugin(SchedulerPlugin):
         self.runs.worker_left(worker)
 
     def restart(self, scheduler) -> None:
+        """distributed's hook: the cluster restarted (``Client.restart``); not a rechunk's restart."""
         self.runs.clear()
         self.eager.clear()
