@@ -1,10 +1,4 @@
-"""dask-redist: a Dask array rechunk as one collective step across the workers.
-
-Commands: demo (the collective next to Dask's own rechunks), bench (time every method, write
-Markdown and JSON), soak (random rechunks, cancels, kills; invariants checked after each step),
-doctor (check every worker). `dask-redist COMMAND --help`: its options. Tables fit the
-terminal, or are Markdown where the output is not one (a file, a pipe, a CI log).
-"""
+"""The ``dask-redist`` command line: demo, bench, soak, doctor (``dask-redist COMMAND --help``)."""
 
 from __future__ import annotations
 

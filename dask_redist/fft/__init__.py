@@ -1,15 +1,4 @@
-"""Distributed FFTs of dask arrays: NumPy's ``numpy.fft`` functions, on chunked axes.
-
->>> import dask_redist.fft as rfft
->>> y = rfft.fftn(x, axes=(0, 1, 2))          # x chunked along any axes; NumPy's result
->>> y = rfft.rfftn(x, chunks=(64, -1, -1))    # and the chunks of the result, if wanted
->>> dask_redist.explain(y)                     # which path ran, and why
-
-Two paths (`api`): the one that runs everywhere (`local`: collective rechunks bring the
-transformed axes into one chunk, ``numpy.fft`` or ``cupy.fft`` on every chunk; `plan`
-decides the passes), and on GPU clusters one collective step per transform through
-cuFFTMp (`gpu`).
-"""
+"""Distributed FFTs of dask arrays: NumPy's ``numpy.fft`` functions, on chunked axes (docs/fft.md)."""
 
 from __future__ import annotations
 
