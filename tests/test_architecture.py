@@ -286,6 +286,46 @@ def test_the_engine_name_check_finds_a_planted_name(tmp_path, monkeypatch):
         test_no_engine_is_named_outside_its_own_modules()
 
 
+def _design_table() -> dict[str, str]:
+    """docs/design.md's module table: each first-column name (relative to dask_redist) -> its row."""
+    text = (ROOT.parent / "docs" / "design.md").read_text()
+    table = text[text.index("| module | what it owns |") :].split("\n\n")[0].splitlines()[2:]
+    return {name: row for row in table for name in re.findall(r"`([\w.*]+)`", row.split("|")[1])}
+
+
+def _unmapped(table: dict[str, str]) -> list[str]:
+    """Modules of the package that the table names nowhere: neither in its first column (``pkg.*``
+    covers a package), nor as a `` `submodule` `` in its package's row; packages are named by
+    their package row or the layer diagram."""
+    out = []
+    for module in sorted(_modules()):
+        rel = module.removeprefix("dask_redist").removeprefix(".")
+        if not rel or rel in table or (ROOT / rel.replace(".", "/") / "__init__.py").exists():
+            continue
+        package, _, last = rel.rpartition(".")
+        if f"{package}.*" in table or (package in table and f"`{last}`" in table[package]):
+            continue
+        out.append(rel)
+    return out
+
+
+def test_design_md_maps_every_module_and_only_modules():
+    """docs/design.md's table is the one index of the modules (package docstrings are one line):
+    every module is in it, and everything in it is a module."""
+    table = _design_table()
+    assert _unmapped(table) == [], "modules docs/design.md does not map"
+    real = {m.removeprefix("dask_redist").removeprefix(".") for m in _modules()} | {"__init__"}
+    assert [n for n in table if n.rstrip(".*") not in real] == [], "rows of docs/design.md naming no module"
+    long = [
+        m
+        for m, p in _modules().items()
+        if p.name == "__init__.py" and len(ast.get_docstring(ast.parse(p.read_text())).splitlines()) != 1
+    ]
+    assert long == [], "package docstrings of more than one line (docs/design.md is the index)"
+    table.pop("engines.exchange")
+    assert _unmapped(table) == ["engines.exchange"]  # (the check finds a module left out)
+
+
 @pytest.mark.parametrize("heavy", ["dask_redist.bench", "rich"])
 def test_importing_the_package_leaves_out(heavy):
     code = f"import sys, dask_redist; sys.exit({heavy!r} in sys.modules)"
