@@ -271,12 +271,11 @@ class Soak:
         """Persist the rechunk and check it; again if Dask cancelled the keys resubmitted right
         after a cancel (counted in the step, not a problem).
 
-        That is the client's doing, with or without the collective (a CPU LocalCluster, plain
-        Dask, 2026-12-01): the cancel's report can reach the client after the re-submit and
-        cancel the new futures, and while a cancelled future of those keys lives, every new
-        one shares its cancelled state, until a submission of them finishes on the scheduler.
-        So a slow first run (the GPU soak's step 0, bootstrapping NVSHMEM) lost 50 tries in
-        2.5 s; the tries now go on for `WAIT_S`."""
+        That is the client's doing, with or without the collective: the cancel's report can
+        reach the client after the re-submit and cancel the new futures, and while a cancelled
+        future of those keys lives, every new one shares its cancelled state, until a submission
+        of them finishes on the scheduler. A slow first run would lose its tries, so they go on
+        for `WAIT_S` (docs/benchmarks.md)."""
         from distributed.client import FuturesCancelledError
 
         x = generated(case, seed, self.kind) if x is None else x

@@ -18,7 +18,7 @@ chunk``) can number in the millions (1024 row slabs to 1024 column slabs: 1024 x
 and every piece cost a slice, a copy and an assembly step in Python. Where the received
 blocks cross the output chunks only a few thousand times, they are copied straight into
 the output chunks instead (no box: a third less new memory, one copy less;
-`DIRECT_MAX_PARTS`). Both measured in docs/benchmarks.md ("Levers of 2026-12-01").
+`DIRECT_MAX_PARTS`). Both measured in docs/benchmarks.md.
 """
 
 from __future__ import annotations

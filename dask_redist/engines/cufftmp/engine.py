@@ -20,8 +20,7 @@ into the arena, sync, reshape, sync, copy the output boxes out.
 A world of one PE needs none of that: every piece (old chunk ∩ new chunk) is copied straight
 from its input chunk into its output chunk, in one launch (`LOCAL_MAX_PIECES`): one pass over
 the bytes where the arena's rounds make three, with a synchronization on either side of each
-reshape and a round per ``redist.memory-budget`` (8 GiB on one H200: 8 rounds, 16-17 ms of GPU
-time where one pass takes about 4 ms).
+reshape and a round per ``redist.memory-budget`` (measured in docs/benchmarks.md).
 
 Rounds are queued asynchronously and waited for by polling (`dask_redist.engines.rounds`),
 where the engine sees aborts and timeouts; an aborted run is completed dry there, so that

@@ -5,7 +5,7 @@ creates it, the others receive it through an nvmath-python ``ProcessGroup`` whos
 collectives go through the Dask scheduler (`DaskProcessGroup`: each collective is one
 all-gather there). No MPI, no launcher. A world spans one set of workers, in rank order;
 a run over another set leaves the old world and joins a new one, in the same processes
-(re-init costs ~0.3 s), unless a PE of the old world died: NVSHMEM's finalize then waits
+(docs/benchmarks.md has the cost), unless a PE of the old world died: NVSHMEM's finalize then waits
 for it forever, so the scheduler records the survivors as *stranded*
 (`dask_redist.engines.description.WorldRecord`) and ``bootstrap(restart_broken=True)`` restarts them.
 
