@@ -77,11 +77,27 @@ def _apply() -> None:
 def enable(**options) -> Enabled:
     """Run every eligible ``x.rechunk(...)`` as one collective step.
 
-    Installs dask's ``array_optimize`` hook (chaining to whatever was there);
-    ``options`` set ``redist.*`` config keys for as long as it stays enabled,
-    e.g. ``enable(engine="dask", memory_budget="2GiB")`` (an unknown key is a ``ConfigError``).
-    Also a context manager. Calling it again (a notebook cell run twice) adds a handle:
-    ``disable()`` turns every one off, ``disable(handle)`` or leaving its ``with`` only that one.
+    Installs dask's ``array_optimize`` hook (chaining to whatever was there). Also a context
+    manager. Calling it again (a notebook cell run twice) adds a handle: ``disable()`` turns
+    every one off, ``disable(handle)`` or leaving its ``with`` only that one.
+
+    Parameters
+    ----------
+    **options
+        ``redist.*`` config keys set for as long as this handle stays enabled, ``_`` for ``-``
+        and mappings for sections: ``engine="dask"``, ``memory_budget="2GiB"``,
+        ``timeouts={"collective": "600s"}``, an engine's own section (``nvshmem={...}``);
+        docs/configuration.md lists them. Later handles' options win.
+
+    Returns
+    -------
+    Enabled
+        The handle: pass it to `disable`, or leave its ``with`` block.
+
+    Raises
+    ------
+    ConfigError
+        An unknown key, or a value the settings (or an engine, for its section) refuse.
     """
     restore_defaults()
     handle = Enabled(_overrides(options))
@@ -128,8 +144,15 @@ def _patches(on: bool) -> None:
 
 
 def disable(handle: Enabled | None = None) -> None:
-    """Turn the collective off: every `enable` so far, or only ``handle`` (what leaving its
-    ``with`` block does; the others stay, with their options)."""
+    """Turn the collective off: every `enable` so far, or only one handle.
+
+    Parameters
+    ----------
+    handle : Enabled, optional
+        The handle `enable` returned: only it ends (what leaving its ``with`` block does; the
+        others stay, with their options). None: every handle ends. A handle ended already is
+        ignored.
+    """
     with _lock:
         if handle is None:
             _enabled.clear()
@@ -145,9 +168,30 @@ def disable(handle: Enabled | None = None) -> None:
 def rechunk(x, chunks="auto", *, threshold=None, block_size_limit=None, balance=False, **options):
     """``x.rechunk(chunks)`` as one collective step, whether or not `enable` was called.
 
-    Takes dask's arguments; ``options`` override ``redist.*`` keys for this call.
-    Raises `NotEligibleError` (with the reason) where the collective
-    cannot run, e.g. for object dtypes or unknown chunk sizes.
+    Parameters
+    ----------
+    x : dask.array.Array
+        The array to rechunk.
+    chunks : tuple, int, dict or str, default "auto"
+        The new chunks, as ``dask.array.Array.rechunk`` takes them.
+    threshold, block_size_limit, balance
+        As ``dask.array.Array.rechunk`` takes them, for the new chunks.
+    **options
+        ``redist.*`` keys for this call only, as `enable` takes them.
+
+    Returns
+    -------
+    dask.array.Array
+        ``x`` with the new chunks, its graph one collective step (``x`` itself where the chunks
+        do not change).
+
+    Raises
+    ------
+    NotEligibleError
+        Where the collective cannot run, with the reason: object dtypes, unknown (NaN) chunk
+        sizes, a chunk type outside ``redist.chunk-types``.
+    ConfigError
+        An unknown key or a bad value in ``options``.
     """
     from dask.array import Array
 
@@ -174,17 +218,31 @@ def rechunk(x, chunks="auto", *, threshold=None, block_size_limit=None, balance=
 
 
 def status(client=None) -> Status:
-    """What the collective has done and holds on ``client``'s cluster (asks the scheduler once).
+    """What the collective has done and holds on a cluster (asks the scheduler once).
 
-    A `dask_redist.report.Status`: printed (or shown in Jupyter) as tables with times as
-    durations; a dict of the scheduler's answer, times in it as recorded (epoch seconds):
-    ``history``: the runs finished (engine, why, bytes, seconds, outcome), oldest first (the
-    scheduler keeps the latest 200);
-    ``active``: runs in flight; ``timeline``: the scheduler's marks of the latest run;
-    ``engines``: what the choice of engine depends on (capabilities, the NVSHMEM world);
-    ``workers``: per worker, the chunks staged, runs and early pieces held, its timeline,
-    and its engines' health and statistics; ``unanswered``: the workers that gave no answer
-    within 10 s (stopped, or their event loop blocked) or failed, and why.
+    Parameters
+    ----------
+    client : distributed.Client, optional
+        The cluster's Client; None: the default Client.
+
+    Returns
+    -------
+    dask_redist.report.Status
+        Printed (or shown in Jupyter) as tables with times as durations; a dict of the
+        scheduler's answer, times in it as recorded (epoch seconds): ``history``: the runs
+        finished (engine, why, bytes, seconds, outcome), oldest first (the scheduler keeps the
+        latest 200); ``active``: runs in flight; ``timeline``: the scheduler's marks of the
+        latest run; ``engines``: what the choice of engine depends on (capabilities, each
+        engine's world); ``workers``: per worker, the chunks staged, runs and early pieces held,
+        its timeline, and its engines' health and statistics; ``unanswered``: the workers that
+        gave no answer within 10 s (stopped, or their event loop blocked) or failed, and why.
+
+    Raises
+    ------
+    RedistTimeoutError
+        The scheduler did not answer (its event loop is blocked, or it is gone).
+    ValueError
+        The Client is closed.
     """
     from distributed import default_client
 
@@ -219,18 +277,38 @@ def bootstrap(client=None, *, restart_broken: bool = False, engine: str | None =
     """Start an engine's world on every worker now (NVSHMEM's, for ``cufftmp``), instead of at
     its first rechunk.
 
-    ``engine``: a name of ``redist.engines`` whose engine has a world; by default the one
-    that has. Runs a tiny rechunk through that engine (so the bootstrap goes through the
-    same ordered, time-bounded path as every run) and returns each worker's engine
-    statistics (``bootstrap_s``: seconds its bootstrap took). After workers joined, call it
-    again: the workers leave the old world and form one over the current worker set, in the
-    same processes.
+    Runs a tiny rechunk through that engine, so the bootstrap goes through the same ordered,
+    time-bounded path as every run. After workers joined, call it again: the workers leave
+    the old world and form one over the current worker set, in the same processes.
 
     After a worker of the world died, its surviving members cannot leave the old
     world (NVSHMEM's finalize waits for the dead PE), and neither can a worker
     whose GPU was left inside a collective: those are named in the error, or
-    restarted first with ``restart_broken=True`` (``Client.restart_workers``:
-    their data is lost). Until then rechunks under ``auto`` run on another engine.
+    restarted first with ``restart_broken=True``. Until then rechunks under ``auto`` run on
+    another engine.
+
+    Parameters
+    ----------
+    client : distributed.Client, optional
+        The cluster's Client; None: the default Client.
+    restart_broken : bool, default False
+        Restart the workers that cannot leave the old world first (``Client.restart_workers``:
+        their data is lost), instead of raising.
+    engine : str, optional
+        A name of ``redist.engines`` whose engine has a world; None: the one engine that has.
+
+    Returns
+    -------
+    dict
+        Each worker's statistics of the engine (``bootstrap_s``: seconds its bootstrap took).
+
+    Raises
+    ------
+    RedistError
+        Workers cannot leave the old world (named, without ``restart_broken``), or the
+        bootstrap's rechunk failed.
+    ValueError
+        ``engine`` has no world, or none is named and not exactly one engine has one.
     """
     from distributed import default_client, wait
 
