@@ -197,7 +197,22 @@ def _decisions(x, settings: Settings, memory=None) -> list[tuple[str, str, objec
 
 
 def explain(x, *, nworkers: int | None = None, settings: Settings | None = None) -> Explanation:
-    """For every rechunk in ``x``'s graph: engine, mapping, bytes moved, padding, rounds, or why not."""
+    """For every rechunk in ``x``'s graph: engine, mapping, bytes moved, padding, rounds, or why not.
+
+    Parameters
+    ----------
+    x : dask collection
+        A dask array (or any collection) whose graph holds the rechunks.
+    nworkers : int, optional
+        The workers to plan for; None: the default Client's, or 2 without one.
+    settings : Settings, optional
+        The ``redist.*`` settings to decide with; None: the current config's.
+
+    Returns
+    -------
+    Explanation
+        One `Entry` per rechunk (and ``dask_redist.fft``'s transforms), printed as a table.
+    """
     import dask
 
     from dask_redist.graph.optimize import CollectiveOptimizer
