@@ -1,15 +1,4 @@
-"""dask-redist: a dask array rechunk as ONE collective step across the workers.
-
->>> import dask_redist
->>> dask_redist.enable()          # every eligible x.rechunk(...) now runs as a collective
->>> dask_redist.explain(y)        # what runs for each rechunk in y's graph, and why
->>> dask_redist.rechunk(x, (1024, -1, 1))   # the explicit form
-
-The package, bottom up (docs/design.md has the module map): ``planning`` (pure),
-``core`` (the types every process shares), ``engines`` (how bytes move), ``runtime``
-(the scheduler and worker plugins), ``graph`` (the rewrite of dask graphs), then
-this API, ``explain`` and ``doctor``; ``bench`` and ``cli`` on top, never imported here.
-"""
+"""dask-redist: a dask array rechunk as one collective step across the workers (docs/design.md maps the modules)."""
 
 from __future__ import annotations
 

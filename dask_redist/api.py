@@ -1,4 +1,5 @@
-"""The public functions: turn the collective on and off, run it explicitly, bootstrap, status.
+"""The public functions: turn the collective on and off, run it explicitly (`status` and
+`bootstrap`, which ask the cluster: `dask_redist.cluster`).
 
 Nothing here imports the benchmark harness (``dask_redist.bench``).
 """
@@ -11,23 +12,25 @@ import dask
 import numpy as np
 
 from dask_redist.compat import (
+    worker_info,
     keep_annotations_current,
     meta_of,
     original_rechunk,
     read_array_optimize_through,
     record_explicit_methods,
     use_rechunk_step,
-    worker_info,
 )
+from dask_redist.core.messages import ForgetWorld
 from dask_redist.config import Settings, check_known, flatten, restore_defaults
 from dask_redist.core.assemble import converted
-from dask_redist.core.messages import ForgetWorld, SchedulerStatus
-from dask_redist.errors import EngineUnavailableError, NotEligibleError, RedistError, RedistTimeoutError
+from dask_redist.engines import check_settings
+from dask_redist.errors import NotEligibleError, RedistError
 from dask_redist.graph.lazy import lazy_rechunk_step
 from dask_redist.graph.names import own_name
-from dask_redist.graph.optimize import CollectiveOptimizer, decide, find_rechunks, rewrite
+from dask_redist.graph.decide import decide, find_rechunks
+from dask_redist.graph.optimize import CollectiveOptimizer, rewrite
 from dask_redist import submissions
-from dask_redist.report import Status
+from dask_redist.cluster import refuse_unrunnable, status, world_engine
 
 
 def _overrides(options: dict) -> dict:
@@ -35,7 +38,7 @@ def _overrides(options: dict) -> dict:
     cfg = flatten(options)
     check_known(cfg)
     with dask.config.set(cfg):
-        Settings.from_config()  # fail here, naming the key, not later on the scheduler
+        check_settings(Settings.from_config())  # fail here, naming the key, not later on the scheduler
     return cfg
 
 
@@ -77,11 +80,27 @@ def _apply() -> None:
 def enable(**options) -> Enabled:
     """Run every eligible ``x.rechunk(...)`` as one collective step.
 
-    Installs dask's ``array_optimize`` hook (chaining to whatever was there);
-    ``options`` set ``redist.*`` config keys for as long as it stays enabled,
-    e.g. ``enable(engine="dask", memory_budget="2GiB")`` (an unknown key is a ``ConfigError``).
-    Also a context manager. Calling it again (a notebook cell run twice) adds a handle:
-    ``disable()`` turns every one off, ``disable(handle)`` or leaving its ``with`` only that one.
+    Installs dask's ``array_optimize`` hook (chaining to whatever was there). Also a context
+    manager. Calling it again (a notebook cell run twice) adds a handle: ``disable()`` turns
+    every one off, ``disable(handle)`` or leaving its ``with`` only that one.
+
+    Parameters
+    ----------
+    **options
+        ``redist.*`` config keys set for as long as this handle stays enabled, ``_`` for ``-``
+        and mappings for sections: ``engine="dask"``, ``memory_budget="2GiB"``,
+        ``timeouts={"collective": "600s"}``, an engine's own section (``nvshmem={...}``);
+        docs/configuration.md lists them. Later handles' options win.
+
+    Returns
+    -------
+    Enabled
+        The handle: pass it to `disable`, or leave its ``with`` block.
+
+    Raises
+    ------
+    ConfigError
+        An unknown key, or a value the settings (or an engine, for its section) refuse.
     """
     restore_defaults()
     handle = Enabled(_overrides(options))
@@ -99,7 +118,7 @@ def snapshot(hook, collection=None):
     under a serialization error); a collection that erred under other settings gets a fresh run
     (`dask_redist.submissions`)."""
     if isinstance(hook, CollectiveOptimizer) and hook.settings is None:
-        settings = Settings.from_config()
+        settings = check_settings(Settings.from_config())
         if collection is not None:
             refuse_unrunnable(_collective_specs(collection, settings), settings)
             submissions.submitted(collection, settings)
@@ -116,43 +135,6 @@ def _collective_specs(collection, settings: Settings) -> list:
     names = {getattr(collection, "name", None)}
     decisions = (decide(graph, chain, settings) for chain in find_rechunks(graph, names))
     return [d.spec for d in decisions if d.collective]
-
-
-def engines_state(client, settings: Settings) -> tuple[dict, list[str], dict]:
-    """(each worker's capabilities, the workers, the engines' records) once every worker said which
-    engines of ``redist.engines``, and the one ``redist.engine`` names, it can run (asks the
-    scheduler, which asks each worker once)."""
-    from dask_redist.core.messages import Probe
-    from dask_redist.engines import WorldRecord
-
-    _ensure_scheduler_plugin(client)
-    engines = dict(settings.engines)
-    if settings.engine != "auto":
-        engines[settings.engine] = settings.engine_path(settings.engine)
-    state = client.sync(Probe(engines).call, client.scheduler)
-    records = {name: WorldRecord.from_state(r) for name, r in state["records"].items()}
-    return state["capabilities"], sorted(worker_info(client)), records
-
-
-def refuse_unrunnable(specs, settings: Settings) -> None:
-    """Raise `EngineUnavailableError` where the engine named in ``redist.engine`` cannot run one of
-    ``specs`` on the default Client's workers: once, at submission, with the remedy, instead of
-    every task of the run failing on the workers. Nothing to check without a Client, under ``auto``,
-    or for an engine that loads here and needs nothing of the workers (``dask``: no round trip)."""
-    from dask_redist.compat import default_client
-    from dask_redist.engines import Request, description
-    from dask_redist.engines.choice import cannot_run
-
-    client = default_client()
-    if not specs or settings.engine == "auto" or client is None or submissions.in_event_loop():
-        return
-    named = description(settings.engine, settings)
-    if named.engine is not None and not named.probes:  # (it runs wherever its class loads, as here)
-        return
-    capabilities, workers, _ = engines_state(client, settings)
-    for spec in specs:
-        if problem := cannot_run(Request.of(spec), capabilities, workers):
-            raise EngineUnavailableError(problem)
 
 
 def _respect_method() -> bool:
@@ -177,8 +159,15 @@ def _patches(on: bool) -> None:
 
 
 def disable(handle: Enabled | None = None) -> None:
-    """Turn the collective off: every `enable` so far, or only ``handle`` (what leaving its
-    ``with`` block does; the others stay, with their options)."""
+    """Turn the collective off: every `enable` so far, or only one handle.
+
+    Parameters
+    ----------
+    handle : Enabled, optional
+        The handle `enable` returned: only it ends (what leaving its ``with`` block does; the
+        others stay, with their options). None: every handle ends. A handle ended already is
+        ignored.
+    """
     with _lock:
         if handle is None:
             _enabled.clear()
@@ -194,10 +183,34 @@ def disable(handle: Enabled | None = None) -> None:
 def rechunk(x, chunks="auto", *, threshold=None, block_size_limit=None, balance=False, **options):
     """``x.rechunk(chunks)`` as one collective step, whether or not `enable` was called.
 
-    Takes dask's arguments; ``options`` override ``redist.*`` keys for this call. Runs where
-    ``redist.min-bytes`` (the cost model, by default) would keep Dask's rechunk, and ``explain()``
-    says so. Raises `NotEligibleError` (with the reason) only where the collective
-    cannot run, e.g. for object dtypes or unknown chunk sizes.
+    Parameters
+    ----------
+    x : dask.array.Array
+        The array to rechunk.
+    chunks : tuple, int, dict or str, default "auto"
+        The new chunks, as ``dask.array.Array.rechunk`` takes them.
+    threshold, block_size_limit, balance
+        As ``dask.array.Array.rechunk`` takes them, for the new chunks.
+    **options
+        ``redist.*`` keys for this call only, as `enable` takes them.
+
+    Returns
+    -------
+    dask.array.Array
+        ``x`` with the new chunks, its graph one collective step (``x`` itself where the chunks
+        do not change).
+
+    Raises
+    ------
+    NotEligibleError
+        Only where the collective cannot run, with the reason: object dtypes, unknown (NaN)
+        chunk sizes, a chunk type outside ``redist.chunk-types``. It runs where
+        ``redist.min-bytes`` (the cost model, by default) would keep Dask's rechunk, and
+        ``explain()`` says so.
+    EngineUnavailableError
+        The engine named in ``redist.engine`` cannot run on the workers (the reason and the remedy).
+    ConfigError
+        An unknown key or a bad value in ``options``.
     """
     return collective_rechunk(x, chunks, threshold, block_size_limit, balance, options)
 
@@ -234,69 +247,47 @@ def collective_rechunk(x, chunks, threshold, block_size_limit, balance, options:
     return Array(graph, y.name, y.chunks, meta=meta)
 
 
-def status(client=None) -> Status:
-    """What the collective has done and holds on ``client``'s cluster (asks the scheduler once).
-
-    A `dask_redist.report.Status`: printed (or shown in Jupyter) as tables with times as
-    durations; a dict of the scheduler's answer, times in it as recorded (epoch seconds):
-    ``history``: the runs finished (engine, why, bytes, seconds, outcome), oldest first (the
-    scheduler keeps the latest 200);
-    ``active``: runs in flight; ``timeline``: the scheduler's marks of the latest run;
-    ``engines``: what the choice of engine depends on (capabilities, the NVSHMEM world);
-    ``workers``: per worker, the chunks staged, runs and early pieces held, its timeline,
-    and its engines' health and statistics; ``unanswered``: the workers that gave no answer
-    within 10 s (stopped, or their event loop blocked) or failed, and why.
-    """
-    from distributed import default_client
-
-    from dask_redist.runtime.scheduler import STATUS_TIMEOUT_S
-
-    client = client or default_client()
-    _ensure_scheduler_plugin(client)
-    limit = STATUS_TIMEOUT_S + 20  # the scheduler gives each worker STATUS_TIMEOUT_S; its own answer is quick
-    try:
-        return Status(client.sync(SchedulerStatus().call, client.scheduler, callback_timeout=limit))
-    except TimeoutError as e:
-        raise RedistTimeoutError(
-            f"the scheduler at {client.scheduler.address} did not answer dask_redist.status() within {limit:g}s "
-            "(its event loop is blocked, or it is gone)"
-        ) from e
-
-
-def _ensure_scheduler_plugin(client) -> None:
-    """The plugins register with the first collective run; ``status`` and ``bootstrap`` may come first."""
-    if client.status in ("closing", "closed") or client.scheduler is None:
-        raise ValueError(
-            f"client: the Client is {client.status}; dask_redist needs an open one (this one was closed, or "
-            "never connected): create a new distributed.Client, or pass one that is running"
-        )
-    from dask_redist.runtime.tasks import plugins
-
-    plugin = plugins()
-    client.register_plugin(plugin, name=plugin.name)  # idempotent: a plugin already there stays
-
-
 def bootstrap(client=None, *, restart_broken: bool = False, engine: str | None = None) -> dict:
     """Start an engine's world on every worker now (NVSHMEM's, for ``cufftmp``), instead of at
     its first rechunk.
 
-    ``engine``: a name of ``redist.engines`` whose engine has a world; by default the one
-    that has. Runs a tiny rechunk through that engine (so the bootstrap goes through the
-    same ordered, time-bounded path as every run) and returns each worker's engine
-    statistics (``bootstrap_s``: seconds its bootstrap took). After workers joined, call it
-    again: the workers leave the old world and form one over the current worker set, in the
-    same processes.
+    Runs a tiny rechunk through that engine, so the bootstrap goes through the same ordered,
+    time-bounded path as every run. After workers joined, call it again: the workers leave
+    the old world and form one over the current worker set, in the same processes.
 
     After a worker of the world died, its surviving members cannot leave the old
     world (NVSHMEM's finalize waits for the dead PE), and neither can a worker
     whose GPU was left inside a collective: those are named in the error, or
-    restarted first with ``restart_broken=True`` (``Client.restart_workers``:
-    their data is lost). Until then rechunks under ``auto`` run on another engine.
+    restarted first with ``restart_broken=True``. Until then rechunks under ``auto`` run on
+    another engine.
+
+    Parameters
+    ----------
+    client : distributed.Client, optional
+        The cluster's Client; None: the default Client.
+    restart_broken : bool, default False
+        Restart the workers that cannot leave the old world first (``Client.restart_workers``:
+        their data is lost), instead of raising.
+    engine : str, optional
+        A name of ``redist.engines`` whose engine has a world; None: the one engine that has.
+
+    Returns
+    -------
+    dict
+        Each worker's statistics of the engine (``bootstrap_s``: seconds its bootstrap took).
+
+    Raises
+    ------
+    RedistError
+        Workers cannot leave the old world (named, without ``restart_broken``), or the
+        bootstrap's rechunk failed.
+    ValueError
+        ``engine`` has no world, or none is named and not exactly one engine has one.
     """
     from distributed import default_client, wait
 
     client = client or default_client()
-    d = _world_engine(Settings.from_config(), engine)
+    d = world_engine(Settings.from_config(), engine)
     before = status(client)
     alive = set(worker_info(client))
     broken = {
@@ -333,19 +324,3 @@ def bootstrap(client=None, *, restart_broken: bool = False, engine: str | None =
         for w, s in status(client)["workers"].items()
         if d.name in s["engines"]
     }
-
-
-def _world_engine(settings: Settings, name: str | None):
-    """The description of engine ``name``, or of the one engine with a world; checks it has one."""
-    from dask_redist.engines import description, descriptions
-
-    if name is not None:
-        d = description(name, settings)
-        if not d.world:
-            raise ValueError(f"engine {name!r} has no world to bootstrap")
-        return d
-    worlds = [d for d in descriptions(settings) if d.world]
-    if len(worlds) != 1:
-        names = [d.name for d in worlds]
-        raise ValueError(f"bootstrap(engine=...) must name one of the engines with a world: {names}")
-    return worlds[0]

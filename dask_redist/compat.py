@@ -55,7 +55,7 @@ What is relied on, and where:
 * ``Client.scheduler_info(n_workers=-1)`` is NOT relied on for the worker set: it fetches the
   scheduler's identity into a cache and returns the cache, which the client's periodic refresh
   (``identity(n_workers=0)``, no workers) may overwrite in between; under load that returned no
-  workers at all (the CPU soak's "workers left that were not killed", 2026-12-02). `worker_info` asks
+  workers at all (docs/benchmarks.md). `worker_info` asks
   the scheduler directly.
 """
 

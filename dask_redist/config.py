@@ -8,13 +8,23 @@ user had set, not on their own process's config.
 from __future__ import annotations
 
 import difflib
+import importlib.metadata
 import os
 from dataclasses import dataclass
 from numbers import Real
 
 import dask
 import yaml
-from dask.utils import parse_bytes, parse_timedelta
+
+from dask_redist.checks import (
+    check_bool,
+    check_int,
+    check_min_bytes,
+    check_seconds,
+    check_size,
+    check_size_or_off,
+)
+from dask_redist.errors import ConfigError
 
 _DEFAULTS_FILE = os.path.join(os.path.dirname(__file__), "redist.yaml")
 with open(_DEFAULTS_FILE) as f:
@@ -24,12 +34,10 @@ dask.config.update_defaults(DEFAULTS)
 #: The engines every configuration has, by name (``redist.engines`` in redist.yaml adds none of
 #: its own beyond them; a user's config adds to them): name -> "package.module:EngineClass".
 BUILTIN_ENGINES: tuple[tuple[str, str], ...] = tuple(DEFAULTS["redist"]["engines"].items())
+#: The entry-point group through which installed packages register engines (name = "module:Class").
+ENTRY_POINTS = "dask_redist.engines"
 CHUNK_TYPES = ("numpy", "cupy")
 OUTPUT_TYPES = ("same", "numpy", "cupy")
-
-
-class ConfigError(ValueError):
-    """A ``redist.*`` config value has the wrong type or an impossible value."""
 
 
 def _default(key: str):
@@ -58,12 +66,28 @@ def flatten(options: dict, prefix: str = "redist") -> dict:
     return out
 
 
+def installed_engines() -> tuple[tuple[str, str], ...]:
+    """Engines that installed packages register in the ``dask_redist.engines`` entry-point group:
+    (name, "package.module:EngineClass") pairs (read each time: a package installed since counts)."""
+    return tuple((ep.name, ep.value) for ep in importlib.metadata.entry_points(group=ENTRY_POINTS))
+
+
+def engine_names(keys=()) -> set[str]:
+    """The names of every engine registered: built in, installed (entry points), in dask's config
+    or among ``keys`` (``redist.engines.NAME``) about to be set."""
+    table = dask.config.get("redist.engines", None) or {}
+    named = {k.split(".")[2] for k in keys if k.startswith("redist.engines.") and k.count(".") >= 2}
+    return {n for n, _ in BUILTIN_ENGINES} | {n for n, _ in installed_engines()} | set(table) | named
+
+
 def check_known(keys) -> None:
     """ConfigError naming every key of ``keys`` (``redist.a.b``) that is not a ``redist.*`` setting,
-    with the nearest one: a misspelt key would otherwise be ignored without a word."""
+    with the nearest one: a misspelt key would otherwise be ignored without a word. An engine's
+    section (``redist.NAME.*``, NAME registered) is the engine's to check (`Settings.section`)."""
     known = flatten(DEFAULTS["redist"])
     # (engines of one's own are registered under redist.engines: any name goes there)
-    if unknown := sorted(k for k in keys if k not in known and not k.startswith("redist.engines.")):
+    own = tuple(f"redist.{name}." for name in engine_names(keys) if f"redist.{name}" not in known)
+    if unknown := sorted(k for k in keys if k not in known and not k.startswith(("redist.engines.", *own))):
         near = {k: difflib.get_close_matches(k, known, n=1) for k in unknown}
         hints = "; ".join(f"{k}" + (f" (did you mean {m[0]}?)" if m else "") for k, m in near.items())
         raise ConfigError(f"unknown option {hints}: the redist.* keys are listed in docs/configuration.md")
@@ -102,57 +126,9 @@ def host(address: str | None = None) -> str:
     return socket.gethostname()
 
 
-def _bool(key, value) -> bool:
-    if not isinstance(value, bool):
-        raise ConfigError(f"redist.{key} must be true or false, got {value!r}")
-    return value
-
-
-#: The ranges of the numeric settings (each checked, the `ConfigError` naming key, value and range).
-#: Timeouts stop short of what Python's waits take (``threading.TIMEOUT_MAX``); size classes beyond
-#: 16 bits are exact for any width; a retry count or chunk count beyond these is a typo.
-MAX_SECONDS = 30 * 24 * 3600.0
-RANGES = {
-    "size-class-bits": (0, 16),
-    "retries": (0, 100),
-    "nvshmem.shared-gpu-max-chunks": (1, 1 << 20),
-}
-
-
-def _bytes(key, value, low: int = 0) -> int:
-    try:
-        n = parse_bytes(value) if isinstance(value, str) else value
-    except ValueError:
-        raise ConfigError(f"redist.{key} must be a size like '1GiB', got {value!r}") from None
-    if isinstance(n, bool) or not isinstance(n, int) or n < low:
-        raise ConfigError(
-            f"redist.{key} must be a size like '1GiB' or a number of bytes >= {low}, got {value!r}"
-        )
-    return n
-
-
-def _min_bytes(value) -> int | str:
-    return "auto" if value == "auto" else _bytes("min-bytes", value)
-
-
-def _size_or_off(key, value) -> int | None:
-    return None if value is False or value is None else _bytes(key, value)
-
-
-def _seconds(key, value) -> float:
-    try:
-        t = parse_timedelta(value, default="s")
-    except (ValueError, KeyError, TypeError):
-        t = None
-    if t is None or isinstance(value, bool) or not 0 < t <= MAX_SECONDS:
-        raise ConfigError(
-            f"redist.{key} must be a duration above 0s and at most 30 days, like '60s', got {value!r}"
-        )
-    return float(t)
-
-
 def _engines(config: dict | None) -> tuple[tuple[str, str], ...]:
-    """``redist.engines`` over the built-in ones: (name, "package.module:EngineClass") pairs."""
+    """``redist.engines`` over the built-in and the installed ones (`installed_engines`):
+    (name, "package.module:EngineClass") pairs."""
     try:
         table = _get("engines", config)
     except KeyError:
@@ -162,6 +138,7 @@ def _engines(config: dict | None) -> tuple[tuple[str, str], ...]:
             f"redist.engines must map engine names to 'package.module:EngineClass', got {table!r}"
         )
     out = dict(BUILTIN_ENGINES)
+    out.update((name, path) for name, path in installed_engines() if name not in out)
     for name, path in table.items():
         if not isinstance(name, str) or not name.replace("-", "_").isidentifier():
             raise ConfigError(f"redist.engines: an engine's name must be a word like 'nccl', got {name!r}")
@@ -186,11 +163,39 @@ def _engine(value, engines: tuple[tuple[str, str], ...]) -> str:
     return value
 
 
-def _int(key, value) -> int:
-    low, high = RANGES[key]
-    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        raise ConfigError(f"redist.{key} must be an integer from {low} to {high}, got {value!r}")
-    return value
+def _frozen(value):
+    """``value`` hashable: lists as tuples (a section travels inside the frozen `Settings`)."""
+    if isinstance(value, (list, tuple)):
+        return tuple(_frozen(v) for v in value)
+    return () if isinstance(value, dict) else value
+
+
+#: Sections of redist.yaml that an engine reads and checks (its description's ``settings_section``),
+#: besides ``redist.NAME`` of every engine registered (the runtime reads exit-when-stuck too).
+ENGINE_SECTIONS = ("nvshmem",)
+
+
+def _sections(config: dict | None, engines: tuple[tuple[str, str], ...]) -> tuple:
+    """The engines' own sections of ``redist`` as set: (name, ((key, value), ...)) for
+    `ENGINE_SECTIONS` and each registered engine with a section ``redist.NAME`` (keys relative
+    to it), unchecked: the engine checks them."""
+    out = []
+    for name in [*ENGINE_SECTIONS, *(n for n, _ in engines if n not in DEFAULTS["redist"])]:
+        raw = dask.config.get(f"redist.{name}", None) if config is None else config.get(name)
+        if raw is not None and not isinstance(raw, dict):
+            raise ConfigError(f"redist.{name} must be a mapping of an engine's settings, got {raw!r}")
+        if name in DEFAULTS["redist"]:  # (the packaged defaults of keys not set)
+            raw = {**DEFAULTS["redist"][name], **(raw or {})}
+        if raw is None:
+            continue
+        prefix = f"redist.{name}."
+        items = ((k[len(prefix) :], _frozen(v)) for k, v in flatten(raw, prefix[:-1]).items())
+        out.append((name, tuple(sorted(items))))
+    return tuple(out)
+
+
+#: The engines' sections of the packaged defaults (redist.yaml): the default of `Settings.sections`.
+PACKAGED_SECTIONS = _sections(DEFAULTS["redist"], BUILTIN_ENGINES)
 
 
 #: The terms of each method's line in a cost model (``redist.cost-model``; `dask_redist.planning.cost`).
@@ -261,12 +266,17 @@ class Settings:
     barrier_timeout: float = 60.0
     collective_timeout: float = 300.0
     bootstrap_timeout: float = 120.0
-    symmetric_size: int | None = None
-    exit_when_stuck: bool = True
-    shared_gpu_copies: bool = True  # PEs on one GPU copy chunk to chunk (engines.cufftmp.peers)
-    shared_gpu_max_chunks: int = 128  # ... where no worker owns more output chunks than this
+    exit_when_stuck: bool = True  # a worker whose engine is stuck exits (redist.nvshmem.exit-when-stuck)
     respect_method: bool = True  # rechunk(method=...), or array.rechunk.method set, keeps Dask's rechunk
     fuse: bool = True  # the collective's tasks run its blockwise neighbours' tasks (graph.fuse)
+    #: the engines' own sections of ``redist`` as set, unchecked (`section`; `_sections`)
+    sections: tuple[tuple[str, tuple], ...] = PACKAGED_SECTIONS
+
+    def section(self, name: str) -> dict:
+        """Engine ``name``'s own settings as set (``redist.NAME.*``: keys relative to the section,
+        ``-`` for ``_``, nested keys dotted); the engine checks them
+        (`dask_redist.engines.EngineDescription.read_settings`)."""
+        return dict(dict(self.sections).get(name, ()))
 
     def engine_path(self, name: str) -> str:
         """Where engine ``name`` lives: "package.module:EngineClass" (a path names itself)."""
@@ -307,28 +317,23 @@ class Settings:
             raise ConfigError(
                 f"redist.output-type must be one of {', '.join(OUTPUT_TYPES)}, got {output_type!r}"
             )
-        sym = _get("nvshmem.symmetric-size", config)
-        budget = _bytes("memory-budget", _get("memory-budget", config), low=1)
+        budget = check_size("memory-budget", _get("memory-budget", config), low=1)
         return cls(
             engine=engine,
             engines=engines,
             chunk_types=tuple(types),
             output_type=output_type,
-            min_bytes=_min_bytes(_get("min-bytes", config)),
+            min_bytes=check_min_bytes(_get("min-bytes", config)),
             cost_model=_cost_model(_get("cost-model", config)),
-            numpy_via_gpus=_size_or_off("numpy-via-gpus", _get("numpy-via-gpus", config)),
+            numpy_via_gpus=check_size_or_off("numpy-via-gpus", _get("numpy-via-gpus", config)),
             memory_budget=budget,
-            size_class_bits=_int("size-class-bits", _get("size-class-bits", config)),
-            retries=_int("retries", _get("retries", config)),
-            barrier_timeout=_seconds("timeouts.barrier", _get("timeouts.barrier", config)),
-            collective_timeout=_seconds("timeouts.collective", _get("timeouts.collective", config)),
-            bootstrap_timeout=_seconds("timeouts.bootstrap", _get("timeouts.bootstrap", config)),
-            symmetric_size=None if sym is None else _bytes("nvshmem.symmetric-size", sym, low=1),
-            exit_when_stuck=_bool("nvshmem.exit-when-stuck", _get("nvshmem.exit-when-stuck", config)),
-            shared_gpu_copies=_bool("nvshmem.shared-gpu-copies", _get("nvshmem.shared-gpu-copies", config)),
-            shared_gpu_max_chunks=_int(
-                "nvshmem.shared-gpu-max-chunks", _get("nvshmem.shared-gpu-max-chunks", config)
-            ),
-            respect_method=_bool("respect-method", _get("respect-method", config)),
-            fuse=_bool("fuse", _get("fuse", config)),
+            size_class_bits=check_int("size-class-bits", _get("size-class-bits", config)),
+            retries=check_int("retries", _get("retries", config)),
+            barrier_timeout=check_seconds("timeouts.barrier", _get("timeouts.barrier", config)),
+            collective_timeout=check_seconds("timeouts.collective", _get("timeouts.collective", config)),
+            bootstrap_timeout=check_seconds("timeouts.bootstrap", _get("timeouts.bootstrap", config)),
+            exit_when_stuck=check_bool("nvshmem.exit-when-stuck", _get("nvshmem.exit-when-stuck", config)),
+            respect_method=check_bool("respect-method", _get("respect-method", config)),
+            fuse=check_bool("fuse", _get("fuse", config)),
+            sections=_sections(config, engines),
         )

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 
+class ConfigError(ValueError):
+    """A ``redist.*`` config value has the wrong type or an impossible value."""
+
+
 class RedistError(RuntimeError):
     """A collective rechunk failed; the message names the run, the rank and the phase."""
 

@@ -17,7 +17,8 @@ from dask_redist.config import Settings
 from dask_redist.engines import Request, description
 from dask_redist.engines.choice import cannot_run, choose_engine
 from dask_redist.fft import describe as fft_describe
-from dask_redist.graph.optimize import decide, find_rechunks, fused_neighbours, memory_limits
+from dask_redist.graph.decide import decide, find_rechunks, memory_limits
+from dask_redist.graph.optimize import fused_neighbours
 from dask_redist.planning import make_plan
 
 
@@ -165,7 +166,7 @@ def _engine(spec, client) -> tuple[str, str, str | None]:
     request = Request.of(spec)
     if client is None:
         return *choose_engine(request, None, []), None
-    from dask_redist.api import engines_state
+    from dask_redist.cluster import engines_state
 
     capabilities, workers, records = engines_state(client, request.settings)
     engine, why = choose_engine(request, capabilities, workers, records)
@@ -183,7 +184,7 @@ def _kept_for_method(node) -> str | None:
     """Expression mode: why dask's ``Rechunk`` given a method (``method=`` or dask's config, one
     expression either way) stays (a `CollectiveRechunk` took it)."""
     from dask_redist.graph.expr import CollectiveRechunk
-    from dask_redist.graph.optimize import kept_for_method
+    from dask_redist.graph.decide import kept_for_method
 
     return None if isinstance(node, CollectiveRechunk) else kept_for_method(node.method, None)
 
@@ -196,7 +197,7 @@ def _decisions(x, settings: Settings, memory=None) -> list[tuple[str, str, objec
         from dask.utils import typename
 
         from dask_redist.compat import array_expr, meta_of
-        from dask_redist.graph.optimize import collective_spec
+        from dask_redist.graph.decide import collective_spec
 
         _, Rechunk, _ = array_expr()
 
@@ -300,8 +301,23 @@ def _listed(item) -> list:
 
 def explain(x, *, nworkers: int | None = None, settings: Settings | None = None) -> Explanation:
     """For every rechunk in ``x``'s graph: what runs (the collective, on which engine, or Dask's
-    rechunk), why, and the engine, mapping, bytes moved, padding and rounds. ``x``: a dask
-    collection or a list of them (module docstring)."""
+    rechunk), why, and the engine, mapping, bytes moved, padding and rounds.
+
+    Parameters
+    ----------
+    x : dask collection, or a list of them
+        A dask array, an xarray object backed by dask, a Delayed (or a list, tuple or dict of
+        them) whose graphs hold the rechunks; anything else gets a one-sentence note.
+    nworkers : int, optional
+        The workers to plan for; None: the default Client's, or 2 without one.
+    settings : Settings, optional
+        The ``redist.*`` settings to decide with; None: the current config's.
+
+    Returns
+    -------
+    Explanation
+        One `Entry` per rechunk (and ``dask_redist.fft``'s transforms), printed as a table.
+    """
     import dask
 
     from dask_redist.graph.optimize import CollectiveOptimizer

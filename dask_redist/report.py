@@ -148,20 +148,22 @@ class Status(dict):
                 "workers that did not answer",
                 [{"worker": w, "why": why} for w, why in self.get("unanswered", {}).items()],
             ),
-            ("NVSHMEM world (cufftmp)", self._world()),
+            ("engines' worlds", self._worlds()),
         ]
         return [(title, rows) for title, rows in sections if rows]
 
-    def _world(self) -> list[dict]:
-        engines = self.get("engines", {})
-        if not engines.get("world") and not engines.get("stranded"):
-            return []
+    def _worlds(self) -> list[dict]:
+        """A row per engine whose record holds a world, or why it cannot be used."""
+        records = self.get("engines", {}).get("records", {})
         return [
             {
-                "members": len(engines.get("world") or ()),
-                "broken": engines.get("world broken") or "-",
-                "stranded": ", ".join(engines.get("stranded") or ()) or "-",
+                "engine": name,
+                "members": len(r.get("world") or ()),
+                "broken": r.get("broken") or "-",
+                "stranded": ", ".join(r.get("stranded") or ()) or "-",
             }
+            for name, r in sorted(records.items())
+            if r.get("world") or r.get("broken") or r.get("stranded")
         ]
 
     def __str__(self) -> str:

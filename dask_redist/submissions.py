@@ -16,7 +16,7 @@ settings, or after ``disable()``, the scheduler is asked (one round trip, which 
 Client's pending releases through) for the erred keys of that collection, and those depending
 on it, that this Client still wants; they are cancelled first (``Client.cancel``): the
 scheduler forgets the old tasks and runs the new graph. (Other settings also give the stage
-and barrier keys a token of their own: `graph.optimize.collective_spec`.) With the same
+and barrier keys a token of their own: `graph.decide.collective_spec`.) With the same
 settings the old error stands, as in Dask (docs/troubleshooting.md).
 """
 

@@ -2,9 +2,16 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import sys
 import time
 
 import pytest
+
+
+# The third engine's package (tests/third_party_engine), on the path as an editable install puts
+# it, before any cluster starts (worker processes inherit the path); it is registered only where a
+# test installs its metadata (its entry point) or names it in redist.engines.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "third_party_engine"))
 
 
 def _gpus() -> int:
@@ -114,11 +121,20 @@ def cluster():
 
 @pytest.fixture
 def client(cluster):
+    """A Client of the session's cluster, the scheduler's history of runs emptied (it keeps the
+    last `runtime.lifecycle.HISTORY_KEPT`: tests count the runs they start)."""
     from distributed import Client
 
     with Client(cluster) as client:
         client.wait_for_workers(len(cluster.workers))
+        client.run_on_scheduler(_forget_history)
         yield client
+
+
+def _forget_history(dask_scheduler=None):
+    plugin = dask_scheduler.plugins.get("redist")
+    if plugin is not None:
+        plugin.runs.history.clear()
 
 
 def scheduler_history(client) -> list[dict]:

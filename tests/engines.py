@@ -1,17 +1,13 @@
-"""Engines for tests: fault injection, selected with ``redist.engine="engines:SlowEngine"``, and a
-third engine of its own (`FolderEngine`), registered with ``redist.engines``."""
+"""Engines for tests: fault injection, selected with ``redist.engine="engines:SlowEngine"`` (a third
+engine of its own is a package of its own: tests/third_party_engine)."""
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
 import os
 import tempfile
 import time
 
-import numpy as np
-
-from dask_redist.engines import Engine, EngineDescription, Health, Request
+from dask_redist.engines import Health
 from dask_redist.engines.dask import DaskDescription, DaskEngine
 
 
@@ -93,7 +89,6 @@ class PeerDiesEngine(DaskEngine):
         return Health(None, self.stuck, self.in_flight_since)
 
     def execute(self, run, transport):
-        import os
 
         if run.run_id == 1 and run.rank == len(run.spec.workers) - 1:
             time.sleep(0.5)
@@ -168,7 +163,6 @@ class BarrierElsewhereDiesEngine(DaskEngine):
     result may still be on its way to the scheduler."""
 
     def execute(self, run, transport):
-        import os
 
         from distributed.worker import Worker
 
@@ -212,7 +206,6 @@ class LockstepEngine(DaskEngine):
         self.broken = f"{run.name()} was abandoned"
 
     def execute(self, run, transport):
-        import os
 
         from dask_redist.errors import RedistError
 
@@ -254,110 +247,6 @@ class _Done:
     def done(self) -> bool:
         self._done = self._done or self._test()
         return self._done
-
-
-# -- a third engine, registered by configuration alone (tests/test_third_engine.py) ----------
-
-#: Where the folder engine's ranks leave each other's pieces (every worker of one host shares it).
-FOLDER = os.path.join(tempfile.gettempdir(), "dask-redist-folder-engine")
-
-
-class FolderDescription(EngineDescription):
-    """The folder engine as the scheduler sees it: ``auto`` takes it for integer NumPy chunks
-    (after cufftmp, before dask) where every worker can write `FOLDER` on one host."""
-
-    preference = 10
-    probes = True  # every worker says whether it can write the folder, and on which host
-
-    def declines(self, request: Request) -> str | None:
-        if request.chunk_type != "numpy":
-            return f"{request.chunks}: the folder engine takes NumPy chunks"
-        if request.dtype is not None and np.dtype(request.dtype).kind not in "iu":
-            return f"NumPy chunks of {request.dtype}: the folder engine takes integers"
-        return None
-
-    def unable(self, answers: dict[str, dict], request: Request) -> str | None:
-        if bad := [w for w, a in answers.items() if not a.get("ok")]:
-            return f"{bad[0]} cannot write {FOLDER}"
-        if len({a.get("host") for a in answers.values()}) > 1:
-            return "the workers are on several hosts: the folder engine needs one"
-        return None
-
-    def chosen(self, request: Request, passed_over: list[str]) -> str:
-        return "integer NumPy chunks, every worker on one host: through files"
-
-    def mapping(self, plan, settings) -> tuple[str, int, int]:
-        return f"one file per pair of ranks in {FOLDER}", 0, 1
-
-    def doctor_line(self, reports: dict[str, dict]) -> str:
-        hosts = sorted({r.get("capabilities", {}).get("host") for r in reports.values()})
-        return f"every worker writes {FOLDER}" + (
-            f" on {hosts[0]}" if len(hosts) == 1 else f" on {len(hosts)} hosts"
-        )
-
-
-class FolderEngine(Engine):
-    """Pieces through files in one folder: each rank writes what it sends to each peer into one
-    file (`dask_redist.core.wire`'s packed buffer), renamed into place when complete; each rank
-    waits for the files it receives, reads and removes them. A real engine of a few lines."""
-
-    name = "folder"
-    description = FolderDescription
-    poll_s = 0.01
-
-    @staticmethod
-    def capabilities() -> dict:
-        os.makedirs(FOLDER, exist_ok=True)
-        ok = os.access(FOLDER, os.W_OK)
-        return {
-            "ok": ok,
-            "reason": f"writes {FOLDER}" if ok else f"cannot write {FOLDER}",
-        }  # (and its host: the registry adds each worker's, dask_redist.config.host)
-
-    def execute(self, run, transport):
-        from dask_redist.core.assemble import cut
-        from dask_redist.core.wire import Packed, pack
-        from dask_redist.errors import RedistTimeoutError
-
-        run.set_phase("send")
-        ranks = hashlib.sha1(" ".join(run.spec.workers).encode()).hexdigest()[:12]  # (one cluster's run)
-        folder = os.path.join(FOLDER, f"{run.spec.token}-{run.run_id}-{ranks}")
-        os.makedirs(folder, exist_ok=True)
-        rechunk = run.spec.collective.rechunk
-        t = run.plan.transfers
-        sends = t.take(t.src == run.rank)
-        sends = sends.take(sends.canonical_order())
-        for dst in sorted(set(sends.dst.tolist())):
-            mine = sends.take(sends.dst == dst)
-            arrays = [
-                cut(run.inputs[int(f)], rechunk.old_box(int(f))[0], lo, hi)
-                for f, lo, hi in zip(mine.old_block, mine.lo, mine.hi)
-            ]
-            if dst == run.rank:
-                run.receive(run.rank, 0, arrays)
-                continue
-            path = os.path.join(folder, f"{run.rank}-{dst}")
-            pack(arrays, mine.nbytes).tofile(path + ".part")
-            os.replace(path + ".part", path)
-        run.inputs = {}
-        recv = t.take(t.dst == run.rank)
-        recv = recv.take(recv.canonical_order())
-        for src in sorted(set(recv.src.tolist()) - {run.rank}):
-            path = os.path.join(folder, f"{src}-{run.rank}")
-            deadline = time.monotonic() + run.timeout
-            while not os.path.exists(path):
-                run.set_phase("exchange")  # raises once the run is aborted
-                if time.monotonic() > deadline:
-                    raise RedistTimeoutError(
-                        f"{run.name()}: no file from rank {src} in {folder} after {run.timeout:g}s"
-                    )
-                time.sleep(self.poll_s)
-            buffer = np.fromfile(path, dtype=np.uint8)
-            os.remove(path)
-            run.receive(src, 0, Packed(int((recv.src == src).sum()), buffer))
-        with contextlib.suppress(OSError):  # (the last rank to finish removes it)
-            os.rmdir(folder)
-        run.finish(run.assemblies(run.wait_received(recv)))
 
 
 class SleepingEngine(DaskEngine):

@@ -26,7 +26,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1] / "dask_redist"
 LAYERS = [
-    {"dask_redist.config", "dask_redist.errors", "dask_redist.compat"},
+    {"dask_redist.config", "dask_redist.checks", "dask_redist.errors", "dask_redist.compat"},
     {"dask_redist.planning"},
     {"dask_redist.core"},
     {"dask_redist.engines"},
@@ -36,6 +36,7 @@ LAYERS = [
     {
         "dask_redist",
         "dask_redist.api",
+        "dask_redist.cluster",
         "dask_redist.explain",
         "dask_redist.doctor",
         "dask_redist.preload",
@@ -199,6 +200,133 @@ def test_the_invariant_checks_find_what_they_look_for(tmp_path, monkeypatch):
     with pytest.raises(AssertionError, match="engines.dask -> dask_redist.engines.cufftmp.host") as info:
         test_engines_do_not_import_each_other_and_nothing_else_imports_a_specific_engine()
     assert "dask_redist.runtime.staging -> dask_redist.engines.dask" in str(info.value)
+
+
+def _strings(node) -> list[str]:
+    """The string constants of ``node``, or of the tuple, list or set it is."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return [node.value]
+    if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+        return [v for e in node.elts for v in _strings(e)]
+    return []
+
+
+def _engine_names_used(tree) -> list[tuple[int, str]]:
+    """(line, string) of every string used where code names an engine: compared (``engine ==
+    "x"``, ``engine in ("auto", "x")``), returned (``return "x", why``), given as an engine
+    (``engine="x"``, ``engine_stats(client, "x")``, ``engine = "x"``) or looked up in an
+    engine's table (``engines["x"]``). "dask" elsewhere names Dask, the package or its rechunk."""
+    found = []
+    for node in ast.walk(tree):
+        texts = []
+        if isinstance(node, ast.Compare):
+            texts = [v for operand in [node.left, *node.comparators] for v in _strings(operand)]
+        elif isinstance(node, ast.Return) and node.value is not None:
+            texts = _strings(node.value)
+        elif isinstance(node, ast.keyword) and node.arg and "engine" in node.arg:
+            texts = _strings(node.value)
+        elif isinstance(node, ast.Call) and "engine" in ast.unparse(node.func).lower():
+            texts = [v for a in node.args for v in _strings(a)]
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None:
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            texts = _strings(node.value) if any("engine" in ast.unparse(t).lower() for t in targets) else []
+        elif isinstance(node, ast.Subscript) and "engine" in ast.unparse(node.value).lower():
+            texts = _strings(node.slice)
+        found += [(node.lineno, t) for t in texts]
+    return found
+
+
+def engine_names_outside_their_engine() -> list[str]:
+    """``module:line "name"`` wherever a built-in engine's name is used as one outside that
+    engine's own modules (the registry of built-ins is redist.yaml, read by ``config``)."""
+    from dask_redist.config import BUILTIN_ENGINES
+
+    rooms = {name: path.partition(":")[0] for name, path in BUILTIN_ENGINES}
+    out = []
+    for module, path in sorted(_modules().items()):
+        for line, text in _engine_names_used(ast.parse(path.read_text())):
+            room = rooms.get(text)
+            if room is not None and not (module == room or module.startswith(room + ".")):
+                out.append(f'{module}:{line} "{text}"')
+    return out
+
+
+def test_no_engine_is_named_outside_its_own_modules():
+    """Shared code asks an engine's description (what it supports, where runs recover, its
+    wording) and the registry; only an engine's own modules and redist.yaml name it."""
+    from dask_redist.config import BUILTIN_ENGINES
+
+    assert set(dict(BUILTIN_ENGINES)) == {"dask", "cufftmp"}  # (the names the check looks for)
+    named = engine_names_outside_their_engine()
+    assert named == [], "engines named outside their own modules: " + ", ".join(named)
+
+
+def test_the_engine_name_check_finds_a_planted_name(tmp_path, monkeypatch):
+    """The check above can fail: engine names planted in a copy, as the shared layers once named
+    them (a comparison, a recovery engine returned, a keyword), are found; its own engine's
+    name in an engine's module is not."""
+    import shutil
+
+    copy = tmp_path / "dask_redist"
+    shutil.copytree(ROOT, copy)
+    with open(copy / "core" / "spec.py", "a") as f:
+        f.write('\n\ndef _planted(engine, kind):\n    return engine != "cufftmp" or kind != "cupy"\n')
+    with open(copy / "engines" / "cufftmp" / "description.py", "a") as f:  # another engine's name
+        f.write('\n\ndef _recovers_on():\n    return "dask", "the world lost a worker"\n')
+    with open(copy / "bench" / "micro.py", "a") as f:
+        f.write('\n\ndef _planted(enable):\n    return enable(engine="dask") and enable(engine="cufftmp")\n')
+    with open(copy / "engines" / "dask.py", "a") as f:  # its own name: allowed
+        f.write('\n\ndef _planted(settings):\n    return settings.engine == "dask"\n')
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", copy)
+    named = engine_names_outside_their_engine()
+    assert [n.split(":")[0] + " " + n.split()[-1] for n in named] == [
+        'dask_redist.bench.micro "dask"',
+        'dask_redist.bench.micro "cufftmp"',
+        'dask_redist.core.spec "cufftmp"',
+        'dask_redist.engines.cufftmp.description "dask"',
+    ]
+    with pytest.raises(AssertionError, match='dask_redist.core.spec:[0-9]+ "cufftmp"'):
+        test_no_engine_is_named_outside_its_own_modules()
+
+
+def _design_table() -> dict[str, str]:
+    """docs/design.md's module table: each first-column name (relative to dask_redist) -> its row."""
+    text = (ROOT.parent / "docs" / "design.md").read_text()
+    table = text[text.index("| module | what it owns |") :].split("\n\n")[0].splitlines()[2:]
+    return {name: row for row in table for name in re.findall(r"`([\w.*]+)`", row.split("|")[1])}
+
+
+def _unmapped(table: dict[str, str]) -> list[str]:
+    """Modules of the package that the table names nowhere: neither in its first column (``pkg.*``
+    covers a package), nor as a `` `submodule` `` in its package's row; packages are named by
+    their package row or the layer diagram."""
+    out = []
+    for module in sorted(_modules()):
+        rel = module.removeprefix("dask_redist").removeprefix(".")
+        if not rel or rel in table or (ROOT / rel.replace(".", "/") / "__init__.py").exists():
+            continue
+        package, _, last = rel.rpartition(".")
+        if f"{package}.*" in table or (package in table and f"`{last}`" in table[package]):
+            continue
+        out.append(rel)
+    return out
+
+
+def test_design_md_maps_every_module_and_only_modules():
+    """docs/design.md's table is the one index of the modules (package docstrings are one line):
+    every module is in it, and everything in it is a module."""
+    table = _design_table()
+    assert _unmapped(table) == [], "modules docs/design.md does not map"
+    real = {m.removeprefix("dask_redist").removeprefix(".") for m in _modules()} | {"__init__"}
+    assert [n for n in table if n.rstrip(".*") not in real] == [], "rows of docs/design.md naming no module"
+    long = [
+        m
+        for m, p in _modules().items()
+        if p.name == "__init__.py" and len(ast.get_docstring(ast.parse(p.read_text())).splitlines()) != 1
+    ]
+    assert long == [], "package docstrings of more than one line (docs/design.md is the index)"
+    table.pop("engines.exchange")
+    assert _unmapped(table) == ["engines.exchange"]  # (the check finds a module left out)
 
 
 @pytest.mark.parametrize("heavy", ["dask_redist.bench", "rich"])

@@ -21,7 +21,7 @@ from dask_redist.bench import calibrate
 from dask_redist.bench.cases import gpu_suite, line_case, pencil_case, slab_case
 from dask_redist.bench.results import load_json
 from dask_redist.config import COST_TERMS, DEFAULTS, ConfigError, Settings
-from dask_redist.graph.optimize import collective_spec
+from dask_redist.graph.decide import collective_spec
 from dask_redist.planning import RechunkSpec
 from dask_redist.planning.cost import (
     CostModel,

@@ -26,6 +26,12 @@ def test_docs_build_strict(tmp_path):
     assert result.returncode == 0, result.stdout + result.stderr
     for page in ("index.html", "api/index.html", "benchmarks/index.html", "configuration/index.html"):
         assert (site / page).is_file(), page
+    # the public API's numpy-style sections, rendered: enable, disable, rechunk, the four FFTs,
+    # status, explain, bootstrap (in the page's order)
+    api = (site / "api" / "index.html").read_text()
+    assert api.count("Parameters:") == 10 and api.count("Returns:") == 9, api.count("Parameters:")
+    for name in ("**options", "block_size_limit", "restart_broken", "nworkers", "norm"):
+        assert f"<code>{name}</code>" in api, name
 
 
 def test_ci_runs_exactly_the_readme_test_command():

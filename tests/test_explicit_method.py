@@ -16,7 +16,7 @@ from conftest import scheduler_history
 
 import dask_redist
 from dask_redist.config import Settings
-from dask_redist.graph.optimize import decide, find_rechunks
+from dask_redist.graph.decide import decide, find_rechunks
 
 NEW = (64, 8)
 

@@ -101,7 +101,7 @@ def _move(plan, sources: dict, rechunk: RechunkSpec, dtype) -> dict:
 def simulate(op, geometry, a, chunks, nranks, in_ranks) -> dict:
     """Output chunks (flat index -> array) of the run, and check where each slab is on the way."""
     rechunk = RechunkSpec(chunks, geometry.input_space(geometry.out_chunks), a.itemsize)
-    plan = CollectiveSpec("t", "in", "out", rechunk, a.dtype, Settings(), "cupy", op=geometry).plan_run(
+    plan = CollectiveSpec("t", "in", "out", rechunk, a.dtype, Settings(), "cupy", fft=geometry).plan_run(
         in_ranks, nranks
     )
     assert (plan.in_ranks == in_ranks).all()
@@ -198,7 +198,7 @@ def test_an_fft_run_on_numpy_chunks_is_refused_by_the_scheduler(client):
     y = gpu.build(x, normalize(x.shape, "c2c", False), None)
     assert y.chunks == ((8,), slab_sizes(8, len(client.scheduler_info()["workers"])), (6,))
     (barrier,) = [t for t in y.dask.layers[y.name].mapping.values() if isinstance(t, BarrierTask)]
-    assert barrier.spec.op is not None and barrier.spec.op.kind == "c2c"
+    assert barrier.spec.fft is not None and barrier.spec.fft.kind == "c2c"
     before = dask_redist.status(client)["engines"]["records"]  # (the client is shared: earlier tests' marks)
     with pytest.raises(RedistError, match="runs on the cufftmp engine with CuPy chunks only"):
         y.compute()

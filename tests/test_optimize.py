@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 import dask_redist
 from dask_redist.config import ConfigError, Settings
 from dask_redist.core.spec import BARRIER_PREFIX
-from dask_redist.graph.optimize import CollectiveOptimizer, decide, find_rechunks, rewrite
+from dask_redist.graph.decide import decide, find_rechunks
+from dask_redist.graph.optimize import CollectiveOptimizer, rewrite
 from dask_redist.planning import RechunkSpec
 
 
@@ -101,7 +102,7 @@ def test_input_tasks_run_inside_the_stage_tasks_where_nothing_else_needs_them():
 
 def test_rechunks_beyond_the_workers_memory_keep_dasks():
     """A run holds inputs and outputs at once and cannot spill (Dask's rechunks can)."""
-    from dask_redist.planning.cost import beyond_memory
+    from dask_redist.planning.memory import beyond_memory
 
     assert beyond_memory(100, [1000, 1000], 0.8) is None
     assert "cannot spill" in beyond_memory(900, [1000, 1000], 0.8)

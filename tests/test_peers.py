@@ -90,10 +90,13 @@ def replay(jobs, memory: np.ndarray) -> None:
         copy_rows(*rows, memory, src % ALIAS, memory, dst % ALIAS)
 
 
-def world(rechunk, dtype, nranks: int, in_ranks, needed=None, **settings):
-    """Every rank's run of one rechunk (``in_ranks``: each old chunk's rank)."""
+def world(rechunk, dtype, nranks: int, in_ranks, needed=None, **nvshmem):
+    """Every rank's run of one rechunk (``in_ranks``: each old chunk's rank; ``nvshmem``: the
+    cufftmp engine's settings, ``redist.nvshmem.*``)."""
     plan = make_plan(rechunk, in_ranks, nranks, needed=needed)
-    spec = CollectiveSpec("t" * 32, "in", "out", rechunk, dtype, Settings(**settings), "cupy")
+    section = tuple(sorted((k.replace("_", "-"), v) for k, v in nvshmem.items()))
+    settings = Settings(sections=(("nvshmem", section),))
+    spec = CollectiveSpec("t" * 32, "in", "out", rechunk, dtype, settings, "cupy")
     workers = tuple(f"tcp://w{r}" for r in range(nranks))
     runs = []
     for rank in range(nranks):

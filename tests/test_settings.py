@@ -49,7 +49,15 @@ def test_settings_follow_every_change_of_the_config_and_a_bad_one_fails_each_tim
     base = Settings.from_config()
     for _ in range(2):
         with dask.config.set({"redist.retries": 7, "redist.nvshmem.shared-gpu-max-chunks": 9}):
-            assert (Settings.from_config().retries, Settings.from_config().shared_gpu_max_chunks) == (7, 9)
+            assert (Settings.from_config().retries, Settings.from_config().section("nvshmem")) == (
+                7,
+                {
+                    "symmetric-size": None,
+                    "exit-when-stuck": True,
+                    "shared-gpu-copies": True,
+                    "shared-gpu-max-chunks": 9,
+                },
+            )
         assert Settings.from_config() == base
     saved = copy.deepcopy(dask.config.config)
     try:
@@ -212,16 +220,19 @@ def test_a_retry_with_other_settings_or_after_disable_gets_a_fresh_run(client, h
     ],
 )
 def test_every_numeric_setting_checks_its_range_naming_key_value_and_range(key, value, says):
+    from dask_redist.engines import check_settings
+
     with dask.config.set({f"redist.{key}": value}):
         with pytest.raises(dask_redist.ConfigError) as e:
-            Settings.from_config()
+            check_settings(Settings.from_config())  # (redist.nvshmem.*: the cufftmp engine's own check)
     message = str(e.value)
     assert f"redist.{key}" in message and repr(value) in message and says in message, message
 
 
 def test_the_ranges_cover_every_integer_setting():
-    """A new integer key gets a range too (`config.RANGES`)."""
-    from dask_redist.config import DEFAULTS, RANGES, flatten
+    """A new integer key gets a range too (`checks.RANGES`)."""
+    from dask_redist.checks import RANGES
+    from dask_redist.config import DEFAULTS, flatten
 
     ints = {
         k.removeprefix("redist.")
@@ -229,3 +240,34 @@ def test_the_ranges_cover_every_integer_setting():
         if isinstance(v, int) and not isinstance(v, bool) and not k.startswith("redist.cost-model.")
     }
     assert ints == set(RANGES)
+
+
+def test_the_cufftmp_engine_reads_and_checks_redist_nvshmem():
+    """``redist.nvshmem.*`` keeps its keys, now the cufftmp engine's own section: read by it
+    (`engine_settings`), checked by it when enabled, and the runtime's exit-when-stuck kept."""
+    from dask_redist.engines import engine_settings
+
+    with dask.config.set(
+        {"redist.nvshmem.shared-gpu-max-chunks": 9, "redist.nvshmem.symmetric-size": "2GiB"}
+    ):
+        settings = Settings.from_config()
+        (name,) = [
+            d.name for d in dask_redist.engines.descriptions(settings) if d.settings_section == "nvshmem"
+        ]
+        mine = engine_settings(name, settings)
+        assert (mine.shared_gpu_max_chunks, mine.symmetric_size, mine.shared_gpu_copies) == (9, 2**31, True)
+        assert settings.exit_when_stuck is True
+    assert engine_settings(name, Settings()).shared_gpu_max_chunks == 128  # (the packaged defaults)
+    for bad, message in [
+        (
+            {"shared-gpu-max-chunks": 0},
+            "redist.nvshmem.shared-gpu-max-chunks must be an integer from 1 to 1048576",
+        ),
+        ({"symmetric-size": "lots"}, "redist.nvshmem.symmetric-size must be a size"),
+        ({"shared-gpu-copies": "yes"}, "redist.nvshmem.shared-gpu-copies must be true or false"),
+        ({"exit-when-stuck": 1}, "redist.nvshmem.exit-when-stuck must be true or false"),
+    ]:
+        with pytest.raises(dask_redist.ConfigError, match=message):
+            dask_redist.enable(nvshmem=bad)
+    with pytest.raises(dask_redist.ConfigError, match="unknown option redist.nvshmem.heap"):
+        dask_redist.enable(nvshmem={"heap": "1GiB"})

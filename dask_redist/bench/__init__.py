@@ -1,16 +1,4 @@
-"""``dask-redist bench``: every rechunk method, timed on the same placed input, every result checked.
-
-* `cases`: the inputs (slab, pencil, uneven, 4-D; the GPU suite), placed and checked;
-* `harness`: timing, the per-run timeline and engine statistics; `results`: Markdown/JSON output;
-* `baselines`: nvmath's own ``Redistribute`` and the measured peer-copy ceiling;
-* `calibrate`: ``bench --calibrate``, the cost model of ``redist.min-bytes: auto`` measured here;
-* `floor`: Dask's own floor for a chunk count (a layer of coroutine tasks keyed like the output);
-* `micro`: the graph rewrite of a large rechunk, the fixed cost of a tiny one;
-* `pipeline`: ``bench --pipeline``, a rechunk between other steps, with and without it;
-* `fft`: ``bench --fft``, ``dask_redist.fft.fftn`` against the four steps by hand.
-
-Nothing in the library imports this package; the CLI does.
-"""
+"""``dask-redist bench``: every rechunk method, timed on the same placed input, every result checked."""
 
 from dask_redist.bench.cases import (
     FAST,

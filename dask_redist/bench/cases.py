@@ -75,14 +75,8 @@ def pencil_case(nbytes: int | str, per_axis: int, dtype: str = "float64") -> Cas
 
 
 def _even(n: int, parts: int) -> tuple[int, ...]:
-    """``n`` cut into ``parts`` chunks (at most ``n``) whose sizes differ by at most one.
-
-    Until 2026-12-01 05:10 UTC the cases used chunks of ``ceil(n / parts)``, which gives fewer
-    chunks than asked where ``n`` is not a multiple (a 2 GiB cube's side is 645: "1024 chunks"
-    were 645, "256" were 215); the case names now give the chunk count there is. Until
-    2026-12-02 a slab case asking for more chunks than its cube's side got as many as the side
-    (8 GiB at 4096 chunks: 1024, the same case as 1024, so the bench kept one row for both).
-    """
+    """``n`` cut into ``parts`` chunks (at most ``n``) whose sizes differ by at most one: the
+    case names give the chunk count there is (docs/benchmarks.md has how earlier cases differed)."""
     parts = max(1, min(parts, n))
     return tuple(int(x) for x in np.diff(np.linspace(0, n, parts + 1).round().astype(np.int64)))
 

@@ -52,6 +52,14 @@ GPU_METHODS = (
 )
 
 
+def _fft_engine() -> str:
+    """The engine the GPU path runs FFTs on: the most preferred that takes CuPy chunks."""
+    from dask_redist.config import Settings
+    from dask_redist.engines.choice import fft_engines
+
+    return next(name for name, kinds in fft_engines(Settings.from_config()).items() if "cupy" in kinds)
+
+
 def pencils(nchunks: int) -> tuple[int, int]:
     """``nchunks`` as ``a x b`` pencils, ``a >= b`` as close as its divisors allow."""
     b = max(d for d in range(1, math.isqrt(nchunks) + 1) if nchunks % d == 0)
@@ -200,11 +208,12 @@ def run(client, size: str, nchunks: int, methods, reps: int, kind: str, say=prin
                 r.nchunks_out = r.nchunks_in
             else:
                 gpu = kind == "cupy" and method.startswith("redist-fft")
-                before = engine_stats(client, "cufftmp") if gpu else {}
+                engine = _fft_engine() if gpu else None
+                before = engine_stats(client, engine) if gpu else {}
                 timed = method in methods  # (else the four steps as the reference only: run once)
                 r.times, y, r.timeline = _time(client, (shape, chunks), method, kind, reps, timed)
                 if gpu:
-                    r.engine_stats = engine_stats(client, "cufftmp") or None
+                    r.engine_stats = engine_stats(client, engine) or None
                     r.note = _fft_note(r.engine_stats, before)
                 r.nchunks_out = y.npartitions
                 reference = y if method == "four-step" else reference

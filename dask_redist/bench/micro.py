@@ -45,10 +45,13 @@ def fixed_cost(client, reps: int = 20) -> dict:
     from distributed import wait
 
     import dask_redist
+    from dask_redist.config import Settings
+    from dask_redist.engines.choice import recovery_engine
 
+    engine = recovery_engine(Settings.from_config())  # the engine that runs wherever Dask does
     labels = {
-        "collective (dask engine)": lambda: dask_redist.enable(
-            engine="dask", min_bytes=0, respect_method=False
+        f"collective ({engine} engine)": lambda: dask_redist.enable(
+            engine=engine, min_bytes=0, respect_method=False
         ),
         "dask tasks": nullcontext,
     }

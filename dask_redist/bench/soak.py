@@ -271,12 +271,11 @@ class Soak:
         """Persist the rechunk and check it; again if Dask cancelled the keys resubmitted right
         after a cancel (counted in the step, not a problem).
 
-        That is the client's doing, with or without the collective (a CPU LocalCluster, plain
-        Dask, 2026-12-01): the cancel's report can reach the client after the re-submit and
-        cancel the new futures, and while a cancelled future of those keys lives, every new
-        one shares its cancelled state, until a submission of them finishes on the scheduler.
-        So a slow first run (the GPU soak's step 0, bootstrapping NVSHMEM) lost 50 tries in
-        2.5 s; the tries now go on for `WAIT_S`."""
+        That is the client's doing, with or without the collective: the cancel's report can
+        reach the client after the re-submit and cancel the new futures, and while a cancelled
+        future of those keys lives, every new one shares its cancelled state, until a submission
+        of them finishes on the scheduler. A slow first run would lose its tries, so they go on
+        for `WAIT_S` (docs/benchmarks.md)."""
         from distributed.client import FuturesCancelledError
 
         x = generated(case, seed, self.kind) if x is None else x
@@ -303,7 +302,7 @@ class Soak:
             step.problems.append("values differ")
 
     def _invariants(self, step: Step, before: set[str], killed: set[str]) -> None:
-        from dask_redist.api import status
+        from dask_redist.cluster import status
 
         now = set(worker_info(self.client))
         lost = sorted(before - now - killed)
@@ -339,7 +338,7 @@ class Soak:
     def _runs_now(self, history: list[dict] | None = None) -> list[dict]:
         """The scheduler's history entries (runs ended) not seen by an earlier call."""
         if history is None:
-            from dask_redist.api import status
+            from dask_redist.cluster import status
 
             history = status(self.client)["history"]
         new = [r for r in history if (r.get("token"), r.get("run"), r.get("outcome")) not in self._runs_seen]

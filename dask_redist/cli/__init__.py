@@ -1,10 +1,4 @@
-"""dask-redist: a Dask array rechunk as one collective step across the workers.
-
-Commands: demo (the collective next to Dask's own rechunks), bench (time every method, write
-Markdown and JSON), soak (random rechunks, cancels, kills; invariants checked after each step),
-doctor (check every worker). `dask-redist COMMAND --help`: its options. Tables fit the
-terminal, or are Markdown where the output is not one (a file, a pipe, a CI log).
-"""
+"""The ``dask-redist`` command line: demo, bench, soak, doctor (``dask-redist COMMAND --help``)."""
 
 from __future__ import annotations
 
@@ -14,6 +8,15 @@ import sys
 from dask_redist.cli.bench import bench
 from dask_redist.cli.clusters import cluster_args
 from dask_redist.cli.commands import demo, doctor, soak
+
+#: ``dask-redist --help``'s description.
+DESCRIPTION = """dask-redist: a Dask array rechunk as one collective step across the workers.
+
+Commands: demo (the collective next to Dask's own rechunks), bench (time every method, write
+Markdown and JSON), soak (random rechunks, cancels, kills; invariants checked after each step),
+doctor (check every worker). `dask-redist COMMAND --help`: its options. Tables fit the
+terminal, or are Markdown where the output is not one (a file, a pipe, a CI log).
+"""
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -38,7 +41,7 @@ def parser() -> argparse.ArgumentParser:
     except ConfigError:  # (said when a command reads the settings; --help still works)
         engines = dict(BUILTIN_ENGINES)
     parser = argparse.ArgumentParser(
-        prog="dask-redist", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="dask-redist", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="{demo,bench,soak,doctor}")
 

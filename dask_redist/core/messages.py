@@ -9,9 +9,9 @@ handlers are registered under ``Message.op``. Replies are `TypedDict`s.
 * worker -> scheduler: `Barrier` (`BarrierReply`), `Failed`, `Stale` (`StaleReply`),
   `Allgather` (`AllgatherReply`); and `StageDone`, an event on the worker's stream (its ``op``
   the topic: `Worker.log_event`, taken by the plugin's ``log_event``);
-* scheduler -> worker: `Capabilities`, `Status`;
+* scheduler -> worker: `Capabilities`, `WorkerStatus`;
 * worker -> worker: `Pieces`;
-* client -> scheduler: `Probe`, `ForgetWorld`, `SchedulerStatus`, `History`.
+* client -> scheduler: `Probe`, `ForgetWorld`, `SchedulerStatus`.
 """
 
 from __future__ import annotations
@@ -222,10 +222,10 @@ class Capabilities(Message):
 
 
 @dataclass(frozen=True)
-class Status(Message):
+class WorkerStatus(Message):
     """What this worker holds for the collective (``dask_redist.status``)."""
 
-    op: ClassVar[str] = "redist_status"
+    op: ClassVar[str] = "redist_worker_status"
 
 
 # -- worker -> worker ---------------------------------------------------------------------------
@@ -265,13 +265,6 @@ class ForgetWorld(Message):
 
 @dataclass(frozen=True)
 class SchedulerStatus(Message):
-    """Runs, engines and every worker's `Status` (``dask_redist.status``)."""
+    """Runs, engines and every worker's `WorkerStatus` (``dask_redist.status``)."""
 
     op: ClassVar[str] = "redist_status"
-
-
-@dataclass(frozen=True)
-class History(Message):
-    """The runs the scheduler finished, oldest first."""
-
-    op: ClassVar[str] = "redist_history"

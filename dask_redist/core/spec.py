@@ -29,6 +29,7 @@ from dask_redist.planning.fft import DistributedFFT
 
 STAGE_PREFIX = "redist-stage-"
 BARRIER_PREFIX = "redist-barrier-"
+_LABELS = {"numpy": "NumPy", "cupy": "CuPy"}  # chunk types, as reasons name them
 
 
 def stage_token(key) -> str | None:
@@ -51,8 +52,8 @@ class CollectiveSpec:
     chunk_type: str = "numpy"  # from the array's metadata (after redist.output-type): "numpy" or "cupy"
     #: what the run computes besides moving the chunks: None (a rechunk) or a distributed FFT
     #: (`dask_redist.planning.fft`; ``rechunk`` then goes from the input to the output chunks
-    #: in the input's space), executed by the cufftmp engine in the same run
-    op: DistributedFFT | None = None
+    #: in the input's space), executed in the same run by an engine that runs FFTs
+    fft: DistributedFFT | None = None
     #: the layer whose tasks the unpack tasks also run, under its keys (`graph.fuse`); "": none,
     #: the unpack tasks carry the output keys
     consumer: str = ""
@@ -79,23 +80,28 @@ class CollectiveSpec:
         return [(self.unpack_name, *map(int, i)) for i in np.ndindex(*self.rechunk.new_grid)]
 
     def describe(self) -> str:
-        what = "rechunk" if self.op is None else f"fft ({self.op.kind})"
+        what = "rechunk" if self.fft is None else f"fft ({self.fft.kind})"
         return f"{what} {self.token[:8]} ({self.output_name})"
 
-    def run_problem(self, engine: str, kind: str, nranks: int) -> str | None:
+    def run_problem(
+        self, engine: str, kind: str, nranks: int, ffts: dict[str, tuple[str, ...]]
+    ) -> str | None:
         """Why a run on ``engine`` over ``nranks`` ranks with staged chunks of ``kind`` cannot do
-        what this spec asks (an FFT needs cufftmp and CuPy chunks), or None."""
-        if self.op is None:
+        what this spec asks, or None. ``ffts``: the engines that run FFTs, and on which chunk types
+        (an FFT needs one of them, with one of its chunk types)."""
+        if self.fft is None:
             return None
-        if engine != "cufftmp" or kind != "cupy":
-            return f"{self.describe()} runs on the cufftmp engine with CuPy chunks only, not {engine} with {kind} chunks"
-        return self.op.problem(nranks)
+        if kind not in ffts.get(engine, ()):
+            names = " or ".join(ffts) or "no"
+            kinds = "/".join(sorted({_LABELS.get(k, k) for types in ffts.values() for k in types}))
+            return f"{self.describe()} runs on the {names} engine with {kinds} chunks only, not {engine} with {kind} chunks"
+        return self.fft.problem(nranks)
 
     def plan_run(self, in_ranks, nranks: int, needed=None) -> Plan:
         """The plan of a run over ``nranks`` ranks with the inputs at ``in_ranks`` (the
         scheduler's choice of owners): the planner's, or the FFT's (`DistributedFFT.plan`)."""
-        if self.op is not None:
-            return self.op.plan(self.rechunk, in_ranks, nranks, needed)
+        if self.fft is not None:
+            return self.fft.plan(self.rechunk, in_ranks, nranks, needed)
         return make_plan(self.rechunk, in_ranks, nranks, needed=needed)
 
 

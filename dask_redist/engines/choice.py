@@ -124,6 +124,21 @@ def needs_probe(request: Request, capabilities: dict, workers, records: dict | N
     return []
 
 
+def recovery_engine(settings: Settings) -> str:
+    """The engine a run recovers on where the engine chosen cannot finish it: the most preferred
+    engine whose description says it runs wherever Dask does (`EngineDescription.recovery`)."""
+    for d in descriptions(settings):
+        if d.recovery:
+            return d.name
+    raise RedistError("no engine of redist.engines can finish a recovery (EngineDescription.recovery)")
+
+
+def fft_engines(settings: Settings) -> dict[str, tuple[str, ...]]:
+    """The engines of ``redist.engines`` that run distributed FFTs, most preferred first, and the
+    chunk types each runs them on (`EngineDescription.fft_chunk_types`)."""
+    return {d.name: d.fft_chunk_types for d in descriptions(settings) if d.fft_chunk_types}
+
+
 class EngineSelector:
     """Capabilities of the workers, each engine's record, and the choice of engine per run."""
 
@@ -149,7 +164,7 @@ class EngineSelector:
     ) -> tuple[str, str]:
         """The engine for a run of ``request`` (rechunk ``token``) over ``workers``.
 
-        A recovery finishes on the dask engine where the engine chosen would need workers stranded
+        A recovery finishes on the recovery engine (`recovery_engine`) where the engine chosen would need workers stranded
         in the world that lost a worker, even where that engine is named in ``redist.engine``:
         nothing the user asked for is lost to it. A recovery is a run restarted after a worker left
         (``restarting``), or the first run of a rechunk submitted before the world lost its worker
@@ -161,9 +176,10 @@ class EngineSelector:
             return engine, reason
         if restarting or token in self.record(engine).recovering:
             world = description(engine, request.settings).world_name
-            return "dask", (
+            recovery = recovery_engine(request.settings)
+            return recovery, (
                 f"{stranded} are stranded in the {world} world that lost a worker while this rechunk was under "
-                f"way, so the dask engine finishes it ({engine} again once "
+                f"way, so the {recovery} engine finishes it ({engine} again once "
                 "dask_redist.bootstrap(client, restart_broken=True) re-formed the world)"
             )
         return engine, reason
@@ -201,10 +217,10 @@ class EngineSelector:
         )
 
     def run_started(self, engine: str, settings: Settings, workers) -> None:
-        if description(
-            engine, settings
-        ).world:  # the workers start a world over this set if they have not yet
+        d = description(engine, settings)
+        if d.world:  # the workers start a world over this set if they have not yet
             self.record(engine).members = tuple(workers)
+            self.record(engine).world_name = d.world_name
 
     def run_failed(self, engine: str, settings: Settings, failure: str, why: str) -> None:
         """A rank of a run failed: an engine that could not start (``failure`` "unavailable",

@@ -18,7 +18,7 @@ chunk``) can number in the millions (1024 row slabs to 1024 column slabs: 1024 x
 and every piece cost a slice, a copy and an assembly step in Python. Where the received
 blocks cross the output chunks only a few thousand times, they are copied straight into
 the output chunks instead (no box: a third less new memory, one copy less;
-`DIRECT_MAX_PARTS`). Both measured in docs/benchmarks.md ("Levers of 2026-12-01").
+`DIRECT_MAX_PARTS`). Both measured in docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -27,9 +27,10 @@ import math
 
 import numpy as np
 
-from dask_redist.core.assemble import Assembly, cut, empty
+from dask_redist.core.assemble import Assembly, empty
 from dask_redist.core.wire import Packed, as_is, batches, pack
 from dask_redist.engines.description import EngineDescription, Request
+from dask_redist.engines.exchange import by_peer, cut_pieces, receives, sends
 from dask_redist.engines.protocol import Engine
 from dask_redist.errors import RedistError
 from dask_redist.planning import Transfers
@@ -137,12 +138,6 @@ def _assemble_outputs(owned, corners, blocks, recv: Transfers, parts, dtype, lik
     return dict(zip(owned, out))
 
 
-def cut_pieces(run, t: Transfers) -> list:
-    """Views of the staged input chunks for every transfer in ``t``."""
-    spec = run.spec.collective.rechunk
-    return [cut(run.inputs[int(f)], spec.old_box(f)[0], lo, hi) for f, lo, hi in zip(t.old_block, t.lo, t.hi)]
-
-
 def box_transfers_of(run) -> Transfers | None:
     """Input chunks cut to output boxes, when the run's outputs tile boxes (else None: pieces)."""
     plan, rechunk = run.plan, run.spec.collective.rechunk
@@ -155,6 +150,7 @@ class DaskDescription(EngineDescription):
     when no engine it prefers takes the rechunk, and says why those did not."""
 
     preference = 0
+    recovery = True  # a run the engine chosen cannot finish recovers here: it runs wherever Dask does
 
     def chosen(self, request: Request, passed_over: list[str]) -> str:
         return passed_over[0] if passed_over else request.chunks
@@ -176,12 +172,9 @@ class DaskEngine(Engine):
 
     def execute(self, run, transport) -> None:
         blocks = box_transfers_of(run)
-        transfers = run.plan.transfers if blocks is None else blocks
-        sends = transfers.take(transfers.src == run.rank)
-        self._send(run, transport, sends.take(sends.canonical_order()))
+        self._send(run, transport, sends(run, blocks))
         run.inputs = {}
-        recv = transfers.take(transfers.dst == run.rank)
-        recv = recv.take(recv.canonical_order())
+        recv = receives(run, blocks)
         received = run.wait_received(recv)
         run.finish(run.assemblies(received) if blocks is None else self._cut_outputs(run, recv, received))
 
@@ -214,15 +207,12 @@ class DaskEngine(Engine):
             out[f] = Assembly(tuple(lo), tuple(hi), spec.dtype, like, [(lo, hi, view)], shared=True)
         return out
 
-    def _send(self, run, transport, sends: Transfers) -> None:
+    def _send(self, run, transport, mine: Transfers) -> None:
         """Pack what goes to each peer into buffers of at most the budget; keep this rank's own."""
         budget = run.spec.collective.settings.memory_budget
-        nranks = len(run.spec.workers)
         run.set_phase("send")
         outgoing = []
-        # start with the next rank so that not every rank sends to rank 0 first
-        for dst in sorted(set(sends.dst.tolist()), key=lambda d: (d - run.rank - 1) % nranks):
-            t = sends.take(sends.dst == dst)
+        for dst, t in by_peer(run, mine, "dst"):
             arrays = cut_pieces(run, t)
             if dst == run.rank:
                 run.receive(run.rank, 0, arrays)

@@ -9,8 +9,14 @@ ask about it, without importing anything the engine needs to run:
   ``cannot_form``: why it cannot run over a set of workers at all (their hosts, say);
 * ``preference``, ``declines``, ``unable``, ``chosen``: its place in ``redist.engine: auto``
   (`dask_redist.engines.choice`), the reasons written for the person reading them;
+* what it supports: ``chunk_types`` (rechunks of which chunk types it moves) and
+  ``fft_chunk_types`` (the chunk types it runs distributed FFTs on; none: it runs none);
+  ``recovery``: whether a run the engine chosen cannot finish (its world lost a worker)
+  recovers on it;
+* ``read_settings``: its own section of the settings (``redist.NAME.*``), checked by it;
 * ``world``: whether it starts over a set of workers that the scheduler records
-  (`WorldRecord`), and forgets when ``dask_redist.bootstrap`` is called;
+  (`WorldRecord`), and forgets when ``dask_redist.bootstrap`` is called; ``world_name``,
+  what its reasons call that world;
 * ``mapping``: its line for ``explain``; ``worker_report``, ``doctor_columns``,
   ``doctor_line``, ``doctor_notes``: its part of ``dask-redist doctor``;
 * ``bootstrap_input``: the small rechunk ``dask_redist.bootstrap`` runs to start its world.
@@ -24,7 +30,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from dask_redist.config import Settings
+from dask_redist.config import ConfigError, Settings
 
 if TYPE_CHECKING:
     from dask_redist.core.spec import CollectiveSpec
@@ -53,16 +59,18 @@ class Request:
 
 @dataclass
 class WorldRecord:
-    """The scheduler's record of an engine: the world it was started over (engines with a world,
-    NVSHMEM's for cufftmp: `dask_redist.engines.cufftmp.world`), and why it cannot be used."""
+    """The scheduler's record of an engine: the world it was started over (engines with a world:
+    `EngineDescription.world`), and why it cannot be used."""
 
     members: tuple[str, ...] | None = None  # the workers the world was started over
     broken: str | None = None  # why the engine (its world) cannot be used any more
-    # members of a world that lost a PE: NVSHMEM's finalize waits for the dead PE forever
-    # (measured on the node), so these processes cannot join a new world until restarted
+    # members of a world that lost a member: they may not be able to leave it (an engine's
+    # finalize waiting for the dead member), so they cannot join a new world until restarted
     stranded: list[str] = field(default_factory=list)
     # rechunks (tokens) the scheduler held when the world lost its PE: their runs are recoveries
     recovering: set[str] = field(default_factory=set)
+    #: what reasons call the world (the engine's `EngineDescription.world_name`)
+    world_name: str = "engine's"
 
     def forget(self) -> None:
         """The engine's next run starts a world over the workers of that moment."""
@@ -71,7 +79,7 @@ class WorldRecord:
     def worker_left(self, worker: str, under_way=()) -> None:
         """``worker`` left; ``under_way``: the rechunks submitted by then, which it may have been part of."""
         if self.members is not None and worker in self.members:
-            self.broken = f"worker {worker} left the NVSHMEM world"
+            self.broken = f"worker {worker} left the {self.world_name} world"
             self.stranded = sorted(set(self.members) - {worker})
             self.recovering |= set(under_way)
 
@@ -99,6 +107,13 @@ class EngineDescription:
     world: bool = False
     #: what its world is called in reasons
     world_name: str = "its world"
+    #: the chunk types of the rechunks it moves ("numpy", "cupy"); others it refuses
+    chunk_types: tuple[str, ...] = ("numpy", "cupy")
+    #: the chunk types it runs distributed FFTs on (`dask_redist.fft`); empty: it runs none
+    fft_chunk_types: tuple[str, ...] = ()
+    #: whether a run that the engine chosen cannot finish (workers stranded in its world) is
+    #: finished on this engine: one that runs wherever Dask does
+    recovery: bool = False
 
     def __init__(self, name: str, engine: type | None = None):
         self.name = name  # as ``redist.engine`` names it
@@ -107,10 +122,28 @@ class EngineDescription:
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name!r}>"
 
+    # -- its settings ---------------------------------------------------------------------
+
+    #: the section of ``redist`` it owns (None: ``redist.NAME``, NAME as registered)
+    settings_section: str | None = None
+
+    def read_settings(self, section: dict) -> Any:
+        """Its own settings, checked: ``section`` is ``redist.NAME.*`` as set (`Settings.section`:
+        keys relative to it); raise `ConfigError` naming a key it does not take or a bad value.
+        What it returns is what the engine reads (`dask_redist.engines.engine_settings`). By
+        default an engine takes none."""
+        if section:
+            key = f"redist.{self.settings_section or self.name}.{sorted(section)[0]}"
+            raise ConfigError(f"unknown option {key}: the {self.name} engine takes no settings")
+        return None
+
     # -- which rechunks -----------------------------------------------------------------
 
     def refuses(self, request: Request) -> str | None:
-        """Why it cannot run this rechunk at all (the run fails with it when the engine is named)."""
+        """Why it cannot run this rechunk at all (the run fails with it when the engine is named):
+        by default, chunks of a type outside `chunk_types`."""
+        if request.chunk_type not in self.chunk_types:
+            return f"{request.chunks}: the {self.name} engine moves {', '.join(self.chunk_types)} chunks only"
         return None
 
     def declines(self, request: Request) -> str | None:

@@ -67,6 +67,8 @@ class Engine:
     #: whose start reached this rank is executed to its end even when aborted, its copies
     #: skipped (`WorkerRun.must_stop` says when not: a rank is gone)
     completes_aborted_runs: bool = False
+    #: what a stuck run (`Health.stuck`) left on this worker, as the log line of its exit says it
+    stuck_wording: str = "engine waiting on work that only a gone peer could finish"
 
     def execute(self, run: WorkerRun, transport: Transport) -> None:
         raise NotImplementedError

@@ -1,5 +1,11 @@
 """The engines by name: ``redist.engines`` (name -> "package.module:EngineClass") and their two sides.
 
+Engines are registered three ways, all resolved by `dask_redist.config` into the settings:
+built in (redist.yaml), installed (the ``dask_redist.engines`` entry-point group of a
+package, ``NAME = "package.module:EngineClass"``), and by configuration (``redist.engines``).
+An engine owns its section of the settings, ``redist.NAME.*``, which it checks
+(`engine_settings`).
+
 Every process resolves a name the same way, from the settings a graph carries: the
 scheduler to a description (`description`, `descriptions`: the scheduler's side, for the
 choice of engine, ``explain``, ``doctor`` and ``bootstrap``), a worker to one engine
@@ -8,8 +14,10 @@ instance per process (`get_engine`: engines keep caches, plans, arenas, worlds).
 
 from __future__ import annotations
 
+import functools
 import importlib
 import logging
+from typing import Any
 
 from dask_redist.config import Settings, host
 from dask_redist.engines.description import EngineDescription
@@ -43,6 +51,22 @@ def description(name: str, settings: Settings | None = None) -> EngineDescriptio
         logger.warning("engine %s (%s) does not load here: %s: %s", name, path, type(e).__name__, e)
         return EngineDescription(name)
     return cls.description(name, cls)
+
+
+@functools.lru_cache(maxsize=64)
+def engine_settings(name: str, settings: Settings) -> Any:
+    """Engine ``name``'s own settings (``redist.NAME.*``) in ``settings``, as its description reads
+    and checks them (`EngineDescription.read_settings`); as set where its class does not load here."""
+    d = description(name, settings)
+    section = settings.section(d.settings_section or name)
+    return section if d.engine is None else d.read_settings(section)
+
+
+def check_settings(settings: Settings) -> Settings:
+    """``settings``, once every engine that loads here has checked its own section (`ConfigError`)."""
+    for name, _ in settings.engines:
+        engine_settings(name, settings)
+    return settings
 
 
 def descriptions(settings: Settings | None = None) -> list[EngineDescription]:

@@ -73,25 +73,104 @@ _KINDS = {"fftn": ("c2c", False), "ifftn": ("c2c", True), "rfftn": ("r2c", False
 
 
 def fftn(a, s=None, axes=None, norm=None, *, chunks=None):
-    """The N-D discrete Fourier transform (as ``numpy.fft.fftn``) of a dask array."""
+    """The N-D discrete Fourier transform (as ``numpy.fft.fftn``) of a dask array.
+
+    Parameters
+    ----------
+    a : array_like or dask.array.Array
+        The input, real or complex, chunked along any axes (other arrays are one chunk).
+    s : sequence of int, optional
+        The length of the output along each transformed axis: the input is cropped or
+        zero-padded to it, as NumPy does.
+    axes : sequence of int, optional
+        The axes to transform; None: the last ``len(s)`` axes, or every axis.
+    norm : {"backward", "ortho", "forward"}, optional
+        The normalization of the forward transform, as NumPy's; None: "backward" (none).
+    chunks : tuple, optional
+        The chunks of the result; None: what the transform leaves (slabs along one axis).
+
+    Returns
+    -------
+    dask.array.Array
+        The complex transform: one collective step on GPU clusters, else collective rechunks
+        and ``numpy.fft`` (or ``cupy.fft``) per chunk; ``dask_redist.explain`` says which.
+    """
     _warn_like_numpy(s, axes)
     return transform(a, *_KINDS["fftn"], s, axes, norm, chunks)
 
 
 def ifftn(a, s=None, axes=None, norm=None, *, chunks=None):
-    """The N-D inverse discrete Fourier transform (as ``numpy.fft.ifftn``) of a dask array."""
+    """The N-D inverse discrete Fourier transform (as ``numpy.fft.ifftn``) of a dask array.
+
+    Parameters
+    ----------
+    a : array_like or dask.array.Array
+        The spectrum, complex, chunked along any axes.
+    s : sequence of int, optional
+        The length of the output along each transformed axis (cropped or padded), as in `fftn`.
+    axes : sequence of int, optional
+        The axes to transform back; None: the last ``len(s)`` axes, or every axis.
+    norm : {"backward", "ortho", "forward"}, optional
+        As in `fftn`: "backward" (the default) scales this inverse by ``1/n``.
+    chunks : tuple, optional
+        The chunks of the result, as in `fftn`.
+
+    Returns
+    -------
+    dask.array.Array
+        The complex inverse transform, by the same paths as `fftn`.
+    """
     _warn_like_numpy(s, axes)
     return transform(a, *_KINDS["ifftn"], s, axes, norm, chunks)
 
 
 def rfftn(a, s=None, axes=None, norm=None, *, chunks=None):
-    """The N-D transform of real input (as ``numpy.fft.rfftn``) of a dask array."""
+    """The N-D transform of real input (as ``numpy.fft.rfftn``) of a dask array.
+
+    Parameters
+    ----------
+    a : array_like or dask.array.Array
+        The input, real (its imaginary part would be dropped), chunked along any axes.
+    s : sequence of int, optional
+        The length of the input used along each transformed axis (cropped or padded).
+    axes : sequence of int, optional
+        The axes to transform; the last of them is halved (``n // 2 + 1``).
+    norm : {"backward", "ortho", "forward"}, optional
+        The normalization, as in `fftn`.
+    chunks : tuple, optional
+        The chunks of the half spectrum; None: what the transform leaves.
+
+    Returns
+    -------
+    dask.array.Array
+        The complex half spectrum, by the same paths as `fftn`.
+    """
     _warn_like_numpy(s, axes)
     return transform(a, *_KINDS["rfftn"], s, axes, norm, chunks)
 
 
 def irfftn(a, s=None, axes=None, norm=None, *, chunks=None):
-    """The inverse of ``rfftn`` (as ``numpy.fft.irfftn``) of a dask array."""
+    """The inverse of ``rfftn`` (as ``numpy.fft.irfftn``) of a dask array.
+
+    Parameters
+    ----------
+    a : array_like or dask.array.Array
+        A half spectrum (complex, its last transformed axis ``n // 2 + 1`` long).
+    s : sequence of int, optional
+        The shape of the real output along the transformed axes; None: ``2 * (m - 1)`` along
+        the last of them, where ``m`` is the half spectrum's length there.
+    axes : sequence of int, optional
+        The axes to transform back, the halved one last.
+    norm : {"backward", "ortho", "forward"}, optional
+        As in `ifftn`.
+    chunks : tuple, optional
+        The chunks of the real result.
+
+    Returns
+    -------
+    dask.array.Array
+        The real inverse transform, by the same paths as `fftn`.
+    """
     _warn_like_numpy(s, axes)
     return transform(a, *_KINDS["irfftn"], s, axes, norm, chunks)
 

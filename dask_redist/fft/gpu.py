@@ -94,40 +94,52 @@ def problem(x, op: FFTOp) -> str | None:
         return f"{why}: {rest}"
     if why := _engine_problem(client, workers):
         return f"{why}: {rest}"
-    if why := heap_problem(distributed(op, x.dtype, None), len(workers), Settings.from_config()):
+    settings = Settings.from_config()
+    geometry = distributed(op, x.dtype, None)
+    if why := heap_problem(geometry, len(workers), settings, _symmetric_size(settings)):
         return f"{why}: {rest}"
     return None
 
 
 def _engine_problem(client, workers) -> str | None:
-    from dask_redist.api import _ensure_scheduler_plugin
+    from dask_redist.cluster import ensure_scheduler_plugin
     from dask_redist.core.messages import Probe
     from dask_redist.engines import Request, WorldRecord
-    from dask_redist.engines.choice import choose_engine
+    from dask_redist.engines.choice import choose_engine, fft_engines
 
     settings = Settings.from_config()
-    if settings.engine not in ("auto", "cufftmp"):
+    ffts = [name for name, kinds in fft_engines(settings).items() if "cupy" in kinds]
+    if settings.engine != "auto" and settings.engine not in ffts:
         return f"redist.engine is {settings.engine}"
-    _ensure_scheduler_plugin(client)
+    ensure_scheduler_plugin(client)
     state = client.sync(Probe(dict(settings.engines)).call, client.scheduler)
     records = {name: WorldRecord.from_state(r) for name, r in state["records"].items()}
     request = Request("cupy", replace(settings, engine="auto"))
     engine, why = choose_engine(request, state["capabilities"], workers, records)
-    return None if engine == "cufftmp" else why
+    return None if engine in ffts else why
 
 
-def heap_problem(geometry, nworkers: int, settings: Settings) -> str | None:
+def _symmetric_size(settings: Settings) -> int | None:
+    """``redist.nvshmem.symmetric-size`` as the FFT's engine reads it (None: unset, or no such engine)."""
+    from dask_redist.engines import engine_settings
+    from dask_redist.engines.choice import fft_engines
+
+    names = [name for name, kinds in fft_engines(settings).items() if "cupy" in kinds]
+    return getattr(engine_settings(names[0], settings), "symmetric_size", None) if names else None
+
+
+def heap_problem(geometry, nworkers: int, settings: Settings, symmetric_size: int | None) -> str | None:
     """Why one transform's slab (operand and about as much workspace) and the arena do not fit
-    the symmetric heap set by ``redist.nvshmem.symmetric-size`` (unset: not checked here). One
-    worker's transform takes none (`dask_redist.engines.cufftmp.fft.local_transform`)."""
-    if settings.symmetric_size is None or nworkers == 1:
+    the symmetric heap of ``symmetric_size`` bytes (``redist.nvshmem.symmetric-size``; None: not
+    checked here). One worker's transform takes none (`dask_redist.engines.cufftmp.fft.local_transform`)."""
+    if symmetric_size is None or nworkers == 1:
         return None
     slab = max(_slab_bytes(geometry, nworkers))
     need = 2 * slab + settings.memory_budget * 5 // 4
-    if need > settings.symmetric_size:
+    if need > symmetric_size:
         return (
             f"one transform needs about {need} bytes of symmetric heap per GPU with the arena, over "
-            f"redist.nvshmem.symmetric-size ({settings.symmetric_size})"
+            f"redist.nvshmem.symmetric-size ({symmetric_size})"
         )
     return None
 
@@ -179,7 +191,7 @@ def build(x, op: FFTOp, chunks):
     grouping = None if groups is None else group_of_chunks(groups, x.numblocks)
     name = f"redist-fft-{op.function}-" + tokenize(x.name, op, geometry.out_chunks, grouping)
     spec = CollectiveSpec(
-        tokenize(name), x.name, name, rechunk, geometry.in_dtype, settings, "cupy", op=geometry
+        tokenize(name), x.name, name, rechunk, geometry.in_dtype, settings, "cupy", fft=geometry
     )
     layer = CollectiveLayer(collective_tasks(spec, groups))
     graph = HighLevelGraph.from_collections(name, layer, dependencies=[x])

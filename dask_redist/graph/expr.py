@@ -29,7 +29,8 @@ from dask_redist.compat import (
 )
 from dask_redist.config import Settings
 from dask_redist.graph.layer import collective_tasks
-from dask_redist.graph.optimize import collective_spec, running_on_scheduler
+from dask_redist.graph.decide import collective_spec
+from dask_redist.graph.optimize import running_on_scheduler
 
 ArrayExpr, Rechunk, TasksRechunk = array_expr()
 _original_rechunk = ArrayExpr.rechunk

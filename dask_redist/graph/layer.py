@@ -38,7 +38,7 @@ from dask_redist.runtime.tasks import barrier, stage, unpack, unpack_into
 
 class CollectiveLayer(MaterializedLayer):
     """The layer of a collective (a rewritten rechunk, a distributed FFT): never a rechunk to
-    rewrite again, though it keeps the rechunk's layer name (`graph.optimize.find_rechunks`).
+    rewrite again, though it keeps the rechunk's layer name (`graph.decide.find_rechunks`).
     ``decision``: the rewrite's `graph.optimize.Decision` where it was made on the client
     (`dask_redist.rechunk`), for ``explain``."""
 

@@ -30,7 +30,6 @@ import itertools
 import math
 from dataclasses import dataclass
 
-import dask
 import numpy as np
 from dask.utils import format_bytes
 
@@ -182,32 +181,4 @@ def fit(name: str, kind: str, workers: int, measured: str, runs: dict[str, list]
         measured,
         fit_line("dask", runs["dask"]),
         fit_line("collective", runs["collective"]),
-    )
-
-
-def pause_fraction() -> float:
-    """The share of a worker's memory limit at which distributed pauses it (its default where unset)."""
-    return dask.config.get("distributed.worker.memory.pause") or 0.8
-
-
-def beyond_memory(nbytes: int, limits: list[int], fraction: float) -> str | None:
-    """Why a NumPy rechunk of ``nbytes`` cannot run as a collective on workers with memory
-    ``limits`` (bytes; 0: no limit), or None.
-
-    A run holds its inputs and its outputs in worker memory at once and cannot spill them;
-    Dask's rechunks can. Where the two together pass ``fraction`` of the workers' memory
-    (distributed's pause threshold), the workers would pause before the barrier runs (and
-    nothing would time out) or their nannies would restart them: Dask's rechunk is kept.
-    A run that fits in all but is uneven is refused at its barrier instead, naming the worker
-    (`dask_redist.runtime.rechunks.over_memory`).
-    """
-    if not limits or not all(limits):
-        return None
-    room = fraction * sum(limits)
-    if 2 * nbytes <= room:
-        return None
-    return (
-        f"its input and output ({format_bytes(2 * nbytes)}) are more than the workers can hold at once "
-        f"({fraction:.0%} of their memory, {format_bytes(int(room))}) and the collective cannot spill: "
-        "Dask's rechunk, which can, is kept (add workers or memory)"
     )

@@ -29,7 +29,7 @@ BALANCE_TOLERANCE = 1.10
 #: Moved bytes within this fraction of the total count as a tie.
 TIE_FRACTION = 0.01
 #: The greedy candidate walks new chunks one by one in Python: tried up to this many
-#: (chunk, holder) pairs (about 1 s of planning beyond it; docs/scale.md). Past it only
+#: (chunk, holder) pairs (docs/scale.md has the cost beyond it). Past it only
 #: the box candidates compete, which are also the ones the direct cuFFTMp mapping needs.
 GREEDY_MAX_PAIRS = 2**20
 

@@ -159,7 +159,7 @@ def concat_transfers(parts: Sequence[Transfers]) -> Transfers:
 def pieces(spec: RechunkSpec) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """All pieces of a rechunk: (old_block, new_block, lo, hi), flat indices and bounds, in C order
     over the grid of per-axis segments. Each column is one axis's segment values broadcast over
-    that grid (no index grid gathered from, no (n, ndim) array stacked: 65,536 pieces in ~1 ms)."""
+    that grid (no index grid gathered from, no (n, ndim) array stacked)."""
     axes = [axis_segments(o, n) for o, n in zip(spec.old, spec.new)]
     counts = [len(a) for a in axes]
     total = math.prod(counts)

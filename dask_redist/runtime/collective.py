@@ -2,8 +2,8 @@
 
 Every worker has ONE collective thread (`CollectiveThread`) that executes runs
 strictly by their sequence number, so two rechunks running at the same time (two
-threads, two clients, one graph) can never wait on each other crosswise; NVSHMEM
-needs that, since every GPU must make the same collective calls in the same order.
+threads, two clients, one graph) can never wait on each other crosswise; engines whose
+ranks make collective calls need that, since every rank must make them in the same order.
 
 `RunExecutor` runs each on its engine with a `CommsTransport`, reports a failing
 rank to the scheduler (which aborts the run everywhere, so nobody waits for it), and,
@@ -156,7 +156,7 @@ class RunExecutor:
         finally:
             returned.set()
             if engine.health().stuck and run.spec.collective.settings.exit_when_stuck:
-                self._exit_stuck(run)
+                self._exit_stuck(run, engine)
 
     def _watch(self, run: WorkerRun, engine, returned: threading.Event) -> None:
         """End the process if ``run``'s engine blocks behind GPU work only dead peers can finish.
@@ -185,22 +185,23 @@ class RunExecutor:
                     run.must_stop() and now - run.failed_at > STUCK_GRACE_S
                 )  # (a completing run: its rounds' age)
                 if aborted or (since is not None and now - since > limit):
-                    self._exit_stuck(run, f" (its thread, in phase {run.phase!r}, did not return: watchdog)")
+                    how = f" (its thread, in phase {run.phase!r}, did not return: watchdog)"
+                    self._exit_stuck(run, engine, how)
         finally:
             faulthandler.cancel_dump_traceback_later()
 
-    def _exit_stuck(self, run: WorkerRun, how: str = "") -> None:
-        """End this process: its GPU waits inside an NVSHMEM collective that can never finish.
+    def _exit_stuck(self, run: WorkerRun, engine, how: str = "") -> None:
+        """End this process: its engine waits on work that only a gone peer could finish.
 
-        Every later GPU call would wait behind that kernel, and so would a normal
-        shutdown (nvmath finalizes NVSHMEM at exit, waiting for the peer). The
-        nanny starts a fresh process; the scheduler sees a worker leave, restarts
-        the rechunk, and Dask recomputes what this worker held.
+        Every later call of the engine would wait behind that work, and so might a
+        normal shutdown. The nanny starts a fresh process; the scheduler sees a worker
+        leave, restarts the rechunk, and Dask recomputes what this worker held.
         """
         logger.error(
-            "%s left this worker's GPU inside an NVSHMEM collective that cannot finish%s; exiting so that "
-            "the nanny starts a fresh process (redist.nvshmem.exit-when-stuck)",
+            "%s left this worker's %s%s; exiting so that the nanny starts a fresh process "
+            "(redist.nvshmem.exit-when-stuck)",
             run.name(),
+            engine.stuck_wording,
             how,
         )
         for handler in logging.getLogger().handlers + logger.handlers:

@@ -1,4 +1,4 @@
-"""The scheduler's runs: starting, finishing, aborting and restarting them.
+"""The scheduler's runs: starting, finishing, aborting and restarting them (the one home of restarts).
 
 `Runs` holds what the scheduler plugin (`dask_redist.runtime.scheduler`) knows of every
 collective rechunk (`dask_redist.runtime.rechunks.Rechunk`) and applies what happens to
@@ -19,7 +19,7 @@ from distributed.protocol.serialize import ToPickle
 
 from dask_redist.core import messages as m
 from dask_redist.core.spec import BARRIER_PREFIX, STAGE_PREFIX, CollectiveSpec, RunSpec, stage_token
-from dask_redist.runtime.rechunks import ActiveRun, Rechunk, RunIds, restart_recommendations
+from dask_redist.runtime.rechunks import ActiveRun, PendingRestart, Rechunk, RunIds
 
 logger = logging.getLogger("dask_redist")
 HISTORY_KEPT = 200  # finished runs kept for status()/explain(), newest last
@@ -148,7 +148,7 @@ class Runs:
             return
         self.abort(token, reason, failure="restart")
         logger.warning("restarting rechunk %s: %s", token[:8], reason)
-        if recs := restart_recommendations(self.scheduler.tasks, token, stale):
+        if recs := _restart_recommendations(self.scheduler.tasks, token, stale):
             stimulus = f"redist-restart-{token}-{time.time()}"
             self.scheduler.transitions(recs, stimulus_id=stimulus)
             self.scheduler.stimulus_queue_slots_maybe_opened(stimulus_id=stimulus)
@@ -165,15 +165,24 @@ class Runs:
         )
 
     def restart_once_barrier_done(self, token: str, reason: str, stale: list = ()) -> None:
-        """`_restart` the active run, at once or, while the barrier task is still processing,
-        once it is in memory (`dask_redist.runtime.rechunks`)."""
+        """`restart` the active run, at once or, while the barrier task is still processing,
+        once it is in memory.
+
+        A rank can fail, or a worker leave, before the barrier task's own result reached the
+        scheduler (an engine that cannot start fails at once). Releasing the barrier task while
+        it is still processing races its completion: distributed takes the late result for a
+        stale one and releases the task again, restarting the new run as well. So such a restart
+        is kept (`PendingRestart`) and done once the barrier task is in memory (`_restart_pending`)."""
         barrier = self.scheduler.tasks.get(BARRIER_PREFIX + token)
         if barrier is None or barrier.state != "processing":
             self.restart(token, reason, stale)
             return
         rechunk = self.rechunks[token]
         logger.debug("%s: the restart waits for the barrier task's result", rechunk.active.spec.name())
-        rechunk.defer_restart(reason, stale)
+        if (earlier := rechunk.pending_restart) is None:  # (the first reason is kept)
+            rechunk.pending_restart = PendingRestart(rechunk.active.spec.run_id, reason, list(stale))
+        else:
+            earlier.stale.extend(stale)
 
     def _restart_pending(self, token: str) -> None:
         """The barrier task is in memory: do the restart it held back, if its run is still active."""
@@ -250,10 +259,25 @@ class Runs:
                 self.restart_once_barrier_done(token, f"worker {worker} left during {run.spec.name()}", mine)
 
     def clear(self) -> None:
-        """The scheduler restarted: every run and staged chunk is gone."""
+        """The cluster restarted (distributed's ``restart`` hook): every run and staged chunk is gone."""
         self.rechunks.clear()
         self.by_output.clear()
         self.stage_home.clear()
+
+
+def _restart_recommendations(tasks: dict, token: str, stale=()) -> dict:
+    """What to release so that dask runs the rechunk's barrier again: the barrier, its unpack
+    tasks not yet done, and the ``stale`` stage keys (their staged chunks are gone)."""
+    barrier = tasks.get(BARRIER_PREFIX + token)
+    if barrier is None:
+        return {}
+    recs = {
+        dt.key: "released" for dt in barrier.dependents if dt.state in ("processing", "waiting", "no-worker")
+    }
+    if barrier.state in ("memory", "processing"):
+        recs[barrier.key] = "released"
+    recs.update({k: "released" for k in stale if k in tasks and tasks[k].state == "memory"})
+    return recs
 
 
 def send_now(stream, msg) -> None:

@@ -15,8 +15,8 @@ before its stage tasks. The real graph is not touched.
 A graph of nothing but the collective's own tasks (what persisting a rechunk of a persisted
 array submits: stage, barrier and unpack tasks) has one sensible order, its dependencies':
 `collective_order` gives it in one pass (Kahn's, ties in the graph's order), where dask's
-ordering of the cut graph took 0.26-1.1 s at 4096 chunks on the 2-core CPU machine (the
-barrier cut, each unpack task is a root of its own). Graphs with other tasks go to dask.
+ordering of the cut graph walks every unpack task as a root of its own (the barrier cut;
+measured in docs/benchmarks.md). Graphs with other tasks go to dask.
 
 `install` swaps this in for ``dask.order.order`` in the scheduler's process
 (the scheduler looks the function up on the module for every graph); graphs

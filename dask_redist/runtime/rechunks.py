@@ -1,19 +1,11 @@
-"""The scheduler's state of each collective rechunk, and the restarts it decides.
+"""The scheduler's state of each collective rechunk across its runs.
 
 A rechunk (one token) can run several times: a worker that held staged inputs
 leaves, a rank finds its state stale, an engine cannot start under ``engine: auto``.
 `Rechunk` keeps what spans those runs (restarts, the active run, a restart
-waiting for the barrier task); `ActiveRun` what one run pinned and waits for. The
-functions here decide, the plugin (`dask_redist.runtime.scheduler`) applies: a restart
-is a set of recommendations (`restart_recommendations`) that the plugin hands to the
-scheduler's transition engine, as distributed's shuffle does.
-
-Why a restart can wait: a rank can fail, or a worker leave, before the barrier task's
-own result reached the scheduler (an engine that cannot start fails at once).
-Releasing the barrier task while it is still processing races its completion:
-distributed takes the late result for a stale one and releases the task again,
-restarting the new run as well. So such a restart is kept (`PendingRestart`) and
-done once the barrier task is in memory.
+waiting for the barrier task: `PendingRestart`); `ActiveRun` what one run pinned and
+waits for; `RunIds` each rechunk's next run id. Restarts themselves are
+`dask_redist.runtime.lifecycle`'s.
 """
 
 from __future__ import annotations
@@ -22,12 +14,8 @@ import time
 from dataclasses import dataclass, field
 
 import numpy as np
-from dask.utils import format_bytes
 
-from dask_redist.core.spec import BARRIER_PREFIX, RunSpec
-from dask_redist.planning import Plan
-from dask_redist.planning.cost import pause_fraction
-from dask_redist.planning.geometry import chunk_nbytes
+from dask_redist.core.spec import RunSpec
 
 
 @dataclass
@@ -42,7 +30,7 @@ class ActiveRun:
     started: float = field(default_factory=time.time)
 
     def history(self, outcome: str) -> dict:
-        """The entry ``redist_history`` reports for this run."""
+        """This run's entry of the history (``dask_redist.status(client)["history"]``)."""
         return {
             "token": self.spec.token,
             "run": self.spec.run_id,
@@ -77,14 +65,6 @@ class Rechunk:
     #: that run is stale (a cancelled execution distributed re-adopted for a resubmitted key), and
     #: so is one for an output the run did not include (`barrier_is_current`)
     barrier: tuple | None = None
-
-    def defer_restart(self, reason: str, stale: list) -> None:
-        """Restart the active run once the barrier task is in memory (keeps the first reason)."""
-        earlier = self.pending_restart
-        if earlier is None:
-            self.pending_restart = PendingRestart(self.active.spec.run_id, reason, list(stale))
-        else:
-            earlier.stale.extend(stale)
 
 
 class RunIds:
@@ -126,47 +106,8 @@ def barrier_is_current(rechunk: Rechunk | None, ts, run_id: int, index: int) -> 
     )
 
 
-def restart_recommendations(tasks: dict, token: str, stale=()) -> dict:
-    """What to release so that dask runs the rechunk's barrier again: the barrier, its unpack
-    tasks not yet done, and the ``stale`` stage keys (their staged chunks are gone)."""
-    barrier = tasks.get(BARRIER_PREFIX + token)
-    if barrier is None:
-        return {}
-    recs = {
-        dt.key: "released" for dt in barrier.dependents if dt.state in ("processing", "waiting", "no-worker")
-    }
-    if barrier.state in ("memory", "processing"):
-        recs[barrier.key] = "released"
-    recs.update({k: "released" for k in stale if k in tasks and tasks[k].state == "memory"})
-    return recs
-
-
 def ranks_of(workers: list[str], holders: list[int], alive) -> tuple[list[str], np.ndarray]:
     """The run's ranks (every worker alive, and those holding inputs) and each input chunk's rank."""
     ranks = sorted(set(alive) | set(workers))
     position = {w: i for i, w in enumerate(ranks)}
     return ranks, np.array([position[workers[h]] for h in holders], dtype=np.int64)
-
-
-def over_memory(plan: Plan, ranks: list[str], workers: dict) -> str | None:
-    """Why the run cannot fit: the first rank whose inputs and outputs at once exceed the pause
-    fraction of its memory limit (``workers``: the scheduler's states; no limit: fits), or None.
-    A collective holds both and cannot spill them; rather than have the nanny kill the worker,
-    the run fails with the numbers."""
-    fraction = pause_fraction()
-    limits = [getattr(workers.get(w), "memory_limit", 0) or 0 for w in ranks]
-    in_bytes = np.bincount(
-        plan.in_ranks.ravel(),
-        weights=chunk_nbytes(plan.spec.old, plan.spec.itemsize).ravel(),
-        minlength=plan.nranks,
-    )
-    for rank, limit in enumerate(limits):
-        need = int(in_bytes[rank] + plan.out_bytes[rank])
-        if limit and need > fraction * limit:
-            return (
-                f"the rechunk needs {format_bytes(need)} at once on worker {ranks[rank]}, over {fraction:.0%} of its "
-                f"memory limit ({format_bytes(limit)}); the collective cannot spill to disk. Use more workers "
-                "or more memory per worker, or keep dask's rechunk for this array (redist.min-bytes, "
-                "dask_redist.disable())"
-            )
-    return None

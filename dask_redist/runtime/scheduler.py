@@ -18,7 +18,7 @@ workers; when one errs the run is aborted everywhere. When a worker of an active
 run leaves, or a rank reports that a run's state was lost, the run is restarted
 (`dask_redist.runtime.rechunks`): the barrier and the unfinished unpack tasks are
 released, so dask runs the barrier again (re-staging what was lost) under a new
-run id, up to ``redist.retries`` times; the stage tasks of a worker that left run
+run id, up to ``redist.retries`` times (`dask_redist.runtime.lifecycle`, the one home of restarts); the stage tasks of a worker that left run
 again too (copies of their markers may live on, the staged chunks died with it).
 A rank that fails for any other reason has the run aborted on every rank with its
 error, so no rank is left waiting.
@@ -39,18 +39,19 @@ from dask_redist.config import Settings
 from dask_redist.core import messages as m
 from dask_redist.core.spec import BARRIER_PREFIX, BarrierTask, CollectiveSpec, stage_token
 from dask_redist.engines import Request
-from dask_redist.engines.choice import EngineSelector
+from dask_redist.engines.choice import EngineSelector, fft_engines
 from dask_redist.errors import FAILURES
 from dask_redist.runtime import ordering
 from dask_redist.runtime.eager import EagerStarts
 from dask_redist.runtime.lifecycle import Runs
-from dask_redist.runtime.rechunks import barrier_is_current, over_memory, ranks_of
+from dask_redist.planning.memory import over_memory, pause_fraction
+from dask_redist.runtime.rechunks import barrier_is_current, ranks_of
 from dask_redist.runtime.rendezvous import Rendezvous, ask_each
 
 logger = logging.getLogger("dask_redist")
 STATUS_TIMEOUT_S = 10.0  # for each worker's answer to status()
-PLANS_KEPT = 8  # plans kept for a repeated rechunk (`RedistSchedulerPlugin._plan`) ...
-PLAN_KEPT_PIECES = 4096  # ... of at most this many pieces each
+RUN_PLANS_KEPT = 8  # plans kept for a repeated rechunk (`RedistSchedulerPlugin._plan`) ...
+RUN_PLAN_KEPT_PIECES = 4096  # ... of at most this many pieces each
 
 
 class RedistSchedulerPlugin(SchedulerPlugin):
@@ -83,7 +84,6 @@ class RedistSchedulerPlugin(SchedulerPlugin):
             {
                 m.Barrier.op: self.barrier,
                 m.Failed.op: self.failed,
-                m.History.op: self.get_history,
                 m.SchedulerStatus.op: self.get_status,
                 m.ForgetWorld.op: self.forget_world,
                 m.Allgather.op: self.rendezvous.handle,
@@ -134,7 +134,9 @@ class RedistSchedulerPlugin(SchedulerPlugin):
             asked.chunk_type,
         )
         if not self._processing(ts):  # released (a cancel): this call's result goes nowhere
-            return {"status": "stale", "message": f"barrier task {BARRIER_PREFIX + token} is not processing"}
+            return m.BarrierReply(
+                status="stale", message=f"barrier task {BARRIER_PREFIX + token} is not processing"
+            )
         spec: CollectiveSpec = ts.run_spec.spec
         if lost := self._lost(workers, homes, spec, "holding staged inputs left before the run started"):
             return lost
@@ -153,44 +155,44 @@ class RedistSchedulerPlugin(SchedulerPlugin):
             self.runs.history.append(
                 {"token": token, "outcome": "cancelled", "why": "no output of it is wanted"}
             )
-            return {"status": "OK", "run_id": 0}
+            return m.BarrierReply(status="OK", run_id=0)
         request = Request.of(spec, chunk_type)
         engine, reason = await self._choose_engine(request, ranks, token)
         self.runs.timeline["engine chosen"] = time.time()
-        if problem := spec.run_problem(engine, chunk_type, len(ranks)):  # (a distributed FFT: cufftmp only)
-            return {"status": "error", "fatal": True, "message": f"{problem} ({reason})"}
+        if problem := spec.run_problem(engine, chunk_type, len(ranks), fft_engines(spec.settings)):
+            return m.BarrierReply(status="error", fatal=True, message=f"{problem} ({reason})")
         if problem := self.engines.refusal(engine, request, ranks):
-            return {"status": "error", "fatal": True, "message": problem}
+            return m.BarrierReply(status="error", fatal=True, message=problem)
         self.engines.run_started(
             engine, spec.settings, ranks
         )  # (a worker leaving while we plan breaks that world)
         plan = await self._plan(spec, in_ranks, len(ranks), needed)
         self.runs.timeline["planned"] = time.time()
-        if chunk_type == "numpy" and (too_big := over_memory(plan, ranks, self.scheduler.workers)):
-            return {"status": "error", "fatal": True, "message": too_big}
+        limits = [getattr(self.scheduler.workers.get(w), "memory_limit", 0) or 0 for w in ranks]
+        if chunk_type == "numpy" and (too_big := over_memory(plan, ranks, limits, pause_fraction())):
+            return m.BarrierReply(status="error", fatal=True, message=too_big)
         if lost := self._lost(ranks, homes, spec, "left while the run was planned", workers):
             return lost
         if self.scheduler.tasks.get(ts.key) is not ts or not self._processing(ts):  # released meanwhile
-            return {
-                "status": "stale",
-                "message": f"barrier task {ts.key} was released while the run was planned",
-            }
+            return m.BarrierReply(
+                status="stale", message=f"barrier task {ts.key} was released while the run was planned"
+            )
         run = self.runs.start(spec, ranks, plan, needed, engine, chunk_type, reason)
         self.runs.rechunks[spec.token].barrier = (ts, run.run_id, needed)
-        return {"status": "OK", "run_id": run.run_id}
+        return m.BarrierReply(status="OK", run_id=run.run_id)
 
     async def _plan(self, spec: CollectiveSpec, in_ranks: np.ndarray, nranks: int, needed: np.ndarray):
         """The plan of a run (off the event loop), or the same plan again for a rechunk of the same
-        geometry, placement and outputs wanted as one of the last `PLANS_KEPT` (plans of at most
-        `PLAN_KEPT_PIECES` pieces are kept)."""
-        key = (spec.rechunk, spec.op, nranks, in_ranks.tobytes(), needed.tobytes())
+        geometry, placement and outputs wanted as one of the last `RUN_PLANS_KEPT` (plans of at most
+        `RUN_PLAN_KEPT_PIECES` pieces are kept)."""
+        key = (spec.rechunk, spec.fft, nranks, in_ranks.tobytes(), needed.tobytes())
         plan = self._plans.pop(key, None)
         if plan is None:
             plan = await offload(spec.plan_run, in_ranks, nranks, needed)
-        if plan.piece_count > PLAN_KEPT_PIECES:  # (planning is a small part of such a run)
+        if plan.piece_count > RUN_PLAN_KEPT_PIECES:  # (planning is a small part of such a run)
             return plan
         self._plans[key] = plan  # (the most recently used last)
-        while len(self._plans) > PLANS_KEPT:
+        while len(self._plans) > RUN_PLANS_KEPT:
             del self._plans[next(iter(self._plans))]
         return plan
 
@@ -201,12 +203,12 @@ class RedistSchedulerPlugin(SchedulerPlugin):
         """
         ts = self.scheduler.tasks.get(BARRIER_PREFIX + token)
         if barrier_is_current(self.runs.rechunks.get(token), ts, run_id, index):
-            return {"stale": False}
+            return m.StaleReply(stale=False)
         if ts is None or ts.state != "memory":
-            return {"stale": True, "released": False}
+            return m.StaleReply(stale=True, released=False)
         logger.debug("%s: result of run %d is stale for output %d; running it again", ts.key, run_id, index)
         self.runs.restart(token, f"output chunk {index} is not in run {run_id} (stale barrier result)")
-        return {"stale": True, "released": True}
+        return m.StaleReply(stale=True, released=True)
 
     @staticmethod
     def _processing(ts) -> bool:
@@ -214,7 +216,7 @@ class RedistSchedulerPlugin(SchedulerPlugin):
 
     def _lost(
         self, who: list[str], homes: list, spec: CollectiveSpec, what: str, holders=None
-    ) -> dict | None:
+    ) -> m.BarrierReply | None:
         """Restart the rechunk if any of ``who`` left; the barrier's answer then."""
         lost = [w for w in who if w not in self.scheduler.workers]
         if not lost:
@@ -224,7 +226,7 @@ class RedistSchedulerPlugin(SchedulerPlugin):
         # worker) while the staged chunks died with it: released too, or the barrier loops
         stale = [(spec.stage_name, *tail) for tail, h in homes if holders[h] in lost]
         self.runs.restart(spec.token, f"workers {lost} {what}", stale, spec.settings)
-        return {"status": "error", "message": f"workers {lost} left"}
+        return m.BarrierReply(status="error", message=f"workers {lost} left")
 
     async def _choose_engine(self, request: Request, ranks: list[str], token: str) -> tuple[str, str]:
         """The engine for a run of rechunk ``token`` and why; asks workers what they can run the
@@ -284,13 +286,10 @@ class RedistSchedulerPlugin(SchedulerPlugin):
         that moment, and is tried again if it could not start."""
         self.engines.forget(engine)
 
-    def get_history(self) -> list[dict]:
-        return list(self.runs.history)
-
     async def get_status(self) -> dict:
         """Runs finished, runs active, the engines' state, and what every worker holds."""
         answers = await ask_each(
-            self.scheduler, m.Status().to_dict(), self.scheduler.workers, STATUS_TIMEOUT_S
+            self.scheduler, m.WorkerStatus().to_dict(), self.scheduler.workers, STATUS_TIMEOUT_S
         )
         return {
             "history": list(self.runs.history),
@@ -329,5 +328,6 @@ class RedistSchedulerPlugin(SchedulerPlugin):
         self.runs.worker_left(worker)
 
     def restart(self, scheduler) -> None:
+        """distributed's hook: the cluster restarted (``Client.restart``); not a rechunk's restart."""
         self.runs.clear()
         self.eager.clear()

@@ -317,7 +317,7 @@ class RedistWorkerPlugin(WorkerPlugin):
         state = get_state(worker)
         worker.handlers[m.Pieces.op] = state.handle_receive
         worker.handlers[m.Capabilities.op] = state.handle_capabilities
-        worker.handlers[m.Status.op] = state.handle_status
+        worker.handlers[m.WorkerStatus.op] = state.handle_status
         worker.stream_handlers.update(
             {
                 m.Start.op: lambda run: state.handle_start(run),

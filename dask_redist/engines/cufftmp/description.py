@@ -14,6 +14,7 @@ import numpy as np
 from dask.utils import format_bytes
 
 from dask_redist.engines.cufftmp.host import host_dtype_problem
+from dask_redist.engines.cufftmp.settings import CufftMpSettings
 from dask_redist.engines.description import EngineDescription, Request
 
 #: The small rechunk `CufftMpDescription.bootstrap_input` runs: shape, old and new chunks.
@@ -30,6 +31,11 @@ class CufftMpDescription(EngineDescription):
     probes = True  # CuPy, nvmath-python, cuFFTMp and NVSHMEM must load on every worker
     world = True
     world_name = "NVSHMEM"
+    fft_chunk_types = ("cupy",)  # distributed FFTs through cuFFTMp (`.fft`)
+    settings_section = "nvshmem"
+
+    def read_settings(self, section: dict) -> CufftMpSettings:
+        return CufftMpSettings.read(section)
 
     def declines(self, request: Request) -> str | None:
         if request.chunk_type == "cupy":

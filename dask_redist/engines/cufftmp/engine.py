@@ -20,8 +20,7 @@ into the arena, sync, reshape, sync, copy the output boxes out.
 A world of one PE needs none of that: every piece (old chunk ∩ new chunk) is copied straight
 from its input chunk into its output chunk, in one launch (`LOCAL_MAX_PIECES`): one pass over
 the bytes where the arena's rounds make three, with a synchronization on either side of each
-reshape and a round per ``redist.memory-budget`` (8 GiB on one H200: 8 rounds, 16-17 ms of GPU
-time where one pass takes about 4 ms).
+reshape and a round per ``redist.memory-budget`` (measured in docs/benchmarks.md).
 
 Rounds are queued asynchronously and waited for by polling (`dask_redist.engines.rounds`),
 where the engine sees aborts and timeouts; an aborted run is completed dry there, so that
@@ -129,6 +128,7 @@ class CufftMpEngine(Engine):
     description = CufftMpDescription
     watched = True  # a launch can block behind a reshape that waits for a dead peer
     completes_aborted_runs = True  # every rank must make the same NVSHMEM calls
+    stuck_wording = "GPU inside an NVSHMEM collective that cannot finish"
     capabilities = staticmethod(capabilities)
 
     def __init__(self):
@@ -240,7 +240,7 @@ class CufftMpEngine(Engine):
     # -- a run -------------------------------------------------------------------------
 
     def execute(self, run, transport) -> None:
-        if run.spec.collective.op is not None:  # a distributed FFT: two legs of this path around it
+        if run.spec.collective.fft is not None:  # a distributed FFT: two legs of this path around it
             return fft.execute(self, run, transport)
         self.prepare(run, transport, synchronize=False)  # (waited for below, after the host's work)
         import cupy

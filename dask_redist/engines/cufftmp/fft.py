@@ -74,7 +74,7 @@ class Leg:
 
 def leg_spec(spec, rechunk, dtype, in_ranks, out_ranks, needed=None):
     """The `RunSpec` of one leg of the FFT run ``spec``."""
-    collective = replace(spec.collective, rechunk=rechunk, dtype=dtype, op=None)
+    collective = replace(spec.collective, rechunk=rechunk, dtype=dtype, fft=None)
     return replace(spec, collective=collective, in_ranks=in_ranks, out_ranks=out_ranks, needed=needed)
 
 
@@ -198,7 +198,7 @@ def setup(engine, run) -> _Transform:
     cuFFTMp's planning, each frees what it allocated and raises `RunRefusedError`: the world
     is intact and the scheduler leaves it usable. Any other failure raises a `RedistError`
     (the world is then not trusted any more)."""
-    op, nranks, rank = run.spec.collective.op, len(run.spec.workers), run.rank
+    op, nranks, rank = run.spec.collective.fft, len(run.spec.workers), run.rank
     run.set_phase("fft setup")
     try:
         t, mine = engine.ffts.get(op, nranks, rank, engine.stream, lambda: _make_room(engine)), None
@@ -233,7 +233,7 @@ def transforms(engine, run, t: _Transform, slab, error=None):
     import cupy
     from nvmath.bindings import nvshmem
 
-    op, nranks, rank = run.spec.collective.op, len(run.spec.workers), run.rank
+    op, nranks, rank = run.spec.collective.fft, len(run.spec.workers), run.rank
     run.set_phase("fft")
     out_shape = op.slab_shape(nranks, rank, out=True, batches=True)
     step = Leg(
@@ -272,7 +272,7 @@ def local_transform(engine, run, slab, error=None):
     NumPy's ``norm`` applied by CuPy (see the module)."""
     import cupy
 
-    op = run.spec.collective.op
+    op = run.spec.collective.fft
     run.set_phase("fft")
     if error is not None:
         raise error
@@ -315,7 +315,7 @@ def _make_room(engine) -> None:
 def execute(engine, run, transport) -> None:
     """Execute the FFT run ``run`` on ``engine`` (see the module)."""
     spec = run.spec
-    op, nranks, rank = spec.collective.op, len(spec.workers), run.rank
+    op, nranks, rank = spec.collective.fft, len(spec.workers), run.rank
     if problem := op.problem(nranks):  # (the scheduler refuses these first: nothing was made, on no rank)
         raise RunRefusedError(f"{run.name()}: {problem}")
     clock = _Clock()

@@ -11,7 +11,7 @@ pinned buffer, which one asynchronous copy moves to the GPU; coming back, one co
 the round's output parts into a pinned buffer and threads scatter them into the chunks.
 Pinned copies run several times faster than pageable ones, and host copies on several
 threads several times faster than on one (docs/benchmarks.md, "NumPy chunks through one
-GPU": the first version, pageable and on one thread, was 5x slower). Pinned copies are asynchronous, so
+GPU"). Pinned copies are asynchronous, so
 the engine's thread never blocks behind a reshape waiting for a dead peer; it waits for a
 download with its usual event poll (``CufftMpEngine._wait``). A round's host copies still
 do not overlap the exchange of the previous round.

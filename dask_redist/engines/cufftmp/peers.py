@@ -32,6 +32,7 @@ import numpy as np
 
 from dask_redist.engines.cufftmp.copies import addresses
 from dask_redist.engines.cufftmp.hostfiles import Stopped
+from dask_redist.engines.registry import engine_settings
 from dask_redist.errors import RedistError
 
 #: What a run on this path reports as its layout (`CufftMpEngine._record`).
@@ -65,7 +66,7 @@ def applies(run, shared_gpu: bool, max_pieces: int) -> bool:
     ``max_pieces`` pieces, ``redist.nvshmem.shared-gpu-copies`` on and at most
     ``redist.nvshmem.shared-gpu-max-chunks`` output chunks per rank."""
     spec, plan = run.spec, run.plan
-    settings = spec.collective.settings
+    settings = engine_settings(spec.engine, spec.collective.settings)
     if not (shared_gpu and settings.shared_gpu_copies):
         return False
     if spec.chunk_type != "cupy" or len(spec.workers) < 2 or spec.collective.rechunk.ndim > 3:

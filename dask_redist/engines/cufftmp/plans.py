@@ -4,7 +4,7 @@ Making a reshape plan is collective (every PE calls ``cufftMpMakeReshape`` in th
 order) and costs tens of milliseconds, so plans are kept across runs, keyed by the
 geometry of every rank (the key is the same on every rank). A session of many different
 rechunks made one plan per new geometry without a bound (docs/benchmarks.md, "Figures
-moved out of the code"); at most `PLANS_KEPT` are kept, the least recently used destroyed first, at
+moved out of the code"); at most `RESHAPE_PLANS_KEPT` are kept, the least recently used destroyed first, at
 the end of a run when no GPU work uses them. Every rank of a world runs the same runs in
 the same order and so keeps and destroys the same plans.
 """
@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 #: Reshape plans kept for later runs (see the module docstring).
-PLANS_KEPT = 64
+RESHAPE_PLANS_KEPT = 64
 
 
 @dataclass
@@ -48,10 +48,10 @@ class Plans:
         return self._plans[key]
 
     def forget(self, kept: int | None = None) -> None:
-        """Destroy the least recently used plans beyond ``kept`` (default `PLANS_KEPT`; 0: all)."""
+        """Destroy the least recently used plans beyond ``kept`` (default `RESHAPE_PLANS_KEPT`; 0: all)."""
         from nvmath.bindings import cufftMp
 
-        kept = PLANS_KEPT if kept is None else kept
+        kept = RESHAPE_PLANS_KEPT if kept is None else kept
         while len(self._plans) > kept:
             _, plan = self._plans.popitem(last=False)
             cufftMp.destroy_reshape(plan.handle)

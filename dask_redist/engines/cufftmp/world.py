@@ -5,7 +5,7 @@ creates it, the others receive it through an nvmath-python ``ProcessGroup`` whos
 collectives go through the Dask scheduler (`DaskProcessGroup`: each collective is one
 all-gather there). No MPI, no launcher. A world spans one set of workers, in rank order;
 a run over another set leaves the old world and joins a new one, in the same processes
-(re-init costs ~0.3 s), unless a PE of the old world died: NVSHMEM's finalize then waits
+(docs/benchmarks.md has the cost), unless a PE of the old world died: NVSHMEM's finalize then waits
 for it forever, so the scheduler records the survivors as *stranded*
 (`dask_redist.engines.description.WorldRecord`) and ``bootstrap(restart_broken=True)`` restarts them.
 
@@ -29,6 +29,7 @@ from dask_redist.config import host
 from dask_redist.engines.cufftmp import hostfiles, remote
 from dask_redist.engines.cufftmp.hostfiles import FileExchange
 from dask_redist.engines.cufftmp.nvshmem import gpu_memory, heap_problem, parse_symmetric_size
+from dask_redist.engines.registry import engine_settings
 from dask_redist.errors import EngineUnavailableError, RedistError
 
 logger = logging.getLogger("dask_redist")
@@ -190,8 +191,8 @@ class World:
                 self._leave_within(settings.bootstrap_timeout, release)
             except RedistError as e:
                 problem = str(e)
-        if settings.symmetric_size is not None:
-            os.environ["NVSHMEM_SYMMETRIC_SIZE"] = str(settings.symmetric_size)
+        if (symmetric_size := engine_settings(run.spec.engine, settings).symmetric_size) is not None:
+            os.environ["NVSHMEM_SYMMETRIC_SIZE"] = str(symmetric_size)
         elif "NVSHMEM_SYMMETRIC_SIZE" not in os.environ:  # the arena (budget + 13% + workspace) must fit
             os.environ["NVSHMEM_SYMMETRIC_SIZE"] = str(settings.memory_budget * 5 // 4 + 2**28)
         start = time.perf_counter()

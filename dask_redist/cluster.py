@@ -1,0 +1,122 @@
+"""What the API asks of a running cluster: the workers' engines (`engines_state`), the refusal of
+an engine they cannot run (`refuse_unrunnable`), the scheduler plugin (`ensure_scheduler_plugin`)
+and `status`."""
+
+from __future__ import annotations
+
+
+from dask_redist.compat import worker_info
+from dask_redist.config import Settings
+from dask_redist.core.messages import SchedulerStatus
+from dask_redist.errors import EngineUnavailableError, RedistTimeoutError
+from dask_redist import submissions
+from dask_redist.report import Status
+
+
+def engines_state(client, settings: Settings) -> tuple[dict, list[str], dict]:
+    """(each worker's capabilities, the workers, the engines' records) once every worker said which
+    engines of ``redist.engines``, and the one ``redist.engine`` names, it can run (asks the
+    scheduler, which asks each worker once)."""
+    from dask_redist.core.messages import Probe
+    from dask_redist.engines import WorldRecord
+
+    ensure_scheduler_plugin(client)
+    engines = dict(settings.engines)
+    if settings.engine != "auto":
+        engines[settings.engine] = settings.engine_path(settings.engine)
+    state = client.sync(Probe(engines).call, client.scheduler)
+    records = {name: WorldRecord.from_state(r) for name, r in state["records"].items()}
+    return state["capabilities"], sorted(worker_info(client)), records
+
+
+def refuse_unrunnable(specs, settings: Settings) -> None:
+    """Raise `EngineUnavailableError` where the engine named in ``redist.engine`` cannot run one of
+    ``specs`` on the default Client's workers: once, at submission, with the remedy, instead of
+    every task of the run failing on the workers. Nothing to check without a Client, under ``auto``,
+    or for an engine that loads here and needs nothing of the workers (``dask``: no round trip)."""
+    from dask_redist.compat import default_client
+    from dask_redist.engines import Request, description
+    from dask_redist.engines.choice import cannot_run
+
+    client = default_client()
+    if not specs or settings.engine == "auto" or client is None or submissions.in_event_loop():
+        return
+    named = description(settings.engine, settings)
+    if named.engine is not None and not named.probes:  # (it runs wherever its class loads, as here)
+        return
+    capabilities, workers, _ = engines_state(client, settings)
+    for spec in specs:
+        if problem := cannot_run(Request.of(spec), capabilities, workers):
+            raise EngineUnavailableError(problem)
+
+
+def status(client=None) -> Status:
+    """What the collective has done and holds on a cluster (asks the scheduler once).
+
+    Parameters
+    ----------
+    client : distributed.Client, optional
+        The cluster's Client; None: the default Client.
+
+    Returns
+    -------
+    dask_redist.report.Status
+        Printed (or shown in Jupyter) as tables with times as durations; a dict of the
+        scheduler's answer, times in it as recorded (epoch seconds): ``history``: the runs
+        finished (engine, why, bytes, seconds, outcome), oldest first (the scheduler keeps the
+        latest 200); ``active``: runs in flight; ``timeline``: the scheduler's marks of the
+        latest run; ``engines``: what the choice of engine depends on (capabilities, each
+        engine's world); ``workers``: per worker, the chunks staged, runs and early pieces held,
+        its timeline, and its engines' health and statistics; ``unanswered``: the workers that
+        gave no answer within 10 s (stopped, or their event loop blocked) or failed, and why.
+
+    Raises
+    ------
+    RedistTimeoutError
+        The scheduler did not answer (its event loop is blocked, or it is gone).
+    ValueError
+        The Client is closed.
+    """
+    from distributed import default_client
+
+    from dask_redist.runtime.scheduler import STATUS_TIMEOUT_S
+
+    client = client or default_client()
+    ensure_scheduler_plugin(client)
+    limit = STATUS_TIMEOUT_S + 20  # the scheduler gives each worker STATUS_TIMEOUT_S; its own answer is quick
+    try:
+        return Status(client.sync(SchedulerStatus().call, client.scheduler, callback_timeout=limit))
+    except TimeoutError as e:
+        raise RedistTimeoutError(
+            f"the scheduler at {client.scheduler.address} did not answer dask_redist.status() within {limit:g}s "
+            "(its event loop is blocked, or it is gone)"
+        ) from e
+
+
+def ensure_scheduler_plugin(client) -> None:
+    """The plugins register with the first collective run; ``status`` and ``bootstrap`` may come first."""
+    if client.status in ("closing", "closed") or client.scheduler is None:
+        raise ValueError(
+            f"client: the Client is {client.status}; dask_redist needs an open one (this one was closed, or "
+            "never connected): create a new distributed.Client, or pass one that is running"
+        )
+    from dask_redist.runtime.tasks import plugins
+
+    plugin = plugins()
+    client.register_plugin(plugin, name=plugin.name)  # idempotent: a plugin already there stays
+
+
+def world_engine(settings: Settings, name: str | None):
+    """The description of engine ``name``, or of the one engine with a world; checks it has one."""
+    from dask_redist.engines import description, descriptions
+
+    if name is not None:
+        d = description(name, settings)
+        if not d.world:
+            raise ValueError(f"engine {name!r} has no world to bootstrap")
+        return d
+    worlds = [d for d in descriptions(settings) if d.world]
+    if len(worlds) != 1:
+        names = [d.name for d in worlds]
+        raise ValueError(f"bootstrap(engine=...) must name one of the engines with a world: {names}")
+    return worlds[0]

@@ -1,0 +1,42 @@
+"""The exchange kit of an engine that moves pieces: what this rank sends and receives, by peer, and the pieces cut.
+
+Both sides of a transfer list it in one order (`dask_redist.planning.Transfers.canonical_order`),
+so a rank hands what it receives to ``run.receive`` in the order its peer sent it; an engine
+moves the bytes its own way between `sends` and `receives`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from dask_redist.core.assemble import cut
+from dask_redist.planning import Transfers
+
+
+def sends(run, transfers: Transfers | None = None) -> Transfers:
+    """What this rank sends of ``transfers`` (default: the plan's pieces), in the order both sides use."""
+    t = run.plan.transfers if transfers is None else transfers
+    mine = t.take(t.src == run.rank)
+    return mine.take(mine.canonical_order())
+
+
+def receives(run, transfers: Transfers | None = None) -> Transfers:
+    """What this rank receives of ``transfers`` (default: the plan's pieces), in the order both sides use."""
+    t = run.plan.transfers if transfers is None else transfers
+    mine = t.take(t.dst == run.rank)
+    return mine.take(mine.canonical_order())
+
+
+def by_peer(run, t: Transfers, side: str) -> Iterator[tuple[int, Transfers]]:
+    """(peer, its transfers) of `sends` (``side`` "dst") or `receives` (``side`` "src"), the rank
+    after this one first: not every rank starts with rank 0."""
+    peers = getattr(t, side)
+    nranks = len(run.spec.workers)
+    for peer in sorted(set(peers.tolist()), key=lambda p: (p - run.rank - 1) % nranks):
+        yield peer, t.take(peers == peer)
+
+
+def cut_pieces(run, t: Transfers) -> list:
+    """Views of the staged input chunks for every transfer in ``t``."""
+    spec = run.spec.collective.rechunk
+    return [cut(run.inputs[int(f)], spec.old_box(f)[0], lo, hi) for f, lo, hi in zip(t.old_block, t.lo, t.hi)]
