@@ -225,6 +225,7 @@ def _join(monkeypatch, hosts: list[str]) -> list:
         spec = types.SimpleNamespace(
             workers=workers,
             token="t",
+            engine="cufftmp",
             collective=types.SimpleNamespace(settings=Settings(bootstrap_timeout=30)),
         )
         run = types.SimpleNamespace(spec=spec, rank=rank, run_id=1, name=lambda: "rechunk t run 1")

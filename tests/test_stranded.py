@@ -164,9 +164,12 @@ def test_a_rechunk_submitted_before_the_world_lost_a_pe_finishes_on_dask(own_clu
 def _defer_a_restart(dask_scheduler, reason: str) -> str:
     """What a worker leaving does while the barrier task of the active run is still processing
     (`Runs.worker_left` -> `restart_once_barrier_done`): the restart waits for the barrier."""
+    from dask_redist.runtime.rechunks import PendingRestart
+
     runs = dask_scheduler.plugins["redist"].runs
     (token,) = [t for t, r in runs.rechunks.items() if r.active is not None]
-    runs.rechunks[token].defer_restart(reason, [])
+    rechunk = runs.rechunks[token]
+    rechunk.pending_restart = PendingRestart(rechunk.active.spec.run_id, reason, [])
     return token
 
 
