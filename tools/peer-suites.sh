@@ -20,13 +20,15 @@
 # collective runs counted); dask's and xarray's without a Client and on a session Client of
 # in-process workers and of worker processes (WORKERS, default "none inproc processes"; off runs
 # with the same Client), distributed's on the clusters its tests start. Results (JUnit XML, runs as JSON) go to
-# PEER_DIR/results (default .peer-suites/results); PYTEST_ARGS are passed to every run.
+# PEER_DIR/results (default .peer-suites/results); PYTEST_ARGS are passed to every run; a test
+# running longer than PEER_TIMEOUT seconds (default 120) fails (pytest-timeout).
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 PY=${PYTHON:-python}
 DIR=${PEER_DIR:-$ROOT/.peer-suites}
 WORKERS=${WORKERS:-none inproc processes}
 RESULTS=$DIR/results
+TIMEOUT=${PEER_TIMEOUT:-120}  # seconds per test (pytest-timeout): a test that hangs fails instead
 mkdir -p "$DIR/src" "$DIR/run" "$RESULTS"
 
 version() { "$PY" -c "import importlib.metadata as m; print(m.version('$1'))"; }
@@ -60,7 +62,7 @@ run() { # SUITE MODE(off|on) CLIENT(none|inproc|processes) RUNDIR ENV... -- PYTE
     echo "== $suite $tag" >&2
     (cd "$rundir" && env "${envs[@]}" PEER_REDIST="$mode" PEER_CLIENT="$client" \
         PEER_REPORT="$RESULTS/$suite.$tag.json" PYTHONPATH="$ROOT/tools/peer_suites:$rundir" \
-        "$PY" -m pytest -c pyproject.toml --rootdir . -o addopts=--strict-markers \
+        "$PY" -m pytest -c pyproject.toml --rootdir . -o addopts=--strict-markers -o timeout="$TIMEOUT" \
         -p redist_plugin -p peer_conftest -p no:cacheprovider -q --junitxml="$RESULTS/$suite.$tag.xml" "$@" ${PYTEST_ARGS:-} \
         | tail -n 3) || true
 }
