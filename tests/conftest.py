@@ -144,6 +144,13 @@ def scheduler_history(client) -> list[dict]:
     return dask_redist.status(client)["history"]
 
 
+def runs_since(client, before: list[dict]) -> list[dict]:
+    """The runs finished since ``before`` (an earlier `scheduler_history`): by (token, run id), as
+    the scheduler keeps only the latest 200 (their count stops growing in a long session)."""
+    seen = {(r["token"], r["run"]) for r in before}
+    return [r for r in scheduler_history(client) if (r["token"], r["run"]) not in seen]
+
+
 def worker_leftovers(client, timeout: float = 10) -> dict:
     """Staged chunks, runs and early pieces still held by the workers (waits for cleanup)."""
 

@@ -9,7 +9,7 @@ import dask
 import dask.array as da
 import numpy as np
 import pytest
-from conftest import scheduler_history
+from conftest import runs_since, scheduler_history
 from dask.graph_manipulation import bind, checkpoint, clone, wait_on
 
 import dask_redist
@@ -31,12 +31,12 @@ def test_a_clone_computes_alone_and_beside_its_original_through_the_collective(c
         a, x = rechunked()
         y = clone(x)
         assert y.name != x.name and not own_keys(x) & own_keys(y)  # nothing shared: a real clone
-        before = len(scheduler_history(client))
+        before = scheduler_history(client)
         np.testing.assert_array_equal(y.compute(), a)
         xs, ys = dask.compute(x, y)
         np.testing.assert_array_equal(xs, a)
         np.testing.assert_array_equal(ys, a)
-        assert len(scheduler_history(client)) == before + 3  # the clone's rechunk is a collective too
+        assert len(runs_since(client, before)) == 3  # the clone's rechunk is a collective too
         np.testing.assert_array_equal(clone(x).compute(scheduler="sync"), a)  # Dask's tasks, cloned
 
 
@@ -49,11 +49,11 @@ def test_a_clone_that_omits_its_input_rechunks_the_same_input(client):
         assert source.name in y.dask.layers and not {
             k for k in own_keys(y) if k[0] != source.name
         } & own_keys(x)
-        before = len(scheduler_history(client))
+        before = scheduler_history(client)
         xs, ys = dask.compute(x, y)
         np.testing.assert_array_equal(xs, a)
         np.testing.assert_array_equal(ys, a)
-        assert len(scheduler_history(client)) == before + 2
+        assert len(runs_since(client, before)) == 2
 
 
 def test_bind_checkpoint_and_wait_on_wait_for_their_blocker(client, tmp_path):
@@ -86,13 +86,13 @@ def test_xarrays_graph_manipulation_at_4096_elements_in_64_chunks(client):
         v = xr.Variable(["x"], np.arange(N)).chunk(-1).chunk(N // CHUNKS) * 2
         array = xr.DataArray(v)
         ds = xr.Dataset({"d1": v[0], "d2": v[1], "d3": ("x", np.arange(N))})
-        before = len(scheduler_history(client))
+        before = scheduler_history(client)
         v2, array2, ds2 = clone(v, array, ds)
         assert_equal(v2, v)
         assert_equal(array2, array)
         assert_equal(ds2, ds)
         assert_equal(ds2.d1 + ds2.d2, ds.d1 + ds.d2)
-        assert len(scheduler_history(client)) > before  # the collective ran
+        assert runs_since(client, before)  # the collective ran
 
 
 def test_a_clone_of_dask_redist_rechunk_is_a_collective_of_its_own(client):
@@ -100,8 +100,8 @@ def test_a_clone_of_dask_redist_rechunk_is_a_collective_of_its_own(client):
     x = dask_redist.rechunk(da.from_array(a, chunks=CHUNKS), NEW, engine="dask", min_bytes=0)
     y, z = clone(x, seed=1), bind(x, dask.delayed(len)([1]))
     assert not own_keys(x) & own_keys(y) and not own_keys(x) & own_keys(z)
-    before = len(scheduler_history(client))
+    before = scheduler_history(client)
     for result in dask.compute(x, y, z):
         np.testing.assert_array_equal(result, a)
-    tokens = {run["token"] for run in scheduler_history(client)[before:]}
+    tokens = {run["token"] for run in runs_since(client, before)}
     assert len(tokens) == 3  # three rechunks, none waiting on another's run
