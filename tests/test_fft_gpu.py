@@ -150,7 +150,8 @@ def test_a_persisted_input_is_staged_by_one_task_per_worker(gpu_client, fft_gpu)
     x = cupy_array(a, (4, 6, 16)).persist()
     wait(x)
     y = F.fftn(x)
-    stages = [k for k in y.dask.layers[y.name] if k[0].startswith(STAGE_PREFIX)]
+    layer = y.dask.layers[y.name]  # (its collective form: a local scheduler gets Dask's tasks)
+    stages = [k for k in getattr(layer, "mapping", layer) if k[0].startswith(STAGE_PREFIX)]
     holders = {min(w) for w in gpu_client.who_has(x).values()}
     assert len(stages) == len(holders) < x.npartitions, (len(stages), holders)
     before = len(scheduler_history(gpu_client))
@@ -267,8 +268,8 @@ def test_an_fft_too_large_for_the_heap_is_refused_and_the_world_stays_usable(fft
 
 
 def test_a_transform_between_other_steps_is_fused_and_equals_numpy(gpu_client, fft_gpu):
-    """A blockwise producer runs in the transform's stage tasks, its consumer in its unpack tasks
-    (`graph.fuse`, for collectives built on the client too): numpy.fft's values."""
+    """Under enable(), a blockwise producer runs in the transform's stage tasks, its consumer in its
+    unpack tasks (`graph.fuse`, for collectives built on the client too): numpy.fft's values."""
     import collections
 
     from dask.utils import key_split
@@ -278,8 +279,9 @@ def test_a_transform_between_other_steps_is_fused_and_equals_numpy(gpu_client, f
     x = cupy_array(a, (4, 24, 16)).persist()
     wait(x)
     before = len(scheduler_history(gpu_client))
-    y = (F.fftn(2 * x) * 3).persist()
-    wait(y)
+    with dask_redist.enable():  # (the graph rewrite, which fuses, is enable()'s)
+        y = (F.fftn(2 * x) * 3).persist()
+        wait(y)
     held = gpu_client.run_on_scheduler(
         lambda dask_scheduler: dict(collections.Counter(key_split(k) for k in dask_scheduler.tasks))
     )

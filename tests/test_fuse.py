@@ -240,3 +240,26 @@ def test_a_step_after_two_rechunks_is_fused_with_one_of_them(client, enabled, pe
     np.testing.assert_allclose(y.compute(), a * 2 + a + 1)
     held = tasks_of(client, y)
     assert held["redist-barrier"] == 2 and held["rechunk"] == 6, held  # the other's unpack tasks stay
+
+
+def test_the_gpu_fft_s_neighbours_are_fused_into_its_collective(client):
+    """The GPU path's transform (built here without GPUs: only built, as the client builds it) is
+    fused with its producer and consumer by the rewrite on the scheduler, as a rechunk is."""
+    from dask_redist.config import Settings
+    from dask_redist.core.spec import BarrierTask
+    from dask_redist.fft import gpu
+    from dask_redist.fft.plan import normalize
+    from dask_redist.graph.optimize import rewrite
+
+    x = da.from_array(np.random.default_rng(4).standard_normal((8, 6, 4)) + 0j, chunks=(2, 6, 4))
+    producer = 2 * x
+    y = gpu.build(producer, normalize(producer.shape, "c2c", False, None, (1, 2), None), None) * 3
+    new, decisions = rewrite(y.__dask_graph__(), [y.__dask_keys__()], Settings())
+    (fft,) = [d for d in decisions if d.collective and d.spec.fft is not None]
+    assert fft.spec.consumer == y.name and set(new.layers) == {y.name, x.name}, (fft.spec, set(new.layers))
+    layer = new.layers[y.name]
+    (barrier,) = [t for t in layer.values() if isinstance(t, BarrierTask)]
+    assert barrier.spec.consumer == y.name and barrier.spec.fft is fft.spec.fft
+    stages = [t for k, t in layer.items() if isinstance(k, tuple) and k[0] == fft.spec.stage_name]
+    assert sorted(i for t in stages for i in t.args[2]) == list(range(x.npartitions))  # (producer inlined)
+    assert all(producer.name not in str(d) for t in stages for d in t.dependencies)
