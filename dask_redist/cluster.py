@@ -1,5 +1,5 @@
 """What the API asks of a running cluster: the workers' engines (`engines_state`), the refusal of
-an engine they cannot run (`refuse_unrunnable`), the scheduler plugin (`ensure_scheduler_plugin`)
+an engine they cannot run (`refuse_unrunnable`), which engine would run a rechunk (`engine_for`), the scheduler plugin (`ensure_scheduler_plugin`)
 and `status`."""
 
 from __future__ import annotations
@@ -27,6 +27,25 @@ def engines_state(client, settings: Settings) -> tuple[dict, list[str], dict]:
     state = client.sync(Probe(engines).call, client.scheduler)
     records = {name: WorldRecord.from_state(r) for name, r in state["records"].items()}
     return state["capabilities"], sorted(worker_info(client)), records
+
+
+def engine_for(client, request) -> tuple[str, str, str | None]:
+    """Which engine would run ``request`` (an `engines.Request`) on ``client``'s workers, and why:
+    decided as the scheduler decides it (`engines.choice.choose_engine`), from what the workers
+    answered (asked if nobody asked them yet); and why the engine named in ``redist.engine`` is
+    refused at submission (`refuse_unrunnable`), or None. ``explain`` and the FFT ask this."""
+    from dask_redist.engines.choice import cannot_run, choose_engine
+
+    capabilities, workers, records = engines_state(client, request.settings)
+    engine, why = choose_engine(request, capabilities, workers, records)
+    return engine, why + _hosts(capabilities, workers), cannot_run(request, capabilities, workers)
+
+
+def _hosts(capabilities: dict, workers) -> str:
+    """``; workers on 2 hosts (hostA, hostB)`` where they span several (each worker's
+    ``redist.host``, as it answered the scheduler), else nothing."""
+    hosts = sorted({a["host"] for w in workers for a in capabilities.get(w, {}).values() if a.get("host")})
+    return f"; workers on {len(hosts)} hosts ({', '.join(hosts)})" if len(hosts) > 1 else ""
 
 
 def refuse_unrunnable(specs, settings: Settings) -> None:

@@ -15,7 +15,7 @@ import numpy as np
 from dask_redist.compat import default_client, worker_info
 from dask_redist.config import Settings
 from dask_redist.engines import Request, description
-from dask_redist.engines.choice import cannot_run, choose_engine
+from dask_redist.engines.choice import choose_engine
 from dask_redist.fft import describe as fft_describe
 from dask_redist.graph.decide import decide, find_rechunks, memory_limits
 from dask_redist.graph.optimize import fused_neighbours
@@ -160,24 +160,14 @@ def _placement(spec, client, nworkers: int) -> tuple[np.ndarray, str]:
 
 
 def _engine(spec, client) -> tuple[str, str, str | None]:
-    """The engine a run would use and why, decided as the scheduler decides it (`choose_engine`),
-    from what the workers answered (asked here if nobody asked them yet); and why that engine,
-    named in ``redist.engine``, is refused at submission (`api.refuse_unrunnable`), or None."""
+    """The engine a run would use, why, and why it is refused at submission, or None
+    (`cluster.engine_for`; without a Client, the rule alone)."""
     request = Request.of(spec)
     if client is None:
         return *choose_engine(request, None, []), None
-    from dask_redist.cluster import engines_state
+    from dask_redist.cluster import engine_for
 
-    capabilities, workers, records = engines_state(client, request.settings)
-    engine, why = choose_engine(request, capabilities, workers, records)
-    return engine, why + _hosts(capabilities, workers), cannot_run(request, capabilities, workers)
-
-
-def _hosts(capabilities: dict, workers) -> str:
-    """``; workers on 2 hosts (hostA, hostB)`` where they span several (each worker's
-    ``redist.host``, as it answered the scheduler), else nothing."""
-    hosts = sorted({a["host"] for w in workers for a in capabilities.get(w, {}).values() if a.get("host")})
-    return f"; workers on {len(hosts)} hosts ({', '.join(hosts)})" if len(hosts) > 1 else ""
+    return engine_for(client, request)
 
 
 def _kept_for_method(node) -> str | None:

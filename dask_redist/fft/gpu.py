@@ -92,7 +92,7 @@ def problem(x, op: FFTOp) -> str | None:
         return f"no distributed Client: {rest}"
     if why := transform_problem(op, x.dtype, len(workers)):
         return f"{why}: {rest}"
-    if why := _engine_problem(client, workers):
+    if why := _engine_problem(client):
         return f"{why}: {rest}"
     settings = Settings.from_config()
     geometry = distributed(op, x.dtype, None)
@@ -101,21 +101,16 @@ def problem(x, op: FFTOp) -> str | None:
     return None
 
 
-def _engine_problem(client, workers) -> str | None:
-    from dask_redist.cluster import ensure_scheduler_plugin
-    from dask_redist.core.messages import Probe
-    from dask_redist.engines import Request, WorldRecord
-    from dask_redist.engines.choice import choose_engine, fft_engines
+def _engine_problem(client) -> str | None:
+    from dask_redist.cluster import engine_for
+    from dask_redist.engines import Request
+    from dask_redist.engines.choice import fft_engines
 
     settings = Settings.from_config()
     ffts = [name for name, kinds in fft_engines(settings).items() if "cupy" in kinds]
     if settings.engine != "auto" and settings.engine not in ffts:
         return f"redist.engine is {settings.engine}"
-    ensure_scheduler_plugin(client)
-    state = client.sync(Probe(dict(settings.engines)).call, client.scheduler)
-    records = {name: WorldRecord.from_state(r) for name, r in state["records"].items()}
-    request = Request("cupy", replace(settings, engine="auto"))
-    engine, why = choose_engine(request, state["capabilities"], workers, records)
+    engine, why, _ = engine_for(client, Request("cupy", replace(settings, engine="auto")))
     return None if engine in ffts else why
 
 
