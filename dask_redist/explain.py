@@ -210,12 +210,9 @@ def _decisions(x, settings: Settings, memory=None) -> list[tuple[str, str, objec
                 out.append((node._name, node.method or "auto", spec, why, False, ""))
         return out
     graph = x.__dask_graph__()
-    out = []
-    for chain in find_rechunks(graph, _names(x)):
-        d = decide(graph, chain, settings, memory=memory)
-        out.append(
-            (chain.output, d.method, d.spec, d.reason, False, fused_neighbours(graph, d, x.__dask_keys__()))
-        )
+    decisions = [decide(graph, chain, settings, memory=memory) for chain in find_rechunks(graph, _names(x))]
+    fused = fused_neighbours(graph, decisions, x.__dask_keys__())
+    out = [(d.chain.output, d.method, d.spec, d.reason, False, f) for d, f in zip(decisions, fused)]
     for name, layer in graph.layers.items():  # (dask_redist.rechunk's: decided when it was called)
         if (d := getattr(layer, "decision", None)) is not None:
             out.append((name, d.method, d.spec, d.reason, True, ""))

@@ -263,3 +263,12 @@ def test_the_gpu_fft_s_neighbours_are_fused_into_its_collective(client):
     stages = [t for k, t in layer.items() if isinstance(k, tuple) and k[0] == fft.spec.stage_name]
     assert sorted(i for t in stages for i in t.args[2]) == list(range(x.npartitions))  # (producer inlined)
     assert all(producer.name not in str(d) for t in stages for d in t.dependencies)
+
+
+def test_explain_says_what_the_rewrite_fuses_where_two_rechunks_meet(client, enabled, persisted):
+    """One layer needs both rechunks' outputs: the rewrite fuses it with one of them, and so
+    does explain (it said so for both)."""
+    a, x = persisted
+    y = x.rechunk((48, 4, 6)) * 2 + (x + 1).rechunk((48, 4, 6))
+    fused = [e.fused for e in dask_redist.explain(y).entries]
+    assert len(fused) == 2 and sum(f"unpack tasks compute {y.name}" in f for f in fused) == 1, fused

@@ -37,9 +37,6 @@ class Consumers:
     name: str
     tasks: list
 
-    def __len__(self) -> int:
-        return len(self.tasks)
-
 
 def fuse_blockwise(hlg: HighLevelGraph, keys) -> HighLevelGraph:
     """``hlg`` with its chains of blockwise layers fused (as dask's own optimization does after

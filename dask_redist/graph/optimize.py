@@ -39,19 +39,27 @@ from dask_redist.graph.stages import inlined_inputs, scheduler_in_process, stage
 from dask_redist.runtime import ordering
 
 
-def fused_neighbours(hlg: HighLevelGraph, decision: Decision, keys) -> str:
-    """What the collective of ``decision`` runs besides the rechunk (`graph.fuse`), as `rewrite`
-    would fuse it in a graph asked for ``keys``; "" where nothing."""
-    if not decision.collective or not decision.spec.settings.fuse:
-        return ""
+def fused_neighbours(hlg: HighLevelGraph, decisions: list[Decision], keys) -> list[str]:
+    """What each collective of ``decisions`` runs besides the rechunk (`graph.fuse`), as `rewrite`
+    fuses them in a graph asked for ``keys`` (the same layers kept apart); "" where nothing."""
+    fusing = [d.collective and d.spec.settings.fuse for d in decisions]
+    if not any(fusing):
+        return [""] * len(decisions)
     requested = {k[0] if isinstance(k, tuple) else k for k in flatten(keys)}
-    hlg, chain, spec = fuse_blockwise(hlg, keys), decision.chain, decision.spec
-    parts = []
-    if inlined_inputs(hlg, chain, requested, spec.rechunk.old_grid) is not None:
-        parts.append(f"stage tasks compute {chain.source}")
-    if consumers := fusable_consumers(hlg, chain.output, spec.output_keys(), requested):
-        parts.append(f"unpack tasks compute {consumers.name}")
-    return "; ".join(parts)
+    hlg = fuse_blockwise(hlg, keys)
+    taken = {d.chain.source for d in decisions if d.collective}
+    out = []
+    for d, fuse in zip(decisions, fusing):
+        parts = []
+        if fuse and inlined_inputs(hlg, d.chain, requested, d.spec.rechunk.old_grid) is not None:
+            parts.append(f"stage tasks compute {d.chain.source}")
+        if fuse and (
+            consumers := fusable_consumers(hlg, d.chain.output, d.spec.output_keys(), requested, taken)
+        ):
+            taken.add(consumers.name)
+            parts.append(f"unpack tasks compute {consumers.name}")
+        out.append("; ".join(parts))
+    return out
 
 
 #: `Decision.method` of a collective built before its graph reached the scheduler
@@ -119,8 +127,12 @@ def _replace_chain(
         fused = replace(d.spec, consumer=consumers.name, token=tokenize(d.spec.token, consumers.name))
         d = replace(d, spec=fused)
 
+    found: dict[bool, tuple | None] = {}  # (by force: asked below, then by stage_grouping)
+
     def inline(force: bool, chain=d.chain, grid=d.spec.rechunk.old_grid):
-        return None if taken is None else inlined_inputs(hlg, chain, requested, grid, force=force)
+        if taken is not None and force not in found:
+            found[force] = inlined_inputs(hlg, chain, requested, grid, force=force)
+        return found.get(force)
 
     if d.method == BUILT and consumers is None and inline(False) is None:
         return d  # (nothing to fuse: the collective stays as it was built)
