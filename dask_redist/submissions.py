@@ -13,9 +13,13 @@ Dask users meet it less: there a change of the rechunk's method changes its keys
 change of ``redist.*``, or `dask_redist.disable`, does not. So the settings each collection
 is submitted with are recorded, and where a collection is submitted again with other
 settings, or after ``disable()``, the scheduler is asked (one round trip, which also lets the
-Client's pending releases through) for the erred keys of that collection, and those depending
-on it, that this Client still wants; they are cancelled first (``Client.cancel``): the
-scheduler forgets the old tasks and runs the new graph. (Other settings also give the stage
+Client's pending releases through) for the erred keys depending on that collection that this
+Client still wants for a ``compute`` (its finalize key); they are cancelled first
+(``Client.cancel``): the scheduler forgets the old tasks and runs the new graph. Keys the
+Client wants because a collection was persisted (``y.persist()``, and what was persisted from
+it) are left erred: they are the user's handle on the error, which a computation from them must
+report (cancelled, it would read "lost dependencies"); submitting the same rechunk again while
+they are held meets their error, as in Dask. (Other settings also give the stage
 and barrier keys a token of their own: `graph.decide.collective_spec`.) With the same
 settings the old error stands, as in Dask (docs/troubleshooting.md).
 """
@@ -29,6 +33,7 @@ from dask_redist.config import Settings
 
 logger = logging.getLogger(__name__)
 KEPT = 10_000  # collections remembered, latest first out
+COMPUTED = "finalize-"  # the keys of what ``compute`` wants (dask names them so), never persisted
 _submitted: dict[str, Settings] = {}
 _lock = threading.Lock()
 
@@ -38,8 +43,8 @@ def _name(key) -> str:
 
 
 def _erred_and_wanted(dask_scheduler=None, names=(), client: str = "") -> list:
-    """On the scheduler: the erred keys of the collections ``names``, and the erred ones depending
-    on them, that ``client`` wants (``compute`` wants a finalize key depending on the rechunk's)."""
+    """On the scheduler: the erred keys that ``client`` wants for a ``compute`` (a finalize key)
+    and that depend on an erred key of the collections ``names``."""
     names = set(names)
     todo = [ts for k, ts in list(dask_scheduler.tasks.items()) if ts.state == "erred" and _name(k) in names]
     seen: set = set()
@@ -48,7 +53,12 @@ def _erred_and_wanted(dask_scheduler=None, names=(), client: str = "") -> list:
         if ts.key not in seen:
             seen.add(ts.key)
             todo += [d for d in ts.dependents if d.state == "erred"]
-    return [k for k in seen if any(c.client_key == client for c in dask_scheduler.tasks[k].who_wants or ())]
+    return [
+        k
+        for k in seen
+        if str(_name(k)).startswith(COMPUTED)  # (persisted keys are the user's handle on the error)
+        and any(c.client_key == client for c in dask_scheduler.tasks[k].who_wants or ())
+    ]
 
 
 def in_event_loop() -> bool:

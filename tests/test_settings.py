@@ -271,3 +271,23 @@ def test_the_cufftmp_engine_reads_and_checks_redist_nvshmem():
             dask_redist.enable(nvshmem=bad)
     with pytest.raises(dask_redist.ConfigError, match="unknown option redist.nvshmem.heap"):
         dask_redist.enable(nvshmem={"heap": "1GiB"})
+
+
+def test_a_persisted_rechunk_that_failed_keeps_its_error_after_disable(client):
+    """Found at 2 pseudo-hosts on one H200: a rechunk persisted where its engine was refused, then
+    a computation from it after leaving enable(), read "cancelled for reason: lost dependencies"
+    (disable() cancelled the persisted keys as if they were a failed compute's). The user's
+    persisted keys stay erred: what is computed from them reports the engine's error."""
+    import dask.array as da
+    import numpy as np
+    from distributed import wait
+
+    a = np.arange(48 * 48.0).reshape(48, 48)
+    x = client.persist(da.from_array(a, chunks=(6, 48)))
+    with dask_redist.enable(engine="engines:FailingEngine", timeouts={"collective": "20s", "barrier": "20s"}):
+        y = x.rechunk((48, 6)).persist()
+        wait(y)
+    assert {f.status for f in client.futures_of(y)} == {"error"}
+    with pytest.raises(dask_redist.RedistError, match="injected failure on rank 0"):
+        (y + 1).sum().compute()
+    np.testing.assert_array_equal(x.rechunk((48, 6)).compute(), a)  # (another name: Dask's rechunk)
