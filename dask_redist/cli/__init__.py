@@ -141,6 +141,12 @@ def parser() -> argparse.ArgumentParser:
         "--fft", action="store_true", help="dask_redist.fft.fftn against the four-step path (bench.fft)"
     )
     p.add_argument(
+        "--fft-slabs",
+        action="store_true",
+        help="with --fft: an array of shape (2n, 2n, n) in --chunks slabs along its first axis instead of a "
+        "cube in pencils",
+    )
+    p.add_argument(
         "--pipeline",
         action="store_true",
         help="a rechunk between other steps (bench.pipeline): per pipeline and --chunks, the pipeline without "
