@@ -260,3 +260,105 @@ def test_unpacks_wait_for_a_run_on_the_event_loop_woken_once_it_ends(monkeypatch
         RedistTimeoutError, match=r"timed out after 0.2s waiting for its outputs \(run is in phase"
     ):
         asyncio.run(_finished(never))
+
+
+class Wire(Loopback):
+    """`Loopback` over a wire that copies the bytes and takes messages of at most ``limit`` bytes
+    (Dask's TCP comms: `CommsTransport.wire_limit`); it keeps what was sent."""
+
+    def __init__(self, runs, src, limit, fail=False):
+        super().__init__(runs, src, fail)
+        self.limit, self.sent = limit, []
+
+    def wire_limit(self, dst):
+        return self.limit
+
+    def send(self, batches):
+        self.sent += [packed for _, _, packed in batches]
+        if self.fail:
+            raise ConnectionError("peer unreachable")
+        for dst, first, packed in batches:  # (a socket: the peer reads the bytes into memory of its own)
+            self.runs[dst].receive(self.src, first, Packed(packed.count, np.array(packed.buffer, copy=True)))
+
+
+def exchange_over(wires, runs):
+    """Every rank of ``runs`` executed with its transport from ``wires(runs, rank)``."""
+    engine, errors = get_engine("dask"), {}
+    transports = [wires(runs, r) for r in range(len(runs))]
+
+    def go(r):
+        runs[r].start()
+        try:
+            engine.execute(runs[r], transports[r])
+        except Exception as e:
+            errors[r] = e
+            runs[r].fail(e)
+
+    threads = [threading.Thread(target=go, args=(r,)) for r in range(len(runs))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    return transports, errors
+
+
+def test_over_a_copying_wire_messages_fit_its_limit_and_packed_buffers_serve_the_next_run(monkeypatch):
+    """Over TCP a message above the comm's shard size is split, and the receiver copies the shards
+    into a new buffer: messages stay within the wire's limit. The buffers pieces were packed into
+    are packed into again by the next run, not fresh memory (docs/benchmarks.md, "Where the CPU
+    runs' slow mode came from")."""
+    from dask_redist.core.wire import SendBuffers
+    from dask_redist.engines import dask as engine_module
+
+    pool = SendBuffers(keep=2**30)
+    monkeypatch.setattr(engine_module, "_send_buffers", pool)
+    data = np.arange(64 * 64, dtype=np.float64).reshape(64, 64)
+    old, new = ((8,) * 8, (64,)), ((64,), (32, 32))  # 4 strided pieces of 2 KiB to the peer: packed
+    runs = make_runs(data, old, new, 2, budget=2**20)
+    first, errors = exchange_over(lambda runs, r: Wire(runs, r, limit=5000), runs)
+    assert errors == {}
+    collect(runs, data, new)
+    sent = [p for w in first for p in w.sent]
+    assert len(sent) == 4 and all(p.buffer.nbytes <= 5000 for p in sent)  # (2 pieces a message, not 4)
+    assert pool.nbytes > 0  # given back once sent
+    runs = make_runs(data * 2, old, new, 2, budget=2**20)
+    second, errors = exchange_over(lambda runs, r: Wire(runs, r, limit=5000), runs)
+    assert errors == {}
+    collect(runs, data * 2, new)
+    again = [p.buffer for w in second for p in w.sent]
+    assert all(any(np.shares_memory(b, p.buffer) for p in sent) for b in again)
+    runs = make_runs(data, old, new, 2, budget=2**20, timeout=0.5)
+    failed, errors = exchange_over(lambda runs, r: Wire(runs, r, limit=5000, fail=r == 0), runs)
+    assert isinstance(errors[0], ConnectionError)
+    lost = [p.buffer for p in failed[0].sent]
+    while pool.nbytes:  # a failed send's buffers are not handed out again (it may still read them)
+        kept = pool.take(1)
+        assert not any(np.shares_memory(kept, b) for b in lost)
+
+
+def test_without_a_wire_limit_the_budget_alone_sizes_messages_and_nothing_is_kept(monkeypatch):
+    """Where the wire hands the buffer itself to the peer (inproc; `Loopback` here copies, but
+    says no limit), a packed buffer is never packed into again."""
+    from dask_redist.core.wire import SendBuffers
+    from dask_redist.engines import dask as engine_module
+
+    pool = SendBuffers(keep=2**30)
+    monkeypatch.setattr(engine_module, "_send_buffers", pool)
+    data = np.arange(64 * 64, dtype=np.float64).reshape(64, 64)
+    runs = make_runs(data, ((32, 32), (64,)), ((64,), (8,) * 8), 2, budget=2**20)
+    assert execute_all(runs) == {}
+    collect(runs, data, ((64,), (8,) * 8))
+    assert pool.nbytes == 0
+
+
+def test_the_comms_transport_limits_messages_over_tcp_only():
+    from types import SimpleNamespace
+
+    from distributed.comm.tcp import TCP
+
+    from dask_redist.runtime.transport import CommsTransport
+
+    workers = ("tcp://10.0.0.1:1234", "tls://10.0.0.2:1234", "ucx://10.0.0.3:1234", "inproc://10.0.0.4/1/2")
+    run = SimpleNamespace(spec=SimpleNamespace(workers=workers))
+    transport = CommsTransport(None, run)
+    assert [transport.wire_limit(r) for r in range(4)] == [TCP.max_shard_size] * 2 + [None, None]

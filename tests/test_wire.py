@@ -7,7 +7,7 @@ from distributed.protocol import deserialize, serialize
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dask_redist.core.wire import AS_IS_BYTES, as_is, batches, pack, unpack_views
+from dask_redist.core.wire import AS_IS_BYTES, SendBuffers, as_is, batches, pack, unpack_views
 
 
 @given(
@@ -41,3 +41,22 @@ def test_a_large_contiguous_piece_travels_as_it_is():
         views = unpack_views(received, [p.shape for p in pieces[slice(*ranges)]], np.float64)
         for view, piece in zip(views, pieces[slice(*ranges)]):
             np.testing.assert_array_equal(view, piece)
+
+
+def test_send_buffers_are_reused_and_kept_within_their_bound():
+    pool = SendBuffers(keep=3 * 2**20)
+    first = pool.take(2**20 + 5)
+    assert first.nbytes == 2 * 2**20  # (rounded up to a MiB)
+    pool.give_back([first[: 2**20 + 5]])  # (what was packed: a view of it)
+    again = pool.take(2**20)
+    assert again is first  # the same memory, its pages filled before
+    other = pool.take(2**20)
+    assert other is not first
+    pool.give_back([again[:10], other, np.zeros(4, np.uint8)])  # (a view of memory not lent: passed over)
+    assert pool.nbytes == 3 * 2**20
+    big = pool.take(8 * 2**20)
+    pool.give_back([big])  # larger than the bound: not kept
+    assert pool.nbytes == 3 * 2**20
+    lost = pool.take(2**20)
+    pool.give_back([lost], keep=False)  # (a failed send may still read it): forgotten
+    assert pool.nbytes == 2 * 2**20 and pool.take(2**20) is not lost

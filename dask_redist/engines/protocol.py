@@ -54,6 +54,11 @@ class Transport(Protocol):
     def exchange_factory(self, rank: int, nranks: int) -> Callable[[str, bytes], list]:
         """An all-gather among the run's ranks (through the scheduler), for bootstraps."""
 
+    def wire_limit(self, dst: int) -> int | None:
+        """Optional. Where messages to rank ``dst`` are copied through a socket: the most bytes a
+        message should hold (a larger one the wire splits, and the receiver copies back together).
+        None: messages are not copied (a buffer sent may still be in use once ``send`` returned)."""
+
 
 class Engine:
     """Base of every engine: the protocol, with the defaults of an engine that keeps no state."""
