@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from dask_redist.compat import default_client, worker_info
-from dask_redist.config import Settings
+from dask_redist.config import DASK_RECHUNK, Settings
 from dask_redist.engines import Request, description
 from dask_redist.engines.choice import choose_engine
 from dask_redist.fft import describe as fft_describe
@@ -40,7 +40,7 @@ class Entry:
 
     output: str
     method: str  # what dask planned
-    runs: str  # "collective" or "dask"
+    runs: str  # "collective", "dask-rechunk" (Dask's own rechunk: `DASK_RECHUNK`) or "refused ..."
     reason: str
     chunks: str = ""
     engine: str = "-"  # the engine's name
@@ -326,19 +326,19 @@ def explain(x, *, nworkers: int | None = None, settings: Settings | None = None)
     decisions = {d[0]: d for c in found for d in _decisions(c, settings, memory)}  # (shared rechunks once)
     for output, method, spec, reason, explicit, fused in decisions.values():
         if spec is None:
-            entries.append(Entry(output, method, "dask", reason))
+            entries.append(Entry(output, method, DASK_RECHUNK, reason))
             continue
         runs = "collective"
         if client is None:
             reason, runs = (
                 "eligible, but no distributed Client: dask's rechunk runs on local schedulers",
-                "dask",
+                DASK_RECHUNK,
             )
         elif not enabled and not explicit:
             reason = (
                 f"dask_redist is not enabled: dask's rechunk runs; enable() would run a collective ({reason})"
             )
-            runs = "dask"
+            runs = DASK_RECHUNK
         in_ranks, where = _placement(spec, client, nworkers)
         plan = make_plan(spec.rechunk, in_ranks, nworkers)
         engine, engine_why, refused = _engine(spec, client)

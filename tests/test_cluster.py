@@ -345,7 +345,7 @@ def test_a_rechunk_beyond_the_workers_memory_keeps_dasks_and_explain_says_so():
         c.wait_for_workers(2)
         with dask_redist.enable(engine="dask", min_bytes=0):
             entry = dask_redist.explain(x.rechunk((512, 32)))[0]
-        assert entry.runs == "dask" and "cannot spill" in entry.reason, entry
+        assert entry.runs == "dask-rechunk" and "cannot spill" in entry.reason, entry
 
 
 def test_output_type(client):
@@ -428,7 +428,9 @@ def test_explain_says_what_runs_when_not_enabled(client):
             assert entry.runs == "collective" and entry.reason == "eligible", entry
         else:
             assert (
-                entry.runs == "dask" and "not enabled" in entry.reason and entry.engine.startswith("dask")
+                entry.runs == "dask-rechunk"
+                and "not enabled" in entry.reason
+                and entry.engine.startswith("dask")
             ), entry
     assert ran == 1
 

@@ -290,7 +290,7 @@ def test_larger_than_worker_memory_keeps_dasks_rechunk_or_fails_clearly(cluster)
         x = da.zeros((1024, 1024, 64), chunks=(64, 1024, 64))  # 512 MiB (broadcast chunks: no real memory)
         with dask_redist.enable(engine="dask"):
             entry = dask_redist.explain(x.rechunk((1024, 64, 64)))[0]
-            assert entry.runs == "dask" and "cannot spill" in entry.reason, entry
+            assert entry.runs == "dask-rechunk" and "cannot spill" in entry.reason, entry
             first = sorted(client.scheduler_info()["workers"])[0]
             with dask.annotate(workers=[first]):
                 y = da.zeros((1024, 1024, 16), chunks=(64, 1024, 16))  # 128 MiB, all on one worker
