@@ -320,7 +320,7 @@ class Settings:
         """Read and check ``redist.*`` (from dask config, or from a dict shaped like it).
 
         Read on the client for every rechunk and every graph submitted: dask's config read as it
-        is now is looked up by its text first (a read and check take about ten times as long)."""
+        is now is looked up by its text first (a read and check cost much more than the lookup)."""
         if config is not None:
             return cls._read(config)
         current = dask.config.get("redist", None) or {}
