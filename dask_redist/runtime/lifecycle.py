@@ -133,10 +133,13 @@ class Rechunks:
         gone = [w for w in run.spec.workers if w not in self.scheduler.workers]  # (their calls never come)
         self.send(run.spec.workers, m.Abort(token, run.spec.run_id, reason, failure, gone))
 
-    def restart(self, token: str, reason: str, stale: list = (), settings=None) -> None:
+    def restart(
+        self, token: str, reason: str, stale: list = (), settings=None, *, level: int = logging.WARNING
+    ) -> None:
         """Abort the run and release the barrier and unfinished unpack tasks: dask reruns them
         (and the ``stale`` stage tasks, whose staged chunks are gone). ``settings``: for a
-        restart before the run started."""
+        restart before the run started. ``level``: of the log record saying so (a recovery the
+        user need not act on, such as a stale barrier result, is logged below warnings)."""
         rechunk = self.by_token.setdefault(token, Rechunk(token))
         settings = rechunk.active.spec.collective.settings if rechunk.active else settings
         rechunk.restarts += 1
@@ -148,7 +151,7 @@ class Rechunks:
             )
             return
         self.abort(token, reason, failure="restart")
-        logger.warning("restarting rechunk %s: %s", token[:8], reason)
+        logger.log(level, "restarting rechunk %s: %s", token[:8], reason)
         if recs := _restart_recommendations(self.scheduler.tasks, token, stale):
             stimulus = f"redist-restart-{token}-{time.time()}"
             self.scheduler.transitions(recs, stimulus_id=stimulus)

@@ -199,7 +199,9 @@ class RedistSchedulerPlugin(SchedulerPlugin):
     def stale(self, token: str, run_id: int, index: int) -> m.StaleReply:
         """An unpack task found output chunk ``index`` of run ``run_id`` missing: is its barrier's
         result stale (`rechunks.barrier_is_current`)? Then the rechunk is restarted (the barrier
-        released with the unpack tasks not done) and runs again for every output still wanted.
+        released with the unpack tasks not done) and runs again for every output still wanted:
+        an expected recovery (an output run again while its barrier's result was still held),
+        logged at INFO, not as a warning.
         """
         ts = self.scheduler.tasks.get(BARRIER_PREFIX + token)
         if barrier_is_current(self.rechunks.by_token.get(token), ts, run_id, index):
@@ -207,7 +209,8 @@ class RedistSchedulerPlugin(SchedulerPlugin):
         if ts is None or ts.state != "memory":
             return m.StaleReply(stale=True, released=False)
         logger.debug("%s: result of run %d is stale for output %d; running it again", ts.key, run_id, index)
-        self.rechunks.restart(token, f"output chunk {index} is not in run {run_id} (stale barrier result)")
+        reason = f"output chunk {index} is not in run {run_id} (stale barrier result)"
+        self.rechunks.restart(token, reason, level=logging.INFO)
         return m.StaleReply(stale=True, released=True)
 
     @staticmethod
