@@ -33,7 +33,7 @@ def engine_for(client, request) -> tuple[str, str, str | None]:
     """Which engine would run ``request`` (an `engines.Request`) on ``client``'s workers, and why:
     decided as the scheduler decides it (`engines.choice.choose_engine`), from what the workers
     answered (asked if nobody asked them yet); and why the engine named in ``redist.engine`` is
-    refused at submission (`refuse_unrunnable`), or None. ``explain`` and the FFT ask this."""
+    refused at submission (`refuse_unrunnable`), or None. ``explain``, the FFT and ``doctor`` ask this."""
     from dask_redist.engines.choice import cannot_run, choose_engine
 
     capabilities, workers, records = engines_state(client, request.settings)

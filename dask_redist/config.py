@@ -83,11 +83,13 @@ def engine_names(keys=()) -> set[str]:
 def check_known(keys) -> None:
     """ConfigError naming every key of ``keys`` (``redist.a.b``) that is not a ``redist.*`` setting,
     with the nearest one: a misspelt key would otherwise be ignored without a word. An engine's
-    section (``redist.NAME.*``, NAME registered) is the engine's to check (`Settings.section`)."""
+    section (``redist.NAME.*``, NAME registered) is the engine's to check (`Settings.section`), and
+    a cost model of any name (``redist.cost-model.NAME.*``) is checked as it is read (`_cost_entry`)."""
     known = flatten(DEFAULTS["redist"])
     # (engines of one's own are registered under redist.engines: any name goes there)
     own = tuple(f"redist.{name}." for name in engine_names(keys) if f"redist.{name}" not in known)
-    if unknown := sorted(k for k in keys if k not in known and not k.startswith(("redist.engines.", *own))):
+    free = ("redist.engines.", "redist.cost-model.", *own)
+    if unknown := sorted(k for k in keys if k not in known and not k.startswith(free)):
         near = {k: difflib.get_close_matches(k, known, n=1) for k in unknown}
         hints = "; ".join(f"{k}" + (f" (did you mean {m[0]}?)" if m else "") for k, m in near.items())
         raise ConfigError(f"unknown option {hints}: the redist.* keys are listed in docs/configuration.md")
@@ -198,17 +200,49 @@ def _sections(config: dict | None, engines: tuple[tuple[str, str], ...]) -> tupl
 PACKAGED_SECTIONS = _sections(DEFAULTS["redist"], BUILTIN_ENGINES)
 
 
+#: Dask's own rechunk (its ``tasks`` or ``p2p`` method), as users read it: ``explain()``'s "runs
+#: as" and its line in a cost model. ("dask" alone is the engine of that name.)
+DASK_RECHUNK = "dask-rechunk"
+
 #: The terms of each method's line in a cost model (``redist.cost-model``; `dask_redist.planning.cost`).
 COST_TERMS = {
-    "dask": ("fixed", "per-task", "per-byte"),
+    DASK_RECHUNK: ("fixed", "per-task", "per-byte"),
     "collective": ("fixed", "per-input-chunk", "per-output-chunk", "per-byte"),
 }
+
+#: Old names of a cost model's lines, still read: ``dask`` was ``dask-rechunk``'s (calibration
+#: files written before the rename keep working).
+COST_LINE_ALIASES = {"dask": DASK_RECHUNK}
+
+
+def _renamed_lines(name: str, entry: dict) -> tuple[dict, dict]:
+    """``entry`` (model ``name``) with its lines under their current names (`COST_LINE_ALIASES`),
+    and the old name of each line set so (for errors). A line under its old name wins over the
+    packaged model's line of the same name: dask's config merges a file written before the
+    rename (``dask: ...``) into the packaged entry it replaces."""
+    entry, packaged, named = dict(entry), (DEFAULTS["redist"]["cost-model"] or {}).get(name, {}), {}
+    for old, new in COST_LINE_ALIASES.items():
+        if old in entry:
+            if new in entry and entry[new] != packaged.get(new):
+                raise ConfigError(
+                    f"redist.cost-model.{name} sets both {new} and {old} (its old name): keep {new} only"
+                )
+            entry[new], named[new] = entry.pop(old), old
+    return entry, named
 
 
 def _cost_entry(name: str, entry) -> tuple:
     key = f"redist.cost-model.{name}"
     if not isinstance(entry, dict):
-        raise ConfigError(f"{key} must be a mapping with kind, workers, dask and collective, got {entry!r}")
+        raise ConfigError(
+            f"{key} must be a mapping with kind, workers, {DASK_RECHUNK} and collective, got {entry!r}"
+        )
+    if unknown := sorted(set(entry) - {"kind", "workers", "measured", *COST_TERMS, *COST_LINE_ALIASES}):
+        raise ConfigError(
+            f"{key} has unknown keys {', '.join(map(str, unknown))}: its keys are kind, workers, measured, "
+            + ", ".join(COST_TERMS)
+        )
+    entry, named = _renamed_lines(name, entry)
     if entry.get("kind") not in CHUNK_TYPES:
         raise ConfigError(f"{key}.kind must be one of {', '.join(CHUNK_TYPES)}, got {entry.get('kind')!r}")
     workers = entry.get("workers")
@@ -216,21 +250,20 @@ def _cost_entry(name: str, entry) -> tuple:
         raise ConfigError(f"{key}.workers must be an integer >= 1, got {workers!r}")
     lines = []
     for method, terms in COST_TERMS.items():
-        line = entry.get(method)
+        line, at = entry.get(method), f"{key}.{named.get(method, method)}"
         if not isinstance(line, dict) or set(line) != set(terms):
-            raise ConfigError(
-                f"{key}.{method} must be a mapping of {', '.join(terms)} (seconds), got {line!r}"
-            )
+            raise ConfigError(f"{at} must be a mapping of {', '.join(terms)} (seconds), got {line!r}")
         for term in terms:
             v = line[term]
             if isinstance(v, bool) or not isinstance(v, Real) or not 0 <= v < float("inf"):
-                raise ConfigError(f"{key}.{method}.{term} must be a finite number >= 0 (seconds), got {v!r}")
+                raise ConfigError(f"{at}.{term} must be a finite number >= 0 (seconds), got {v!r}")
         lines.append(tuple(float(line[t]) for t in terms))
     return (name, entry["kind"], workers, str(entry.get("measured", "")), *lines)
 
 
 def _cost_model(value) -> tuple:
-    """``redist.cost-model`` as a tuple of (name, kind, workers, measured, dask line, collective line)."""
+    """``redist.cost-model`` as a tuple of (name, kind, workers, measured, Dask's rechunk's line,
+    the collective's line)."""
     if value is None:
         return ()
     if not isinstance(value, dict):
@@ -287,7 +320,7 @@ class Settings:
         """Read and check ``redist.*`` (from dask config, or from a dict shaped like it).
 
         Read on the client for every rechunk and every graph submitted: dask's config read as it
-        is now is looked up by its text first (a read and check take about ten times as long)."""
+        is now is looked up by its text first (a read and check cost much more than the lookup)."""
         if config is not None:
             return cls._read(config)
         current = dask.config.get("redist", None) or {}

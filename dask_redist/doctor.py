@@ -2,8 +2,9 @@
 
 It asks every engine of ``redist.engines`` (`dask_redist.engines.registry`) what it needs to
 know of each worker (``EngineDescription.worker_report``, run there, with the engine's
-``capabilities``), prints each engine's columns and line, and what ``auto`` picks, by the same
-rule the scheduler follows (`dask_redist.engines.choice.choose_engine`).
+``capabilities``), prints each engine's columns and line, and what ``auto`` picks: the answer
+``explain`` and the FFT get (`dask_redist.cluster.engine_for`: the scheduler's rule, over what
+the workers told it and its records of the engines' worlds).
 """
 
 from __future__ import annotations
@@ -12,9 +13,9 @@ import dataclasses
 import html
 from dataclasses import dataclass
 
+from dask_redist.cluster import engine_for
 from dask_redist.config import Settings
 from dask_redist.engines import Request, description, descriptions
-from dask_redist.engines.choice import choose_engine
 from dask_redist.engines.registry import capabilities
 
 
@@ -45,7 +46,7 @@ def _hosts(by_worker: dict[str, str]) -> tuple[tuple[str, tuple[str, ...]], ...]
 @dataclass(frozen=True)
 class Diagnosis:
     workers: dict  # worker -> {engine name: its report}
-    engine: str  # what `auto` picks for CuPy chunks
+    engine: str  # what `auto` picks for CuPy chunks (`cluster.engine_for`)
     reason: str
     fixes: tuple[str, ...]
     warnings: tuple[str, ...] = ()
@@ -122,10 +123,9 @@ def doctor(client, settings: Settings | None = None) -> Diagnosis:
         )
         for w in workers
     )
-    able = {w: {d.name: by_engine[d.name][w].get("capabilities", {}) for d in engines} for w in workers}
     picks, auto = [], dataclasses.replace(settings, engine="auto")
     for chunk_type in ("cupy", "numpy"):  # (NumPy chunks: of any size)
-        engine, why = choose_engine(Request(chunk_type, auto), able, workers)
+        engine, why, _ = engine_for(client, Request(chunk_type, auto))
         picks.append((chunk_type, engine, why))
     (_, engine, reason), _ = picks
     return Diagnosis(

@@ -13,11 +13,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from dask_redist.compat import default_client, worker_info
-from dask_redist.config import Settings
+from dask_redist.config import DASK_RECHUNK, Settings
 from dask_redist.engines import Request, description
 from dask_redist.engines.choice import choose_engine
 from dask_redist.fft import describe as fft_describe
-from dask_redist.graph.decide import decide, find_rechunks, memory_limits
+from dask_redist.graph.decide import decide, find_rechunks, held_by_dask, memory_limits
+from dask_redist.graph.names import is_own
 from dask_redist.graph.optimize import fused_neighbours
 from dask_redist.planning import make_plan
 
@@ -40,7 +41,7 @@ class Entry:
 
     output: str
     method: str  # what dask planned
-    runs: str  # "collective" or "dask"
+    runs: str  # "collective", "dask-rechunk" (Dask's own rechunk: `DASK_RECHUNK`) or "refused ..."
     reason: str
     chunks: str = ""
     engine: str = "-"  # the engine's name
@@ -179,9 +180,12 @@ def _kept_for_method(node) -> str | None:
     return None if isinstance(node, CollectiveRechunk) else kept_for_method(node.method, None)
 
 
-def _decisions(x, settings: Settings, memory=None) -> list[tuple[str, str, object, str, bool, str]]:
+def _decisions(
+    x, settings: Settings, memory=None, client=None
+) -> list[tuple[str, str, object, str, bool, str]]:
     """(output name, what dask planned, CollectiveSpec or None, reason, asked for by
-    `dask_redist.rechunk`, what is fused) for every rechunk of ``x``."""
+    `dask_redist.rechunk`, what is fused) for every rechunk of ``x``; decided as the rewrite
+    decides on ``client``'s scheduler (`_held_by_dask` there)."""
     expr = _expression(x)
     if expr is not None:  # expression mode: the rechunks are expressions in the tree
         from dask.utils import typename
@@ -211,12 +215,21 @@ def _decisions(x, settings: Settings, memory=None) -> list[tuple[str, str, objec
         return out
     graph = x.__dask_graph__()
     decisions = [decide(graph, chain, settings, memory=memory) for chain in find_rechunks(graph, _names(x))]
+    if client is not None and any(d.collective and not is_own(d.chain.output) for d in decisions):
+        decisions = client.run_on_scheduler(_held_by_dask, decisions)
     fused = fused_neighbours(graph, decisions, x.__dask_keys__())
     out = [(d.chain.output, d.method, d.spec, d.reason, False, f) for d, f in zip(decisions, fused)]
     for name, layer in graph.layers.items():  # (dask_redist.rechunk's: decided when it was called)
         if (d := getattr(layer, "decision", None)) is not None:
             out.append((name, d.method, d.spec, d.reason, True, ""))
     return out + _made_tasks(graph)
+
+
+def _held_by_dask(decisions: list, dask_scheduler=None) -> list:
+    """``decisions`` as the rewrite on the scheduler takes them: Dask's rechunk where the scheduler
+    holds a collective's output keys (Dask's names: built before ``enable()``) with Dask's tasks
+    behind them (`graph.decide.held_by_dask`). Run on the scheduler."""
+    return [held_by_dask(dask_scheduler, d) for d in decisions]
 
 
 #: Why a rechunk that a collection holds as plain tasks keeps Dask's rechunk.
@@ -323,22 +336,24 @@ def explain(x, *, nworkers: int | None = None, settings: Settings | None = None)
     memory = None
     if workers is not None:  # (as the scheduler decides: from the workers' memory limits)
         memory = memory_limits(w.get("memory_limit") for w in workers.values())
-    decisions = {d[0]: d for c in found for d in _decisions(c, settings, memory)}  # (shared rechunks once)
+    decisions = {
+        d[0]: d for c in found for d in _decisions(c, settings, memory, client)
+    }  # (shared ones once)
     for output, method, spec, reason, explicit, fused in decisions.values():
         if spec is None:
-            entries.append(Entry(output, method, "dask", reason))
+            entries.append(Entry(output, method, DASK_RECHUNK, reason))
             continue
         runs = "collective"
         if client is None:
             reason, runs = (
                 "eligible, but no distributed Client: dask's rechunk runs on local schedulers",
-                "dask",
+                DASK_RECHUNK,
             )
         elif not enabled and not explicit:
             reason = (
                 f"dask_redist is not enabled: dask's rechunk runs; enable() would run a collective ({reason})"
             )
-            runs = "dask"
+            runs = DASK_RECHUNK
         in_ranks, where = _placement(spec, client, nworkers)
         plan = make_plan(spec.rechunk, in_ranks, nworkers)
         engine, engine_why, refused = _engine(spec, client)

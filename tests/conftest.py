@@ -134,7 +134,7 @@ def client(cluster):
 def _forget_history(dask_scheduler=None):
     plugin = dask_scheduler.plugins.get("redist")
     if plugin is not None:
-        plugin.runs.history.clear()
+        plugin.rechunks.history.clear()
 
 
 def scheduler_history(client) -> list[dict]:

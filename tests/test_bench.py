@@ -365,7 +365,7 @@ def test_cli_calibrate_writes_a_model_the_settings_read(cluster, tmp_path):
     assert (
         model.kind == "numpy"
         and "workers, dask" in model.measured
-        and all(v >= 0 for v in model.dask + model.collective)
+        and all(v >= 0 for v in model.dask_rechunk + model.collective)
     )
     with pytest.raises(SystemExit, match="two --size values"):
         main(["bench", "--calibrate", "--scheduler", cluster.scheduler_address, "--size", "64KiB"])

@@ -14,7 +14,7 @@ import dask.array as da
 import numpy as np
 import pytest
 from conftest import local_cluster, scheduler_history, worker_leftovers
-from distributed import wait
+from distributed import futures_of, wait
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -345,7 +345,7 @@ def test_a_rechunk_beyond_the_workers_memory_keeps_dasks_and_explain_says_so():
         c.wait_for_workers(2)
         with dask_redist.enable(engine="dask", min_bytes=0):
             entry = dask_redist.explain(x.rechunk((512, 32)))[0]
-        assert entry.runs == "dask" and "cannot spill" in entry.reason, entry
+        assert entry.runs == "dask-rechunk" and "cannot spill" in entry.reason, entry
 
 
 def test_output_type(client):
@@ -428,7 +428,9 @@ def test_explain_says_what_runs_when_not_enabled(client):
             assert entry.runs == "collective" and entry.reason == "eligible", entry
         else:
             assert (
-                entry.runs == "dask" and "not enabled" in entry.reason and entry.engine.startswith("dask")
+                entry.runs == "dask-rechunk"
+                and "not enabled" in entry.reason
+                and entry.engine.startswith("dask")
             ), entry
     assert ran == 1
 
@@ -532,6 +534,57 @@ def test_outputs_released_while_the_run_is_planned(client, enabled, monkeypatch,
     assert _log_problems(client)[before:] == []
     np.testing.assert_array_equal(x.rechunk((64, 4)).compute(), x.compute())
     assert worker_leftovers(client) == {}
+
+
+def _holds(keys, dask_worker=None) -> bool:
+    return any(k in dask_worker.state.tasks for k in keys)
+
+
+def test_a_stale_barrier_result_restarts_the_rechunk_without_a_warning(client, caplog):
+    """Output tasks run again while their barrier's result is still in memory (here the client holds
+    it, as another graph built on it would) find their run ended: the scheduler restarts the rechunk
+    (`RedistSchedulerPlugin.stale`). That recovery is expected, nothing for the user to act on: it is
+    logged at INFO, no warning reaches the user's session, and the values are NumPy's."""
+    from distributed.diagnostics.plugin import SchedulerPlugin
+
+    scheduler = client.cluster.scheduler  # (in this process: its log records are caplog's)
+
+    class HoldTheBarrier(SchedulerPlugin):
+        name, held = "hold-the-barrier", []
+
+        def transition(self, key, start, finish, *args, **kwargs):
+            if finish == "processing" and str(key).startswith("redist-barrier-") and not self.held:
+                self.held.append(key)  # (wanted before its result comes: it stays in memory)
+                scheduler.client_desires_keys([key], client.id)
+
+    a = data_for((64, 64), "float64", seed=9)
+    x = da.from_array(a, chunks=(8, 64)).persist()
+    wait(x)
+    hold = HoldTheBarrier()
+    scheduler.add_plugin(hold)
+    try:
+        with dask_redist.enable(engine="dask", min_bytes=0):
+            y = x.rechunk((64, 8))
+            z = y.persist()
+            wait(z)
+            assert [scheduler.tasks[k].state for k in hold.held] == ["memory"]
+            runs = len(scheduler_history(client))
+            keys = [f.key for f in futures_of(z)]
+            del z  # its outputs are forgotten (on the workers too), the barrier's result is kept
+            deadline = time.monotonic() + 30
+            while any(k in scheduler.tasks for k in keys) or any(client.run(_holds, keys).values()):
+                assert time.monotonic() < deadline
+                time.sleep(0.01)
+            with caplog.at_level(logging.INFO, logger="dask_redist"):
+                got = y.persist().compute()
+    finally:
+        scheduler.remove_plugin(name=hold.name)
+        scheduler.client_releases_keys(hold.held, client.id)
+    np.testing.assert_array_equal(got, a)
+    said = [r for r in caplog.records if r.name.startswith("dask_redist")]
+    assert [r.levelname for r in said if "stale barrier result" in r.getMessage()] == ["INFO"], said
+    assert [r.getMessage() for r in said if r.levelno >= logging.WARNING] == []
+    assert [(h["run"], h["outcome"]) for h in scheduler_history(client)[runs:]] == [(2, "done")]  # run again
 
 
 def test_the_collective_on_a_tls_cluster():

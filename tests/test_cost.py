@@ -20,12 +20,12 @@ from hypothesis import strategies as st
 from dask_redist.bench import calibrate
 from dask_redist.bench.cases import gpu_suite, line_case, pencil_case, slab_case
 from dask_redist.bench.results import load_json
-from dask_redist.config import COST_TERMS, DEFAULTS, ConfigError, Settings
+from dask_redist.config import COST_TERMS, DASK_RECHUNK, DEFAULTS, ConfigError, Settings
 from dask_redist.graph.decide import collective_spec
 from dask_redist.planning import RechunkSpec
 from dask_redist.planning.cost import (
     CostModel,
-    dask_is_faster,
+    dask_rechunk_is_faster,
     dask_tasks,
     fit,
     model_for,
@@ -68,7 +68,7 @@ def test_dask_tasks_counts_the_tasks_dask_builds(data):
 
 
 def _model(**lines) -> tuple:
-    dask_line = lines.get("dask", (0.01, 0.001, 0.0))
+    dask_line = lines.get("dask_rechunk", (0.01, 0.001, 0.0))
     collective_line = lines.get("collective", (0.05, 0.0, 0.0001, 0.0))
     return (("m", "numpy", lines.get("workers", 2), "synthetic", dask_line, collective_line),)
 
@@ -86,18 +86,20 @@ def test_model_for_takes_the_kind_measured_on_the_nearest_worker_count():
     assert model_for(entries, "cupy", None).name == "c"
     assert model_for(entries[:2], "cupy", 2) is None
     assert (
-        dask_is_faster(RechunkSpec(((5, 5),), ((10,),), 8), "cupy", entries[:2]) is None
+        dask_rechunk_is_faster(RechunkSpec(((5, 5),), ((10,),), 8), "cupy", entries[:2]) is None
     )  # no model: collective
 
 
 def test_the_decision_follows_the_estimates_and_says_why():
     rechunk = RechunkSpec(((50, 50), (100,)), ((100,), (50, 50)), 8)  # 2 -> 2 slabs: 6 Dask tasks
-    cheap_dask = _model(dask=(0.01, 0.001, 0.0), collective=(0.05, 0.0, 0.0, 0.0))
-    reason = dask_is_faster(rechunk, "numpy", cheap_dask, workers=2)
+    cheap_dask = _model(dask_rechunk=(0.01, 0.001, 0.0), collective=(0.05, 0.0, 0.0, 0.0))
+    reason = dask_rechunk_is_faster(rechunk, "numpy", cheap_dask, workers=2)
     assert reason.startswith("Dask's rechunk is estimated faster: 16.0 ms (6 tasks) against 50.0 ms")
     assert "redist.min-bytes: auto" in reason and "cost model m, measured synthetic" in reason
-    assert dask_is_faster(rechunk, "numpy", _model(dask=(0.01, 0.01, 0.0)), workers=2) is None  # 70 ms
-    assert dask_is_faster(rechunk, "cupy", cheap_dask) is None  # a model of NumPy chunks only
+    assert (
+        dask_rechunk_is_faster(rechunk, "numpy", _model(dask_rechunk=(0.01, 0.01, 0.0)), workers=2) is None
+    )  # 70 ms
+    assert dask_rechunk_is_faster(rechunk, "cupy", cheap_dask) is None  # a model of NumPy chunks only
 
 
 def test_fit_recovers_a_line_and_stays_non_negative():
@@ -106,13 +108,13 @@ def test_fit_recovers_a_line_and_stays_non_negative():
         line_case("8MiB", 4, 64),
     ]
     truth = CostModel("t", "numpy", 2, "", (0.02, 0.003, 2e-9), (0.05, 1e-4, 5e-4, 1e-9))
-    runs = {"dask": [], "collective": []}
+    runs = {DASK_RECHUNK: [], "collective": []}
     for case in cases:
         d, c = truth.seconds(spec(case))
-        runs["dask"].append((spec(case), d))
+        runs[DASK_RECHUNK].append((spec(case), d))
         runs["collective"].append((spec(case), c))
     got = fit("t", "numpy", 2, "", runs)
-    np.testing.assert_allclose(got.dask, truth.dask, rtol=1e-6)
+    np.testing.assert_allclose(got.dask_rechunk, truth.dask_rechunk, rtol=1e-6)
     np.testing.assert_allclose(got.collective, truth.collective, rtol=1e-6, atol=1e-12)
     x = np.array([[1.0, 1.0], [1.0, 2.0], [1.0, 3.0]])
     c = nonnegative_fit(x, np.array([3.0, 2.0, 1.0]))  # a falling line: the slope stays at 0
@@ -134,7 +136,7 @@ RECIPES = {
     "cupy-2": (
         "gpu-suite.json",
         lambda: [case for case, _ in gpu_suite()],
-        {"collective": "redist-cufftmp", "dask": "tasks"},
+        {"collective": "redist-cufftmp", DASK_RECHUNK: "tasks"},
     ),
 }
 
@@ -146,7 +148,7 @@ def test_packaged_models_are_fits_of_recorded_calibration_runs(name):
     (packaged,) = [m for m in models(PACKAGED) if m.name == name]
     results, _ = load_json(os.path.join(DOCS, path))
     got = calibrate.model_from(results, cases(), packaged.kind, packaged.workers, packaged.measured, methods)
-    np.testing.assert_allclose(got.dask, packaged.dask, rtol=1e-3)
+    np.testing.assert_allclose(got.dask_rechunk, packaged.dask_rechunk, rtol=1e-3)
     np.testing.assert_allclose(got.collective, packaged.collective, rtol=1e-3)
     assert {m.name for m in models(PACKAGED)} == set(RECIPES)
 
@@ -176,7 +178,7 @@ def test_packaged_models_are_fits_of_recorded_calibration_runs(name):
 )
 def test_packaged_models_keep_dask_where_it_was_measured_faster(case, kind, workers, dask_wins):
     rechunk = spec(case)
-    reason = dask_is_faster(rechunk, kind, PACKAGED, workers)
+    reason = dask_rechunk_is_faster(rechunk, kind, PACKAGED, workers)
     assert (reason is not None) == dask_wins, reason
     chunk_type = {"numpy": "numpy.ndarray", "cupy": "cupy.ndarray"}[kind]
     made, why = collective_spec(
@@ -216,7 +218,7 @@ def test_pencils_over_two_workers_are_judged_too():
     rechunk = spec(pencil_case("2GiB", 4))
     model = model_for(PACKAGED, "numpy", 2)
     dask_s, collective_s = model.seconds(rechunk)
-    assert (dask_is_faster(rechunk, "numpy", PACKAGED, 2) is None) == (collective_s <= dask_s)
+    assert (dask_rechunk_is_faster(rechunk, "numpy", PACKAGED, 2) is None) == (collective_s <= dask_s)
 
 
 def _cost_config(entry) -> dict:
@@ -232,17 +234,29 @@ def _cost_config(entry) -> dict:
         ({"kind": "tpu", "workers": 2}, "redist.cost-model.mine.kind"),
         ({"kind": "numpy", "workers": 0}, "redist.cost-model.mine.workers"),
         (
-            {"kind": "numpy", "workers": 2, "dask": {"fixed": 1}},
-            "redist.cost-model.mine.dask must be a mapping",
+            {"kind": "numpy", "workers": 2, "dask-rechunk": {"fixed": 1}},
+            "redist.cost-model.mine.dask-rechunk must be a mapping",
         ),
         (
             {
                 "kind": "numpy",
                 "workers": 2,
-                "dask": dict.fromkeys(COST_TERMS["dask"], -1.0),
+                "dask-rechunk": dict.fromkeys(COST_TERMS[DASK_RECHUNK], -1.0),
                 "collective": dict.fromkeys(COST_TERMS["collective"], 0.0),
             },
-            "redist.cost-model.mine.dask.fixed",
+            "redist.cost-model.mine.dask-rechunk.fixed",
+        ),
+        (  # its old name, named as set
+            {"kind": "numpy", "workers": 2, "dask": {"fixed": 1}},
+            "redist.cost-model.mine.dask must be a mapping",
+        ),
+        (
+            {"kind": "numpy", "workers": 2, "dask-rechunk": {}, "dask": {}, "collective": {}},
+            "redist.cost-model.mine sets both dask-rechunk and dask",
+        ),
+        (
+            {"kind": "numpy", "workers": 2, "colective": {}},
+            "redist.cost-model.mine has unknown keys colective",
         ),
     ],
 )
@@ -261,8 +275,41 @@ def test_a_calibration_file_is_a_dask_config_file_the_settings_read(tmp_path):
     got = {m.name: m for m in models(Settings.from_config(merged["redist"]).cost_model)}
     assert got["numpy-3"] == model and set(got) == {"numpy-3", *RECIPES}
     assert (
-        dask_is_faster(
+        dask_rechunk_is_faster(
             RechunkSpec(((5, 5),), ((10,),), 8), "numpy", Settings.from_config(merged["redist"]).cost_model, 3
         )
         is None
     )
+
+
+def test_the_old_name_of_dask_rechunks_line_is_still_read(tmp_path):
+    """``dask-rechunk`` is the line of Dask's own rechunk; ``dask``, its old name (calibration files
+    written before the rename), is read the same, set through dask's config as users do: for a model
+    of a new name, and in a file replacing a packaged model (merged into the packaged entry)."""
+    line = {"fixed": 0.5, "per-task": 0.25, "per-byte": 0.0}
+    collective = dict.fromkeys(COST_TERMS["collective"], 0.125)
+
+    def read(method: str, name: str) -> CostModel:
+        entry = {"kind": "numpy", "workers": 3, method: line, "collective": collective}
+        with dask.config.set({f"redist.cost-model.{name}": entry}):
+            return {m.name: m for m in models(Settings.from_config().cost_model)}[name]
+
+    for name in ("numpy-3", "numpy-2"):  # (numpy-2: merged into the packaged numpy-2)
+        new, old = read("dask-rechunk", name), read("dask", name)
+        assert new == old and new.dask_rechunk == (0.5, 0.25, 0.0) and new.collective == (0.125,) * 4
+        assert new.entry()[DASK_RECHUNK] == line and "dask" not in new.entry()  # (written: the new name)
+    path = tmp_path / "redist-cost-model-numpy-2.yaml"  # a file written before the rename
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "redist": {
+                    "cost-model": {
+                        "numpy-2": {"kind": "numpy", "workers": 2, "dask": line, "collective": collective}
+                    }
+                }
+            }
+        )
+    )
+    merged = dask.config.merge(DEFAULTS, dask.config.collect([str(path)], env={}))
+    (got,) = [m for m in models(Settings.from_config(merged["redist"]).cost_model) if m.name == "numpy-2"]
+    assert got.dask_rechunk == (0.5, 0.25, 0.0)

@@ -36,7 +36,7 @@ def test_a_delayed_built_on_a_rechunk_says_dasks_rechunk_runs_and_why(client):
     with dask_redist.enable(engine="dask"), dask.config.set({"array.rechunk.method": "tasks"}):
         delayed = dask.delayed(np.sum)(_dataset()["a"].data)
         (entry,) = dask_redist.explain(delayed)
-        assert entry.runs == "dask" and entry.output.startswith("finalize-"), entry
+        assert entry.runs == "dask-rechunk" and entry.output.startswith("finalize-"), entry
         assert "Delayed" in entry.reason and "Persist the rechunked array first" in entry.reason
         persisted = _dataset()["a"].data.persist()
         assert dask_redist.explain(dask.delayed(np.sum)(persisted)).entries == ()

@@ -68,13 +68,16 @@ def test_an_explicit_method_runs_dasks_rechunk_and_explain_says_so(client):
         before = scheduler_history(client)
         y = x.rechunk(NEW, method="tasks")
         (entry,) = dask_redist.explain(y)
-        assert entry.runs == "dask" and entry.method.startswith("tasks"), entry
+        assert entry.runs == "dask-rechunk" and entry.method.startswith("tasks"), entry
         assert "method='tasks' was passed to rechunk" in str(dask_redist.explain(y))
         np.testing.assert_array_equal(y.compute(), a)
         assert not runs_since(client, before)  # no collective ran
         with dask.config.set({"redist.respect-method": False}):  # the user asks otherwise, for these calls
             z = x.rechunk(NEW, method="tasks")
-        assert dask_redist.explain(y)[0].runs == "dask" and dask_redist.explain(z)[0].runs == "collective"
+        assert (
+            dask_redist.explain(y)[0].runs == "dask-rechunk"
+            and dask_redist.explain(z)[0].runs == "collective"
+        )
         np.testing.assert_array_equal(z.compute(), a)
         assert len(runs_since(client, before)) == 1
 
@@ -99,7 +102,7 @@ def test_a_configured_method_is_respected_like_method_with_distributeds_semantic
         p2p = [key[0][0].startswith("rechunk-p2p") for key in y.__dask_keys__()]
         assert all(p2p) if chosen in ("p2p", None) else not any(p2p)  # (None: dask's heuristic, p2p)
         (entry,) = dask_redist.explain(y)
-        assert entry.runs == ("collective" if chosen is None else "dask"), entry
+        assert entry.runs == ("collective" if chosen is None else "dask-rechunk"), entry
         if keyword is None and config_value is not None:
             assert f"dask config sets array.rechunk.method: {config_value!r}" in entry.reason, entry.reason
         assert y.chunks == new
@@ -137,7 +140,7 @@ with dask_redist.enable(min_bytes=0):
     assert not isinstance(y.expr, CollectiveRechunk) and y.expr.method == "tasks"
     assert not isinstance(da.rechunk(x, (64, 8), method="tasks").expr, CollectiveRechunk)
     (entry,) = dask_redist.explain(y)
-    assert entry.runs == "dask" and "method='tasks' was passed" in entry.reason, entry
+    assert entry.runs == "dask-rechunk" and "method='tasks' was passed" in entry.reason, entry
     with dask.config.set({"redist.respect-method": False}):
         assert isinstance(x.rechunk((64, 8), method="tasks").expr, CollectiveRechunk)
     with dask.config.set({"array.rechunk.method": "tasks"}):  # a configured method, the same
@@ -145,7 +148,7 @@ with dask_redist.enable(min_bytes=0):
         with dask.config.set({"redist.respect-method": False}):
             assert isinstance(x.rechunk((64, 8)).expr, CollectiveRechunk)
     assert not isinstance(y.expr, CollectiveRechunk) and y.expr.method == "tasks"
-    assert dask_redist.explain(y)[0].runs == "dask"
+    assert dask_redist.explain(y)[0].runs == "dask-rechunk"
 print("ok")
 """
     env = {**os.environ, "DASK_ARRAY__QUERY_PLANNING": "True"}

@@ -9,6 +9,7 @@ from distributed import wait
 
 import dask_redist
 from conftest import scheduler_history
+from dask_redist.graph.decide import HELD_BY_DASK
 from dask_redist.graph.names import is_own
 
 NEW = (64, 4)
@@ -76,10 +77,15 @@ def test_a_rechunk_built_before_enable_and_held_by_dask_stays_dasks(client):
     a = np.arange(64 * 64.0).reshape(64, 64)
     x = da.from_array(a, chunks=(4, 64)).persist()
     y = x.rechunk(NEW)
+    with dask_redist.enable(engine="dask", min_bytes=0):
+        assert dask_redist.explain(y)[0].runs == "collective"  # (nothing holds its keys yet)
     held = y.persist()
     wait(held)
     warned, runs = _run_spec_warnings(client), len(scheduler_history(client))
-    with dask_redist.enable(engine="dask"):
+    with dask_redist.enable(engine="dask", min_bytes=0):
+        (entry,) = dask_redist.explain(y)  # says so, as the rewrite on the scheduler decides
+        assert (entry.runs, entry.reason) == ("dask-rechunk", HELD_BY_DASK), entry
+        assert HELD_BY_DASK in str(dask_redist.explain(y))
         again = y.persist()
         wait(again)
         z = (y + 1).persist()  # (a new graph around the held keys)

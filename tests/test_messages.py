@@ -55,29 +55,31 @@ class FakeScheduler:
 
 def plugin_with_an_active_run() -> RedistSchedulerPlugin:
     plugin = RedistSchedulerPlugin()
-    plugin.scheduler = plugin.runs.scheduler = FakeScheduler()
+    plugin.scheduler = plugin.rechunks.scheduler = FakeScheduler()
     spec = run_spec()
-    plugin.runs.rechunks[spec.token] = Rechunk(spec.token, active=ActiveRun(spec, set(), {}, 0, 0))
+    plugin.rechunks.by_token[spec.token] = Rechunk(spec.token, active=ActiveRun(spec, set(), {}, 0, 0))
     return plugin
 
 
 @pytest.mark.parametrize("address, failure", [("tcp://intruder:1", "error"), (WORKERS[0], "no-such-failure")])
 def test_a_failure_report_from_outside_the_run_is_ignored(address, failure):
     plugin = plugin_with_an_active_run()
-    token = next(iter(plugin.runs.rechunks))
+    token = next(iter(plugin.rechunks.by_token))
     plugin.failed(token, 1, address, "boom", failure)
     assert (
-        plugin.runs.rechunks[token].active is not None and plugin.scheduler.sent == [] and not plugin.history
+        plugin.rechunks.by_token[token].active is not None
+        and plugin.scheduler.sent == []
+        and not plugin.history
     )
 
 
 def test_a_failure_report_from_a_rank_aborts_the_run_everywhere():
     plugin = plugin_with_an_active_run()
-    token = next(iter(plugin.runs.rechunks))
+    token = next(iter(plugin.rechunks.by_token))
     plugin.failed(token, 2, WORKERS[0], "stale report", "error")  # another run's: ignored
-    assert plugin.runs.rechunks[token].active is not None
+    assert plugin.rechunks.by_token[token].active is not None
     plugin.failed(token, 1, WORKERS[0], "boom", "error")
-    assert plugin.runs.rechunks[token].active is None and plugin.history[-1]["outcome"] == "failed"
+    assert plugin.rechunks.by_token[token].active is None and plugin.history[-1]["outcome"] == "failed"
     assert sorted(w for w, m in plugin.scheduler.sent if m["op"] == "redist-abort") == sorted(WORKERS)
     assert all(
         m["gone"] == [] for _, m in plugin.scheduler.sent
@@ -88,7 +90,7 @@ def test_an_abort_names_the_ranks_that_left_and_they_stop_the_run_for_good():
     """A worker that left makes the ranks stop instead of completing the run (nothing would
     complete the calls they share with it: dask_redist.engines.rounds)."""
     plugin = plugin_with_an_active_run()
-    token = next(iter(plugin.runs.rechunks))
+    token = next(iter(plugin.rechunks.by_token))
     del plugin.scheduler.workers[WORKERS[1]]
     plugin.failed(token, 1, WORKERS[0], "boom", "error")
     (message,) = {str(m) for w, m in plugin.scheduler.sent}
@@ -158,11 +160,11 @@ def test_an_unpack_with_a_stale_barrier_result_has_the_barrier_run_again():
     started for the barrier task as it is now, or the run did not include that output (the
     rechunk persisted again onto a live barrier); then the barrier is released to run again."""
     plugin = plugin_with_an_active_run()
-    token = next(iter(plugin.runs.rechunks))
+    token = next(iter(plugin.rechunks.by_token))
     barrier = SimpleNamespace(key="redist-barrier-" + token, state="memory", dependents=set())
     plugin.scheduler.tasks[barrier.key] = barrier
-    plugin.runs.rechunks[token].barrier = (barrier, 1, np.array([True, False]))
-    run = plugin.runs.rechunks[token].active
+    plugin.rechunks.by_token[token].barrier = (barrier, 1, np.array([True, False]))
+    run = plugin.rechunks.by_token[token].active
     run.pending.add(run.spec.collective.output_key(0))
     assert plugin.stale(token, 1, 0) == {
         "stale": False
@@ -171,7 +173,7 @@ def test_an_unpack_with_a_stale_barrier_result_has_the_barrier_run_again():
     run.pending.clear()  # delivered already, its key forgotten and submitted again
     assert plugin.stale(token, 1, 0) == {"stale": True, "released": True}
     barrier.state = "memory"
-    plugin.runs.rechunks[token].active = run
+    plugin.rechunks.by_token[token].active = run
     assert plugin.stale(token, 1, 1) == {"stale": True, "released": True}  # an output the run left out
     assert barrier.state == "released"
     assert plugin.scheduler.sent and plugin.scheduler.sent[-1][1]["op"] == "redist-abort"  # the run stops
@@ -180,7 +182,7 @@ def test_an_unpack_with_a_stale_barrier_result_has_the_barrier_run_again():
     assert barrier.state == "released"
     barrier.state = "processing"  # running again already: nothing to release
     assert plugin.stale(token, 0, 0) == {"stale": True, "released": False}
-    plugin.runs.rechunks.clear()  # forgotten meanwhile, then resubmitted: no run for this task at all
+    plugin.rechunks.by_token.clear()  # forgotten meanwhile, then resubmitted: no run for this task at all
     barrier.state = "memory"
     assert plugin.stale(token, 1, 0) == {"stale": True, "released": True}
 

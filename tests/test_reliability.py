@@ -290,7 +290,7 @@ def test_larger_than_worker_memory_keeps_dasks_rechunk_or_fails_clearly(cluster)
         x = da.zeros((1024, 1024, 64), chunks=(64, 1024, 64))  # 512 MiB (broadcast chunks: no real memory)
         with dask_redist.enable(engine="dask"):
             entry = dask_redist.explain(x.rechunk((1024, 64, 64)))[0]
-            assert entry.runs == "dask" and "cannot spill" in entry.reason, entry
+            assert entry.runs == "dask-rechunk" and "cannot spill" in entry.reason, entry
             first = sorted(client.scheduler_info()["workers"])[0]
             with dask.annotate(workers=[first]):
                 y = da.zeros((1024, 1024, 16), chunks=(64, 1024, 16))  # 128 MiB, all on one worker
@@ -393,7 +393,10 @@ def test_under_auto_an_engine_that_cannot_start_falls_back_to_dask(own_cluster):
     _, client = own_cluster
     a = data((30, 30), seed=4)
     with dask_redist.enable(engine="auto", engines={"stand-in": "engines:PreferredUnavailableEngine"}):
+        before = dask_redist.doctor(client)
         got = da.from_array(a, chunks=(3, 30)).rechunk((30, 3)).compute()
+        after = dask_redist.doctor(client)
+        explained = dask_redist.explain(da.from_array(a, chunks=(3, 30)).rechunk((30, 3)))[0]
     np.testing.assert_array_equal(got, a)
     runs = scheduler_history(client)
     assert [r["engine"] for r in runs] == ["stand-in", "dask"], runs
@@ -401,6 +404,13 @@ def test_under_auto_an_engine_that_cannot_start_falls_back_to_dask(own_cluster):
     assert dask_redist.status(client)["engines"]["records"]["stand-in"][
         "broken"
     ]  # passed over until bootstrap()
+    # doctor answers as explain and the scheduler do (`cluster.engine_for`), the world's records too
+    picked = {t: (engine, why) for t, engine, why in after.picks}
+    assert [e for t, e, _ in before.picks if t == "numpy"] == ["stand-in"], before.picks
+    assert picked["numpy"][0] == explained.engine == "dask" and "redist.injected-key" in picked["numpy"][1]
+    assert "redist.injected-key" in explained.engine_reason and "auto` picks for NumPy chunks: dask" in str(
+        after
+    )
     assert worker_leftovers(client, timeout=15) == {}
 
 

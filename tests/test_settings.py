@@ -215,7 +215,7 @@ def test_a_retry_with_other_settings_or_after_disable_gets_a_fresh_run(client, h
         ("min-bytes", -1, "a number of bytes >= 0"),
         ("numpy-via-gpus", -1, "a number of bytes >= 0"),
         ("cost-model.numpy-2.workers", 0, "an integer >= 1"),
-        ("cost-model.numpy-2.dask.per-task", float("inf"), "a finite number >= 0"),
+        ("cost-model.numpy-2.dask-rechunk.per-task", float("inf"), "a finite number >= 0"),
         ("cost-model.numpy-2.collective.fixed", -0.1, "a finite number >= 0"),
     ],
 )

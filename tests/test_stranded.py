@@ -124,7 +124,7 @@ def _gated(block, gate: str):
 
 
 def _barriers_held(dask_scheduler) -> int:
-    return len(dask_scheduler.plugins["redist"].runs.under_way())
+    return len(dask_scheduler.plugins["redist"].rechunks.under_way())
 
 
 def test_a_rechunk_submitted_before_the_world_lost_a_pe_finishes_on_dask(own_cluster):
@@ -163,12 +163,12 @@ def test_a_rechunk_submitted_before_the_world_lost_a_pe_finishes_on_dask(own_clu
 
 def _defer_a_restart(dask_scheduler, reason: str) -> str:
     """What a worker leaving does while the barrier task of the active run is still processing
-    (`Runs.worker_left` -> `restart_once_barrier_done`): the restart waits for the barrier."""
+    (`Rechunks.worker_left` -> `restart_once_barrier_done`): the restart waits for the barrier."""
     from dask_redist.runtime.rechunks import PendingRestart
 
-    runs = dask_scheduler.plugins["redist"].runs
-    (token,) = [t for t, r in runs.rechunks.items() if r.active is not None]
-    rechunk = runs.rechunks[token]
+    rechunks = dask_scheduler.plugins["redist"].rechunks
+    (token,) = [t for t, r in rechunks.by_token.items() if r.active is not None]
+    rechunk = rechunks.by_token[token]
     rechunk.pending_restart = PendingRestart(rechunk.active.spec.run_id, reason, [])
     return token
 

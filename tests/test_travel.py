@@ -47,15 +47,17 @@ def test_the_plugins_travel_without_their_state_and_without_itertools():
             np.testing.assert_array_equal(da.from_array(a, chunks=(4, 32)).rechunk((32, 4)).compute(), a)
         assert dask_redist.status(client)["history"][-1]["outcome"] == "done"
         used = cluster.scheduler.plugins[RedistSchedulerPlugin.name]  # a plugin that ran a rechunk
-        assert used.runs.history
+        assert used.rechunks.history
         for plugin in (plugins(), used):
             modules = modules_pickled(plugin)
             assert not [m for m in modules if m.split(".")[0] in NOT_TRAVELLING], modules
             copy = pickle.loads(pickle.dumps(plugin))
             assert type(copy.worker_plugin).__name__ == "RedistWorkerPlugin"
-            assert not copy.runs.history and copy.scheduler is None  # a fresh plugin, not a copy of the state
+            assert (
+                not copy.rechunks.history and copy.scheduler is None
+            )  # a fresh plugin, not a copy of the state
 
 
 def test_run_sequence_numbers_count_on_from_one():
-    runs = RedistSchedulerPlugin().runs
-    assert [runs._next_seq() for _ in range(3)] == [1, 2, 3]
+    rechunks = RedistSchedulerPlugin().rechunks
+    assert [rechunks._next_seq() for _ in range(3)] == [1, 2, 3]

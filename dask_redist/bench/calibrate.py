@@ -19,13 +19,15 @@ import yaml
 from dask_redist.bench.cases import Case, line_case, pencil_case, slab_case, worker_addresses
 from dask_redist.bench.harness import Result, run_case
 from dask_redist.planning import RechunkSpec
+from dask_redist.config import DASK_RECHUNK
 from dask_redist.planning.cost import CostModel, fit
 
 #: Calibration sizes (small, large) per chunk kind, unless given.
 SIZES = {"numpy": ("1MiB", "512MiB"), "cupy": ("64MiB", "4GiB")}
 
-#: The methods timed: the collective as ``auto`` runs it, and Dask's rechunk.
-METHODS = {"collective": "redist-auto", "dask": "tasks"}
+#: The methods timed ({model's line: bench method}): the collective as ``auto`` runs it, and
+#: Dask's own rechunk.
+METHODS = {"collective": "redist-auto", DASK_RECHUNK: "tasks"}
 
 
 def cases(small: str, large: str) -> list[Case]:
@@ -46,10 +48,10 @@ def spec(case: Case) -> RechunkSpec:
 
 
 def runs(results: list[Result], methods: dict = METHODS) -> dict[str, list]:
-    """{"dask": [(case name, median s)], "collective": [...]} of the checked results of ``methods``
-    ({model method: bench method})."""
+    """{"dask-rechunk": [(case name, median s)], "collective": [...]} of the checked results of
+    ``methods`` ({model's line: bench method})."""
     by_method = {bench: model for model, bench in methods.items()}
-    out: dict[str, list] = {"dask": [], "collective": []}
+    out: dict[str, list] = {model: [] for model in methods}
     for r in results:
         if r.method in by_method and r.times and r.correct:
             out[by_method[r.method]].append((r.case, r.median))

@@ -137,8 +137,8 @@ def _task_count(dask_scheduler) -> int:
 
 def _gpu_idle() -> None:
     """Wait for this worker's GPU to finish what it was given. A CuPy input's chunks are returned
-    by their tasks while the kernels computing them still run (8 GiB of the bench's formula: tens
-    of ms); a method that waits for its inputs (the collective does) would pay for them in its
+    by their tasks while the kernels computing them still run (the bench's formula over a large
+    input: long enough to count); a method that waits for its inputs (the collective does) would pay for them in its
     time, and one that does not (Dask's rechunk queues its copies and returns) would not."""
     import cupy
 

@@ -122,6 +122,7 @@ def _calibrate(args, command: str) -> int:
 
     from dask_redist import bench as b
     from dask_redist.bench.calibrate import calibrate, write_model
+    from dask_redist.config import COST_TERMS
 
     kind = "cupy" if args.gpu and not args.numpy else "numpy"
     if args.size is not None and len(args.size) != 2:
@@ -141,7 +142,8 @@ def _calibrate(args, command: str) -> int:
     path = write_model(model, args.out or dask.config.PATH, command)
     if args.out:
         write(os.path.join(args.out, args.name), results, env, command)
-    console.print(f"cost model {model.name}: dask {model.dask}, collective {model.collective}")
+    lines = ", ".join(f"{method} {line}" for method, line in zip(COST_TERMS, model.lines()))
+    console.print(f"cost model {model.name}: {lines}")
     console.print(
         f"wrote {path}" + ("" if args.out else " (dask's config directory: read by every new session)")
     )

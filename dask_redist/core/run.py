@@ -117,8 +117,8 @@ class WorkerRun:
     def failure(self) -> BaseException:
         """The abort's error to raise, a new exception each time (caused by the one stored).
         Every unpack task of a failed run raises it: one object raised again and again gathers
-        every raise's frames (the 512th task of a run of 512 chunks logged a traceback of
-        hundreds of frames)."""
+        every raise's frames (the last unpack task of a run of many chunks would log a traceback
+        of a frame per task before it)."""
         try:
             error = copy.copy(self.error)
         except Exception:  # (an exception type that cannot be rebuilt from its args)

@@ -16,10 +16,9 @@ every remaining round, its copies skipped, and a run aborted before its rank sta
 is executed the same way (`dask_redist.runtime.collective.RunExecutor`); then every
 rank raises. An aborted run costs at most its own exchange time, and no worker. Only
 when a rank is gone (`WorkerRun.must_stop`: the scheduler saw it leave, in the abort or
-in a ``redist-gone`` message for runs aborted before) can nothing complete those calls: the queued rounds get `DRAIN_S`, then the device counts as
-stuck (``redist.nvshmem.exit-when-stuck``). (An abort that stopped each rank at its next
-boundary instead left ranks that saw it after different numbers of rounds stuck: both GPU
-workers of a session exited with no peer dead; docs/reliability.md.)
+in a ``redist-gone`` message for runs aborted before) can nothing complete those calls:
+the queued rounds get `DRAIN_S`, then the device counts as stuck
+(``redist.nvshmem.exit-when-stuck``; docs/reliability.md).
 """
 
 from __future__ import annotations
@@ -46,7 +45,7 @@ class Rounds:
     ``stuck``/``broken`` tell the engine's `Health` that queued work can never finish.
     """
 
-    poll_s = 0.0001  # between looks at an event: a round on the GPU takes 0.1-10 ms
+    poll_s = 0.0001  # between looks at an event: about the shortest round on the GPU, so a wait adds little
 
     def __init__(self, mark: Callable[[], object]):
         self._mark = mark

@@ -8,7 +8,7 @@ executes it on the collective thread, in the global order of runs
 output: Y slabs, X slabs for ``irfftn``) or straight in the chunks asked for, unless those
 cut the last axis in more chunks than the input's length (then a rechunk follows).
 
-On by default (``redist.fft.gpu``; tested on one H200 at 1, 2 and 4 PEs, docs/fft.md). The
+On by default (``redist.fft.gpu``; where it was tested: docs/fft.md). The
 graph also holds the local path's tasks, which a scheduler other than the distributed one
 runs (`dask_redist.graph.anywhere`).
 `problem` says why a transform takes the path that runs everywhere instead.

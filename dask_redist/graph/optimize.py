@@ -210,8 +210,9 @@ def nothing_to_optimize(hlg, keys, decisions: list[Decision]) -> bool:
     """Would dask's array optimizations leave this rewritten graph as it is? True where it holds
     only collective layers and layers of Futures (a persisted input), and the keys asked for are
     every output of its collective layers: nothing to cull (every task is needed), nothing to fuse
-    (the collective's tasks block fusion; Futures are no tasks). Dask's passes cost 0.24 s at 1024
-    chunks and 0.39 s at 4096 on the CPU machine for this graph, and change nothing in it."""
+    (the collective's tasks block fusion; Futures are no tasks). Dask's passes change nothing in
+    such a graph, at a cost that grows with its chunks (docs/benchmarks.md, "Down to Dask's own
+    floor")."""
     outputs = {d.chain.output for d in decisions if d.collective}
     if not outputs or not isinstance(hlg, HighLevelGraph):
         return False

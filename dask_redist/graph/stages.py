@@ -34,10 +34,10 @@ def inlined_inputs(
     NumPy array embeds them) are carried by their stage tasks.
 
     A stage task after each input task is one more task per input chunk, and at a few
-    thousand small chunks dask's cost per task is the rechunk's cost (2000 chunks on 2 workers
-    of the CPU machine: 4.7 s for the same graph shape in plain dask, 2.7 s for p2p, whose
-    transfer tasks fuse with their inputs). Dask's own fusion would keep the stage keys as
-    aliases, one task each again, so the rewrite inlines them itself.
+    thousand small chunks dask's cost per task is the rechunk's cost (Dask's p2p fuses its
+    transfer tasks with their inputs; docs/benchmarks.md, "Inputs computed in the same graph").
+    Dask's own fusion would keep the stage keys as aliases, one task each again, so the rewrite
+    inlines them itself.
     """
     name = chain.source
     exclusive = name not in requested and hlg.dependents.get(name) == {chain.layers[0]}
@@ -161,7 +161,8 @@ def _shares(groups: list[list], parts: int) -> list[list]:
 
 def group_of_chunks(groups: list[list[tuple[int, ...]]], grid) -> np.ndarray:
     """Each input chunk's group number, by flat index: the grouping as one array, which dask
-    tokenizes by its bytes (the groups as lists of index tuples took 0.53 s at 4096 chunks)."""
+    tokenizes by its bytes (lists of index tuples were most of the rewrite's time at thousands of
+    chunks: docs/benchmarks.md, "Down to Dask's own floor")."""
     out = np.empty(math.prod(grid), dtype=np.int64)
     for g, group in enumerate(groups):
         out[np.ravel_multi_index(tuple(np.asarray(group).T), grid)] = g

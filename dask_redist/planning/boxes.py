@@ -81,8 +81,8 @@ class Folded:
         A reshape moves the same data between boxes moved together by one offset: it takes
         no global shape, only each rank's box. Told the boxes at the origin, the rounds of a
         direct layout (slabs of one width at different offsets) share one reshape plan;
-        told them where they lie, 1 GiB in 1 MiB rounds over 4 PEs made 512 plans (each
-        collective, tens of ms) before its first round (`DirectLayout.reshapes`).
+        told them where they lie, it made a plan per round (each one collective), all before its
+        first round (`DirectLayout.reshapes`; docs/gpu-testing.md, the cancel mid-run at 4 PEs).
         """
         nonempty = np.all(self.upper > self.lower, axis=1)
         if not nonempty.any():

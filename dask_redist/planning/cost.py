@@ -34,7 +34,7 @@ import numpy as np
 from dask.utils import format_bytes
 
 from dask_redist.compat import plan_dask_rechunk
-from dask_redist.config import COST_TERMS
+from dask_redist.config import COST_TERMS, DASK_RECHUNK
 from dask_redist.planning.geometry import RechunkSpec, axis_segments
 
 
@@ -46,19 +46,26 @@ class CostModel:
     kind: str
     workers: int
     measured: str
-    dask: tuple[float, ...]
+    dask_rechunk: tuple[float, ...]  # Dask's own rechunk (`DASK_RECHUNK`)
     collective: tuple[float, ...]
 
     def seconds(self, spec: RechunkSpec, f: dict | None = None) -> tuple[float, float]:
         """(Dask's rechunk, the collective): the estimated seconds of ``spec`` (whose `features`
         are ``f``, where already counted)."""
         f = features(spec) if f is None else f
-        return float(np.dot(self.dask, f["dask"])), float(np.dot(self.collective, f["collective"]))
+        return (
+            float(np.dot(self.dask_rechunk, f[DASK_RECHUNK])),
+            float(np.dot(self.collective, f["collective"])),
+        )
 
     def entry(self) -> dict:
         """As ``redist.cost-model.<name>`` in a dask config file."""
-        lines = {m: dict(zip(COST_TERMS[m], map(float, getattr(self, m)))) for m in COST_TERMS}
+        lines = {m: dict(zip(COST_TERMS[m], map(float, c))) for m, c in zip(COST_TERMS, self.lines())}
         return {"kind": self.kind, "workers": self.workers, "measured": self.measured, **lines}
+
+    def lines(self) -> tuple[tuple[float, ...], ...]:
+        """Each method's coefficients, in `COST_TERMS` order."""
+        return self.dask_rechunk, self.collective
 
 
 def models(cost_model: tuple) -> list[CostModel]:
@@ -103,7 +110,7 @@ def dask_tasks(spec: RechunkSpec) -> int:
 def features(spec: RechunkSpec) -> dict[str, tuple]:
     """What each method's coefficients multiply, in `COST_TERMS` order."""
     n_in, n_out = math.prod(spec.old_grid), math.prod(spec.new_grid)
-    return {"dask": (1, dask_tasks(spec), spec.nbytes), "collective": (1, n_in, n_out, spec.nbytes)}
+    return {DASK_RECHUNK: (1, dask_tasks(spec), spec.nbytes), "collective": (1, n_in, n_out, spec.nbytes)}
 
 
 def _ms(seconds: float) -> str:
@@ -126,7 +133,9 @@ def _source(model: CostModel) -> str:
     return f"cost model {model.name}, measured {model.measured or 'on ' + str(model.workers) + ' workers'}"
 
 
-def dask_is_faster(spec: RechunkSpec, kind: str, cost_model: tuple, workers: int | None = None) -> str | None:
+def dask_rechunk_is_faster(
+    spec: RechunkSpec, kind: str, cost_model: tuple, workers: int | None = None
+) -> str | None:
     """Why Dask's own rechunk is expected to be faster for this rechunk (``redist.min-bytes:
     auto``), or None when the collective is (or no model covers ``kind``)."""
     model = model_for(cost_model, kind, workers)
@@ -137,7 +146,7 @@ def dask_is_faster(spec: RechunkSpec, kind: str, cost_model: tuple, workers: int
     if dask_s >= collective_s:
         return None
     return (
-        f"Dask's rechunk is estimated faster: {_ms(dask_s)} ({f['dask'][1]} tasks) against {_ms(collective_s)} "
+        f"Dask's rechunk is estimated faster: {_ms(dask_s)} ({f[DASK_RECHUNK][1]} tasks) against {_ms(collective_s)} "
         f"for the collective ({f['collective'][1]} chunks in, {f['collective'][2]} out, "
         f"{format_bytes(spec.nbytes)}; {_source(model)}); redist.min-bytes: auto (set it to a size, e.g. 0, "
         "to decide by bytes instead)"
@@ -173,12 +182,5 @@ def fit_line(method: str, runs: list[tuple[RechunkSpec, float]]) -> tuple[float,
 
 
 def fit(name: str, kind: str, workers: int, measured: str, runs: dict[str, list]) -> CostModel:
-    """A model through measured ``runs`` ({"dask": [(spec, s)], "collective": [(spec, s)]})."""
-    return CostModel(
-        name,
-        kind,
-        workers,
-        measured,
-        fit_line("dask", runs["dask"]),
-        fit_line("collective", runs["collective"]),
-    )
+    """A model through measured ``runs`` ({"dask-rechunk": [(spec, s)], "collective": [(spec, s)]})."""
+    return CostModel(name, kind, workers, measured, *(fit_line(m, runs[m]) for m in COST_TERMS))

@@ -1,6 +1,6 @@
 """The scheduler's runs: starting, finishing, aborting and restarting them (the one home of restarts).
 
-`Runs` holds what the scheduler plugin (`dask_redist.runtime.scheduler`) knows of every
+`Rechunks` holds what the scheduler plugin (`dask_redist.runtime.scheduler`) knows of every
 collective rechunk (`dask_redist.runtime.rechunks.Rechunk`) and applies what happens to
 their tasks: an unpack task in memory, erred or forgotten; a barrier task released; a stage
 key released (its staged chunks dropped on the worker); a worker leaving. The plugin's
@@ -25,12 +25,13 @@ logger = logging.getLogger("dask_redist")
 HISTORY_KEPT = 200  # finished runs kept for status()/explain(), newest last
 
 
-class Runs:
-    """Every collective rechunk the scheduler knows, and what it does to their runs."""
+class Rechunks:
+    """Every collective rechunk the scheduler knows (`by_token`: each one's state across its runs),
+    and what it does to their runs (`restart`: a rechunk's restart; a cluster's is `clear`)."""
 
     def __init__(self):
         self.scheduler = None  # set when the plugin starts
-        self.rechunks: dict[str, Rechunk] = {}
+        self.by_token: dict[str, Rechunk] = {}
         self.run_ids = RunIds()
         self.by_output: dict = {}  # output key of an active run -> its token
         self.stage_home: dict = {}  # stage key -> worker holding its chunks
@@ -45,7 +46,7 @@ class Runs:
 
     def active(self, token: str, run_id: int | None = None) -> ActiveRun | None:
         """The active run of rechunk ``token`` (if it is run ``run_id``, where given), or None."""
-        rechunk = self.rechunks.get(token)
+        rechunk = self.by_token.get(token)
         run = rechunk.active if rechunk is not None else None
         return run if run is not None and run_id in (None, run.spec.run_id) else None
 
@@ -53,7 +54,7 @@ class Runs:
         self, spec: CollectiveSpec, ranks, plan, needed, engine: str, chunk_type: str, reason: str
     ) -> RunSpec:
         """Number the run, pin its unpack tasks to their owners, send every rank the start."""
-        rechunk = self.rechunks.setdefault(spec.token, Rechunk(spec.token))
+        rechunk = self.by_token.setdefault(spec.token, Rechunk(spec.token))
         if rechunk.active is not None:
             self.abort(spec.token, "superseded by a new run", failure="restart")
         run = RunSpec(
@@ -104,7 +105,7 @@ class Runs:
                     logger.debug("%s: not sent to %s, which is leaving", message.op, w)
 
     def _deactivate(self, token: str, outcome: str) -> ActiveRun | None:
-        rechunk = self.rechunks.get(token)
+        rechunk = self.by_token.get(token)
         if rechunk is None or rechunk.active is None:
             return None
         run, rechunk.active, rechunk.pending_restart = rechunk.active, None, None
@@ -120,7 +121,7 @@ class Runs:
         run = self._deactivate(token, "done")
         if run is not None:
             self.send(run.spec.workers, m.Cleanup(token, run.spec.run_id))
-            self.rechunks[token].restarts = 0
+            self.by_token[token].restarts = 0
 
     def abort(self, token: str, reason: str, *, failure: str, outcome: str | None = None) -> None:
         """Fail the run on every rank with ``reason``, as the error `dask_redist.errors.FAILURES` names;
@@ -132,11 +133,14 @@ class Runs:
         gone = [w for w in run.spec.workers if w not in self.scheduler.workers]  # (their calls never come)
         self.send(run.spec.workers, m.Abort(token, run.spec.run_id, reason, failure, gone))
 
-    def restart(self, token: str, reason: str, stale: list = (), settings=None) -> None:
+    def restart(
+        self, token: str, reason: str, stale: list = (), settings=None, *, level: int = logging.WARNING
+    ) -> None:
         """Abort the run and release the barrier and unfinished unpack tasks: dask reruns them
         (and the ``stale`` stage tasks, whose staged chunks are gone). ``settings``: for a
-        restart before the run started."""
-        rechunk = self.rechunks.setdefault(token, Rechunk(token))
+        restart before the run started. ``level``: of the log record saying so (a recovery the
+        user need not act on, such as a stale barrier result, is logged below warnings)."""
+        rechunk = self.by_token.setdefault(token, Rechunk(token))
         settings = rechunk.active.spec.collective.settings if rechunk.active else settings
         rechunk.restarts += 1
         if settings is not None and rechunk.restarts > settings.retries:
@@ -147,7 +151,7 @@ class Runs:
             )
             return
         self.abort(token, reason, failure="restart")
-        logger.warning("restarting rechunk %s: %s", token[:8], reason)
+        logger.log(level, "restarting rechunk %s: %s", token[:8], reason)
         if recs := _restart_recommendations(self.scheduler.tasks, token, stale):
             stimulus = f"redist-restart-{token}-{time.time()}"
             self.scheduler.transitions(recs, stimulus_id=stimulus)
@@ -156,7 +160,7 @@ class Runs:
     def worker_left_during(self, token: str) -> bool:
         """Did a worker leave during the active run of ``token``: its restart is held back until the
         barrier task is in memory, or a rank of it is no longer among the scheduler's workers."""
-        rechunk = self.rechunks.get(token)
+        rechunk = self.by_token.get(token)
         run = rechunk.active if rechunk else None
         if run is None:
             return False
@@ -177,7 +181,7 @@ class Runs:
         if barrier is None or barrier.state != "processing":
             self.restart(token, reason, stale)
             return
-        rechunk = self.rechunks[token]
+        rechunk = self.by_token[token]
         logger.debug("%s: the restart waits for the barrier task's result", rechunk.active.spec.name())
         if (earlier := rechunk.pending_restart) is None:  # (the first reason is kept)
             rechunk.pending_restart = PendingRestart(rechunk.active.spec.run_id, reason, list(stale))
@@ -186,7 +190,7 @@ class Runs:
 
     def _restart_pending(self, token: str) -> None:
         """The barrier task is in memory: do the restart it held back, if its run is still active."""
-        rechunk = self.rechunks.get(token)
+        rechunk = self.by_token.get(token)
         pending = rechunk.pending_restart if rechunk else None
         if pending is None:
             return
@@ -226,7 +230,7 @@ class Runs:
                 self.abort(token, "all outputs forgotten", failure="error", outcome="cancelled")
 
     def _barrier_transition(self, token: str, finish: str, stimulus_id: str) -> None:
-        rechunk = self.rechunks.get(token)
+        rechunk = self.by_token.get(token)
         if finish == "memory":
             if rechunk is not None and rechunk.pending_restart is not None:  # after this transition
                 self.scheduler.loop.add_callback(self._restart_pending, token)
@@ -235,7 +239,7 @@ class Runs:
                 failure = "restart" if finish == "released" else "error"
                 self.abort(token, f"barrier {finish} ({stimulus_id})", failure=failure)
             if finish == "forgotten":  # nobody can ask for this rechunk again: workers forget it too
-                self.rechunks.pop(token, None)
+                self.by_token.pop(token, None)
                 self.send(list(self.scheduler.workers), m.Forget(token))
 
     def under_way(self) -> list[str]:
@@ -252,7 +256,7 @@ class Runs:
         stale = [k for k, w in self.stage_home.items() if w == worker]
         for key in stale:
             del self.stage_home[key]
-        for token, rechunk in list(self.rechunks.items()):
+        for token, rechunk in list(self.by_token.items()):
             run = rechunk.active
             if run is not None and worker in run.spec.workers:
                 mine = [k for k in stale if k[0] == STAGE_PREFIX + token]
@@ -260,7 +264,7 @@ class Runs:
 
     def clear(self) -> None:
         """The cluster restarted (distributed's ``restart`` hook): every run and staged chunk is gone."""
-        self.rechunks.clear()
+        self.by_token.clear()
         self.by_output.clear()
         self.stage_home.clear()
 

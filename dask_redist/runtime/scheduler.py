@@ -12,7 +12,7 @@ the barrier task calls `RedistSchedulerPlugin.barrier` with it. The plugin then
 3. pins every unpack task to its owner (``worker_restrictions``),
 4. sends ``redist-start`` to every worker of the run, in sequence order.
 
-Its handlers decide; `dask_redist.runtime.lifecycle.Runs` carries the runs out and
+Its handlers decide; `dask_redist.runtime.lifecycle.Rechunks` carries the runs out and
 watches their tasks: when all unpack tasks are in memory the run is cleaned up on the
 workers; when one errs the run is aborted everywhere. When a worker of an active
 run leaves, or a rank reports that a run's state was lost, the run is restarted
@@ -43,7 +43,7 @@ from dask_redist.engines.choice import EngineSelector, fft_engines
 from dask_redist.errors import FAILURES
 from dask_redist.runtime import ordering
 from dask_redist.runtime.eager import EagerStarts
-from dask_redist.runtime.lifecycle import Runs
+from dask_redist.runtime.lifecycle import Rechunks
 from dask_redist.planning.memory import over_memory, pause_fraction
 from dask_redist.runtime.rechunks import barrier_is_current, ranks_of
 from dask_redist.runtime.rendezvous import Rendezvous, ask_each
@@ -61,7 +61,7 @@ class RedistSchedulerPlugin(SchedulerPlugin):
     def __init__(self, worker_plugin=None):
         self.worker_plugin = worker_plugin  # registered on every worker when this plugin starts
         self.scheduler = None
-        self.runs = Runs()
+        self.rechunks = Rechunks()
         self.engines = EngineSelector()
         self.rendezvous = Rendezvous()
         self.eager = EagerStarts()
@@ -76,7 +76,7 @@ class RedistSchedulerPlugin(SchedulerPlugin):
     async def start(self, scheduler) -> None:
         if self.name in scheduler.plugins:  # registered concurrently by another barrier
             return
-        self.scheduler = self.runs.scheduler = scheduler
+        self.scheduler = self.rechunks.scheduler = scheduler
         self._ready = asyncio.Event()
         ordering.install()  # graphs lowered on the client (expression mode) are ordered here too
         scheduler.add_plugin(self, name=self.name)
@@ -125,7 +125,7 @@ class RedistSchedulerPlugin(SchedulerPlugin):
 
     async def _start(self, ts, asked: m.Barrier) -> m.BarrierReply:
         """Start a run over what ``asked`` says was staged, for barrier task ``ts``."""
-        self.runs.timeline = {"run asked": time.time()}
+        self.rechunks.timeline = {"run asked": time.time()}
         token, workers, holders, homes, chunk_type = (
             asked.token,
             asked.workers,
@@ -142,7 +142,7 @@ class RedistSchedulerPlugin(SchedulerPlugin):
             return lost
         # (the plugin may have been registered by this barrier, after the stage tasks: learn from the markers)
         for tail, h in homes:
-            self.runs.stage_home.setdefault((spec.stage_name, *tail), workers[h])
+            self.rechunks.stage_home.setdefault((spec.stage_name, *tail), workers[h])
         ranks, in_ranks = ranks_of(workers, holders, self.scheduler.workers)
         tasks = self.scheduler.tasks
         # outputs of this graph only: an output key resubmitted with another grouping belongs to another barrier
@@ -152,13 +152,13 @@ class RedistSchedulerPlugin(SchedulerPlugin):
         )
         needed = np.fromiter(wanted, dtype=bool)
         if not needed.any():  # every output was released (a cancel) or is in memory already
-            self.runs.history.append(
+            self.rechunks.history.append(
                 {"token": token, "outcome": "cancelled", "why": "no output of it is wanted"}
             )
             return m.BarrierReply(status="OK", run_id=0)
         request = Request.of(spec, chunk_type)
         engine, reason = await self._choose_engine(request, ranks, token)
-        self.runs.timeline["engine chosen"] = time.time()
+        self.rechunks.timeline["engine chosen"] = time.time()
         if problem := spec.run_problem(engine, chunk_type, len(ranks), fft_engines(spec.settings)):
             return m.BarrierReply(status="error", fatal=True, message=f"{problem} ({reason})")
         if problem := self.engines.refusal(engine, request, ranks):
@@ -167,7 +167,7 @@ class RedistSchedulerPlugin(SchedulerPlugin):
             engine, spec.settings, ranks
         )  # (a worker leaving while we plan breaks that world)
         plan = await self._plan(spec, in_ranks, len(ranks), needed)
-        self.runs.timeline["planned"] = time.time()
+        self.rechunks.timeline["planned"] = time.time()
         limits = [getattr(self.scheduler.workers.get(w), "memory_limit", 0) or 0 for w in ranks]
         if chunk_type == "numpy" and (too_big := over_memory(plan, ranks, limits, pause_fraction())):
             return m.BarrierReply(status="error", fatal=True, message=too_big)
@@ -177,8 +177,8 @@ class RedistSchedulerPlugin(SchedulerPlugin):
             return m.BarrierReply(
                 status="stale", message=f"barrier task {ts.key} was released while the run was planned"
             )
-        run = self.runs.start(spec, ranks, plan, needed, engine, chunk_type, reason)
-        self.runs.rechunks[spec.token].barrier = (ts, run.run_id, needed)
+        run = self.rechunks.start(spec, ranks, plan, needed, engine, chunk_type, reason)
+        self.rechunks.by_token[spec.token].barrier = (ts, run.run_id, needed)
         return m.BarrierReply(status="OK", run_id=run.run_id)
 
     async def _plan(self, spec: CollectiveSpec, in_ranks: np.ndarray, nranks: int, needed: np.ndarray):
@@ -199,15 +199,18 @@ class RedistSchedulerPlugin(SchedulerPlugin):
     def stale(self, token: str, run_id: int, index: int) -> m.StaleReply:
         """An unpack task found output chunk ``index`` of run ``run_id`` missing: is its barrier's
         result stale (`rechunks.barrier_is_current`)? Then the rechunk is restarted (the barrier
-        released with the unpack tasks not done) and runs again for every output still wanted.
+        released with the unpack tasks not done) and runs again for every output still wanted:
+        an expected recovery (an output run again while its barrier's result was still held),
+        logged at INFO, not as a warning.
         """
         ts = self.scheduler.tasks.get(BARRIER_PREFIX + token)
-        if barrier_is_current(self.runs.rechunks.get(token), ts, run_id, index):
+        if barrier_is_current(self.rechunks.by_token.get(token), ts, run_id, index):
             return m.StaleReply(stale=False)
         if ts is None or ts.state != "memory":
             return m.StaleReply(stale=True, released=False)
         logger.debug("%s: result of run %d is stale for output %d; running it again", ts.key, run_id, index)
-        self.runs.restart(token, f"output chunk {index} is not in run {run_id} (stale barrier result)")
+        reason = f"output chunk {index} is not in run {run_id} (stale barrier result)"
+        self.rechunks.restart(token, reason, level=logging.INFO)
         return m.StaleReply(stale=True, released=True)
 
     @staticmethod
@@ -225,14 +228,14 @@ class RedistSchedulerPlugin(SchedulerPlugin):
         # stage markers of a worker that left may live on (a copy fetched by the barrier's
         # worker) while the staged chunks died with it: released too, or the barrier loops
         stale = [(spec.stage_name, *tail) for tail, h in homes if holders[h] in lost]
-        self.runs.restart(spec.token, f"workers {lost} {what}", stale, spec.settings)
+        self.rechunks.restart(spec.token, f"workers {lost} {what}", stale, spec.settings)
         return m.BarrierReply(status="error", message=f"workers {lost} left")
 
     async def _choose_engine(self, request: Request, ranks: list[str], token: str) -> tuple[str, str]:
         """The engine for a run of rechunk ``token`` and why; asks workers what they can run the
         first time it matters. A restart after a worker left may take another (`EngineSelector.choose`)."""
         await self._learn(self.engines.needs_probe(request, ranks), dict(request.settings.engines))
-        restarting = getattr(self.runs.rechunks.get(token), "restarts", 0) > 0
+        restarting = getattr(self.rechunks.by_token.get(token), "restarts", 0) > 0
         return self.engines.choose(request, ranks, restarting, token)
 
     async def _learn(self, workers: list[str], engines: dict[str, str]) -> None:
@@ -260,7 +263,7 @@ class RedistSchedulerPlugin(SchedulerPlugin):
         is that worker's doing: the restart finishes the rechunk (on ``dask`` where the engine's
         world lost it: a survivor of an NVSHMEM world says so as it refuses the run), never the
         user's error."""
-        run = self.runs.active(token, run_id)
+        run = self.rechunks.active(token, run_id)
         if run is None:  # an old run's late report, or no such rechunk
             return
         if address not in run.spec.workers or failure not in FAILURES:  # not a rank of this run: refused
@@ -275,11 +278,11 @@ class RedistSchedulerPlugin(SchedulerPlugin):
         if (
             failure == "restart"
             or (unavailable and run.spec.collective.settings.engine == "auto")
-            or self.runs.worker_left_during(token)
+            or self.rechunks.worker_left_during(token)
         ):
-            self.runs.restart_once_barrier_done(token, message)
+            self.rechunks.restart_once_barrier_done(token, message)
         else:
-            self.runs.abort(token, message, failure=failure)
+            self.rechunks.abort(token, message, failure=failure)
 
     def forget_world(self, engine: str | None = None) -> None:
         """The next run of ``engine`` (of every engine: None) starts its world over the workers of
@@ -292,9 +295,9 @@ class RedistSchedulerPlugin(SchedulerPlugin):
             self.scheduler, m.WorkerStatus().to_dict(), self.scheduler.workers, STATUS_TIMEOUT_S
         )
         return {
-            "history": list(self.runs.history),
-            "active": [r.active.spec.name() for r in self.runs.rechunks.values() if r.active is not None],
-            "timeline": dict(self.runs.timeline),
+            "history": list(self.rechunks.history),
+            "active": [r.active.spec.name() for r in self.rechunks.by_token.values() if r.active is not None],
+            "timeline": dict(self.rechunks.timeline),
             "engines": self.engines.state(),
             "workers": {w: a for w, a in answers.items() if isinstance(a, dict)},
             "unanswered": {w: str(a) for w, a in answers.items() if not isinstance(a, dict)},
@@ -304,11 +307,11 @@ class RedistSchedulerPlugin(SchedulerPlugin):
 
     @property
     def history(self):
-        """The runs finished, newest last (`dask_redist.runtime.lifecycle.Runs.history`)."""
-        return self.runs.history
+        """The runs finished, newest last (`dask_redist.runtime.lifecycle.Rechunks.history`)."""
+        return self.rechunks.history
 
     def transition(self, key, start, finish, *args, stimulus_id: str, **kwargs) -> None:
-        self.runs.transition(key, start, finish, *args, stimulus_id=stimulus_id, **kwargs)
+        self.rechunks.transition(key, start, finish, *args, stimulus_id=stimulus_id, **kwargs)
         if type(key) is str and key.startswith(BARRIER_PREFIX):
             if finish == "processing":
                 self._start_early(key[len(BARRIER_PREFIX) :])
@@ -324,10 +327,10 @@ class RedistSchedulerPlugin(SchedulerPlugin):
             self._start_early(fields["token"])
 
     def remove_worker(self, scheduler, worker: str, *, stimulus_id: str, **kwargs) -> None:
-        self.engines.worker_left(worker, self.runs.under_way())
-        self.runs.worker_left(worker)
+        self.engines.worker_left(worker, self.rechunks.under_way())
+        self.rechunks.worker_left(worker)
 
     def restart(self, scheduler) -> None:
         """distributed's hook: the cluster restarted (``Client.restart``); not a rechunk's restart."""
-        self.runs.clear()
+        self.rechunks.clear()
         self.eager.clear()

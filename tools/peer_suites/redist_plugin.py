@@ -38,15 +38,15 @@ def _extend_paths() -> None:
 
 
 def _count_runs() -> None:
-    from dask_redist.runtime.lifecycle import Runs
+    from dask_redist.runtime.lifecycle import Rechunks
 
-    start = Runs.start
+    start = Rechunks.start
 
     def counted(self, *args, **kwargs):
         _runs[_current["test"]] = _runs.get(_current["test"], 0) + 1
         return start(self, *args, **kwargs)
 
-    Runs.start = counted
+    Rechunks.start = counted
 
 
 def _start_client(kind: str) -> None:

@@ -1,10 +1,9 @@
 """Many box copies on the GPU in one kernel launch: the stage and unstage of a round.
 
 A round stages every local input chunk's part into the arena and cuts every output
-chunk's part out of it. One CuPy slice assignment per chunk and round costs tens of
-microseconds of Python and a launch each: at 1024 chunks in 16 rounds that is 32k
-copies, seconds where the memory traffic needs a few milliseconds (docs/benchmarks.md,
-"a round's copies in one launch"). Here a copy is a *job* (two outer extents, a run of
+chunk's part out of it. One CuPy slice assignment per chunk and round costs Python and
+a kernel launch each: at 1024 chunks in 16 rounds that is 32k copies, far longer than
+their memory traffic takes (docs/benchmarks.md, "a round's copies in one launch"). Here a copy is a *job* (two outer extents, a run of
 contiguous bytes, byte strides on both sides) and one launch of `box_copy` does all
 the jobs of a stage or unstage: each row (or 64 KiB segment of a longer one) a block's work,
 rows under 4 KiB several to a block (a row of 64 bytes would leave 252 of its 256 threads

@@ -1,7 +1,7 @@
 """A distributed FFT run on the cufftmp engine: leg in, the transforms, leg out.
 
-A run whose spec carries an FFT (`dask_redist.planning.fft.DistributedFFT`) is executed by
-the same engine, on the same collective thread, in the same global order as a rechunk:
+A run whose spec carries an FFT (`dask_redist.planning.fft.DistributedFFT`, ``spec.fft``; ``dfft``
+below) is executed by the same engine, on the same collective thread, in the same global order as a rechunk:
 
 0. *setup*: nvmath-python's stateful ``FFT`` for the geometry, planned, on an operand on the
    symmetric heap (``allocate_operand``; the input slab the geometry names, ``Slab.X``, or
@@ -126,16 +126,16 @@ class FFTs:
     def __len__(self) -> int:
         return len(self._kept)
 
-    def get(self, op, nranks: int, rank: int, stream, make_room) -> _Transform:
-        """The FFT of ``op``'s geometry, made if new (`SetupFailed` if it cannot be)."""
-        key = (op.kind, op.in_shape[op.first :], op.in_dtype.str, op.parity, nranks)
+    def get(self, dfft, nranks: int, rank: int, stream, make_room) -> _Transform:
+        """The FFT of ``dfft``'s geometry, made if new (`SetupFailed` if it cannot be)."""
+        key = (dfft.kind, dfft.in_shape[dfft.first :], dfft.in_dtype.str, dfft.parity, nranks)
         if key in self._kept:
             self._kept.move_to_end(key)
             return self._kept[key]
         while len(self._kept) >= FFTS_KEPT:
             _free(self._kept.popitem(last=False)[1])
         make_room()  # (the arena: the legs grow it again within redist.memory-budget)
-        self._kept[key] = _make(op, nranks, rank, stream)
+        self._kept[key] = _make(dfft, nranks, rank, stream)
         return self._kept[key]
 
     def release(self) -> None:
@@ -144,25 +144,25 @@ class FFTs:
             _free(self._kept.popitem(last=False)[1])
 
 
-def _make(op, nranks: int, rank: int, stream) -> _Transform:
-    """This rank's planned FFT of ``op``: its operand (this rank's input slab, on the symmetric
+def _make(dfft, nranks: int, rank: int, stream) -> _Transform:
+    """This rank's planned FFT of ``dfft``: its operand (this rank's input slab, on the symmetric
     heap, sized by nvmath for the input and the output: R2C's real rows padded to
-    ``2 (n // 2 + 1)``), ``Slab.X`` or ``Slab.Y`` in as ``op.distribution`` says, the
+    ``2 (n // 2 + 1)``), ``Slab.X`` or ``Slab.Y`` in as ``dfft.distribution`` says, the
     complementary slab out (``redistribute=False``)."""
     import cupy
     import nvmath.distributed.fft as nfft
     from nvmath.distributed.distribution import Slab
 
-    slab = Slab.Y if op.distribution == "Y" else Slab.X
-    shape = op.slab_shape(nranks, rank, out=False)
+    slab = Slab.Y if dfft.distribution == "Y" else Slab.X
+    shape = dfft.slab_shape(nranks, rank, out=False)
     try:
         operand = nfft.allocate_operand(
-            shape, cupy, input_dtype=op.in_dtype, distribution=slab, fft_type=op.fft_type
+            shape, cupy, input_dtype=dfft.in_dtype, distribution=slab, fft_type=dfft.fft_type
         )
     except Exception as e:
         raise SetupFailed("operand", e) from e
     options = nfft.FFTOptions(
-        fft_type=op.fft_type, redistribute=False, last_axis_parity=op.parity
+        fft_type=dfft.fft_type, redistribute=False, last_axis_parity=dfft.parity
     )  # (1.0: not `reshape`)
     try:
         fft = nfft.FFT(operand, distribution=slab, options=options, stream=stream)
@@ -198,10 +198,10 @@ def setup(engine, run) -> _Transform:
     cuFFTMp's planning, each frees what it allocated and raises `RunRefusedError`: the world
     is intact and the scheduler leaves it usable. Any other failure raises a `RedistError`
     (the world is then not trusted any more)."""
-    op, nranks, rank = run.spec.collective.fft, len(run.spec.workers), run.rank
+    dfft, nranks, rank = run.spec.collective.fft, len(run.spec.workers), run.rank
     run.set_phase("fft setup")
     try:
-        t, mine = engine.ffts.get(op, nranks, rank, engine.stream, lambda: _make_room(engine)), None
+        t, mine = engine.ffts.get(dfft, nranks, rank, engine.stream, lambda: _make_room(engine)), None
     except SetupFailed as e:
         t, mine = None, e
     outcomes = engine.world.group.allgather(None if mine is None else mine.outcome)
@@ -210,7 +210,7 @@ def setup(engine, run) -> _Transform:
         return t
     failed = next(o for o in outcomes if o is not None)
     what = (
-        f"cuFFTMp's FFT of {op.in_shape[op.first :]} {op.in_dtype} over {nranks} GPUs could not be set up "
+        f"cuFFTMp's FFT of {dfft.in_shape[dfft.first :]} {dfft.in_dtype} over {nranks} GPUs could not be set up "
         f"({failed[2]}); its operand and workspace live on the symmetric heap next to the rechunk's arena "
         "(redist.nvshmem.symmetric-size)"
     )
@@ -221,10 +221,10 @@ def setup(engine, run) -> _Transform:
     raise RedistError(f"{run.name()}: {what}") from mine
 
 
-def _direction(op):
+def _direction(dfft):
     from nvmath.distributed.fft import FFTDirection
 
-    return FFTDirection.INVERSE if op.inverse else FFTDirection.FORWARD
+    return FFTDirection.INVERSE if dfft.inverse else FFTDirection.FORWARD
 
 
 def transforms(engine, run, t: _Transform, slab, error=None):
@@ -233,18 +233,18 @@ def transforms(engine, run, t: _Transform, slab, error=None):
     import cupy
     from nvmath.bindings import nvshmem
 
-    op, nranks, rank = run.spec.collective.fft, len(run.spec.workers), run.rank
+    dfft, nranks, rank = run.spec.collective.fft, len(run.spec.workers), run.rank
     run.set_phase("fft")
-    out_shape = op.slab_shape(nranks, rank, out=True, batches=True)
+    out_shape = dfft.slab_shape(nranks, rank, out=True, batches=True)
     step = Leg(
         run, run.spec, {}, error if slab is not None else error or RedistError(f"{run.name()}: no input slab")
     )
-    out = cupy.empty(out_shape, dtype=op.out_dtype) if step.state != "failed" else None
+    out = cupy.empty(out_shape, dtype=dfft.out_dtype) if step.state != "failed" else None
     result: list = []
 
     def exchange(k):
         result[:] = [
-            t.fft.execute(direction=_direction(op), stream=engine.stream, sync_symmetric_memory=True)
+            t.fft.execute(direction=_direction(dfft), stream=engine.stream, sync_symmetric_memory=True)
         ]
         nvshmem.sync_all_on_stream(engine.stream.ptr)  # every rank is done with the operand
         engine.rounds.queued(engine._everything())
@@ -252,17 +252,17 @@ def transforms(engine, run, t: _Transform, slab, error=None):
     def work(k, go):
         # (R2C's operand is a strided view, its rows padded; C2R's result is one too: copies, not views)
         if slab.data.ptr != t.operand.data.ptr:  # (else the leg in wrote it there: `operand_as_slab`)
-            t.operand[...] = slab.reshape((op.batches, *slab.shape[op.first :]))[k]
+            t.operand[...] = slab.reshape((dfft.batches, *slab.shape[dfft.first :]))[k]
         go()
-        mine = out.reshape((op.batches, *out.shape[op.first :]))[k]
-        if op.scale != 1.0:  # scaled as it is copied out: one pass
-            cupy.multiply(result[0], float(op.scale), out=mine)
+        mine = out.reshape((dfft.batches, *out.shape[dfft.first :]))[k]
+        if dfft.scale != 1.0:  # scaled as it is copied out: one pass
+            cupy.multiply(result[0], float(dfft.scale), out=mine)
         else:
             mine[...] = result[0]
 
     engine.rounds.reset()
     with engine.stream:
-        engine.rounds.run(step, op.batches, exchange, work)
+        engine.rounds.run(step, dfft.batches, exchange, work)
     engine.rounds.wait(step)
     return out
 
@@ -272,7 +272,7 @@ def local_transform(engine, run, slab, error=None):
     NumPy's ``norm`` applied by CuPy (see the module)."""
     import cupy
 
-    op = run.spec.collective.fft
+    dfft = run.spec.collective.fft
     run.set_phase("fft")
     if error is not None:
         raise error
@@ -280,25 +280,27 @@ def local_transform(engine, run, slab, error=None):
         raise run.failure()
     if slab is None:
         raise RedistError(f"{run.name()}: no input slab")
-    axes = tuple(range(op.first, len(op.in_shape)))
-    s = op.out_shape[op.first :] if op.kind == "c2r" else None  # (C2R: the output's last axis, even or odd)
+    axes = tuple(range(dfft.first, len(dfft.in_shape)))
+    s = (
+        dfft.out_shape[dfft.first :] if dfft.kind == "c2r" else None
+    )  # (C2R: the output's last axis, even or odd)
     engine.rounds.reset()
     with engine.stream:
-        out = getattr(cupy.fft, op.function)(slab, s=s, axes=axes, norm=op.norm).astype(
-            op.out_dtype, copy=False
+        out = getattr(cupy.fft, dfft.function)(slab, s=s, axes=axes, norm=dfft.norm).astype(
+            dfft.out_dtype, copy=False
         )
         engine.rounds.queued(engine._everything())
     engine.rounds.wait(run)  # (polled: an abort ends the wait)
     return out
 
 
-def operand_as_slab(t: _Transform, op, nranks: int, rank: int) -> dict:
+def operand_as_slab(t: _Transform, dfft, nranks: int, rank: int) -> dict:
     """``{rank: array}``: this rank's input slab as a view of ``t``'s operand, for the leg in to
     write into (saving one pass over the slab); empty where the operand cannot be the slab (R2C's
     padded rows, or batches: the operand holds one transform at a time)."""
-    shape = op.slab_shape(nranks, rank, out=False, batches=True)
+    shape = dfft.slab_shape(nranks, rank, out=False, batches=True)
     operand = t.operand
-    if op.batches != 1 or operand.dtype != op.in_dtype or not operand.flags.c_contiguous:
+    if dfft.batches != 1 or operand.dtype != dfft.in_dtype or not operand.flags.c_contiguous:
         return {}
     if operand.size != math.prod(shape):
         return {}
@@ -315,8 +317,8 @@ def _make_room(engine) -> None:
 def execute(engine, run, transport) -> None:
     """Execute the FFT run ``run`` on ``engine`` (see the module)."""
     spec = run.spec
-    op, nranks, rank = spec.collective.fft, len(spec.workers), run.rank
-    if problem := op.problem(nranks):  # (the scheduler refuses these first: nothing was made, on no rank)
+    dfft, nranks, rank = spec.collective.fft, len(spec.workers), run.rank
+    if problem := dfft.problem(nranks):  # (the scheduler refuses these first: nothing was made, on no rank)
         raise RunRefusedError(f"{run.name()}: {problem}")
     clock = _Clock()
     engine.prepare(run, transport)  # (collective: the world)
@@ -325,11 +327,11 @@ def execute(engine, run, transport) -> None:
     one_pe = nranks == 1
     t = None if one_pe else setup(engine, run)  # (collective, before any data moves)
     clock("world and setup")
-    leg_in, leg_out = op.legs(spec.collective.rechunk.old, nranks)
-    into = {} if one_pe else operand_as_slab(t, op, nranks, rank)
+    leg_in, leg_out = dfft.legs(spec.collective.rechunk.old, nranks)
+    into = {} if one_pe else operand_as_slab(t, dfft, nranks, rank)
     first = Leg(
         run,
-        leg_spec(spec, leg_in, op.in_dtype, spec.in_ranks, op.slab_ranks(nranks, False)),
+        leg_spec(spec, leg_in, dfft.in_dtype, spec.in_ranks, dfft.slab_ranks(nranks, False)),
         run.inputs,
         into=into,
     )
@@ -347,11 +349,11 @@ def execute(engine, run, transport) -> None:
     error = _step(engine, run, middle, error)
     clock("transforms")
     slabs = {} if holder[0] is None else {rank: holder[0]}
-    if op.outputs_are_slabs(spec.collective.rechunk.old, nranks, spec.out_ranks):
+    if dfft.outputs_are_slabs(spec.collective.rechunk.old, nranks, spec.out_ranks):
         outputs = {r: a for r, a in slabs.items() if spec.needed is None or spec.needed.ravel()[r]}
     else:
-        ranks_out = op.slab_ranks(nranks, True)
-        second_spec = leg_spec(spec, leg_out, op.out_dtype, ranks_out, spec.out_ranks, spec.needed)
+        ranks_out = dfft.slab_ranks(nranks, True)
+        second_spec = leg_spec(spec, leg_out, dfft.out_dtype, ranks_out, spec.out_ranks, spec.needed)
         second = Leg(run, second_spec, slabs, error)
         error = _step(engine, run, lambda: engine.execute(second, transport), error)
         outputs = second.outputs
