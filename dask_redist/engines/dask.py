@@ -28,9 +28,8 @@ import math
 import numpy as np
 
 from dask_redist.core.assemble import Assembly, empty
-from dask_redist.core.wire import Packed, as_is, batches, pack
 from dask_redist.engines.description import EngineDescription, Request
-from dask_redist.engines.exchange import by_peer, cut_pieces, receives, sends
+from dask_redist.engines.exchange import receives, send_pieces, sends
 from dask_redist.engines.protocol import Engine
 from dask_redist.errors import RedistError
 from dask_redist.planning import Transfers
@@ -172,7 +171,7 @@ class DaskEngine(Engine):
 
     def execute(self, run, transport) -> None:
         blocks = box_transfers_of(run)
-        self._send(run, transport, sends(run, blocks))
+        send_pieces(run, transport, sends(run, blocks))
         run.inputs = {}
         recv = receives(run, blocks)
         received = run.wait_received(recv)
@@ -206,20 +205,3 @@ class DaskEngine(Engine):
             view = box[tuple(slice(l - o, h - o) for l, h, o in zip(lo, hi, lower))]
             out[f] = Assembly(tuple(lo), tuple(hi), spec.dtype, like, [(lo, hi, view)], shared=True)
         return out
-
-    def _send(self, run, transport, mine: Transfers) -> None:
-        """Pack what goes to each peer into buffers of at most the budget; keep this rank's own."""
-        budget = run.spec.collective.settings.memory_budget
-        run.set_phase("send")
-        outgoing = []
-        for dst, t in by_peer(run, mine, "dst"):
-            arrays = cut_pieces(run, t)
-            if dst == run.rank:
-                run.receive(run.rank, 0, arrays)
-            else:
-                outgoing += [
-                    (dst, first, Packed(stop - first, pack(arrays[first:stop], t.nbytes[first:stop])))
-                    for first, stop in batches(t.nbytes, budget, as_is(arrays, t.nbytes))
-                ]
-        if outgoing:
-            transport.send(outgoing)

@@ -2,7 +2,7 @@
 
 Both sides of a transfer list it in one order (`dask_redist.planning.Transfers.canonical_order`),
 so a rank hands what it receives to ``run.receive`` in the order its peer sent it; an engine
-moves the bytes its own way between `sends` and `receives`.
+moves the bytes its own way between `sends` and `receives`, or over Dask's comms (`send_pieces`).
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from dask_redist.core.assemble import cut
+from dask_redist.core.wire import Packed, as_is, batches, pack
 from dask_redist.planning import Transfers
 
 
@@ -40,3 +41,23 @@ def cut_pieces(run, t: Transfers) -> list:
     """Views of the staged input chunks for every transfer in ``t``."""
     spec = run.spec.collective.rechunk
     return [cut(run.inputs[int(f)], spec.old_box(f)[0], lo, hi) for f, lo, hi in zip(t.old_block, t.lo, t.hi)]
+
+
+def send_pieces(run, transport, mine: Transfers) -> None:
+    """Send ``mine`` (`sends`, or part of it) to its ranks: what goes to each peer packed into
+    buffers of at most ``redist.memory-budget`` bytes (`dask_redist.core.wire`), all peers at once;
+    this rank's own pieces handed to ``run.receive`` as they are (views, no copy)."""
+    budget = run.spec.collective.settings.memory_budget
+    run.set_phase("send")
+    outgoing = []
+    for dst, t in by_peer(run, mine, "dst"):
+        arrays = cut_pieces(run, t)
+        if dst == run.rank:
+            run.receive(run.rank, 0, arrays)
+        else:
+            outgoing += [
+                (dst, first, Packed(stop - first, pack(arrays[first:stop], t.nbytes[first:stop])))
+                for first, stop in batches(t.nbytes, budget, as_is(arrays, t.nbytes))
+            ]
+    if outgoing:
+        transport.send(outgoing)

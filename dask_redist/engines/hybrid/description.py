@@ -1,0 +1,51 @@
+"""The hybrid engine as the scheduler sees it: CuPy chunks on GPU workers of several hosts.
+
+``auto`` tries it after the engines with one world over every worker and before the engine that
+runs wherever Dask does (`HybridDescription.preference`): where the workers span several hosts
+(``redist.host``, pseudo-hosts included) and a world over all of them cannot form (no remote
+transport between the hosts, no InfiniBand), the ranks of each host still copy GPU to GPU. On one
+host it steps aside (the engines with a world do better there). NumPy chunks it refuses. It has
+no world of its own: a run that fails is restarted as any other (``redist.retries``), on the
+engine ``auto`` picks then; it never needs a bootstrap.
+"""
+
+from __future__ import annotations
+
+from dask_redist.engines.description import EngineDescription, Request
+
+
+class HybridDescription(EngineDescription):
+    preference = 10
+    probes = True  # CuPy, a GPU and CUDA's driver API (for IPC) on every worker
+    chunk_types = ("cupy",)
+
+    def refuses(self, request: Request) -> str | None:
+        if request.chunk_type != "cupy":
+            return (
+                f"{request.chunks}: the {self.name} engine copies CuPy chunks only (GPU memory, "
+                "through CUDA IPC within a host)"
+            )
+        return None
+
+    def unable(self, answers: dict[str, dict], request: Request) -> str | None:
+        if why := self.refuses(request):
+            return why
+        bad = [w for w, a in answers.items() if not a.get("ok")]
+        if bad:
+            return f"{self.name} cannot run on {bad[0]}: {answers[bad[0]].get('reason', 'no answer')}"
+        hosts = sorted({str(a.get("host")) for a in answers.values()})
+        if len(hosts) < 2:
+            return f"every worker is on host {hosts[0] if hosts else '?'}: the {self.name} engine is for several hosts"
+        return None
+
+    def chosen(self, request: Request, passed_over: list[str]) -> str:
+        why = f"{request.chunks} on workers of several hosts: CUDA IPC within a host, Dask's comms between hosts"
+        return f"{passed_over[0]}; {why}" if passed_over else why
+
+    def mapping(self, plan, settings) -> tuple[str, int, int]:
+        return (
+            "pieces GPU to GPU through CUDA IPC between workers of one host, packed over dask comms "
+            "between hosts (decided per pair of workers as the run starts)",
+            0,
+            1,
+        )
