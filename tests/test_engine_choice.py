@@ -58,7 +58,8 @@ def test_engine_names_are_checked_against_the_registry():
     """redist.engine: auto, a name of redist.engines (the built-in ones and any added), or a path."""
     assert [n for n, _ in Settings.from_config().engines] == ["dask", "cufftmp", "hybrid"]  # from redist.yaml
     with pytest.raises(
-        ConfigError, match=r"redist.engine must be auto, an engine of redist.engines \(dask, cufftmp, hybrid\)"
+        ConfigError,
+        match=r"redist.engine must be auto, an engine of redist.engines \(dask, cufftmp, hybrid\)",
     ):
         Settings.from_config({**_config(), "engine": "nccl"})
     added = Settings.from_config(

@@ -213,19 +213,17 @@ class HybridEngine(Engine):
             if run.state == "failed":
                 return ABORTED
             run.set_phase("exchange")
-            mine = t.take(ipc & (t.src == run.rank))
-            if len(mine):
-                table = PieceJobs.of(rechunk, mine)
-                at = (
-                    mapped.addresses
-                    if mapped is not None
-                    else addresses(outputs, math.prod(rechunk.new_grid))
-                )
-                dev.launch(table.at(addresses(inputs, math.prod(rechunk.old_grid)), at))
+            copying = None  # (a copy that fails still lets this rank send: no peer waits for its pieces)
+            try:
+                self._copy(run, dev, t.take(ipc & (t.src == run.rank)), inputs, outputs, mapped)
+            except Exception as e:  # noqa: BLE001 - raised once its comms are done
+                copying = e
             comms = t.take(~ipc)
             send_pieces(run, transport, sends(run, comms))
             recv = receives(run, comms)
             received = run.wait_received(recv)
+            if copying is not None:
+                raise copying
             dev.place(_placed(recv, received, outputs, rechunk))
             dev.synchronize()
             steps("copy, send and receive")
@@ -238,6 +236,17 @@ class HybridEngine(Engine):
             if run.state == "failed":
                 return ABORTED
             return f"{type(e).__name__}: {e}"
+
+    @staticmethod
+    def _copy(run, dev, mine, inputs: dict, outputs: dict, mapped) -> None:
+        """This rank's pieces ``mine`` copied by one launch of the copy kernel into the output chunks
+        they belong to: its own, and its peers' of its host as ``mapped``."""
+        if not len(mine):
+            return
+        rechunk = run.spec.collective.rechunk
+        table = PieceJobs.of(rechunk, mine)
+        at = mapped.addresses if mapped is not None else addresses(outputs, math.prod(rechunk.new_grid))
+        dev.launch(table.at(addresses(inputs, math.prod(rechunk.old_grid)), at))
 
 
 def _empty_outputs(run, dev) -> dict:
