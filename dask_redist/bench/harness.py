@@ -63,10 +63,15 @@ class Result:
             steps = f"; slowest rank's steps ms{through}: " + ", ".join(
                 f"{k} {v:.2f}" for k, v in slowest.items()
             )
+        routes = ""
+        if all("bytes by ipc" in x for x in last):  # (the routes of pieces per pair of workers)
+            ipc, comms = (sum(x[f"bytes by {k}"] for x in last) for k in ("ipc", "comms"))
+            routes = f"; {format_bytes(ipc)} through CUDA IPC, {format_bytes(comms)} over comms"
         return (
-            f"{last[0]['layout']}, {last[0]['rounds']} round(s){arena}; "
+            f"{last[0]['layout']}, {last[0].get('rounds', 1)} round(s){arena}; "
             + ", ".join(f"{k} {v:.2f}" for k, v in worst.items())
             + steps
+            + routes
         )
 
     @property

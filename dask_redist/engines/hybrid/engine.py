@@ -197,6 +197,7 @@ class HybridEngine(Engine):
         self._stats["runs"] += 1
         self._stats["last"] = {
             "layout": "hybrid (CUDA IPC within a host, comms between hosts)",
+            "rounds": 1,
             "hosts": len(set(hosts)),
             **summary(t.nbytes, t.src, t.dst, ipc),
             "steps ms": steps.ms,
