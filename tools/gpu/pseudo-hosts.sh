@@ -7,7 +7,7 @@
 #            where libucx is missing and .whl/libucx_cu13-*.whl was carried (the [ucx] extra's UCX, 42 MB;
 #            tools/gpu/make-bundle.sh leaves it out without WITH_UCX=1), it is pip-installed first
 #   cluster: no remote transport set: `dask-redist doctor` against it (expect "hosts: 2", the warning
-#            and remedy), then a CuPy rechunk against NumPy with engine auto (expect: dask, the reason)
+#            and remedy), then a CuPy rechunk against NumPy with engine auto (expect: hybrid, cufftmp's reason)
 #            and cufftmp forced (expect: refused before the run, the same reason)
 #   tests:   the multi-rank GPU tests at 2 pseudo-hosts x 2 PEs (REDIST_TEST_PES=4 REDIST_TEST_HOSTS=2),
 #            their workers with NVSHMEM_REMOTE_TRANSPORT=$REDIST_PSEUDO_TRANSPORT (default ucx) so that

@@ -99,8 +99,8 @@ class Gpu:
 
         with self.stream:
             copies = BoxCopies(self._keep)
-            for dst, src in pairs:
-                copies.add(dst, src)
+            for dst, src in pairs:  # (a piece that came as host memory is copied over first)
+                copies.add(dst, src if isinstance(src, self._cupy.ndarray) else self._cupy.asarray(src))
             copies.launch()
 
 
