@@ -42,6 +42,18 @@ class HybridDescription(EngineDescription):
         why = f"{request.chunks} on workers of several hosts: CUDA IPC within a host, Dask's comms between hosts"
         return f"{passed_over[0]}; {why}" if passed_over else why
 
+    def doctor_columns(self, report: dict) -> dict:
+        able = report.get("capabilities", {})
+        if able.get("ok"):
+            return {self.name: "ok"}
+        return {self.name: "needs a GPU" if not able.get("gpus") else able.get("reason", "-")}
+
+    def doctor_line(self, reports: dict[str, dict]) -> str:
+        answers = [r.get("capabilities", {}) for r in reports.values()]
+        if answers and not any(a.get("gpus") for a in answers):
+            return "no GPU on any worker (it moves CuPy chunks)"
+        return super().doctor_line(reports)
+
     def mapping(self, plan, settings) -> tuple[str, int, int]:
         return (
             "pieces GPU to GPU through CUDA IPC between workers of one host, packed over dask comms "
