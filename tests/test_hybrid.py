@@ -293,3 +293,52 @@ def test_numpy_chunks_are_refused_naming_the_engine_and_auto():
     run.spec = SimpleNamespace(chunk_type="numpy", name=run.spec.name, collective=run.spec.collective)
     with pytest.raises(RedistError, match="CuPy chunks only.*auto"):
         HybridEngine(device=Device(Ipc())).execute(run, None)
+
+
+class Scheduler:
+    """The scheduler's all-gather as the engine gets it (`RunGroup`), for one rank whose peers never
+    come: it blocks until ``answer`` is set, then raises what is in it."""
+
+    def __init__(self):
+        self.answer, self.error = threading.Event(), None
+
+    def exchange_factory(self, rank, nranks):
+        def exchange(tag, payload):
+            self.answer.wait(30)
+            raise self.error
+
+        return exchange
+
+
+def test_a_gone_rank_ends_the_wait_of_every_all_gather():
+    """Rank 1 never comes (its worker died); once the scheduler says it is gone, rank 0 gives its
+    all-gather up at once and raises the abort, without waiting for the timeout."""
+    import time
+
+    runs, _ = _slabs(("a", "a"))
+    run, scheduler = runs[0], Scheduler()
+    run.start()
+    left = RedistError("workers ['tcp://a:1001'] left")
+    threading.Timer(0.3, lambda: run.fail(left, gone=(1,))).start()
+    start = time.monotonic()
+    with pytest.raises(RedistError, match="left"):
+        HybridEngine(device=Device(Ipc())).execute(run, scheduler)
+    assert time.monotonic() - start < 10
+    scheduler.answer.set()
+
+
+def test_an_all_gather_that_times_out_names_the_run_rank_phase_and_setting():
+    from dask_redist.errors import RedistTimeoutError
+
+    runs, _ = _slabs(("a", "a"))
+    run, scheduler = runs[0], Scheduler()
+    run.start()
+    scheduler.error = RedistTimeoutError(
+        "step hybrid/t/1/1: ranks [1] did not answer (see redist.timeouts.bootstrap)"
+    )
+    scheduler.answer.set()
+    with pytest.raises(RedistTimeoutError) as info:
+        HybridEngine(device=Device(Ipc())).execute(run, scheduler)
+    text = str(info.value)
+    assert "rank 0 (tcp://a:1000)" in text and "phase 'all-gather chunks'" in text, text
+    assert "redist.timeouts.bootstrap" in text, text
