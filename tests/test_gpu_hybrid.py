@@ -89,8 +89,12 @@ def test_auto_takes_it_where_no_world_forms_across_the_hosts():
 
     from dask_redist.bench.gpu_cluster import SharedGPUCluster
 
+    from dask_redist.engines.cufftmp import remote
+
     if conftest.gpu_hosts() < 2:
         pytest.skip("REDIST_TEST_HOSTS=2")
+    if remote.ib_devices():
+        pytest.skip("this host has InfiniBand devices: NVSHMEM's default transport could serve")
     with (
         SharedGPUCluster(4, 4, hosts=2, env={"NVSHMEM_REMOTE_TRANSPORT": ""}) as cluster,
         Client(cluster.scheduler_address) as client,
