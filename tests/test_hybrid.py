@@ -267,8 +267,10 @@ def test_a_copy_that_fails_fails_every_rank_naming_it():
     runs, _ = _slabs()
     devices = [Device(Ipc(), fail_copy=(r == 0)) for r in range(4)]
     results, _ = run_all(runs, devices)
-    for r in results:
-        assert isinstance(r, RedistError), results
+    from dask_redist.errors import EngineUnavailableError
+
+    for r in results:  # (unavailable: under auto the rechunk restarts on another engine)
+        assert isinstance(r, EngineUnavailableError), results
         assert "rank 0 (tcp://a:1000) failed in phase 'exchange'" in str(r) and "illegal memory" in str(r)
 
 

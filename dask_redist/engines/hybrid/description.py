@@ -5,8 +5,10 @@ runs wherever Dask does (`HybridDescription.preference`): where the workers span
 (``redist.host``, pseudo-hosts included) and a world over all of them cannot form (no remote
 transport between the hosts, no InfiniBand), the ranks of each host still copy GPU to GPU. On one
 host it steps aside (the engines with a world do better there). NumPy chunks it refuses. It has
-no world of its own: a run that fails is restarted as any other (``redist.retries``), on the
-engine ``auto`` picks then; it never needs a bootstrap.
+no world of its own and needs no bootstrap; a run whose copies fail on a rank fails on every rank
+as unavailable: ``auto`` passes it over from then on (`cannot_start`; ``dask_redist.bootstrap``
+forgets that) and the rechunk restarts on the engine it prefers next. A run that loses a worker
+restarts as any other (``redist.retries``).
 """
 
 from __future__ import annotations
@@ -53,6 +55,9 @@ class HybridDescription(EngineDescription):
         if answers and not any(a.get("gpus") for a in answers):
             return "no GPU on any worker (it moves CuPy chunks)"
         return super().doctor_line(reports)
+
+    def cannot_start(self, broken: str) -> str:
+        return f"a {self.name} run failed on these workers ({broken}); dask_redist.bootstrap(client) lets auto try it again"
 
     def mapping(self, plan, settings) -> tuple[str, int, int]:
         return (

@@ -44,7 +44,7 @@ from dask_redist.engines.hybrid.description import HybridDescription
 from dask_redist.engines.hybrid.routes import by_ipc, summary
 from dask_redist.engines.ipc import Exported, Mapped, Refused, Steps, export, gather, unless_stopped
 from dask_redist.engines.protocol import Engine
-from dask_redist.errors import RedistError, RedistTimeoutError
+from dask_redist.errors import EngineUnavailableError, RedistError, RedistTimeoutError
 
 logger = logging.getLogger("dask_redist")
 
@@ -297,15 +297,17 @@ def _raise_if_aborted(run, exported: list) -> None:
 
 def _raise_if_failed(run, statuses: list) -> None:
     """The run's end as the last all-gather says, alike on every rank: this rank's abort, a rank
-    whose copies failed (named, with why), or an aborted rank; else nothing (every copy done)."""
+    whose copies failed (named, with why: `EngineUnavailableError`, so that ``auto`` passes the
+    engine over from then on and the rechunk restarts on another), or an aborted rank; else
+    nothing (every copy done)."""
     if run.state == "failed":
         raise run.failure()
     bad = [(r, s) for r, s in enumerate(statuses) if s is not None and s != ABORTED]
     if bad:
         r, why = bad[0]
-        raise RedistError(
+        raise EngineUnavailableError(  # (under auto the rechunk restarts, on an engine auto prefers next)
             f"{run.name()}: rank {r} ({run.spec.workers[r]}) failed in phase 'exchange' of the hybrid "
-            f"engine: {why}"
+            f"engine: {why} (redist.engine: auto finishes the rechunk on another engine)"
         )
     if aborted := [r for r, s in enumerate(statuses) if s == ABORTED]:
         raise RedistError(f"{run.name()}: rank {aborted[0]} ({run.spec.workers[aborted[0]]}) was aborted")
