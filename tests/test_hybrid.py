@@ -344,3 +344,20 @@ def test_an_all_gather_that_times_out_names_the_run_rank_phase_and_setting():
     text = str(info.value)
     assert "rank 0 (tcp://a:1000)" in text and "phase 'all-gather chunks'" in text, text
     assert "redist.timeouts.bootstrap" in text, text
+
+
+def test_a_rank_that_fails_before_the_first_all_gather_ends_every_ranks_run_naming_it():
+    """Its outputs could not be allocated (out of GPU memory): it says so in the first all-gather,
+    so no peer waits for it; every rank raises, nothing moved."""
+    runs, _ = _slabs()
+    devices = [Device(Ipc()) for _ in range(4)]
+
+    def out_of_memory(shape, dtype):
+        raise MemoryError("Out of memory allocating 1,024 bytes")
+
+    devices[1].empty = out_of_memory
+    results, moved = run_all(runs, devices)
+    for r in results:
+        assert isinstance(r, RedistError), results
+        assert "rank 1 (tcp://a:1001) failed in phase 'export': MemoryError: Out of memory" in str(r), results
+    assert moved == 0 and sum(d.pieces for d in devices) == 0

@@ -124,6 +124,8 @@ class RunGroup:
 
 #: What an aborted rank says in an all-gather.
 ABORTED = "aborted"
+#: Why an aborted rank exported nothing (a rank that failed before the first all-gather says why).
+ABORTED_WHY = "the run was aborted"
 
 
 class HybridEngine(Engine):
@@ -157,12 +159,14 @@ class HybridEngine(Engine):
         group = RunGroup(run, transport) if self._group is None else self._group(run)
         steps = Steps({})
         run.set_phase("export")
-        outputs = _empty_outputs(run, dev)
-        inputs = dict(run.inputs)  # (held until every copy is done: an abort empties run.inputs)
-        dev.synchronize()  # inputs from kernels in flight; outputs' memory the peers write into
-        everyone = _gather(
-            run, group, "all-gather chunks", (host(run.address), _export(run, outputs, inputs, dev))
-        )
+        outputs, inputs = {}, dict(run.inputs)  # (held until every copy is done: an abort empties run.inputs)
+        try:
+            outputs = _empty_outputs(run, dev)
+            dev.synchronize()  # inputs from kernels in flight; outputs' memory the peers write into
+            mine = _export(run, outputs, inputs, dev)
+        except Exception as e:  # noqa: BLE001 - told to every rank, which all raise (none waits for it)
+            mine = Refused(f"{type(e).__name__}: {e}", aborted=True)
+        everyone = _gather(run, group, "all-gather chunks", (host(run.address), mine))
         steps("export and all-gather")
         hosts, exported = [h for h, _ in everyone], [e for _, e in everyone]
         _raise_if_aborted(run, exported)
@@ -264,7 +268,7 @@ def _export(run, outputs: dict, inputs: dict, dev) -> Exported | Refused:
     """This rank's output chunks as its peers map them, or why they cannot be (the pieces of its
     host then go over comms)."""
     if run.state == "failed":
-        return Refused("the run was aborted", aborted=True)
+        return Refused(ABORTED_WHY, aborted=True)
     if run.spec.collective.rechunk.ndim > 3:
         return Refused("more than 3 axes (the copy kernel's jobs have 3)")
     if not all(a.flags.c_contiguous for a in (*inputs.values(), *outputs.values())):
@@ -292,7 +296,11 @@ def _raise_if_aborted(run, exported: list) -> None:
         raise run.failure()
     if aborted:
         r = aborted[0]
-        raise RedistError(f"{run.name()}: rank {r} ({run.spec.workers[r]}) was aborted")
+        why = exported[r].why
+        raise RedistError(
+            f"{run.name()}: rank {r} ({run.spec.workers[r]}) "
+            + ("was aborted" if why == ABORTED_WHY else f"failed in phase 'export': {why}")
+        )
 
 
 def _raise_if_failed(run, statuses: list) -> None:
