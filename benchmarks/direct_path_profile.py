@@ -30,7 +30,7 @@ from local_path_profile import StandInCuPy, chunks_of
 from dask_redist.bench import slab_case
 from dask_redist.config import Settings
 from dask_redist.core.spec import CollectiveSpec, RunSpec
-from dask_redist.engines.cufftmp.copies import ChunkTable
+from dask_redist.engines.copies import ChunkTable
 from dask_redist.engines.cufftmp.engine import _empty_outputs
 from dask_redist.planning import RechunkSpec, make_plan
 from dask_redist.planning.layout import choose_layout

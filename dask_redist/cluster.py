@@ -38,7 +38,8 @@ def engine_for(client, request) -> tuple[str, str, str | None]:
 
     capabilities, workers, records = engines_state(client, request.settings)
     engine, why = choose_engine(request, capabilities, workers, records)
-    return engine, why + _hosts(capabilities, workers), cannot_run(request, capabilities, workers)
+    hosts = _hosts(capabilities, workers)  # (unless the reason names them already)
+    return engine, why + (hosts if hosts[2:] not in why else ""), cannot_run(request, capabilities, workers)
 
 
 def _hosts(capabilities: dict, workers) -> str:

@@ -47,7 +47,7 @@ LAYERS = [
 ]
 MAX_LINES = 400
 #: The specific engines: each imports only itself and the engines' shared modules (the others).
-ENGINE_ROOMS = ("dask_redist.engines.dask", "dask_redist.engines.cufftmp")
+ENGINE_ROOMS = ("dask_redist.engines.dask", "dask_redist.engines.cufftmp", "dask_redist.engines.hybrid")
 #: Names of a module in a string: an engine path ("package.module:Class") or a whole module name
 #: given to importlib.import_module / __import__.
 _PATH = re.compile(r"(dask_redist(?:\.\w+)*)(?::\w+)?")
@@ -256,7 +256,7 @@ def test_no_engine_is_named_outside_its_own_modules():
     wording) and the registry; only an engine's own modules and redist.yaml name it."""
     from dask_redist.config import BUILTIN_ENGINES
 
-    assert set(dict(BUILTIN_ENGINES)) == {"dask", "cufftmp"}  # (the names the check looks for)
+    assert set(dict(BUILTIN_ENGINES)) == {"dask", "cufftmp", "hybrid"}  # (the names the check looks for)
     named = engine_names_outside_their_engine()
     assert named == [], "engines named outside their own modules: " + ", ".join(named)
 

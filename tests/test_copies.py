@@ -2,7 +2,7 @@
 
 The folding of box copies into (rows x contiguous bytes) jobs for the GPU's batched copy,
 checked on NumPy views, whose strides mean what CuPy's do: a job replayed byte by byte,
-as the kernel (dask_redist.engines.cufftmp.copies) does, must copy exactly what
+as the kernel (dask_redist.engines.copies) does, must copy exactly what
 ``dst[...] = src`` copies, and touch nothing else. Also the threaded host copies of NumPy
 chunks and the bounded plan cache (cuFFTMp faked).
 """
@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from copy_helpers import Bump, InMemory, copy_rows, random_rechunk, replay_all, write_chunk
 
-from dask_redist.engines.cufftmp.copies import fold
+from dask_redist.engines.copies import fold
 
 
 def in_buffer(shape, dtype) -> tuple[np.ndarray, np.ndarray]:
@@ -92,7 +92,7 @@ def stages(draw):
 @settings(max_examples=200, deadline=None)
 @given(stages())
 def test_a_chunk_table_stages_and_unstages_a_box_as_numpy_does(case):
-    from dask_redist.engines.cufftmp.copies import ChunkTable
+    from dask_redist.engines.copies import ChunkTable
 
     chunks, lower, upper, dtype = case
     item = np.dtype(dtype).itemsize
@@ -245,7 +245,7 @@ def test_cufftmp_keeps_the_most_recently_used_plans(monkeypatch):
 def test_piece_jobs_copy_every_piece_from_input_to_output_chunk(data):
     """A world of one PE: `piece_jobs` (each old chunk ∩ new chunk straight from its input chunk
     into its output chunk), replayed byte by byte, builds every output chunk as NumPy cuts it."""
-    from dask_redist.engines.cufftmp.copies import ChunkTable, piece_jobs
+    from dask_redist.engines.copies import ChunkTable, piece_jobs
     from dask_redist.planning.plan import pieces
 
     shape, dtype, spec = random_rechunk(data, 9)
@@ -276,7 +276,7 @@ def test_piece_jobs_copy_every_piece_from_input_to_output_chunk(data):
 
 def test_piece_jobs_of_slabs_are_a_few_long_rows():
     """Slabs to slabs of a (4, 6, 8) float64 array: each piece is one contiguous row per plane."""
-    from dask_redist.engines.cufftmp.copies import ChunkTable, piece_jobs
+    from dask_redist.engines.copies import ChunkTable, piece_jobs
 
     old = np.array([[[0, 0, 0], [2, 6, 8]], [[2, 0, 0], [4, 6, 8]]])  # 2 slabs along axis 0
     new = np.array([[[0, 0, 0], [4, 3, 8]], [[0, 3, 0], [4, 6, 8]]])  # 2 slabs along axis 1
@@ -294,7 +294,7 @@ def test_piece_jobs_of_slabs_are_a_few_long_rows():
 def test_a_chunk_staged_whole_is_one_row_and_a_column_of_a_box_one_row_per_line():
     """Two slabs of a (2, 4, 8) float64 array into the whole array's box: each slab is one
     contiguous row on both sides; a box of half the last axis cuts them into lines."""
-    from dask_redist.engines.cufftmp.copies import ChunkTable
+    from dask_redist.engines.copies import ChunkTable
 
     old = np.array([[[0, 0, 0], [1, 4, 8]], [[1, 0, 0], [2, 4, 8]]])
     table = ChunkTable(old[:, 0], old[:, 1], np.array([0, 256]), 8)

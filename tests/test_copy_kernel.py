@@ -1,4 +1,4 @@
-"""The GPU's copy kernel (`dask_redist.engines.cufftmp.copies`), its source run on the CPU.
+"""The GPU's copy kernel (`dask_redist.engines.copies`), its source run on the CPU.
 
 `box_copy`'s CUDA source is compiled as C++ with the few CUDA names it uses stood in for, and
 run block by block and thread by thread (its threads never wait for each other, so running
@@ -20,7 +20,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_copies import copy_rows
 
-from dask_redist.engines.cufftmp.copies import _SEGMENT, _SOURCE, units_of
+from dask_redist.engines.copies import _SEGMENT, _SOURCE, units_of
 
 _SHIMS = """
 #include <algorithm>

@@ -56,9 +56,10 @@ def _config() -> dict:
 
 def test_engine_names_are_checked_against_the_registry():
     """redist.engine: auto, a name of redist.engines (the built-in ones and any added), or a path."""
-    assert [n for n, _ in Settings.from_config().engines] == ["dask", "cufftmp"]  # from redist.yaml
+    assert [n for n, _ in Settings.from_config().engines] == ["dask", "cufftmp", "hybrid"]  # from redist.yaml
     with pytest.raises(
-        ConfigError, match=r"redist.engine must be auto, an engine of redist.engines \(dask, cufftmp\)"
+        ConfigError,
+        match=r"redist.engine must be auto, an engine of redist.engines \(dask, cufftmp, hybrid\)",
     ):
         Settings.from_config({**_config(), "engine": "nccl"})
     added = Settings.from_config(
@@ -80,7 +81,7 @@ def test_engine_names_are_checked_against_the_registry():
 
 
 def test_the_registry_orders_engines_by_their_auto_preference():
-    assert [d.name for d in descriptions()] == ["cufftmp", "dask"]
+    assert [d.name for d in descriptions()] == ["cufftmp", "hybrid", "dask"]
     assert description("cufftmp").world and not description("dask").world
 
 

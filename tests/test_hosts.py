@@ -145,6 +145,23 @@ def test_the_dask_engine_gives_numpys_values_across_pseudo_hosts(pseudo_client):
     assert last["engine"] == "dask" and last["outcome"] == "done", last
 
 
+def test_the_hybrid_engine_refuses_numpy_chunks_across_pseudo_hosts_and_auto_never_takes_it(pseudo_client):
+    """Named, the hybrid engine refuses NumPy chunks before anything runs, saying why; under auto
+    the workers of 2 pseudo-hosts run them on the dask engine."""
+    import dask.array as da
+
+    x = da.random.default_rng(45).random((64, 48), chunks=(8, 48))
+    with dask_redist.enable(engine="hybrid"):
+        with pytest.raises(
+            dask_redist.RedistError, match="NumPy chunks: the hybrid engine copies CuPy chunks only"
+        ):
+            x.rechunk((64, 6)).compute()
+    with dask_redist.enable(engine="auto"):
+        np.testing.assert_array_equal(x.rechunk((64, 6)).compute(), x.compute())
+    last = dask_redist.status(pseudo_client)["history"][-1]
+    assert last["engine"] == "dask" and last["outcome"] == "done", last
+
+
 def test_every_engines_answer_carries_the_workers_host():
     """The registry adds it (one function for every engine, the folder engine of tests/engines.py too)."""
     from dask_redist.engines.registry import capabilities

@@ -308,7 +308,7 @@ def test_over_a_copying_wire_messages_fit_its_limit_and_packed_buffers_serve_the
     are packed into again by the next run, not fresh memory (docs/benchmarks.md, "Where the CPU
     runs' slow mode came from")."""
     from dask_redist.core.wire import SendBuffers
-    from dask_redist.engines import dask as engine_module
+    from dask_redist.engines import exchange as engine_module
 
     pool = SendBuffers(keep=2**30)
     monkeypatch.setattr(engine_module, "_send_buffers", pool)
@@ -340,7 +340,7 @@ def test_without_a_wire_limit_the_budget_alone_sizes_messages_and_nothing_is_kep
     """Where the wire hands the buffer itself to the peer (inproc; `Loopback` here copies, but
     says no limit), a packed buffer is never packed into again."""
     from dask_redist.core.wire import SendBuffers
-    from dask_redist.engines import dask as engine_module
+    from dask_redist.engines import exchange as engine_module
 
     pool = SendBuffers(keep=2**30)
     monkeypatch.setattr(engine_module, "_send_buffers", pool)

@@ -114,9 +114,9 @@ class _config_updated:
 
 
 MESSAGES = {
-    "dask.config.set": r"redist\.engine must be auto, an engine of redist\.engines \(dask, cufftmp\) or 'package\.module:EngineClass', got 'bogus'",
+    "dask.config.set": r"redist\.engine must be auto, an engine of redist\.engines \(dask, cufftmp, hybrid\) or 'package\.module:EngineClass', got 'bogus'",
     "unknown key": r"unknown option redist\.memory-budgit \(did you mean redist\.memory-budget\?\)",
-    "yaml": r"redist\.engine must be auto, an engine of redist\.engines \(dask, cufftmp\) or 'package\.module:EngineClass', got 'bogus'",
+    "yaml": r"redist\.engine must be auto, an engine of redist\.engines \(dask, cufftmp, hybrid\) or 'package\.module:EngineClass', got 'bogus'",
     "environment": r"redist\.memory-budget must be a size like '1GiB', got 'lots'",
 }
 

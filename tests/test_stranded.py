@@ -46,6 +46,7 @@ def _pretend_cufftmp_runs(dask_scheduler):
         answers = dask_scheduler.plugins["redist"].engines.capabilities.setdefault(w, {})
         answers["cufftmp"] = {"ok": True, "reason": "pretended by the test"}
         answers.setdefault("dask", {"ok": True})  # (a worker missing an answer is asked for all)
+        answers.setdefault("hybrid", {"ok": False, "reason": "no GPU (pretended by the test)"})
 
 
 def _replaced(client) -> None:

@@ -63,11 +63,12 @@ class Result:
             steps = f"; slowest rank's steps ms{through}: " + ", ".join(
                 f"{k} {v:.2f}" for k, v in slowest.items()
             )
-        return (
-            f"{last[0]['layout']}, {last[0]['rounds']} round(s){arena}; "
-            + ", ".join(f"{k} {v:.2f}" for k, v in worst.items())
-            + steps
-        )
+        routes = ""
+        if all("bytes by ipc" in x for x in last):  # (the routes of pieces per pair of workers)
+            ipc, comms = (sum(x[f"bytes by {k}"] for x in last) for k in ("ipc", "comms"))
+            routes = f"; {format_bytes(ipc)} through CUDA IPC, {format_bytes(comms)} over comms"
+        times = "; " + ", ".join(f"{k} {v:.2f}" for k, v in worst.items()) if worst else ""
+        return f"{last[0]['layout']}, {last[0].get('rounds', 1)} round(s){arena}{times}{steps}{routes}"
 
     @property
     def median(self) -> float | None:

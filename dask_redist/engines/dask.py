@@ -28,9 +28,8 @@ import math
 import numpy as np
 
 from dask_redist.core.assemble import Assembly, empty
-from dask_redist.core.wire import ALIGN, Packed, SendBuffers, as_is, batches, pack
 from dask_redist.engines.description import EngineDescription, Request
-from dask_redist.engines.exchange import by_peer, cut_pieces, receives, sends
+from dask_redist.engines.exchange import receives, send_pieces, sends
 from dask_redist.engines.protocol import Engine
 from dask_redist.errors import RedistError
 from dask_redist.planning import Transfers
@@ -49,11 +48,6 @@ DIRECT_MAX_PARTS = 65536
 #: ones by the collective thread before the run ends, where a task's build per chunk costs more
 #: than it spreads. Measured in docs/benchmarks.md ("the `dask` engine's large chunks").
 LAZY_MIN_BYTES = 32 * 2**20
-#: Packed buffers kept for the next run, per worker process (`dask_redist.core.wire.SendBuffers`):
-#: filling fresh pages cost up to ten times as much on the CPU machine, as it varied from run to run
-#: (docs/benchmarks.md, "Where the CPU runs' slow mode came from").
-SEND_BUFFERS_KEPT = 256 * 2**20
-_send_buffers = SendBuffers(SEND_BUFFERS_KEPT)
 
 
 def _in_order(recv: Transfers, received: dict[int, list]) -> list:
@@ -177,7 +171,7 @@ class DaskEngine(Engine):
 
     def execute(self, run, transport) -> None:
         blocks = box_transfers_of(run)
-        self._send(run, transport, sends(run, blocks))
+        send_pieces(run, transport, sends(run, blocks))
         run.inputs = {}
         recv = receives(run, blocks)
         received = run.wait_received(recv)
@@ -211,42 +205,3 @@ class DaskEngine(Engine):
             view = box[tuple(slice(l - o, h - o) for l, h, o in zip(lo, hi, lower))]
             out[f] = Assembly(tuple(lo), tuple(hi), spec.dtype, like, [(lo, hi, view)], shared=True)
         return out
-
-    def _send(self, run, transport, mine: Transfers) -> None:
-        """Pack what goes to each peer into buffers of at most the budget; keep this rank's own.
-
-        Where the wire copies the bytes (`Transport.wire_limit`: Dask's TCP comms) a message is
-        also at most the size above which the comm would split it into shards that the receiver
-        copies back together into a new buffer, and NumPy pieces are packed into buffers kept from
-        run to run (`SEND_BUFFERS_KEPT`)."""
-        budget = run.spec.collective.settings.memory_budget
-        run.set_phase("send")
-        outgoing = []
-        for dst, t in by_peer(run, mine, "dst"):
-            arrays = cut_pieces(run, t)
-            if dst == run.rank:
-                run.receive(run.rank, 0, arrays)
-                continue
-            limit = wire_limit(transport, dst)
-            pool = None if limit is None else _send_buffers
-            cap = budget if limit is None else min(budget, limit)
-            padded = -(-t.nbytes // ALIGN) * ALIGN  # (a packed buffer's size: pieces start aligned)
-            outgoing += [
-                (dst, first, Packed(stop - first, pack(arrays[first:stop], t.nbytes[first:stop], pool)))
-                for first, stop in batches(padded, cap, as_is(arrays, t.nbytes))
-            ]
-        if not outgoing:
-            return
-        buffers = [packed.buffer for _, _, packed in outgoing]
-        try:
-            transport.send(outgoing)
-        except BaseException:
-            _send_buffers.give_back(buffers, keep=False)  # (a send still under way may read them)
-            raise
-        _send_buffers.give_back(buffers)
-
-
-def wire_limit(transport, dst: int) -> int | None:
-    """`Transport.wire_limit` of ``transport`` for rank ``dst``; None where it has none."""
-    limit = getattr(transport, "wire_limit", None)
-    return None if limit is None else limit(dst)

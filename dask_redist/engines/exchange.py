@@ -2,7 +2,7 @@
 
 Both sides of a transfer list it in one order (`dask_redist.planning.Transfers.canonical_order`),
 so a rank hands what it receives to ``run.receive`` in the order its peer sent it; an engine
-moves the bytes its own way between `sends` and `receives`.
+moves the bytes its own way between `sends` and `receives`, or over Dask's comms (`send_pieces`).
 """
 
 from __future__ import annotations
@@ -10,7 +10,14 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from dask_redist.core.assemble import cut
+from dask_redist.core.wire import ALIGN, Packed, SendBuffers, as_is, batches, pack
 from dask_redist.planning import Transfers
+
+#: Packed buffers kept for the next run, per worker process (`dask_redist.core.wire.SendBuffers`):
+#: filling fresh pages cost up to ten times as much on the CPU machine, as it varied from run to run
+#: (docs/benchmarks.md, "Where the CPU runs' slow mode came from").
+SEND_BUFFERS_KEPT = 256 * 2**20
+_send_buffers = SendBuffers(SEND_BUFFERS_KEPT)
 
 
 def sends(run, transfers: Transfers | None = None) -> Transfers:
@@ -40,3 +47,45 @@ def cut_pieces(run, t: Transfers) -> list:
     """Views of the staged input chunks for every transfer in ``t``."""
     spec = run.spec.collective.rechunk
     return [cut(run.inputs[int(f)], spec.old_box(f)[0], lo, hi) for f, lo, hi in zip(t.old_block, t.lo, t.hi)]
+
+
+def send_pieces(run, transport, mine: Transfers) -> None:
+    """Send ``mine`` (`sends`, or part of it) to its ranks: what goes to each peer packed into
+    buffers of at most ``redist.memory-budget`` bytes (`dask_redist.core.wire`), all peers at once;
+    this rank's own pieces handed to ``run.receive`` as they are (views, no copy).
+
+    Where the wire copies the bytes (`Transport.wire_limit`: Dask's TCP comms) a message is also
+    at most the size above which the comm would split it into shards that the receiver copies
+    back together into a new buffer, and NumPy pieces are packed into buffers kept from run to
+    run (`SEND_BUFFERS_KEPT`)."""
+    budget = run.spec.collective.settings.memory_budget
+    run.set_phase("send")
+    outgoing = []
+    for dst, t in by_peer(run, mine, "dst"):
+        arrays = cut_pieces(run, t)
+        if dst == run.rank:
+            run.receive(run.rank, 0, arrays)
+            continue
+        limit = wire_limit(transport, dst)
+        pool = None if limit is None else _send_buffers
+        cap = budget if limit is None else min(budget, limit)
+        padded = -(-t.nbytes // ALIGN) * ALIGN  # (a packed buffer's size: pieces start aligned)
+        outgoing += [
+            (dst, first, Packed(stop - first, pack(arrays[first:stop], t.nbytes[first:stop], pool)))
+            for first, stop in batches(padded, cap, as_is(arrays, t.nbytes))
+        ]
+    if not outgoing:
+        return
+    buffers = [packed.buffer for _, _, packed in outgoing]
+    try:
+        transport.send(outgoing)
+    except BaseException:
+        _send_buffers.give_back(buffers, keep=False)  # (a send still under way may read them)
+        raise
+    _send_buffers.give_back(buffers)
+
+
+def wire_limit(transport, dst: int) -> int | None:
+    """`Transport.wire_limit` of ``transport`` for rank ``dst``; None where it has none."""
+    limit = getattr(transport, "wire_limit", None)
+    return None if limit is None else limit(dst)

@@ -2,12 +2,12 @@
 # On the GPU node, after install.sh: several hosts on ONE GPU (issue 44). 4 `dask cuda worker`
 # processes, all with CUDA_VISIBLE_DEVICES=0 and NVSHMEM_SYMMETRIC_SIZE=8G, two started with
 # DASK_REDIST__HOST=hostA and two with hostB, then checks against them; logs under $OUT.
-#   bash tools/gpu/pseudo-hosts.sh [steps...]        default: facts cluster tests   (each < 10 min)
+#   bash tools/gpu/pseudo-hosts.sh [steps...]        default: facts cluster tests   (each < 10 min; also: ucx hybrid soak)
 #   facts:   what the node has for NVSHMEM's remote transports (its transport plugins, libucx, libfabric);
 #            where libucx is missing and .whl/libucx_cu13-*.whl was carried (the [ucx] extra's UCX, 42 MB;
 #            tools/gpu/make-bundle.sh leaves it out without WITH_UCX=1), it is pip-installed first
 #   cluster: no remote transport set: `dask-redist doctor` against it (expect "hosts: 2", the warning
-#            and remedy), then a CuPy rechunk against NumPy with engine auto (expect: dask, the reason)
+#            and remedy), then a CuPy rechunk against NumPy with engine auto (expect: hybrid, cufftmp's reason)
 #            and cufftmp forced (expect: refused before the run, the same reason)
 #   tests:   the multi-rank GPU tests at 2 pseudo-hosts x 2 PEs (REDIST_TEST_PES=4 REDIST_TEST_HOSTS=2),
 #            their workers with NVSHMEM_REMOTE_TRANSPORT=$REDIST_PSEUDO_TRANSPORT (default ucx) so that
@@ -16,6 +16,10 @@
 #   ucx:     the cluster again with NVSHMEM_REMOTE_TRANSPORT=ucx UCX_TLS=tcp,cuda_copy,cuda_ipc and
 #            NVSHMEM_DEBUG=INFO: doctor, auto and cufftmp; then the same with NVSHMEM_DISABLE_P2P=1, which
 #            makes NVSHMEM send between the PEs of one GPU through the remote transport (UCX over TCP)
+#   hybrid:  the hybrid engine (CUDA IPC within a pseudo-host, Dask's comms between them) with no remote
+#            transport: its GPU tests at 2 pseudo-hosts x 2 PEs (tests/test_gpu_hybrid.py, < 5 min), then
+#            `dask-redist bench --gpu --workers 4 --pes-per-gpu 4 --pseudo-hosts 2` timing redist-hybrid,
+#            redist-dask and tasks in one run (1 GiB, 16 and 64 slabs; $out/hybrid-bench.md and .json)
 #   soak:    `dask-redist soak --gpu --workers 4 --pes-per-gpu 4 --pseudo-hosts 2 --engine auto`, with
 #            kills, for $REDIST_SOAK_MINUTES (default 5; the call's limit is 10 minutes), the workers'
 #            transport as for tests (auto then takes cufftmp where its world may form, else dask)
@@ -110,6 +114,13 @@ for s in ${*:-facts cluster tests}; do case $s in
   ucx)
     start_cluster ucx $(ucx_env); checks ucx; stop_cluster
     start_cluster ucx-nop2p $(ucx_env) NVSHMEM_DISABLE_P2P=1; checks ucx-nop2p; stop_cluster ;;
+  hybrid)  # (no remote transport: a world across the pseudo-hosts cannot form, as without InfiniBand)
+    ( export NVSHMEM_REMOTE_TRANSPORT= NVSHMEM_SYMMETRIC_SIZE=8G
+      export REDIST_TEST_GPUS=1 REDIST_TEST_PES=4 REDIST_TEST_HOSTS=2
+      step hybrid-tests 290 python3 -m pytest tests/test_gpu_hybrid.py -m gpu -v -s --timeout 150 --maxfail 5
+      step hybrid-bench 290 python3 -m dask_redist.cli bench --gpu --workers 4 --pes-per-gpu 4 --pseudo-hosts 2 \
+        --methods redist-hybrid redist-dask tasks --size "${REDIST_HYBRID_SIZE:-1GiB}" --chunks 16 64 --reps 3 \
+        --out "$out" --name hybrid-bench ) ;;
   soak)  # (as tests: the workers inherit the transport; auto takes cufftmp where it may form)
     ( [ "${REDIST_PSEUDO_TRANSPORT:-ucx}" = ucx ] && export $(ucx_env | sed 's/NVSHMEM_DEBUG=INFO//')
       export NVSHMEM_REMOTE_TRANSPORT=${REDIST_PSEUDO_TRANSPORT:-ucx} NVSHMEM_SYMMETRIC_SIZE=8G

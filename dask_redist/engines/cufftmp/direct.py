@@ -9,7 +9,7 @@ in one launch (`copies.ChunkTable`); NumPy chunks travel through the pinned stag
 from __future__ import annotations
 
 from dask_redist.core.assemble import parts_in
-from dask_redist.engines.cufftmp.copies import BoxCopies, ChunkTable, launch
+from dask_redist.engines.copies import BoxCopies, ChunkTable, launch
 from dask_redist.engines.cufftmp.host import HostParts
 from dask_redist.planning.boxes import Box
 from dask_redist.planning.layout import DirectLayout

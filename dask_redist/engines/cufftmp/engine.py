@@ -37,7 +37,7 @@ from collections import namedtuple
 import numpy as np
 
 from dask_redist.engines.cufftmp import fft, peers
-from dask_redist.engines.cufftmp.copies import PieceJobs, launch
+from dask_redist.engines.copies import PieceJobs, launch
 from dask_redist.engines.cufftmp.description import CufftMpDescription
 from dask_redist.engines.cufftmp.direct import run_direct
 from dask_redist.engines.cufftmp.host import HostLink

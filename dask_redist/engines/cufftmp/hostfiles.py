@@ -18,14 +18,11 @@ import tempfile
 import time
 from typing import Callable
 
+from dask_redist.engines.ipc import Stopped  # noqa: F401 - (raised here, as its callers name it)
 from dask_redist.errors import RedistTimeoutError
 
 #: Longest pause between looks for a peer's file (the first look is at once, then 20 us, ...).
 MAX_PAUSE_S = 0.001
-
-
-class Stopped(Exception):
-    """An all-gather given up because its caller's ``stop()`` said so (a rank is gone)."""
 
 
 class FileExchange:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from dask_redist.core.assemble import cut
-from dask_redist.engines.cufftmp.copies import BoxCopies
+from dask_redist.engines.copies import BoxCopies
 from dask_redist.planning.layout import PackedLayout
 
 

@@ -24,40 +24,27 @@ is gone ends every wait here (`gather`). No NVSHMEM call is made, and no symmetr
 from __future__ import annotations
 
 import math
-import time
 from collections import namedtuple
-from dataclasses import dataclass
 
 import numpy as np
 
-from dask_redist.engines.cufftmp.copies import addresses
-from dask_redist.engines.cufftmp.hostfiles import Stopped
+from dask_redist.engines.copies import addresses
+from dask_redist.engines.ipc import (  # noqa: F401 - (the peers' path, as its tests name it)
+    CudaIpc,
+    Exported,
+    Failed,
+    Mapped,
+    Refused,
+    Steps,
+    export,
+    gather,
+    map_outputs,
+)
 from dask_redist.engines.registry import engine_settings
 from dask_redist.errors import RedistError
 
 #: What a run on this path reports as its layout (`CufftMpEngine._record`).
 LAYOUT = namedtuple("Peers", "mapping rounds")("peers (one GPU: chunk to chunk through CUDA IPC)", 1)
-
-
-@dataclass(frozen=True)
-class Exported:
-    """A rank's output chunks as its peers map them: chunk ``flats[i]`` lies ``offsets[i]`` bytes
-    into the allocation whose IPC handle is ``handles[allocation[i]]``."""
-
-    flats: np.ndarray
-    allocation: np.ndarray
-    offsets: np.ndarray
-    handles: tuple[bytes, ...]
-
-
-@dataclass(frozen=True)
-class Refused:
-    """A rank that cannot take part: ``aborted`` (the run was), or it cannot export (``why``);
-    ``lasting``: nor will it in later runs (its memory has no IPC handles, CUDA IPC is missing)."""
-
-    why: str
-    aborted: bool = False
-    lasting: bool = False
 
 
 def applies(run, shared_gpu: bool, max_pieces: int) -> bool:
@@ -75,58 +62,6 @@ def applies(run, shared_gpu: bool, max_pieces: int) -> bool:
         return False
     owned = np.bincount(plan.out_ranks.ravel()[plan.needed.ravel()], minlength=plan.nranks)
     return int(owned.max(initial=0)) <= settings.shared_gpu_max_chunks
-
-
-class CudaIpc:
-    """CUDA IPC for `export` and `Mapped`: handles of allocations, mapped into this process."""
-
-    def __init__(self):
-        from cuda.bindings import driver
-
-        self._driver = driver
-
-    def allocation(self, ptr: int) -> int:
-        """The start of the allocation that holds ``ptr`` (a pool hands out parts of larger ones)."""
-        err, base, _ = self._driver.cuMemGetAddressRange(ptr)
-        if err != self._driver.CUresult.CUDA_SUCCESS:
-            raise RuntimeError(f"cuMemGetAddressRange: {err.name}")
-        return int(base)
-
-    @staticmethod
-    def handle(base: int) -> bytes:
-        import cupy
-
-        return cupy.cuda.runtime.ipcGetMemHandle(base)
-
-    @staticmethod
-    def open(handle: bytes) -> int:
-        import cupy
-
-        return cupy.cuda.runtime.ipcOpenMemHandle(handle)
-
-    @staticmethod
-    def close(ptr: int) -> None:
-        import cupy
-
-        cupy.cuda.runtime.ipcCloseMemHandle(ptr)
-
-
-def export(outputs: dict, ipc) -> Exported | Refused:
-    """``outputs`` (flat index -> CuPy chunk) as its peers map them, or why they cannot be."""
-    flats = np.fromiter(outputs, dtype=np.int64, count=len(outputs))
-    ptrs = [a.data.ptr for a in outputs.values()]
-    try:
-        bases = [ipc.allocation(p) for p in ptrs]
-        distinct = list(dict.fromkeys(bases))
-        handles = tuple(ipc.handle(b) for b in distinct)
-    except Exception as e:  # noqa: BLE001 - e.g. a stream-ordered pool's memory: the arena then
-        return Refused(
-            f"its output chunks cannot be exported through CUDA IPC ({type(e).__name__}: {e})", lasting=True
-        )
-    where = {b: i for i, b in enumerate(distinct)}
-    allocation = np.array([where[b] for b in bases], dtype=np.int64)
-    offsets = np.array(ptrs, dtype=np.int64) - np.array(bases, dtype=np.int64)
-    return Exported(flats, allocation, offsets, handles)
 
 
 def refusal(run, everyone: list) -> Refused | None:
@@ -148,45 +83,6 @@ def refusal(run, everyone: list) -> Refused | None:
     return Refused(f"rank {rank} ({run.spec.workers[rank]}): {why.why}", lasting=why.lasting)
 
 
-class Mapped:
-    """The output chunks this rank writes to, at addresses in this process: its own as they are,
-    its peers' through their opened allocations (`close` unmaps them)."""
-
-    def __init__(self, ipc, outputs: dict, n_new: int):
-        self._ipc = ipc
-        self.addresses = addresses(outputs, n_new)  # (its own; the peers' as they are mapped)
-        self._opened: list[int] = []
-
-    def peer(self, exported: Exported, wanted: np.ndarray) -> None:
-        """Map those of a peer's chunks that are ``wanted`` (flat indices)."""
-        take = np.isin(exported.flats, wanted)
-        which = exported.allocation[take]
-        bases = np.full(len(exported.handles), -1, dtype=np.int64)
-        for i in np.unique(which).tolist():
-            bases[i] = self._ipc.open(exported.handles[i])
-            self._opened.append(int(bases[i]))
-        self.addresses[exported.flats[take]] = bases[which] + exported.offsets[take]
-
-    def close(self) -> None:
-        """Unmap the peers' allocations (once this rank's copies into them are done)."""
-        opened, self._opened = self._opened, []
-        for ptr in opened:
-            self._ipc.close(ptr)
-
-
-def map_outputs(everyone: list, rank: int, outputs: dict, wanted: np.ndarray, n_new: int, ipc) -> Mapped:
-    """Every output chunk this rank writes to (flat indices ``wanted``), mapped here."""
-    mapped = Mapped(ipc, outputs, n_new)
-    try:
-        for peer, exported in enumerate(everyone):
-            if peer != rank:
-                mapped.peer(exported, wanted)
-    except BaseException:
-        mapped.close()
-        raise
-    return mapped
-
-
 def run_peers(
     run, outputs: dict, prepare, group, copy, done, steps: dict | None = None
 ) -> Refused | Failed | None:
@@ -203,7 +99,7 @@ def run_peers(
     filled with the milliseconds each step took (for the engine's stats)."""
     rechunk = run.spec.collective.rechunk
     inputs = dict(run.inputs)  # (held until the copies are done: an abort empties run.inputs)
-    steps = _Steps({} if steps is None else steps)
+    steps = Steps({} if steps is None else steps)
     table = ipc = None
     if run.state == "failed":
         mine = Refused("the run was aborted", aborted=True)
@@ -246,37 +142,6 @@ def run_peers(
         if mapped is not None:
             mapped.close()
         steps("unmap")
-
-
-class _Steps:
-    """Milliseconds from one step of `run_peers` to the next, by the name of the step ended."""
-
-    def __init__(self, ms: dict):
-        self.ms = ms
-        self._last = time.perf_counter()
-
-    def __call__(self, name: str) -> None:
-        now = time.perf_counter()
-        self.ms[name] = round((now - self._last) * 1e3, 3)
-        self._last = now
-
-
-def gather(run, group, payload) -> list:
-    """``group.allgather(payload)``, given up once the run must stop (a rank is gone: it would
-    never answer)."""
-    try:
-        return group.allgather(payload, stop=run.must_stop)
-    except Stopped:
-        raise run.failure() from None
-
-
-@dataclass(frozen=True)
-class Failed:
-    """A rank's copies went wrong (``why``); ``unmapped``: it could not map its peers' chunks,
-    before writing any (every rank then takes the arena's rounds instead)."""
-
-    why: str
-    unmapped: bool = False
 
 
 def outcome(run, statuses: list) -> BaseException | Failed | None:

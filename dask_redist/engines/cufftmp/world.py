@@ -28,6 +28,7 @@ import numpy as np
 from dask_redist.config import host
 from dask_redist.engines.cufftmp import hostfiles, remote
 from dask_redist.engines.cufftmp.hostfiles import FileExchange
+from dask_redist.engines.ipc import unless_stopped
 from dask_redist.engines.cufftmp.nvshmem import gpu_memory, heap_problem, parse_symmetric_size
 from dask_redist.engines.registry import engine_settings
 from dask_redist.errors import EngineUnavailableError, RedistError
@@ -83,33 +84,6 @@ def across_hosts(workers, members: list[Member]) -> str | None:
     return remote.across_hosts_problem({w: {"host": m.host, **m.transport} for w, m in zip(workers, members)})
 
 
-#: Seconds between looks at ``stop()`` while an all-gather through the scheduler waits.
-STOP_POLL_S = 0.05
-
-
-def _unless(stop: Callable[[], bool], exchange: Exchange, tag: str, payload: bytes) -> list:
-    """``exchange(tag, payload)`` on a thread of its own (the scheduler answers only once every
-    rank asked, or its timeout passed), given up with `hostfiles.Stopped` once ``stop()``."""
-    done, box = threading.Event(), []
-
-    def target():
-        try:
-            box.append((True, exchange(tag, payload)))
-        except BaseException as e:  # noqa: BLE001 - raised below, on the caller's thread
-            box.append((False, e))
-        finally:
-            done.set()
-
-    threading.Thread(target=target, name="redist-allgather", daemon=True).start()
-    while not done.wait(STOP_POLL_S):
-        if stop():
-            raise hostfiles.Stopped(f"step {tag}: given up waiting for the scheduler's all-gather")
-    ok, value = box[0]
-    if not ok:
-        raise value
-    return value
-
-
 class DaskProcessGroup(_ProcessGroup):
     """Rank ``rank`` of ``nranks`` in group ``name``; ``exchange`` does the all-gather."""
 
@@ -130,8 +104,8 @@ class DaskProcessGroup(_ProcessGroup):
         return self._nranks
 
     def allgather(self, obj: Any, stop: Callable[[], bool] | None = None) -> list:
-        """Every rank's ``obj``, in rank order (fresh copies). With ``stop``: `hostfiles.Stopped`
-        once ``stop()`` is true (checked as files are looked for, else every `STOP_POLL_S`), where
+        """Every rank's ``obj``, in rank order (fresh copies). With ``stop``: `ipc.Stopped`
+        once ``stop()`` is true (checked as files are looked for, else every `ipc.STOP_POLL_S`), where
         a rank that is gone would never answer."""
         self._step += 1
         tag, payload = f"{self.name}/{self._step}", pickle.dumps(obj)
@@ -140,7 +114,7 @@ class DaskProcessGroup(_ProcessGroup):
         elif isinstance(self._exchange, FileExchange):
             payloads = self._exchange(tag, payload, stop)
         else:
-            payloads = _unless(stop, self._exchange, tag, payload)
+            payloads = unless_stopped(stop, self._exchange, tag, payload)
         return [pickle.loads(p) for p in payloads]
 
     def broadcast_buffer(self, array: np.ndarray, *, root: int = 0) -> None:
