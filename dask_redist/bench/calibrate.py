@@ -18,8 +18,8 @@ import yaml
 
 from dask_redist.bench.cases import Case, line_case, pencil_case, slab_case, worker_addresses
 from dask_redist.bench.harness import Result, run_case
-from dask_redist.planning import RechunkSpec
 from dask_redist.config import DASK_RECHUNK
+from dask_redist.planning import RechunkSpec
 from dask_redist.planning.cost import CostModel, fit
 
 #: Calibration sizes (small, large) per chunk kind, unless given.
