@@ -10,7 +10,7 @@
 #            and remedy), then a CuPy rechunk against NumPy with engine auto (expect: hybrid, cufftmp's reason)
 #            and cufftmp forced (expect: refused before the run, the same reason)
 #   tests:   the multi-rank GPU tests at 2 pseudo-hosts x 2 PEs (REDIST_TEST_PES=4 REDIST_TEST_HOSTS=2),
-#            their workers with NVSHMEM_REMOTE_TRANSPORT=$REDIST_PSEUDO_TRANSPORT (default ucx) so that
+#            their workers with NVSHMEM_REMOTE_TRANSPORT=$REDIST_PSEUDO_TRANSPORT (default ucx; set and empty: none, auto then takes hybrid) so that
 #            cufftmp may form across the pseudo-hosts (NVSHMEM itself sees one node: P2P); the files
 #            are $REDIST_PSEUDO_TESTS (default tests/test_gpu.py tests/test_gpu_world.py)
 #   ucx:     the cluster again with NVSHMEM_REMOTE_TRANSPORT=ucx UCX_TLS=tcp,cuda_copy,cuda_ipc and
@@ -106,8 +106,8 @@ for s in ${*:-facts cluster tests}; do case $s in
     note "facts: $(grep -cE 'transport_' "$out/facts.log") transport lines, $(grep -c 'not found' "$out/facts.log") libraries not found; facts.log" ;;
   cluster) start_cluster plain; checks plain; stop_cluster ;;
   tests)  # (the workers inherit this environment: SharedGPUCluster starts them with it)
-    ( [ "${REDIST_PSEUDO_TRANSPORT:-ucx}" = ucx ] && export $(ucx_env | sed 's/NVSHMEM_DEBUG=INFO//')
-      export NVSHMEM_REMOTE_TRANSPORT=${REDIST_PSEUDO_TRANSPORT:-ucx} NVSHMEM_SYMMETRIC_SIZE=8G
+    ( [ "${REDIST_PSEUDO_TRANSPORT-ucx}" = ucx ] && export $(ucx_env | sed 's/NVSHMEM_DEBUG=INFO//')
+      export NVSHMEM_REMOTE_TRANSPORT=${REDIST_PSEUDO_TRANSPORT-ucx} NVSHMEM_SYMMETRIC_SIZE=8G
       export REDIST_TEST_GPUS=1 REDIST_TEST_PES=4 REDIST_TEST_HOSTS=2
       step tests-hosts2 590 python3 -m pytest ${REDIST_PSEUDO_TESTS:-tests/test_gpu.py tests/test_gpu_world.py} \
         -m gpu -v -s --timeout 120 --maxfail 5 ) ;;
@@ -122,8 +122,8 @@ for s in ${*:-facts cluster tests}; do case $s in
         --methods redist-hybrid redist-dask tasks --size "${REDIST_HYBRID_SIZE:-1GiB}" --chunks 16 64 --reps 3 \
         --out "$out" --name hybrid-bench ) ;;
   soak)  # (as tests: the workers inherit the transport; auto takes cufftmp where it may form)
-    ( [ "${REDIST_PSEUDO_TRANSPORT:-ucx}" = ucx ] && export $(ucx_env | sed 's/NVSHMEM_DEBUG=INFO//')
-      export NVSHMEM_REMOTE_TRANSPORT=${REDIST_PSEUDO_TRANSPORT:-ucx} NVSHMEM_SYMMETRIC_SIZE=8G
+    ( [ "${REDIST_PSEUDO_TRANSPORT-ucx}" = ucx ] && export $(ucx_env | sed 's/NVSHMEM_DEBUG=INFO//')
+      export NVSHMEM_REMOTE_TRANSPORT=${REDIST_PSEUDO_TRANSPORT-ucx} NVSHMEM_SYMMETRIC_SIZE=8G
       step soak-hosts2 590 python3 -m dask_redist.cli soak --gpu --workers 4 --pes-per-gpu 4 --pseudo-hosts 2 \
         --engine auto --minutes "${REDIST_SOAK_MINUTES:-5}" --max-bytes 64MiB --seed "${REDIST_SOAK_SEED:-44}" \
         --kinds rechunk cancel again clients kill ) ;;
