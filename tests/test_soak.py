@@ -68,3 +68,18 @@ def test_soak_refuses_unknown_step_kinds():
 
     with pytest.raises(ValueError, match="unknown soak steps"):
         Soak(client=None, steps=("rechunk", "explode"))
+
+
+def test_a_kill_where_no_world_lost_a_member_reforms_nothing():
+    """Found at 2 pseudo-hosts on one H200 (issue 44): the soak's kill steps on GPUs re-formed the
+    NVSHMEM world after every kill (`kills.reform_world`), also where the runs took an engine
+    without one (hybrid across hosts no world spans): the bootstrap was refused, a problem per
+    kill. With no world stranded there is nothing to re-form."""
+    from distributed import Client
+
+    with local_cluster(2, threads_per_worker=1) as cluster, Client(cluster) as client:
+        client.wait_for_workers(2)
+        report = Soak(client, seed=44, steps=("kill",), gpu=True, engine="dask").run(steps=2)
+    assert [s.kind for s in report.steps] == ["kill", "kill"] and all(s.killed for s in report.steps)
+    assert report.problems == [], "\n".join(report.problems)
+    assert not any(s.exited for s in report.steps)  # (no worker restarted by a bootstrap)

@@ -53,10 +53,15 @@ def wait_for_replacement(client, victim: str, n: int, limit: float) -> str | Non
 
 def reform_world(client, ask_s: float) -> list[str]:
     """After a kill on GPUs the survivors are stranded in a world that lost a PE: do what a user
-    is told to, ``bootstrap(restart_broken=True)``; the workers it restarted (exited by design)."""
+    is told to, ``bootstrap(restart_broken=True)``; the workers it restarted (exited by design).
+    Nothing where no world lost a member (the runs took an engine without one, as across hosts
+    that no world can span): there a bootstrap would be refused."""
     import dask_redist
     from dask_redist.config import Settings
 
+    records = dask_redist.status(client)["engines"]["records"]
+    if not any(r.get("stranded") for r in records.values()):
+        return []
     before = set(worker_info(client))
     limit = 2 * Settings.from_config().bootstrap_timeout + ask_s
     within(limit, dask_redist.bootstrap, client, restart_broken=True)
