@@ -108,3 +108,54 @@ def test_the_transport_set_here_is_not_the_workers_environment(clean, monkeypatc
     monkeypatch.setattr(remote, "_ours", [False])
     monkeypatch.setenv(remote.VARIABLE, "ucx")
     assert remote.facts()["remote transport"] == "ucx"
+
+
+@pytest.mark.parametrize(
+    "devices, environment, mapping, problem",
+    [
+        ([], "ucx", None, "needs a GPU-CPU mapping for NVSHMEM's atomics"),
+        ([], "UCX", None, "GDRCopy (libgdrapi and the gdrdrv module) or CUDA's DMA-BUF backend"),
+        ([], "ucx", "GDRCopy", None),
+        ([], "ucx", "CUDA DMA-BUF", None),
+        ([], "ucx", remote.UNKNOWN, None),  # (a worker that did not say: not counted)
+        (["mlx5_0"], "ucx", None, None),  # (the NIC does the atomics)
+        ([], "libfabric", None, None),
+    ],
+)
+def test_ucx_over_tcp_needs_a_gpu_cpu_mapping(devices, environment, mapping, problem):
+    """On one H200 with NVSHMEM_DISABLE_P2P=1, NVSHMEM's ucx transport over TCP initialized, then
+    stopped at its first atomic ("UCX atomic verb 8 is unsupported without a GPU CPU mapping"):
+    no GDRCopy, and a CUDA driver (13.0) older than DMA-BUF's 13.3."""
+    why = remote.transport_problem(devices, environment, mapping)
+    assert (why is None) if problem is None else (problem in why), why
+
+
+def test_which_gpu_cpu_mapping_a_worker_has(tmp_path, monkeypatch):
+    device = tmp_path / "gdrdrv"
+    assert remote.gpu_cpu_mapping(str(device), driver=13000) is None
+    assert remote.gpu_cpu_mapping(str(device), driver=remote.DMA_BUF_DRIVER) == "CUDA DMA-BUF"
+    device.touch()
+    monkeypatch.setattr(remote, "GDRCOPY_LIBRARY", "libno-such-gdrapi.so.2")
+    assert remote.gpu_cpu_mapping(str(device), driver=13000) is None  # (the device without its library)
+    monkeypatch.setattr(remote, "GDRCOPY_LIBRARY", "libc.so.6")  # (a library every Linux loads)
+    assert remote.gpu_cpu_mapping(str(device), driver=13000) == "GDRCopy"
+
+
+def test_the_doctor_warns_of_ucx_over_tcp_without_a_mapping():
+    from dask_redist.engines.cufftmp.checks import cluster_warnings
+
+    def report(host, mapping):
+        return {
+            "host": host,
+            "network devices": [],
+            "gpu cpu mapping": mapping,
+            "NVSHMEM environment": {remote.VARIABLE: "ucx", "NVSHMEM_BOOTSTRAP_UID_SOCK_IFNAME": "eth0"},
+        }
+
+    warned = cluster_warnings({"tcp://a:1": report("hostA", None), "tcp://b:1": report("hostB", "GDRCopy")})
+    assert len(warned) == 1 and warned[0].startswith("tcp://a:1 (hostA): workers are on 2 hosts"), warned
+    assert "needs a GPU-CPU mapping" in warned[0], warned
+    assert (
+        cluster_warnings({"tcp://a:1": report("hostA", "GDRCopy"), "tcp://b:1": report("hostB", "GDRCopy")})
+        == []
+    )

@@ -24,6 +24,7 @@ def worker_report() -> dict:
 
     report = {"pid": os.getpid(), "CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES", "")}
     report["network devices"] = remote.ib_devices()  # (its host: doctor adds it, `dask_redist.config.host`)
+    report["gpu cpu mapping"] = remote.gpu_cpu_mapping()
     report["NVSHMEM environment"] = {k: v for k, v in os.environ.items() if k in _NVSHMEM_KEYS}
     if remote.set_here():  # (not the environment's: dask-redist's, for the world of the moment)
         report["NVSHMEM environment"].pop(remote.VARIABLE, None)
@@ -99,7 +100,9 @@ def cluster_warnings(reports: dict[str, dict]) -> list[str]:
     if len(hosts) > 1:
         for address, r in sorted(reports.items()):
             env = (r.get("NVSHMEM environment") or {}).get(remote.VARIABLE)
-            if why := remote.transport_problem(r.get("network devices"), env):
+            if why := remote.transport_problem(
+                r.get("network devices"), env, r.get("gpu cpu mapping", remote.UNKNOWN)
+            ):
                 out.append(
                     f"{address} ({r.get('host')}): workers are on {len(hosts)} hosts ({', '.join(sorted(hosts))}) "
                     f"but this one has no remote transport NVSHMEM can use ({why}): {remote.REMEDY}"

@@ -21,8 +21,17 @@ A worker's host is ``redist.host`` of its own process, else its address's host
 here. A world over several hosts needs a remote transport on every worker (`transport_problem`):
 ``ucx`` or ``libfabric`` named in ``NVSHMEM_REMOTE_TRANSPORT`` (no InfiniBand needed: UCX's or
 libfabric's TCP), or an InfiniBand/RoCE device for NVSHMEM's default; where one worker has none,
-NVSHMEM's bootstrap could not reach it, and ``auto`` runs such rechunks on the dask engine
+NVSHMEM's bootstrap could not reach it, and ``auto`` runs such rechunks on another engine
 (`across_hosts_problem`).
+
+UCX without an InfiniBand/RoCE device does NVSHMEM's atomics on the GPU's memory from the host
+("libibverbs reported no active NICs; Assuming local atomics are required"), which needs a GPU-CPU
+mapping: GDRCopy (``libgdrapi`` and its ``gdrdrv`` kernel module) or the CUDA driver's DMA-BUF
+backend (driver 13.3, R610, or later). Without either, NVSHMEM initialized its ucx transport and
+then stopped at its first atomic ("UCX atomic verb 8 is unsupported without a GPU CPU mapping"):
+the world never formed (measured on one H200 with ``NVSHMEM_DISABLE_P2P=1``, docs/scale.md). The
+doctor says so for such a worker (`gpu_cpu_mapping`); the choice of engine does not count it yet:
+pseudo-hosts on one machine reach each other by P2P and form their world with ``ucx`` set.
 """
 
 from __future__ import annotations
@@ -41,8 +50,36 @@ REMEDY = (
 )
 
 
+#: The CUDA driver version (as ``cudaDriverGetVersion`` gives it) from which NVSHMEM's DMA-BUF backend works
+DMA_BUF_DRIVER = 13030
+GDRCOPY_DEVICE = "/dev/gdrdrv"
+GDRCOPY_LIBRARY = "libgdrapi.so.2"
+
+
 def ib_devices(path: str = IB_DEVICES) -> list[str]:
     return sorted(os.listdir(path)) if os.path.isdir(path) else []
+
+
+def gpu_cpu_mapping(device: str = GDRCOPY_DEVICE, driver: int | None = None) -> str | None:
+    """What lets NVSHMEM's UCX transport do atomics without a network device (module docstring):
+    "GDRCopy", "CUDA DMA-BUF", or None for neither. ``driver``: the CUDA driver's version (None:
+    asked of CuPy; unknown counts as too old)."""
+    import ctypes
+
+    if os.path.exists(device):
+        try:
+            ctypes.CDLL(GDRCOPY_LIBRARY)
+            return "GDRCopy"
+        except OSError:
+            pass
+    if driver is None:
+        try:
+            import cupy
+
+            driver = cupy.cuda.runtime.driverGetVersion()
+        except Exception:  # noqa: BLE001 - no CUDA here: no DMA-BUF either
+            driver = 0
+    return "CUDA DMA-BUF" if driver >= DMA_BUF_DRIVER else None
 
 
 def remote_transport(hosts, devices, environment: str | None) -> tuple[str, str]:
@@ -92,10 +129,21 @@ def facts() -> dict:
     return {"network devices": ib_devices(), "remote transport": environment()}
 
 
-def transport_problem(devices, environment: str | None) -> str | None:
+#: `transport_problem`'s ``mapping`` where the worker did not say (an older dask-redist): not counted
+UNKNOWN = "unknown"
+
+
+def transport_problem(devices, environment: str | None, mapping: str | None = UNKNOWN) -> str | None:
     """Why NVSHMEM could not reach a worker on another host (``devices``: its InfiniBand/RoCE
-    devices; ``environment``: its ``NVSHMEM_REMOTE_TRANSPORT``), or None."""
+    devices; ``environment``: its ``NVSHMEM_REMOTE_TRANSPORT``; ``mapping``: its `gpu_cpu_mapping`),
+    or None."""
     value = (environment or "").strip().lower()
+    if value == "ucx" and not devices and mapping is None:
+        return (
+            f"{VARIABLE}=ucx without an InfiniBand/RoCE device needs a GPU-CPU mapping for NVSHMEM's atomics, "
+            "GDRCopy (libgdrapi and the gdrdrv module) or CUDA's DMA-BUF backend (driver 13.3, R610, or later), "
+            "and this worker has neither: NVSHMEM's bootstrap would stop at its first atomic"
+        )
     if value in WITHOUT_IB:
         return None
     if value == "none":
