@@ -6,7 +6,8 @@ form; the ranks of each host can still map each other's GPU memory. A run, on ev
 
 1. its output chunks allocated and exported (`dask_redist.engines.ipc.export`), and the first
    all-gather: every rank's host (`dask_redist.config.host`) and exported chunks, or why they
-   cannot be mapped (an aborted rank says so: every rank then raises, nothing moved);
+   cannot be mapped (an aborted rank, or one that failed so far, says so: every rank then
+   raises, nothing moved);
 2. the routes, alike on every rank (`routes.by_ipc`): a piece between two ranks of one host
    whose every rank exported goes through CUDA IPC, every other over Dask's comms;
 3. where a piece goes through IPC to a peer, the peers' chunks mapped, and a second all-gather
@@ -19,7 +20,9 @@ form; the ranks of each host can still map each other's GPU memory. A run, on ev
    output chunks;
 5. the last all-gather: every rank's copies done (its GPU work waited for), and whether they
    went right. Only then are the outputs finished (peers write into them until then), and the
-   peers' chunks unmapped.
+   peers' chunks unmapped. Where a rank's copies failed, every rank raises an
+   `EngineUnavailableError` naming it: ``auto`` passes the engine over from then on, and the
+   rechunk restarts on the engine it prefers next.
 
 Every rank makes every all-gather whatever went wrong (what did is told to the others there),
 an aborted rank too (``completes_aborted_runs``: a peer may be writing into its chunks), unless
