@@ -121,3 +121,17 @@ class Plain:
 
     def exchange_factory(self, rank, nranks):
         return self._transport.exchange_factory(rank, nranks)
+
+
+class FailingSendHybridEngine(CpuHybridEngine):
+    """Rank 0's sends fail (as a piece Dask cannot serialize would): its peers must not wait for them."""
+
+    def execute(self, run, transport) -> None:
+        if run.rank == 0:
+            transport = Failing(transport)
+        super().execute(run, transport)
+
+
+class Failing(Plain):
+    def send(self, batches) -> None:
+        raise TypeError("memoryview: a bytes-like object is required")

@@ -52,3 +52,18 @@ def test_numpys_values_through_ipc_within_a_host_and_comms_between(pseudo_client
     stats = _stats(pseudo_client)
     assert len(stats) == 4 and all(s["hosts"] == 2 for s in stats), stats
     assert sum(s["bytes by ipc"] for s in stats) > 0 and sum(s["bytes by comms"] for s in stats) > 0, stats
+
+
+def test_a_rank_whose_sends_fail_ends_every_ranks_run_at_once_naming_it(pseudo_client):
+    """No rank waits for the pieces it never sent (nor for a timeout): every rank raises at the
+    last all-gather, naming rank 0 and why."""
+    import time
+
+    x = da.random.default_rng(47).random((64, 48), chunks=(8, 48)).persist()
+    start = time.monotonic()
+    with dask_redist.enable(engine="hybrid_cpu:FailingSendHybridEngine"):
+        with pytest.raises(
+            dask_redist.RedistError, match=r"rank 0 \(.*\) failed in phase 'exchange'.*TypeError"
+        ):
+            x.rechunk((64, 6)).compute()
+    assert time.monotonic() - start < 60
