@@ -135,3 +135,34 @@ class FailingSendHybridEngine(CpuHybridEngine):
 class Failing(Plain):
     def send(self, batches) -> None:
         raise TypeError("memoryview: a bytes-like object is required")
+
+
+class HeldHybridEngine(CpuHybridEngine):
+    """Rank 0 holds before its copies until the run is aborted (at most a minute): its peers wait
+    for it in the last all-gather, as behind a slow peer."""
+
+    def _copy(self, run, *args) -> None:
+        import time
+
+        deadline = time.monotonic() + 60
+        while run.rank == 0 and run.state != "failed" and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return CpuHybridEngine._copy(run, *args)
+
+
+class HeldOnceHybridEngine(CpuHybridEngine):
+    """Rank 0 of a rechunk's first run holds before its copies (a minute at most; a file marks the
+    rechunk held, so that its restart, in a new process too, does not hold)."""
+
+    def _copy(self, run, *args) -> None:
+        import os
+        import tempfile
+        import time
+
+        marker = os.path.join(tempfile.gettempdir(), f"redist-hybrid-held-{run.spec.token}")
+        if run.rank == 0 and not os.path.exists(marker):
+            open(marker, "w").close()
+            deadline = time.monotonic() + 60
+            while run.state != "failed" and time.monotonic() < deadline:
+                time.sleep(0.01)
+        return CpuHybridEngine._copy(run, *args)

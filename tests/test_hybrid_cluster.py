@@ -67,3 +67,75 @@ def test_a_rank_whose_sends_fail_ends_every_ranks_run_at_once_naming_it(pseudo_c
         ):
             x.rechunk((64, 6)).compute()
     assert time.monotonic() - start < 60
+
+
+def _pid() -> int:
+    import os
+
+    return os.getpid()
+
+
+def test_a_cancel_mid_run_costs_no_worker_and_the_next_rechunk_is_right(pseudo_client):
+    """Cancelled while rank 0 holds before its copies (its peers wait in the last all-gather): every
+    rank returns, the run is recorded cancelled, no worker process is replaced."""
+    import time
+
+    from distributed import wait
+
+    pids = pseudo_client.run(_pid)
+    x = da.random.default_rng(48).random((64, 48), chunks=(8, 48)).persist()
+    wait(x)
+    with dask_redist.enable(engine="hybrid_cpu:HeldHybridEngine"):
+        y = x.rechunk((64, 6)).persist()
+        deadline = time.monotonic() + 60
+        while not dask_redist.status(pseudo_client)["active"]:
+            assert time.monotonic() < deadline, "the run never started"
+            time.sleep(0.05)
+        time.sleep(0.5)  # (every rank in the run: rank 0 holds, the others wait for it)
+        pseudo_client.cancel(y)
+        del y
+        while dask_redist.status(pseudo_client)["history"][-1]["outcome"] != "cancelled":
+            assert time.monotonic() < deadline, dask_redist.status(pseudo_client)["history"][-1:]
+            time.sleep(0.05)
+    time.sleep(1)
+    assert pseudo_client.run(_pid) == pids
+    with dask_redist.enable(engine=ENGINE):
+        np.testing.assert_array_equal(x.rechunk((64, 6)).compute(), x.compute())
+
+
+def test_a_worker_killed_mid_run_recovers_with_numpys_values(pseudo_client):
+    """Rank 0 killed while it holds before its copies: the rechunk restarts over the workers there
+    are then (its nanny's new one) and finishes with NumPy's values."""
+    import os
+    import signal
+    import time
+
+    _forget_holds()
+    x = da.random.default_rng(49).random((64, 48), chunks=(8, 48))  # (recomputable anywhere)
+    expected = x.compute()
+    before = len(dask_redist.status(pseudo_client)["history"])
+    victim = sorted(pseudo_client.scheduler_info()["workers"])[0]
+    pid = pseudo_client.run(_pid, workers=[victim])[victim]
+    with dask_redist.enable(engine="hybrid_cpu:HeldOnceHybridEngine", timeouts={"collective": "60s"}):
+        y = x.rechunk((64, 6)).persist()
+        deadline = time.monotonic() + 60
+        while not dask_redist.status(pseudo_client)["active"]:
+            assert time.monotonic() < deadline, "the run never started"
+            time.sleep(0.05)
+        time.sleep(0.5)
+        os.kill(pid, signal.SIGKILL)
+        np.testing.assert_array_equal(y.compute(), expected)
+    runs = dask_redist.status(pseudo_client)["history"][before:]
+    assert runs[0]["outcome"] != "done" and runs[-1]["outcome"] == "done", runs
+    pseudo_client.wait_for_workers(len(HOSTS), timeout=60)
+    _forget_holds()
+
+
+def _forget_holds() -> None:
+    """No rechunk marked held (`hybrid_cpu.HeldOnceHybridEngine`): a token repeats across runs."""
+    import glob
+    import os
+    import tempfile
+
+    for marker in glob.glob(os.path.join(tempfile.gettempdir(), "redist-hybrid-held-*")):
+        os.unlink(marker)
