@@ -6,7 +6,8 @@ form; the ranks of each host can still map each other's GPU memory. A run, on ev
 
 1. its output chunks allocated and exported (`dask_redist.engines.ipc.export`), and the first
    all-gather: every rank's host (`dask_redist.config.host`) and exported chunks, or why they
-   cannot be mapped (an aborted rank says so: every rank then raises, nothing moved);
+   cannot be mapped (an aborted rank, or one that failed so far, says so: every rank then
+   raises, nothing moved);
 2. the routes, alike on every rank (`routes.by_ipc`): a piece between two ranks of one host
    whose every rank exported goes through CUDA IPC, every other over Dask's comms;
 3. where a piece goes through IPC to a peer, the peers' chunks mapped, and a second all-gather
@@ -15,11 +16,14 @@ form; the ranks of each host can still map each other's GPU memory. A run, on ev
 4. this rank's IPC pieces copied straight from its input chunks into whichever output chunk they
    belong to, in one launch of the copy kernel (`dask_redist.engines.copies`), and its other
    pieces packed and sent as the engine that runs over Dask's comms does
-   (`dask_redist.engines.exchange.send_pieces`); what it receives over comms copied into its
-   output chunks;
-5. the last all-gather: every rank's copies done (its GPU work waited for), and whether they
-   went right. Only then are the outputs finished (peers write into them until then), and the
-   peers' chunks unmapped.
+   (`dask_redist.engines.exchange.send_pieces`: delivered once it returns);
+5. the last all-gather: every rank's copies done (its GPU work waited for) and its pieces sent,
+   and whether that went right. Then no peer writes into this rank's chunks any more (the peers'
+   chunks are unmapped), every piece over comms has arrived, and what came over comms is copied
+   into the output chunks. A rank whose copies or sends failed is named on every rank: an
+   `EngineUnavailableError` (``auto`` passes the engine over from then on, and the rechunk
+   restarts on the engine it prefers next), or a peer leaving or a timeout as its sender said.
+   No rank ever waits for pieces a failed peer never sent.
 
 Every rank makes every all-gather whatever went wrong (what did is told to the others there),
 an aborted rank too (``completes_aborted_runs``: a peer may be writing into its chunks), unless
@@ -44,7 +48,7 @@ from dask_redist.engines.hybrid.description import HybridDescription
 from dask_redist.engines.hybrid.routes import by_ipc, summary
 from dask_redist.engines.ipc import Exported, Mapped, Refused, Steps, export, gather, unless_stopped
 from dask_redist.engines.protocol import Engine
-from dask_redist.errors import EngineUnavailableError, RedistError, RedistTimeoutError
+from dask_redist.errors import FAILURES, EngineUnavailableError, RedistError, RedistTimeoutError, failure_of
 
 logger = logging.getLogger("dask_redist")
 
@@ -150,7 +154,7 @@ class HybridEngine(Engine):
         return {"runs": self._stats["runs"], "last": dict(self._stats["last"])}
 
     def execute(self, run, transport) -> None:
-        if run.spec.chunk_type != "cupy":
+        if run.spec.chunk_type not in self.description.chunk_types:
             raise RedistError(
                 f"{run.name()}: the hybrid engine copies CuPy chunks only; redist.engine: auto picks an "
                 "engine for NumPy chunks"
@@ -191,13 +195,19 @@ class HybridEngine(Engine):
                         )
                 ipc = by_ipc(t.src, t.dst, hosts, mappable)
         try:
-            status = self._move(run, transport, dev, t, ipc, inputs, outputs, mapped, steps)
-            statuses = _gather(run, group, "all-gather done", status)
+            status = self._move(run, transport, dev, t, ipc, inputs, outputs, mapped)
+            statuses = _gather(run, group, "all-gather moved", status)
         finally:
             if mapped is not None:
                 mapped.close()
-        steps("all-gather done")
+        steps("copy, send and all-gather")
         _raise_if_failed(run, statuses)
+        # (every piece over comms was delivered before its sender said so in the all-gather)
+        recv = receives(run, t.take(~ipc))
+        received = run.wait_received(recv)
+        dev.place(_placed(recv, received, outputs, rechunk))
+        dev.synchronize()
+        steps("receive")
         self._stats["runs"] += 1
         self._stats["last"] = {
             "layout": "hybrid (CUDA IPC within a host, comms between hosts)",
@@ -209,38 +219,32 @@ class HybridEngine(Engine):
         run.inputs = {}
         run.finish(outputs)
 
-    def _move(self, run, transport, dev, t, ipc, inputs, outputs, mapped, steps):
-        """This rank's pieces moved (IPC ones first: the kernel runs while the others are packed
-        and sent), what it receives over comms copied into its outputs, its GPU work waited for;
-        its status for the last all-gather: None, ``ABORTED`` or why it failed."""
-        rechunk = run.spec.collective.rechunk
+    def _move(self, run, transport, dev, t, ipc, inputs, outputs, mapped):
+        """This rank's IPC pieces copied (the kernel runs while the others are packed and sent) and
+        its other pieces sent, its GPU work waited for; its status for the last all-gather: None,
+        ``ABORTED``, or (the failure's kind, why) where it failed."""
         try:
             if run.state == "failed":
                 return ABORTED
             run.set_phase("exchange")
-            copying = None  # (a copy that fails still lets this rank send: no peer waits for its pieces)
+            copying = None  # (a copy that fails still lets this rank send: no peer misses its pieces)
             try:
                 self._copy(run, dev, t.take(ipc & (t.src == run.rank)), inputs, outputs, mapped)
-            except Exception as e:  # noqa: BLE001 - raised once its comms are done
+            except Exception as e:  # noqa: BLE001 - raised once its pieces are sent
                 copying = e
-            comms = t.take(~ipc)
-            send_pieces(run, transport, sends(run, comms))
-            recv = receives(run, comms)
-            received = run.wait_received(recv)
+            send_pieces(run, transport, sends(run, t.take(~ipc)))
+            dev.synchronize()  # (the copies into the peers' chunks done before the peers hear so)
             if copying is not None:
                 raise copying
-            dev.place(_placed(recv, received, outputs, rechunk))
-            dev.synchronize()
-            steps("copy, send and receive")
             return None
         except Exception as e:  # noqa: BLE001 - told to every rank in the last all-gather
             try:
                 dev.synchronize()  # (the peers' chunks stay mapped until the kernel is done)
-            except Exception:  # noqa: BLE001 - the GPU's own error is the one to tell
+            except Exception:  # noqa: BLE001 - the first error is the one to tell
                 pass
             if run.state == "failed":
                 return ABORTED
-            return f"{type(e).__name__}: {e}"
+            return (failure_of(e) if isinstance(e, RedistError) else "copy", f"{type(e).__name__}: {e}")
 
     @staticmethod
     def _copy(run, dev, mine, inputs: dict, outputs: dict, mapped) -> None:
@@ -312,10 +316,12 @@ def _raise_if_failed(run, statuses: list) -> None:
         raise run.failure()
     bad = [(r, s) for r, s in enumerate(statuses) if s is not None and s != ABORTED]
     if bad:
-        r, why = bad[0]
+        r, (kind, why) = bad[0]
+        where = f"{run.name()}: rank {r} ({run.spec.workers[r]}) failed in phase 'exchange' of the hybrid engine: {why}"
+        if kind in ("restart", "timeout"):  # (a peer leaving, a timeout: as the engine that sent said)
+            raise FAILURES[kind](where)
         raise EngineUnavailableError(  # (under auto the rechunk restarts, on an engine auto prefers next)
-            f"{run.name()}: rank {r} ({run.spec.workers[r]}) failed in phase 'exchange' of the hybrid "
-            f"engine: {why} (redist.engine: auto finishes the rechunk on another engine)"
+            f"{where} (redist.engine: auto finishes the rechunk on another engine)"
         )
     if aborted := [r for r, s in enumerate(statuses) if s == ABORTED]:
         raise RedistError(f"{run.name()}: rank {aborted[0]} ({run.spec.workers[aborted[0]]}) was aborted")
