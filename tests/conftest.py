@@ -61,6 +61,21 @@ def local_cluster(n_workers: int, **kwargs):
     return LocalCluster(n_workers=n_workers, **{**options, **kwargs})
 
 
+def pseudo_hosts_cluster(hosts):
+    """A cluster of worker processes (nannies, one thread each), worker ``i`` on pseudo-host
+    ``hosts[i]`` (``DASK_REDIST__HOST``), without dashboards."""
+    from distributed import Nanny, Scheduler, SpecCluster
+
+    workers = {
+        f"w{i}": {
+            "cls": Nanny,
+            "options": {"nthreads": 1, "dashboard": False, "env": {"DASK_REDIST__HOST": h}},
+        }
+        for i, h in enumerate(hosts)
+    }
+    return SpecCluster(workers=workers, scheduler={"cls": Scheduler, "options": {"dashboard_address": None}})
+
+
 def gpu_layout() -> tuple[int, int]:
     """(GPUs, workers per GPU) the GPU tests use: ``REDIST_TEST_GPUS`` (default 2) and
     ``REDIST_TEST_PES`` (default 1; more: that many `dask cuda worker` processes share each GPU,

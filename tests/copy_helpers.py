@@ -3,6 +3,8 @@ chunks kept in it, and random rechunks to try them on."""
 
 from __future__ import annotations
 
+import ctypes
+import threading
 from types import SimpleNamespace
 
 import numpy as np
@@ -15,6 +17,52 @@ def copy_rows(n0, n1, nbytes, s0, s1, d0, d1, src_memory, src_at, dst_memory, ds
         for i1 in range(n1):
             s, d = src_at + i0 * s0 + i1 * s1, dst_at + i0 * d0 + i1 * d1
             dst_memory[d : d + nbytes] = src_memory[s : s + nbytes]
+
+
+def replay_at_addresses(jobs) -> None:
+    """The kernel's jobs replayed on the process's own memory, at the addresses the jobs name."""
+    for src, dst, n0, n1, nbytes, s0, s1, d0, d1 in jobs.tolist():
+        for i0 in range(n0):
+            for i1 in range(n1):
+                ctypes.memmove(dst + i0 * d0 + i1 * d1, src + i0 * s0 + i1 * s1, nbytes)
+
+
+class Group:
+    """The ranks' all-gather among threads (every rank answers: nothing to stop for)."""
+
+    def __init__(self, nranks: int):
+        self._barrier = threading.Barrier(nranks, timeout=30)
+        self._slots: dict = {}
+        self.calls = [0] * nranks
+
+    def for_rank(self, rank: int):
+        group, rank_ = self, rank
+
+        class One:
+            rank, nranks = rank_, len(self.calls)
+
+            def allgather(self, obj, stop=None):
+                group.calls[rank] += 1
+                key = group.calls[rank]
+                group._slots.setdefault(key, {})[rank] = obj
+                group._barrier.wait()
+                values = [group._slots[key][r] for r in range(len(group.calls))]
+                group._barrier.wait()
+                return values
+
+        return One()
+
+
+def run_ranks(one, group: Group) -> None:
+    """``one(rank)`` for every rank of ``group`` on threads of its own; every rank ended, after
+    as many all-gathers as the others."""
+    threads = [threading.Thread(target=one, args=(r,), name=f"rank-{r}") for r in range(len(group.calls))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not any(t.is_alive() for t in threads), "a rank was left waiting"
+    assert len(set(group.calls)) == 1, f"ranks made different numbers of all-gathers: {group.calls}"
 
 
 def replay_all(jobs, memory: np.ndarray) -> None:

@@ -7,11 +7,11 @@ Selected with ``redist.engine="hybrid_cpu:CpuHybridEngine"`` (tests/test_hybrid_
 
 from __future__ import annotations
 
-import ctypes
 from multiprocessing import shared_memory
 from types import SimpleNamespace
 
 import numpy as np
+from copy_helpers import replay_at_addresses
 
 from dask_redist.core.wire import Packed
 from dask_redist.engines.hybrid import HybridEngine
@@ -76,10 +76,7 @@ class CpuDevice:
         pass
 
     def launch(self, jobs) -> None:
-        for src, dst, n0, n1, nbytes, s0, s1, d0, d1 in jobs.tolist():
-            for i0 in range(n0):
-                for i1 in range(n1):
-                    ctypes.memmove(dst + i0 * d0 + i1 * d1, src + i0 * s0 + i1 * s1, nbytes)
+        replay_at_addresses(jobs)
 
     def place(self, pairs) -> None:
         for dst, src in pairs:

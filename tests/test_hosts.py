@@ -10,6 +10,7 @@ from __future__ import annotations
 import dask
 import numpy as np
 import pytest
+from conftest import pseudo_hosts_cluster
 from test_peers import Group
 
 import dask_redist
@@ -88,17 +89,9 @@ HOSTS = ("hostA", "hostA", "hostB", "hostB")
 
 @pytest.fixture(scope="module")
 def pseudo_client():
-    from distributed import Client, Nanny, Scheduler, SpecCluster
+    from distributed import Client
 
-    workers = {
-        f"w{i}": {
-            "cls": Nanny,
-            "options": {"nthreads": 1, "dashboard": False, "env": {"DASK_REDIST__HOST": h}},
-        }
-        for i, h in enumerate(HOSTS)
-    }
-    scheduler = {"cls": Scheduler, "options": {"dashboard_address": None}}
-    with SpecCluster(workers=workers, scheduler=scheduler) as cluster, Client(cluster) as client:
+    with pseudo_hosts_cluster(HOSTS) as cluster, Client(cluster) as client:
         client.wait_for_workers(len(HOSTS))
         yield client
 

@@ -9,13 +9,12 @@ over comms; and a failure anywhere must end every rank's run alike, none left wa
 
 from __future__ import annotations
 
-import ctypes
 import threading
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
-from copy_helpers import random_rechunk
+from copy_helpers import Group, random_rechunk, replay_at_addresses, run_ranks
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -81,38 +80,11 @@ class Device:
         if self.fail_copy:
             raise RuntimeError("an illegal memory access was encountered")
         self.pieces += len(jobs)
-        for src, dst, n0, n1, nbytes, s0, s1, d0, d1 in jobs.tolist():
-            for i0 in range(n0):
-                for i1 in range(n1):
-                    ctypes.memmove(dst + i0 * d0 + i1 * d1, src + i0 * s0 + i1 * s1, nbytes)
+        replay_at_addresses(jobs)
 
     def place(self, pairs) -> None:
         for dst, src in pairs:
             dst[...] = src
-
-
-class Group:
-    """The run's all-gather among threads (every rank answers: nothing to stop for)."""
-
-    def __init__(self, nranks: int):
-        self._barrier = threading.Barrier(nranks, timeout=30)
-        self._slots: dict = {}
-        self.calls = [0] * nranks
-
-    def for_rank(self, rank: int):
-        group = self
-
-        class One:
-            def allgather(self, obj, stop=None):
-                group.calls[rank] += 1
-                key = group.calls[rank]
-                group._slots.setdefault(key, {})[rank] = obj
-                group._barrier.wait()
-                values = [group._slots[key][r] for r in range(len(group.calls))]
-                group._barrier.wait()
-                return values
-
-        return One()
 
 
 class Transport:
@@ -170,13 +142,7 @@ def run_all(runs, devices, before=None):
         except Exception as e:  # noqa: BLE001 - what the test looks at
             results[rank] = e
 
-    threads = [threading.Thread(target=one, args=(r,), name=f"rank-{r}") for r in range(len(runs))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    assert not any(t.is_alive() for t in threads), "a rank was left waiting"
-    assert len(set(group.calls)) == 1, f"ranks made different numbers of all-gathers: {group.calls}"
+    run_ranks(one, group)
     return results, sum(sent) + sum(own)
 
 

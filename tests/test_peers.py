@@ -14,7 +14,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-from copy_helpers import Bump, copy_rows, random_rechunk, write_chunk
+from copy_helpers import Bump, Group, copy_rows, random_rechunk, run_ranks, write_chunk
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -28,32 +28,6 @@ from dask_redist.planning import make_plan
 
 #: A peer's allocation, opened by rank r, appears ``ALIAS * (r + 1)`` bytes further on.
 ALIAS = 1 << 40
-
-
-class Group:
-    """The world's all-gather among threads."""
-
-    def __init__(self, nranks: int):
-        self._barrier = threading.Barrier(nranks, timeout=30)
-        self._slots: dict = {}
-        self.calls = [0] * nranks
-
-    def for_rank(self, rank: int):
-        group, rank_ = self, rank
-
-        class One:
-            rank, nranks = rank_, len(self.calls)
-
-            def allgather(self, obj, stop=None):  # (every rank answers: nothing to stop for)
-                group.calls[rank] += 1
-                key = group.calls[rank]
-                group._slots.setdefault(key, {})[rank] = obj
-                group._barrier.wait()
-                values = [group._slots[key][r] for r in range(len(group.calls))]
-                group._barrier.wait()
-                return values
-
-        return One()
 
 
 class Ipc:
@@ -192,13 +166,7 @@ def run_all(runs, outputs, ipcs, memory, copy=None, before=None, group=None):
         except Exception as e:  # noqa: BLE001 - what the test looks at
             results[rank] = e
 
-    threads = [threading.Thread(target=one, args=(r,), name=f"rank-{r}") for r in range(len(runs))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    assert not any(t.is_alive() for t in threads), "a rank was left waiting"
-    assert len(set(group.calls)) == 1, f"ranks made different numbers of all-gathers: {group.calls}"
+    run_ranks(one, group)
     # outputs are finished exactly where a rank's run came to an end on this path
     assert sorted(finished) == [r for r, result in enumerate(results) if result is None]
     return results, copies
