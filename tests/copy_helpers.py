@@ -65,6 +65,47 @@ def run_ranks(one, group: Group) -> None:
     assert len(set(group.calls)) == 1, f"ranks made different numbers of all-gathers: {group.calls}"
 
 
+class FakeIpc:
+    """CUDA IPC's calls as an engine makes them, on addresses (``fail``: "export" or "open" fails
+    as CUDA would); subclasses say where an allocation starts and where a peer's is mapped."""
+
+    def __init__(self, fail: str = ""):
+        self.fail, self.opened, self.closed = fail, [], []
+
+    def allocation(self, ptr: int) -> int:
+        return ptr
+
+    def mapped_at(self, base: int) -> int:
+        return base
+
+    def handle(self, base: int) -> bytes:
+        if self.fail == "export":
+            raise RuntimeError("cudaErrorInvalidValue: invalid argument")
+        return base.to_bytes(8, "little")
+
+    def open(self, handle: bytes) -> int:
+        if self.fail == "open":
+            raise RuntimeError("cudaErrorMapBufferObjectFailed")
+        self.opened.append(self.mapped_at(int.from_bytes(handle, "little")))
+        return self.opened[-1]
+
+    def close(self, ptr: int) -> None:
+        self.closed.append(ptr)
+
+
+def draw_placement(data, rechunk, nranks: int):
+    """A random rank for every input chunk (on the old grid), and the output chunks needed (a
+    boolean grid, some of them), or None for all."""
+    n_old, n_new = int(np.prod(rechunk.old_grid)), int(np.prod(rechunk.new_grid))
+    in_ranks = np.array(data.draw(st.lists(st.integers(0, nranks - 1), min_size=n_old, max_size=n_old)))
+    needed = None
+    if data.draw(st.booleans()):
+        needed = np.zeros(n_new, bool)
+        needed[data.draw(st.lists(st.integers(0, n_new - 1), min_size=1, max_size=n_new))] = True
+        needed = needed.reshape(rechunk.new_grid)
+    return in_ranks.reshape(rechunk.old_grid), needed
+
+
 def replay_all(jobs, memory: np.ndarray) -> None:
     """Every job of a table on one byte buffer, pointers being offsets into it."""
     for src, dst, *rows in jobs.tolist():

@@ -30,7 +30,8 @@ def gpu_client():
     yield from conftest.gpu_client()
 
 
-def run_case(client, case: Case, placement=contiguous, seed=1, kind="cupy", **options):
+def run_case(client, case: Case, placement=contiguous, seed=1, kind="cupy", expect="cufftmp", **options):
+    """``case`` rechunked under ``options``, its values checked, every run of it done on ``expect``."""
     x = placed_array(client, case, seed, kind=kind, placement=placement)
     before = len(scheduler_history(client))
     with dask_redist.enable(**options):
@@ -38,7 +39,7 @@ def run_case(client, case: Case, placement=contiguous, seed=1, kind="cupy", **op
         wait(y)
     assert check(y, case, seed), f"{case.name}: values differ"
     runs = scheduler_history(client)[before:]
-    assert runs and all(r["engine"] == "cufftmp" and r["outcome"] == "done" for r in runs), runs
+    assert runs and all(r["engine"] == expect and r["outcome"] == "done" for r in runs), runs
     return y
 
 

@@ -24,6 +24,7 @@ import pytest
 from conftest import scheduler_history
 from distributed import wait
 from gpu_helpers import case, kill_one_worker, worker_pid
+from test_gpu import run_case
 
 import dask_redist
 from dask_redist.bench import check, contiguous, engine_stats, placed_array
@@ -56,15 +57,7 @@ def _random_case(rng):
 
 
 def _rechunked(client, c, seed, placement=contiguous, **options):
-    x = placed_array(client, c, seed, kind="cupy", placement=placement)
-    before = len(scheduler_history(client))
-    with dask_redist.enable(**{"engine": "hybrid", **options}):
-        y = x.rechunk(c.new).persist()
-        wait(y)
-    assert check(y, c, seed), f"{c.name}: values differ"
-    runs = scheduler_history(client)[before:]
-    assert runs and all(r["engine"] == "hybrid" and r["outcome"] == "done" for r in runs), runs
-    return y
+    return run_case(client, c, placement, seed, expect="hybrid", **{"engine": "hybrid", **options})
 
 
 @pytest.mark.parametrize("seed", range(8))

@@ -14,7 +14,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-from copy_helpers import Group, random_rechunk, replay_at_addresses, run_ranks
+from copy_helpers import draw_placement, FakeIpc, Group, random_rechunk, replay_at_addresses, run_ranks
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -35,28 +35,8 @@ class Dev(np.ndarray):
         return SimpleNamespace(ptr=self.__array_interface__["data"][0])
 
 
-class Ipc:
+class Ipc(FakeIpc):
     """CUDA IPC in one process: every chunk its own allocation, opened at its own address."""
-
-    def __init__(self, fail: str = ""):
-        self.fail, self.opened, self.closed = fail, [], []
-
-    def allocation(self, ptr: int) -> int:
-        return ptr
-
-    def handle(self, base: int) -> bytes:
-        if self.fail == "export":
-            raise RuntimeError("cudaErrorInvalidValue: invalid argument")
-        return base.to_bytes(8, "little")
-
-    def open(self, handle: bytes) -> int:
-        if self.fail == "open":
-            raise RuntimeError("cudaErrorMapBufferObjectFailed")
-        self.opened.append(int.from_bytes(handle, "little"))
-        return self.opened[-1]
-
-    def close(self, ptr: int) -> None:
-        self.closed.append(ptr)
 
 
 class Device:
@@ -166,16 +146,10 @@ def test_every_byte_lands_right_and_every_piece_moves_once_by_ipc_or_comms(data)
     shape, dtype, rechunk = random_rechunk(data, 8)
     nranks = data.draw(st.integers(2, 5))
     hosts = [f"h{data.draw(st.integers(0, 2))}" for _ in range(nranks)]
-    n_old, n_new = int(np.prod(rechunk.old_grid)), int(np.prod(rechunk.new_grid))
-    in_ranks = np.array(data.draw(st.lists(st.integers(0, nranks - 1), min_size=n_old, max_size=n_old)))
-    needed = None
-    if data.draw(st.booleans()):
-        needed = np.zeros(n_new, bool)
-        needed[data.draw(st.lists(st.integers(0, n_new - 1), min_size=1, max_size=n_new))] = True
-        needed = needed.reshape(rechunk.new_grid)
+    in_ranks, needed = draw_placement(data, rechunk, nranks)
     fails = [data.draw(st.sampled_from(["", "", "", "export", "open"])) for _ in range(nranks)]
     whole = (np.arange(int(np.prod(shape))) % 113 + 1).astype(dtype).reshape(shape)
-    runs = make_runs(rechunk, dtype, hosts, in_ranks.reshape(rechunk.old_grid), whole, needed)
+    runs = make_runs(rechunk, dtype, hosts, in_ranks, whole, needed)
     devices = [Device(Ipc(f)) for f in fails]
     results, by_comms = run_all(runs, devices)
     assert results == [None] * nranks, results

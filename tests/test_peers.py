@@ -14,7 +14,16 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-from copy_helpers import Bump, Group, copy_rows, random_rechunk, run_ranks, write_chunk
+from copy_helpers import (
+    draw_placement,
+    Bump,
+    FakeIpc,
+    Group,
+    copy_rows,
+    random_rechunk,
+    run_ranks,
+    write_chunk,
+)
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -30,32 +39,19 @@ from dask_redist.planning import make_plan
 ALIAS = 1 << 40
 
 
-class Ipc:
+class Ipc(FakeIpc):
     """CUDA IPC on the byte buffer: allocations are ``block`` bytes each from address 0 (a pool
     hands out parts of them), a handle names one, and rank ``rank`` maps it at an alias."""
 
     def __init__(self, rank: int, block: int, fail: str = ""):
-        self.rank, self.block, self.fail = rank, block, fail
-        self.opened: list[int] = []
-        self.closed: list[int] = []
+        super().__init__(fail)
+        self.rank, self.block = rank, block
 
     def allocation(self, ptr: int) -> int:
         return ptr // self.block * self.block
 
-    def handle(self, base: int) -> bytes:
-        if self.fail == "export":
-            raise RuntimeError("cudaErrorInvalidValue: invalid argument")
-        return base.to_bytes(8, "little")
-
-    def open(self, handle: bytes) -> int:
-        if self.fail == "open":
-            raise RuntimeError("cudaErrorMapBufferObjectFailed")
-        ptr = int.from_bytes(handle, "little") + ALIAS * (self.rank + 1)
-        self.opened.append(ptr)
-        return ptr
-
-    def close(self, ptr: int) -> None:
-        self.closed.append(ptr)
+    def mapped_at(self, base: int) -> int:
+        return base + ALIAS * (self.rank + 1)
 
 
 def replay(jobs, memory: np.ndarray) -> None:
@@ -180,14 +176,8 @@ def test_every_rank_copies_its_pieces_into_whichever_output_chunk_they_belong_to
     allocation was opened only by the others (a process cannot open its own) and closed again."""
     shape, dtype, rechunk = random_rechunk(data, 8)
     nranks = data.draw(st.integers(2, 4))
-    n_old, n_new = int(np.prod(rechunk.old_grid)), int(np.prod(rechunk.new_grid))
-    in_ranks = np.array(data.draw(st.lists(st.integers(0, nranks - 1), min_size=n_old, max_size=n_old)))
-    needed = None
-    if data.draw(st.booleans()):
-        needed = np.zeros(n_new, bool)
-        needed[data.draw(st.lists(st.integers(0, n_new - 1), min_size=1, max_size=n_new))] = True
-        needed = needed.reshape(rechunk.new_grid)
-    runs = world(rechunk, dtype, nranks, in_ranks.reshape(rechunk.old_grid), needed)
+    in_ranks, needed = draw_placement(data, rechunk, nranks)
+    runs = world(rechunk, dtype, nranks, in_ranks, needed)
     whole = (np.arange(int(np.prod(shape))) % 113 + 1).astype(dtype).reshape(shape)
     block = data.draw(st.sampled_from([8, 64, 4096]))  # (bytes per allocation)
     memory = np.zeros(2 * whole.nbytes + (nranks + 1) * block + 64, np.uint8)
