@@ -60,3 +60,20 @@ def test_send_buffers_are_reused_and_kept_within_their_bound():
     lost = pool.take(2**20)
     pool.give_back([lost], keep=False)  # (a failed send may still read it): forgotten
     assert pool.nbytes == 2 * 2**20 and pool.take(2**20) is not lost
+
+
+def test_explain_counts_the_messages_the_tcp_comm_limits():
+    """The dask engine's mapping line: over TCP a message is at most the comm's shard size too
+    (`exchange.send_pieces`), so twice the shard to a peer under a larger budget is 2 messages there."""
+    from types import SimpleNamespace
+
+    from distributed.comm.tcp import TCP
+
+    from dask_redist.engines.registry import description
+
+    d, shard = description("dask"), TCP.max_shard_size
+    plan = SimpleNamespace(traffic=np.array([[0, 2 * shard], [shard // 2, 0]]))
+    line, _, _ = d.mapping(plan, SimpleNamespace(memory_budget=16 * shard))
+    assert "(up to 2 over TCP, 1 over UCX message(s) per peer, all sent at once)" in line, line
+    line, _, _ = d.mapping(plan, SimpleNamespace(memory_budget=shard // 2))
+    assert "(up to 4 message(s) per peer, all sent at once)" in line, line
