@@ -77,3 +77,34 @@ def test_explain_counts_the_messages_the_tcp_comm_limits():
     assert "(up to 2 over TCP, 1 over UCX message(s) per peer, all sent at once)" in line, line
     line, _, _ = d.mapping(plan, SimpleNamespace(memory_budget=shard // 2))
     assert "(up to 4 message(s) per peer, all sent at once)" in line, line
+
+
+def test_a_worker_keeps_send_buffers_within_a_share_of_its_memory_limit():
+    """The packed buffers kept from run to run are memory Dask does not manage: at most a
+    sixteenth of the worker's memory limit (and at most `SEND_BUFFERS_KEPT`), set when the
+    collective's worker plugin starts; what is kept already shrinks to a new bound."""
+    from conftest import local_cluster
+    from distributed import Client
+
+    from dask_redist.cluster import ensure_scheduler_plugin
+    from dask_redist.engines import exchange
+
+    def kept(dask_worker=None):
+        return exchange._send_buffers.keep
+
+    with local_cluster(1, threads_per_worker=1, memory_limit="512MiB") as cluster, Client(cluster) as client:
+        ensure_scheduler_plugin(client)
+        client.wait_for_workers(1)
+        assert list(client.run(kept).values()) == [32 * 2**20]
+    pool = SendBuffers(exchange.SEND_BUFFERS_KEPT)
+    buffers = [pool.take(2**20) for _ in range(3)]
+    pool.give_back(buffers)
+    assert pool.nbytes == 3 * 2**20
+    pool.keep = 2 * 2**20
+    pool.give_back([])
+    assert pool.nbytes == 2 * 2**20
+    try:
+        assert exchange.bound_send_buffers(2**40) == exchange.SEND_BUFFERS_KEPT
+        assert exchange.bound_send_buffers(2**30) == 2**26
+    finally:
+        assert exchange.bound_send_buffers(None) == exchange.SEND_BUFFERS_KEPT

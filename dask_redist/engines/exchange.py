@@ -17,7 +17,22 @@ from dask_redist.planning import Transfers
 #: filling fresh pages cost up to ten times as much on the CPU machine, as it varied from run to run
 #: (docs/benchmarks.md, "Where the CPU runs' slow mode came from").
 SEND_BUFFERS_KEPT = 256 * 2**20
+#: ... and at most this part of the worker's memory limit (the kept buffers are memory Dask does not manage)
+SEND_BUFFERS_SHARE = 1 / 16
 _send_buffers = SendBuffers(SEND_BUFFERS_KEPT)
+
+
+def bound_send_buffers(memory_limit: int | None) -> int:
+    """Keep at most `SEND_BUFFERS_KEPT` bytes of packed buffers in this process, and at most
+    `SEND_BUFFERS_SHARE` of ``memory_limit`` (the worker's; None or 0: none); the bound."""
+    keep = (
+        SEND_BUFFERS_KEPT
+        if not memory_limit
+        else min(SEND_BUFFERS_KEPT, int(memory_limit * SEND_BUFFERS_SHARE))
+    )
+    _send_buffers.keep = keep
+    _send_buffers.give_back([])  # (what is kept already, within the new bound)
+    return keep
 
 
 def sends(run, transfers: Transfers | None = None) -> Transfers:

@@ -28,6 +28,7 @@ from dask_redist.core.run import WorkerRun
 from dask_redist.core.spec import CollectiveSpec, RunSpec, Staged, stage_token
 from dask_redist.core.wire import Packed
 from dask_redist.engines import loaded_engines
+from dask_redist.engines.exchange import bound_send_buffers
 from dask_redist.engines.registry import capabilities
 from dask_redist.errors import FAILURES, RedistConsistencyError, RedistError
 from dask_redist.runtime.collective import RunExecutor
@@ -314,6 +315,7 @@ class RedistWorkerPlugin(WorkerPlugin):
 
     def setup(self, worker):
         self._worker = worker
+        bound_send_buffers(getattr(getattr(worker, "memory_manager", None), "memory_limit", None))
         state = get_state(worker)
         worker.handlers[m.Pieces.op] = state.handle_receive
         worker.handlers[m.Capabilities.op] = state.handle_capabilities
