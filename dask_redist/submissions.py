@@ -14,12 +14,12 @@ change of ``redist.*``, or `dask_redist.disable`, does not. So the settings each
 is submitted with are recorded, and where a collection is submitted again with other
 settings, or after ``disable()``, the scheduler is asked (one round trip, which also lets the
 Client's pending releases through) for the erred keys depending on that collection that this
-Client still wants for a ``compute`` (its finalize key); they are cancelled first
-(``Client.cancel``): the scheduler forgets the old tasks and runs the new graph. Keys the
-Client wants because a collection was persisted (``y.persist()``, and what was persisted from
-it) are left erred: they are the user's handle on the error, which a computation from them must
-report (cancelled, it would read "lost dependencies"); submitting the same rechunk again while
-they are held meets their error, as in Dask. (Other settings also give the stage
+Client still wants (``compute`` wants a finalize key); they are cancelled first
+(``Client.cancel``): the scheduler forgets the old tasks and runs the new graph. The
+collection's own keys, where the Client wants them (``y.persist()``), are left erred: they are
+the user's handle on the error, which a computation from them must report (cancelled, it would
+read "lost dependencies"); submitting the same rechunk again while they are held meets their
+error, as in Dask. (Other settings also give the stage
 and barrier keys a token of their own: `graph.decide.collective_spec`.) With the same
 settings the old error stands, as in Dask (docs/troubleshooting.md).
 """
@@ -33,7 +33,6 @@ from dask_redist.config import Settings
 
 logger = logging.getLogger(__name__)
 KEPT = 10_000  # collections remembered, latest first out
-COMPUTED = "finalize-"  # the keys of what ``compute`` wants (dask names them so), never persisted
 _submitted: dict[str, Settings] = {}
 _lock = threading.Lock()
 
@@ -43,8 +42,8 @@ def _name(key) -> str:
 
 
 def _erred_and_wanted(dask_scheduler=None, names=(), client: str = "") -> list:
-    """On the scheduler: the erred keys that ``client`` wants for a ``compute`` (a finalize key)
-    and that depend on an erred key of the collections ``names``."""
+    """On the scheduler: the erred keys depending on an erred key of the collections ``names``
+    that ``client`` wants (``compute`` wants a finalize key), but not the collections' own."""
     names = set(names)
     todo = [ts for k, ts in list(dask_scheduler.tasks.items()) if ts.state == "erred" and _name(k) in names]
     seen: set = set()
@@ -56,7 +55,7 @@ def _erred_and_wanted(dask_scheduler=None, names=(), client: str = "") -> list:
     return [
         k
         for k in seen
-        if str(_name(k)).startswith(COMPUTED)  # (persisted keys are the user's handle on the error)
+        if _name(k) not in names  # (a persisted collection's own keys: the user's handle on the error)
         and any(c.client_key == client for c in dask_scheduler.tasks[k].who_wants or ())
     ]
 
