@@ -212,8 +212,8 @@ def nothing_to_optimize(hlg, keys, decisions: list[Decision]) -> bool:
     every output of its collective layers: nothing to cull (every task is needed), nothing to fuse
     (the collective's tasks block fusion; Futures are no tasks). Dask's passes change nothing in
     such a graph, at a cost that grows with its chunks (docs/benchmarks.md, "Down to Dask's own
-    floor")."""
-    outputs = {d.chain.output for d in decisions if d.collective}
+    floor"). A collective fused with its consumer has that consumer's layer name (`_replace_chain`)."""
+    outputs = {d.spec.unpack_name for d in decisions if d.collective}
     if not outputs or not isinstance(hlg, HighLevelGraph):
         return False
     from distributed import Future
