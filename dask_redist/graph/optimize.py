@@ -13,7 +13,9 @@ distributed that hook runs on the scheduler while the graph is materialized.
 
 from __future__ import annotations
 
+import gc
 import threading
+from contextlib import contextmanager
 from dataclasses import replace
 
 from dask.base import tokenize
@@ -168,6 +170,23 @@ def running_on_scheduler() -> bool:
     return threading.current_thread().name.startswith("Dask-Offload")
 
 
+@contextmanager
+def gc_paused():
+    """Python's automatic garbage collection held off (where it was on) while the rewrite builds
+    its tasks. A pipeline's rewrite builds the tasks of the rechunk's neighbours (tens of
+    thousands of objects at a thousand chunks, all kept: they go to the scheduler), and the
+    collections their allocations trigger walked the scheduler's whole heap: about half the
+    rewrite at 1024 chunks (docs/benchmarks.md, "Where the client's time went before the stages
+    start"). Collection resumes after it, as it was."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
 class CollectiveOptimizer:
     """dask's ``array_optimize`` hook: the collective rewrite, then the previous optimizer.
 
@@ -194,7 +213,8 @@ class CollectiveOptimizer:
     def __call__(self, dsk, keys, **kwargs):
         decisions = []
         if isinstance(dsk, HighLevelGraph) and running_on_scheduler():
-            dsk, decisions = rewrite(dsk, keys, self.settings or Settings.from_config())
+            with gc_paused():
+                dsk, decisions = rewrite(dsk, keys, self.settings or Settings.from_config())
             if any(d.collective for d in decisions):
                 ordering.install()  # before the scheduler orders this very graph
         if self.chain is not None:
@@ -212,8 +232,8 @@ def nothing_to_optimize(hlg, keys, decisions: list[Decision]) -> bool:
     every output of its collective layers: nothing to cull (every task is needed), nothing to fuse
     (the collective's tasks block fusion; Futures are no tasks). Dask's passes change nothing in
     such a graph, at a cost that grows with its chunks (docs/benchmarks.md, "Down to Dask's own
-    floor")."""
-    outputs = {d.chain.output for d in decisions if d.collective}
+    floor"). A collective fused with its consumer has that consumer's layer name (`_replace_chain`)."""
+    outputs = {d.spec.unpack_name for d in decisions if d.collective}
     if not outputs or not isinstance(hlg, HighLevelGraph):
         return False
     from distributed import Future
