@@ -51,6 +51,13 @@ SPANS: dict[str, float] = {}
 PROFILES: dict[str, cProfile.Profile] = {}
 
 
+def _spans_ms() -> dict:
+    """The spans of the last persist() in ms, in the order the tables print them."""
+    names = {"build": "build", "persist()": "persist()", "materialize": "materialize"}
+    names |= {"of which rewrite": "rewrite", "order": "order"}
+    return {column: SPANS.get(span, 0) * 1e3 for column, span in names.items()}
+
+
 @contextmanager
 def span(name: str, profile: bool = False):
     prof = cProfile.Profile() if profile else None
@@ -113,11 +120,7 @@ def one(client, case, seed: int, profile: bool) -> dict:
     metrics = events[-1].get("metrics", {}) if events else {}
     del x, y
     return {
-        "build": SPANS.get("build", 0) * 1e3,
-        "persist()": SPANS.get("persist()", 0) * 1e3,
-        "materialize": SPANS.get("materialize", 0) * 1e3,
-        "of which rewrite": SPANS.get("rewrite", 0) * 1e3,
-        "order": SPANS.get("order", 0) * 1e3,
+        **_spans_ms(),
         "task states": abs(metrics.get("state_initialization_duration_seconds", float("nan"))) * 1e3,
         "first stage at": first_stage,
         "end": (end - start) * 1e3,
@@ -175,11 +178,7 @@ def pipeline_once(client, shape, n: int, graph: str, enabled: bool, seed: int, p
     updated = UPDATED[-1] if UPDATED else float("nan")
     del x, y
     return {
-        "build": SPANS.get("build", 0) * 1e3,
-        "persist()": SPANS.get("persist()", 0) * 1e3,
-        "materialize": SPANS.get("materialize", 0) * 1e3,
-        "of which rewrite": SPANS.get("rewrite", 0) * 1e3,
-        "order": SPANS.get("order", 0) * 1e3,
+        **_spans_ms(),
         "persist() to tasks created": (updated - start) * 1e3,
     }
 

@@ -347,17 +347,24 @@ def test_min_bytes_auto_is_what_explain_says_and_what_runs(client):
     assert "Dask's rechunk is estimated faster" in text and "min-bytes: auto" in text  # (tests/test_cost.py)
 
 
-def test_dasks_optimizations_are_skipped_only_where_they_would_change_nothing(client, monkeypatch):
-    """A persisted array's rechunk, persisted: its graph is the collective's tasks over Futures, all
-    wanted, and dask's passes are skipped; with any other task, or fewer keys wanted, they run."""
+def _count_dask_optimizations(monkeypatch) -> list:
+    """A list that grows by one each time dask's array optimizations run."""
     import dask.array.optimization as optimization
-    from distributed import wait
 
     calls = []
     original = optimization.optimize
     monkeypatch.setattr(
         optimization, "optimize", lambda dsk, keys, **kw: calls.append(1) or original(dsk, keys, **kw)
     )
+    return calls
+
+
+def test_dasks_optimizations_are_skipped_only_where_they_would_change_nothing(client, monkeypatch):
+    """A persisted array's rechunk, persisted: its graph is the collective's tasks over Futures, all
+    wanted, and dask's passes are skipped; with any other task, or fewer keys wanted, they run."""
+    from distributed import wait
+
+    calls = _count_dask_optimizations(monkeypatch)
     a = np.arange(40 * 36, dtype=np.float64).reshape(40, 36)
     x = da.from_array(a, chunks=(4, 36)).persist()
     with dask_redist.enable(engine="dask", min_bytes=0):
@@ -374,14 +381,9 @@ def test_dasks_optimizations_are_skipped_only_where_they_would_change_nothing(cl
 def test_dasks_optimizations_are_skipped_for_a_rechunk_fused_with_its_neighbours(client, monkeypatch):
     """A persisted pipeline whose producer and consumer the collective's tasks run: the graph is
     the collective's layer, under the consumer's name, over Futures; dask's passes are skipped."""
-    import dask.array.optimization as optimization
     from distributed import wait
 
-    calls = []
-    original = optimization.optimize
-    monkeypatch.setattr(
-        optimization, "optimize", lambda dsk, keys, **kw: calls.append(1) or original(dsk, keys, **kw)
-    )
+    calls = _count_dask_optimizations(monkeypatch)
     a = np.arange(40 * 36, dtype=np.float64).reshape(40, 36)
     x = da.from_array(a, chunks=(4, 36)).persist()
     with dask_redist.enable(engine="dask", min_bytes=0):
