@@ -24,6 +24,15 @@ ALIGN = 16  # pieces start on 16-byte boundaries inside a packed buffer
 AS_IS_BYTES = 8 * 2**20
 
 
+def tcp_shard_size() -> int:
+    """The largest message Dask's TCP (and TLS) comm sends whole (``distributed.comm.shard``, read
+    when the comm was imported): a larger buffer goes in shards, each read by the receiver into a
+    buffer of its own and then copied into one new buffer (`merge_and_deserialize`)."""
+    from distributed.comm.tcp import TCP
+
+    return TCP.max_shard_size
+
+
 @dataclass(frozen=True)
 class Packed:
     """``count`` consecutive pieces in one contiguous buffer."""
@@ -134,6 +143,11 @@ class SendBuffers:
                     kept.append(b)
                     total += b.nbytes
             self._free = kept
+
+    def bound(self, keep: int) -> None:
+        """Keep at most ``keep`` bytes from now on, what is kept already included."""
+        self.keep = keep
+        self.give_back([])
 
     @property
     def nbytes(self) -> int:

@@ -28,6 +28,7 @@ import math
 import numpy as np
 
 from dask_redist.core.assemble import Assembly, empty
+from dask_redist.core.wire import tcp_shard_size
 from dask_redist.engines.description import EngineDescription, Request
 from dask_redist.engines.exchange import receives, send_pieces, sends
 from dask_redist.engines.protocol import Engine
@@ -159,20 +160,13 @@ class DaskDescription(EngineDescription):
         largest = int((t - np.diag(np.diag(t))).max(initial=0))  # (between two ranks)
         messages = max(1, math.ceil(largest / settings.memory_budget))
         # over TCP a message is also at most the comm's shard size (`exchange.send_pieces`)
-        over_tcp = max(1, math.ceil(largest / min(settings.memory_budget, _shard_size())))
+        over_tcp = max(1, math.ceil(largest / min(settings.memory_budget, tcp_shard_size())))
         count = f"{messages}" if over_tcp == messages else f"{over_tcp} over TCP, {messages} over UCX"
         return (
             f"pieces over dask comms, packed per peer (up to {count} message(s) per peer, all sent at once)",
             0,
             1,
         )
-
-
-def _shard_size() -> int:
-    """``distributed.comm.shard``, as Dask's TCP comm reads it."""
-    from distributed.comm.tcp import TCP
-
-    return TCP.max_shard_size
 
 
 class DaskEngine(Engine):

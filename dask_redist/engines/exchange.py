@@ -30,8 +30,7 @@ def bound_send_buffers(memory_limit: int | None) -> int:
         if not memory_limit
         else min(SEND_BUFFERS_KEPT, int(memory_limit * SEND_BUFFERS_SHARE))
     )
-    _send_buffers.keep = keep
-    _send_buffers.give_back([])  # (what is kept already, within the new bound)
+    _send_buffers.bound(keep)
     return keep
 
 

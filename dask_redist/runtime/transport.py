@@ -18,6 +18,7 @@ from typing import Callable
 from distributed.protocol import to_serialize
 
 from dask_redist.core import messages as m
+from dask_redist.core.wire import tcp_shard_size
 from dask_redist.errors import RedistConsistencyError, RedistTimeoutError
 
 
@@ -75,15 +76,9 @@ class CommsTransport:
             ) from None
 
     def wire_limit(self, dst: int) -> int | None:
-        """Over TCP (and TLS): the comm's shard size (``distributed.comm.shard``, read when the
-        comm was imported), above which it sends a buffer in shards, each read by the receiver into
-        a buffer of its own and then copied into one new buffer (`merge_and_deserialize`). None over
-        UCX and inproc (no shards; inproc hands the sender's buffer over as it is)."""
-        if self.run.spec.workers[dst].startswith(("tcp://", "tls://")):
-            from distributed.comm.tcp import TCP
-
-            return TCP.max_shard_size
-        return None
+        """Over TCP (and TLS): the comm's shard size (`dask_redist.core.wire.tcp_shard_size`). None
+        over UCX and inproc (no shards; inproc hands the sender's buffer over as it is)."""
+        return tcp_shard_size() if self.run.spec.workers[dst].startswith(("tcp://", "tls://")) else None
 
     def exchange_factory(self, rank: int, nranks: int) -> Callable[[str, bytes], list]:
         """The all-gather of a process group over the scheduler, for NVSHMEM's bootstrap."""
