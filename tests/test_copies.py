@@ -309,7 +309,7 @@ def test_a_chunk_staged_whole_is_one_row_and_a_column_of_a_box_one_row_per_line(
 @settings(max_examples=100, deadline=None)
 @given(data=st.data())
 def test_a_one_pe_run_copies_every_needed_output_chunk_as_numpy_cuts_it(data):
-    """The whole one-PE path (`_empty_outputs`, `_local_jobs`: the plan's pieces as jobs relative
+    """The whole one-PE path (`empty_outputs`, `_local_jobs`: the plan's pieces as jobs relative
     to their chunks, plus the addresses of the chunks the run holds, in whatever order), its jobs
     replayed byte by byte: every needed output chunk equals the array's box. Twice, the second
     run's chunks elsewhere: its jobs come from the first run's table (`PieceJobs`), kept."""
@@ -317,7 +317,8 @@ def test_a_one_pe_run_copies_every_needed_output_chunk_as_numpy_cuts_it(data):
 
     from dask_redist.config import Settings
     from dask_redist.core.spec import CollectiveSpec, RunSpec
-    from dask_redist.engines.cufftmp.engine import _empty_outputs, _local_jobs
+    from dask_redist.engines.cufftmp.engine import _local_jobs
+    from dask_redist.engines.exchange import empty_outputs
     from dask_redist.planning import make_plan
 
     shape, dtype, rechunk = random_rechunk(data, 8)
@@ -341,7 +342,7 @@ def test_a_one_pe_run_copies_every_needed_output_chunk_as_numpy_cuts_it(data):
         for flat in data.draw(st.permutations(range(int(np.prod(rechunk.old_grid))))):
             inputs[flat], offset = write_chunk(memory, offset, whole, *rechunk.old_box(flat))
         run = SimpleNamespace(spec=run_spec, plan=run_spec.plan, inputs=inputs, rank=0, state="running")
-        outputs = _empty_outputs(run, Bump(offset))  # (after the inputs in the same buffer)
+        outputs = empty_outputs(run, Bump(offset))  # (after the inputs in the same buffer)
         assert sorted(outputs) == np.flatnonzero(chosen.needed).tolist()
         replay_all(_local_jobs(run, outputs, kept), memory)
         assert len(kept) == 1  # (the second run's table is the first's)

@@ -31,7 +31,8 @@ from dask_redist.config import Settings
 from dask_redist.core.spec import CollectiveSpec, RunSpec
 from dask_redist.engines.cufftmp import hostfiles, peers
 from dask_redist.engines.cufftmp.world import DaskProcessGroup
-from dask_redist.engines.cufftmp.engine import _empty_outputs, _piece_table
+from dask_redist.engines.cufftmp.engine import _piece_table
+from dask_redist.engines.exchange import empty_outputs
 from dask_redist.errors import RedistError
 from dask_redist.planning import make_plan
 
@@ -100,7 +101,7 @@ def place(runs, whole: np.ndarray, memory: np.ndarray, at: int, block: int = 64)
     outputs, allocator = [], Bump(at)
     for run in runs:
         allocator.at = -(-allocator.at // block) * block  # (no allocation shared by two processes)
-        outputs.append(_empty_outputs(run, allocator))
+        outputs.append(empty_outputs(run, allocator))
     assert allocator.at <= len(memory)
     return outputs
 

@@ -30,7 +30,7 @@ import numpy as np
 from dask_redist.core.assemble import Assembly, empty
 from dask_redist.core.wire import tcp_shard_size
 from dask_redist.engines.description import EngineDescription, Request
-from dask_redist.engines.exchange import receives, send_pieces, sends
+from dask_redist.engines.exchange import in_order, receives, send_pieces, sends
 from dask_redist.engines.protocol import Engine
 from dask_redist.errors import RedistError
 from dask_redist.planning import Transfers
@@ -49,16 +49,6 @@ DIRECT_MAX_PARTS = 65536
 #: ones by the collective thread before the run ends, where a task's build per chunk costs more
 #: than it spreads. Measured in docs/benchmarks.md ("the `dask` engine's large chunks").
 LAZY_MIN_BYTES = 32 * 2**20
-
-
-def _in_order(recv: Transfers, received: dict[int, list]) -> list:
-    """The received arrays in ``recv``'s order (each source's arrays arrive in its order)."""
-    position = {s: 0 for s in received}
-    blocks = []
-    for s in recv.src.tolist():
-        blocks.append(received[s][position[s]])
-        position[s] += 1
-    return blocks
 
 
 def _crossings(lo: np.ndarray, hi: np.ndarray, new_chunks, owned: list[int], corners: np.ndarray, limit: int):
@@ -192,7 +182,7 @@ class DaskEngine(Engine):
         if not owned:
             return {}
         corners = np.array([spec.rechunk.new_box(f) for f in owned])  # (n, 2, ndim)
-        blocks = _in_order(recv, received)
+        blocks = in_order(recv, received)
         parts = _crossings(recv.lo, recv.hi, spec.rechunk.new, owned, corners, DIRECT_MAX_PARTS)
         if parts is not None:
             lazy = (

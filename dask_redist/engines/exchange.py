@@ -48,6 +48,32 @@ def receives(run, transfers: Transfers | None = None) -> Transfers:
     return mine.take(mine.canonical_order())
 
 
+def in_order(recv: Transfers, received: dict[int, list]) -> list:
+    """The arrays received from each source (``run.wait_received``) in ``recv``'s order (each
+    source's arrive in its order)."""
+    position = {s: 0 for s in received}
+    out = []
+    for s in recv.src.tolist():
+        out.append(received[s][position[s]])
+        position[s] += 1
+    return out
+
+
+def empty_outputs(run, xp) -> dict:
+    """This rank's output chunks, allocated by ``xp.empty`` (none once the run was aborted); those
+    an FFT's leg gives (``run.into``, `dask_redist.engines.cufftmp.fft.Leg`) taken as they are."""
+    if run.state == "failed":
+        return {}
+    spec = run.spec.collective
+    owned = run.plan.owned(run.rank)
+    lower, upper = spec.rechunk.new_boxes(owned)
+    given = getattr(run, "into", {})
+    return {
+        f: given[f] if f in given else xp.empty(tuple(shape), dtype=spec.dtype)
+        for f, shape in zip(owned, (upper - lower).tolist())
+    }
+
+
 def by_peer(run, t: Transfers, side: str) -> Iterator[tuple[int, Transfers]]:
     """(peer, its transfers) of `sends` (``side`` "dst") or `receives` (``side`` "src"), the rank
     after this one first: not every rank starts with rank 0."""

@@ -45,6 +45,7 @@ from dask_redist.engines.cufftmp.nvshmem import Arena, capabilities
 from dask_redist.engines.cufftmp.packed import run_packed
 from dask_redist.engines.cufftmp.plans import Plans, ReshapePlan
 from dask_redist.engines.cufftmp.world import World
+from dask_redist.engines.exchange import empty_outputs
 from dask_redist.engines.protocol import Engine, Health
 from dask_redist.engines.rounds import Rounds
 from dask_redist.errors import EngineUnavailableError, RedistError
@@ -106,21 +107,6 @@ def _piece_table(run, kept: dict | None, rank: int | None = None) -> PieceJobs:
         while len(kept) > KEPT_PIECE_JOBS:
             del kept[next(iter(kept))]
     return table
-
-
-def _empty_outputs(run, xp) -> dict:
-    """This rank's output chunks, allocated (none once the run was aborted); those an FFT's leg
-    gives (``run.into``, `dask_redist.engines.cufftmp.fft.Leg`) taken as they are."""
-    if run.state == "failed":
-        return {}
-    spec = run.spec.collective
-    owned = run.plan.owned(run.rank)
-    lower, upper = spec.rechunk.new_boxes(owned)
-    given = getattr(run, "into", {})
-    return {
-        f: given[f] if f in given else xp.empty(tuple(shape), dtype=spec.dtype)
-        for f, shape in zip(owned, (upper - lower).tolist())
-    }
 
 
 class CufftMpEngine(Engine):
@@ -247,7 +233,7 @@ class CufftMpEngine(Engine):
 
         settings = run.spec.collective.settings
         xp = np if run.spec.chunk_type == "numpy" else cupy  # NumPy in, NumPy out: see .host
-        outputs = _empty_outputs(run, xp)
+        outputs = empty_outputs(run, xp)
         one_pe = len(run.spec.workers) == 1 and xp is cupy and run.state != "failed"
         if one_pe and (jobs := _local_jobs(run, outputs, self.piece_jobs)) is not None:
             cupy.cuda.Device().synchronize()  # inputs may come from kernels still in flight

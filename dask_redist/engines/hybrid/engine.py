@@ -43,7 +43,7 @@ import numpy as np
 from dask_redist.config import host
 from dask_redist.core.assemble import cut
 from dask_redist.engines.copies import PieceJobs, addresses
-from dask_redist.engines.exchange import receives, send_pieces, sends
+from dask_redist.engines.exchange import empty_outputs, in_order, receives, send_pieces, sends
 from dask_redist.engines.hybrid.description import HybridDescription
 from dask_redist.engines.hybrid.routes import by_ipc, summary
 from dask_redist.engines.ipc import Exported, Mapped, Refused, Steps, export, gather, unless_stopped
@@ -165,7 +165,7 @@ class HybridEngine(Engine):
         run.set_phase("export")
         outputs, inputs = {}, dict(run.inputs)  # (held until every copy is done: an abort empties run.inputs)
         try:
-            outputs = _empty_outputs(run, dev)
+            outputs = empty_outputs(run, dev)
             dev.synchronize()  # inputs from kernels in flight; outputs' memory the peers write into
             mine = _export(run, outputs, inputs, dev)
         except Exception as e:  # noqa: BLE001 - told to every rank, which all raise (none waits for it)
@@ -258,16 +258,6 @@ class HybridEngine(Engine):
         dev.launch(table.at(addresses(inputs, math.prod(rechunk.old_grid)), at))
 
 
-def _empty_outputs(run, dev) -> dict:
-    """This rank's output chunks, allocated (none once the run was aborted)."""
-    if run.state == "failed":
-        return {}
-    spec = run.spec.collective
-    owned = run.plan.owned(run.rank)
-    lower, upper = spec.rechunk.new_boxes(owned)
-    return {f: dev.empty(tuple(shape), spec.dtype) for f, shape in zip(owned, (upper - lower).tolist())}
-
-
 def _export(run, outputs: dict, inputs: dict, dev) -> Exported | Refused:
     """This rank's output chunks as its peers map them, or why they cannot be (the pieces of its
     host then go over comms)."""
@@ -343,11 +333,7 @@ def _map(run, ipc, outputs: dict, exported: list, hosts: list, wanted: np.ndarra
 
 def _placed(recv, received: dict, outputs: dict, rechunk) -> list:
     """(view of its output chunk, piece) for every piece received over comms, in ``recv``'s order."""
-    position = {s: 0 for s in received}
-    pairs = []
-    for i, s in enumerate(recv.src.tolist()):
-        piece = received[s][position[s]]
-        position[s] += 1
-        f = int(recv.new_block[i])
-        pairs.append((cut(outputs[f], rechunk.new_box(f)[0], recv.lo[i], recv.hi[i]), piece))
-    return pairs
+    return [
+        (cut(outputs[f], rechunk.new_box(f)[0], lo, hi), piece)
+        for f, lo, hi, piece in zip(recv.new_block.tolist(), recv.lo, recv.hi, in_order(recv, received))
+    ]
