@@ -238,7 +238,7 @@ def test_numpy_chunks_are_refused_naming_the_engine_and_auto():
 
 
 class Scheduler:
-    """The scheduler's all-gather as the engine gets it (`RunGroup`), for one rank whose peers never
+    """The scheduler's all-gather as the engine gets it (`engines.ipc.ExchangeGroup`), for one rank whose peers never
     come: it blocks until ``answer`` is set, then raises what is in it."""
 
     def __init__(self):

@@ -13,6 +13,7 @@ from what all of them sent. Used by the engines that copy chunk to chunk between
 
 from __future__ import annotations
 
+import pickle
 import threading
 import time
 from dataclasses import dataclass
@@ -51,6 +52,28 @@ def unless_stopped(stop: Callable[[], bool], exchange, tag: str, payload: bytes)
     if not ok:
         raise value
     return value
+
+
+class ExchangeGroup:
+    """An all-gather among ranks over ``exchange`` (tag, payload -> every rank's payload, in rank
+    order), step by step under ``name``: every rank's object, fresh copies. With ``stop``:
+    `Stopped` once ``stop()`` is true, where a rank that is gone would never answer
+    (``exchange_until(tag, payload, stop)`` where the exchange looks at ``stop`` itself, else
+    `unless_stopped`)."""
+
+    def __init__(self, name: str, exchange, exchange_until=None):
+        self.name, self._exchange, self._exchange_until, self._step = name, exchange, exchange_until, 0
+
+    def allgather(self, obj, stop: Callable[[], bool] | None = None) -> list:
+        self._step += 1
+        tag, payload = f"{self.name}/{self._step}", pickle.dumps(obj)
+        if stop is None:
+            payloads = self._exchange(tag, payload)
+        elif self._exchange_until is not None:
+            payloads = self._exchange_until(tag, payload, stop)
+        else:
+            payloads = unless_stopped(stop, self._exchange, tag, payload)
+        return [pickle.loads(p) for p in payloads]
 
 
 @dataclass(frozen=True)

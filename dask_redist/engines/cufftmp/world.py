@@ -18,7 +18,6 @@ from __future__ import annotations
 import functools
 import logging
 import os
-import pickle
 import threading
 import time
 from typing import Any, Callable, NamedTuple
@@ -28,7 +27,7 @@ import numpy as np
 from dask_redist.config import host
 from dask_redist.engines.cufftmp import hostfiles, remote
 from dask_redist.engines.cufftmp.hostfiles import FileExchange
-from dask_redist.engines.ipc import unless_stopped
+from dask_redist.engines.ipc import ExchangeGroup
 from dask_redist.engines.cufftmp.nvshmem import gpu_memory, heap_problem, parse_symmetric_size
 from dask_redist.engines.registry import engine_settings
 from dask_redist.errors import EngineUnavailableError, RedistError
@@ -93,7 +92,8 @@ class DaskProcessGroup(_ProcessGroup):
         self.name = name
         self._rank, self._nranks = rank, nranks
         self._exchange = exchange
-        self._step = 0
+        until = exchange if isinstance(exchange, FileExchange) else None  # (it looks at stop as it polls)
+        self._group = ExchangeGroup(name, exchange, until)
 
     @property
     def rank(self) -> int:
@@ -107,15 +107,7 @@ class DaskProcessGroup(_ProcessGroup):
         """Every rank's ``obj``, in rank order (fresh copies). With ``stop``: `ipc.Stopped`
         once ``stop()`` is true (checked as files are looked for, else every `ipc.STOP_POLL_S`), where
         a rank that is gone would never answer."""
-        self._step += 1
-        tag, payload = f"{self.name}/{self._step}", pickle.dumps(obj)
-        if stop is None:
-            payloads = self._exchange(tag, payload)
-        elif isinstance(self._exchange, FileExchange):
-            payloads = self._exchange(tag, payload, stop)
-        else:
-            payloads = unless_stopped(stop, self._exchange, tag, payload)
-        return [pickle.loads(p) for p in payloads]
+        return self._group.allgather(obj, stop)
 
     def broadcast_buffer(self, array: np.ndarray, *, root: int = 0) -> None:
         values = self.allgather(array if self._rank == root else None)

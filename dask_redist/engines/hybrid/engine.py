@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import logging
 import math
-import pickle
 
 import numpy as np
 
@@ -46,7 +45,7 @@ from dask_redist.engines.copies import PieceJobs, addresses
 from dask_redist.engines.exchange import empty_outputs, in_order, receives, send_pieces, sends
 from dask_redist.engines.hybrid.description import HybridDescription
 from dask_redist.engines.hybrid.routes import by_ipc, summary
-from dask_redist.engines.ipc import Exported, Mapped, Refused, Steps, export, gather, unless_stopped
+from dask_redist.engines.ipc import ExchangeGroup, Exported, Mapped, Refused, Steps, export, gather
 from dask_redist.engines.protocol import Engine
 from dask_redist.errors import FAILURES, EngineUnavailableError, RedistError, RedistTimeoutError, failure_of
 
@@ -108,24 +107,6 @@ class Gpu:
             copies.launch()
 
 
-class RunGroup:
-    """The run's all-gather among all its ranks, through the scheduler, step by step."""
-
-    def __init__(self, run, transport):
-        self._exchange = transport.exchange_factory(run.rank, len(run.spec.workers))
-        self._name, self._step = f"hybrid/{run.spec.token}/{run.run_id}", 0
-
-    def allgather(self, obj, stop=None) -> list:
-        self._step += 1
-        tag, payload = f"{self._name}/{self._step}", pickle.dumps(obj)
-        values = (
-            self._exchange(tag, payload)
-            if stop is None
-            else unless_stopped(stop, self._exchange, tag, payload)
-        )
-        return [pickle.loads(v) for v in values]
-
-
 #: What an aborted rank says in an all-gather.
 ABORTED = "aborted"
 #: Why an aborted rank exported nothing (a rank that failed before the first all-gather says why).
@@ -160,7 +141,7 @@ class HybridEngine(Engine):
                 "engine for NumPy chunks"
             )
         dev, rechunk, plan = self.device, run.spec.collective.rechunk, run.plan
-        group = RunGroup(run, transport) if self._group is None else self._group(run)
+        group = _run_group(run, transport) if self._group is None else self._group(run)
         steps = Steps({})
         run.set_phase("export")
         outputs, inputs = {}, dict(run.inputs)  # (held until every copy is done: an abort empties run.inputs)
@@ -271,6 +252,12 @@ def _export(run, outputs: dict, inputs: dict, dev) -> Exported | Refused:
         return export(outputs, dev.ipc)
     except Exception as e:  # noqa: BLE001 - told to every rank
         return Refused(f"{type(e).__name__}: {e}", lasting=True)
+
+
+def _run_group(run, transport) -> ExchangeGroup:
+    """The run's all-gather among all its ranks, through the scheduler, step by step."""
+    exchange = transport.exchange_factory(run.rank, len(run.spec.workers))
+    return ExchangeGroup(f"hybrid/{run.spec.token}/{run.run_id}", exchange)
 
 
 def _gather(run, group, phase: str, payload) -> list:
