@@ -25,6 +25,8 @@ one for every repetition; each method prints a line as it ends.
 
 from __future__ import annotations
 
+import functools
+
 import math
 import time
 import uuid
@@ -271,12 +273,12 @@ def main(args, command: str, connect, show, write) -> int:
 
     kind = "cupy" if args.gpu else "numpy"
     methods = tuple(args.methods or (GPU_METHODS if args.gpu else CPU_METHODS))
+    say = functools.partial(print, flush=True)  # (each method's line as it ends)
     results = []
     with connect(args) as client:
         env = environment(client)
         for size in args.size:
             for n in args.chunks:
-                say = lambda line: print(line, flush=True)  # noqa: E731
                 done = run(client, size, n, methods, args.reps, kind, say, getattr(args, "fft_slabs", False))
                 show([r.row() for r in done])
                 results += done
