@@ -26,7 +26,6 @@ one for every repetition; each method prints a line as it ends.
 from __future__ import annotations
 
 import functools
-
 import math
 import time
 import uuid
