@@ -149,6 +149,16 @@ class FrozenGpuEngine(BlockedGpuEngine):
         ctypes.PyDLL(None).sleep(300)  # (PyDLL: the lock is held through the call)
 
 
+class FrozenAmongLiveEngine(FrozenGpuEngine):
+    """`FrozenGpuEngine`'s rank 0, its peers all alive: they time out sending to it before its
+    watchdog's grace is over and its dead man's switch ends the process."""
+
+    def execute(self, run, transport):
+        if run.run_id == 1 and run.rank == 0:
+            self.survive(run)
+        DaskEngine.execute(self, run, transport)
+
+
 class BlockedBootstrapEngine(BlockedGpuEngine):
     """Rank 0's thread blocks before any GPU work, as in NVSHMEM's bootstrap retrying the dead
     peer's socket: nothing is in flight, and the abort is never seen."""

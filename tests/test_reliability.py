@@ -700,10 +700,10 @@ def test_a_worker_whose_gpu_is_stuck_exits_and_the_rechunk_completes(own_cluster
     assert len(set(before.values()) - set(client.run(_pid).values())) == 2  # both processes replaced
 
 
-def _short_stuck_grace(dask_worker):
+def _short_stuck_grace(seconds=1.0, dask_worker=None):
     from dask_redist.runtime import collective
 
-    collective.STUCK_GRACE_S = 1.0
+    collective.STUCK_GRACE_S = seconds
 
 
 @pytest.mark.parametrize(
@@ -759,6 +759,23 @@ def test_a_worker_frozen_inside_a_native_call_exits_by_the_dead_mans_switch(own_
             break
         time.sleep(0.5)
     assert {frozen, dead} <= replaced, (before, now)
+
+
+def test_a_timeout_waiting_for_a_frozen_rank_restarts_once_it_exits(own_cluster):
+    """Rank 0 freezes holding the interpreter lock; its peers time out sending to it (2s) before
+    its dead man's switch ends it (2s + the 3s grace). That timeout is not the user's error: the
+    scheduler finds rank 0 silent, waits for it to leave, and restarts the rechunk without it."""
+    _, client = own_cluster
+    client.run(_short_stuck_grace, 3.0)
+    before = client.run(_pid)
+    a = data((30, 30), seed=12)
+    with dask_redist.enable(engine="engines:FrozenAmongLiveEngine", timeouts={"collective": "2s"}):
+        got = da.from_array(a, chunks=(3, 30)).rechunk((30, 3)).compute()
+    np.testing.assert_array_equal(got, a)
+    outcomes = [h["outcome"] for h in scheduler_history(client)[-2:]]
+    assert outcomes == ["restarted", "done"], scheduler_history(client)[-2:]
+    frozen = before[sorted(before)[0]]
+    assert frozen not in client.run(_pid, on_error="return").values()
 
 
 def test_exit_when_stuck_can_be_turned_off():

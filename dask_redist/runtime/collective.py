@@ -28,7 +28,13 @@ from typing import Callable
 from dask_redist.core import messages as m
 from dask_redist.core.run import WorkerRun
 from dask_redist.engines import get_engine
-from dask_redist.errors import EngineUnavailableError, RedistConsistencyError, RedistError, failure_of
+from dask_redist.errors import (
+    EngineUnavailableError,
+    RedistConsistencyError,
+    RedistError,
+    RedistTimeoutError,
+    failure_of,
+)
 from dask_redist.runtime.transport import CommsTransport
 
 logger = logging.getLogger("dask_redist")
@@ -212,12 +218,13 @@ class RunExecutor:
         """Have the scheduler abort ``run`` on every rank, this one included.
 
         An error the scheduler may answer with a restart (stale state; an engine
-        that could not start, under ``engine: auto``) is not applied here first:
-        this rank's unpack tasks would then fail the user's computation before
-        the restart releases them. The scheduler's abort follows the report; if
-        the scheduler cannot be reached, the run's own timeouts end it.
+        that could not start, under ``engine: auto``; a timeout, where the peer
+        waited for turns out to have left) is not applied here first: this rank's
+        unpack tasks would then fail the user's computation before the restart
+        releases them. The scheduler's abort follows the report; if the report
+        cannot be made, the error is applied here.
         """
-        if not isinstance(error, (RedistConsistencyError, EngineUnavailableError)):
+        if not isinstance(error, (RedistConsistencyError, EngineUnavailableError, RedistTimeoutError)):
             run.fail(error)
         self._report(run, error)
 
@@ -240,5 +247,6 @@ class RunExecutor:
                 await failed.call(self.worker.scheduler)
             except Exception:  # the scheduler may be gone; the other ranks time out on their own
                 logger.exception("could not report the failure of %s", run.name())
+                run.fail(error)
 
         asyncio.run_coroutine_threadsafe(report(), self.worker.loop.asyncio_loop)

@@ -21,7 +21,8 @@ released, so dask runs the barrier again (re-staging what was lost) under a new
 run id, up to ``redist.retries`` times (`dask_redist.runtime.lifecycle`, the one home of restarts); the stage tasks of a worker that left run
 again too (copies of their markers may live on, the staged chunks died with it).
 A rank that fails for any other reason has the run aborted on every rank with its
-error, so no rank is left waiting.
+error, so no rank is left waiting; after a timeout, once every rank answered or a rank
+that did not had the grace its watchdog gives it to leave (`RedistSchedulerPlugin._hold`).
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ from dask_redist.core.spec import BARRIER_PREFIX, BarrierTask, CollectiveSpec, s
 from dask_redist.engines import Request
 from dask_redist.engines.choice import EngineSelector, fft_engines
 from dask_redist.errors import FAILURES
-from dask_redist.runtime import ordering
+from dask_redist.runtime import collective, ordering
 from dask_redist.runtime.eager import EagerStarts
 from dask_redist.runtime.lifecycle import Rechunks
 from dask_redist.planning.memory import over_memory, pause_fraction
@@ -50,6 +51,7 @@ from dask_redist.runtime.rendezvous import Rendezvous, ask_each
 
 logger = logging.getLogger("dask_redist")
 STATUS_TIMEOUT_S = 10.0  # for each worker's answer to status()
+PEER_ANSWER_S = 5.0  # for each rank's answer after a run timed out (`RedistSchedulerPlugin._hold`)
 RUN_PLANS_KEPT = 8  # plans kept for a repeated rechunk (`RedistSchedulerPlugin._plan`) ...
 RUN_PLAN_KEPT_PIECES = 4096  # ... of at most this many pieces each
 
@@ -67,6 +69,7 @@ class RedistSchedulerPlugin(SchedulerPlugin):
         self.eager = EagerStarts()
         self._plans: dict = {}  # the last plans by geometry, placement and outputs wanted (`_plan`)
         self._ready: asyncio.Event | None = None
+        self._held: set = set()  # (token, run id) of runs whose timeout waits on silent ranks (`_hold`)
 
     def __reduce__(self):
         """The plugin travels (registered from a task, `runtime.tasks.register`) as what it is,
@@ -281,8 +284,42 @@ class RedistSchedulerPlugin(SchedulerPlugin):
             or self.rechunks.worker_left_during(token)
         ):
             self.rechunks.restart_once_barrier_done(token, message)
+        elif failure == "timeout":
+            self._abort_unless_a_rank_leaves(run.spec, message)
         else:
             self.rechunks.abort(token, message, failure=failure)
+
+    def _abort_unless_a_rank_leaves(self, spec, message: str) -> None:
+        """Abort run ``spec`` for a rank's timeout, once its ranks answered, or the silent ones had
+        the time to leave (`_hold`). The first timeout of a run is the one held."""
+        if (spec.token, spec.run_id) not in self._held:
+            self._held.add((spec.token, spec.run_id))
+            self.scheduler.loop.add_callback(self._hold, spec, message)
+
+    async def _hold(self, spec, message: str) -> None:
+        """A rank timed out waiting for peers. A peer frozen inside a native call that holds the
+        interpreter lock answers nothing, and its own watchdog ends its process a grace after
+        its own timeout (`dask_redist.runtime.collective`), which may come after this rank's:
+        the restart once it leaves finishes the rechunk, rather than the timeout failing the
+        user's computation. So ranks that do not answer get that grace to leave; if every rank
+        answers, the run is aborted at once."""
+        try:
+            answers = await ask_each(self.scheduler, {"op": "identity"}, spec.workers, PEER_ANSWER_S)
+            silent = [w for w, a in answers.items() if not isinstance(a, dict)]
+            deadline = time.monotonic() + collective.STUCK_GRACE_S + PEER_ANSWER_S
+            while silent and time.monotonic() < deadline and self._undecided(spec):
+                await asyncio.sleep(0.1)
+            if self._undecided(spec):
+                if silent:
+                    message += f" (workers {silent} answered nothing either: stopped or frozen?)"
+                self.rechunks.abort(spec.token, message, failure="timeout")
+        finally:
+            self._held.discard((spec.token, spec.run_id))
+
+    def _undecided(self, spec) -> bool:
+        """Is run ``spec`` still active, with no worker of it gone (whose restart is under way)?"""
+        active = self.rechunks.active(spec.token, spec.run_id) is not None
+        return active and not self.rechunks.worker_left_during(spec.token)
 
     def forget_world(self, engine: str | None = None) -> None:
         """The next run of ``engine`` (of every engine: None) starts its world over the workers of
