@@ -144,9 +144,11 @@ def test_which_gpu_cpu_mapping_a_worker_has(tmp_path, monkeypatch):
 def test_the_doctor_warns_of_ucx_over_tcp_without_a_mapping():
     from dask_redist.engines.cufftmp.checks import cluster_warnings
 
-    def report(host, mapping):
+    def report(host, mapping, machine=None, p2p_disabled=False):
         return {
             "host": host,
+            "machine": machine or f"{host} boot-1",
+            "p2p disabled": p2p_disabled,
             "network devices": [],
             "gpu cpu mapping": mapping,
             "NVSHMEM environment": {remote.VARIABLE: "ucx", "NVSHMEM_BOOTSTRAP_UID_SOCK_IFNAME": "eth0"},
@@ -159,3 +161,54 @@ def test_the_doctor_warns_of_ucx_over_tcp_without_a_mapping():
         cluster_warnings({"tcp://a:1": report("hostA", "GDRCopy"), "tcp://b:1": report("hostB", "GDRCopy")})
         == []
     )
+    # pseudo-hosts of one machine: P2P, no mapping needed; unless P2P is off
+    one = {"tcp://a:1": report("hostA", None, "m boot-1"), "tcp://b:1": report("hostB", None, "m boot-1")}
+    assert cluster_warnings(one) == []
+    one["tcp://b:1"]["p2p disabled"] = True
+    assert len(cluster_warnings(one)) == 2, cluster_warnings(one)
+
+
+def test_auto_counts_the_mapping_only_where_p2p_cannot_serve():
+    """``ucx`` without a network device or a GPU-CPU mapping: a world across machines (or with P2P
+    off) would stop at NVSHMEM's first atomic, so `across_hosts_problem` refuses it; pseudo-hosts
+    of one machine with P2P on form their world (measured on one H200)."""
+
+    def answers(machines, mapping=None, p2p_disabled=False):
+        base = {"network devices": [], "remote transport": "ucx", "gpu cpu mapping": mapping}
+        return {
+            f"tcp://127.0.0.1:{4001 + i}": {
+                "host": f"h{i}",
+                "machine": m,
+                "p2p disabled": p2p_disabled,
+                **base,
+            }
+            for i, m in enumerate(machines)
+        }
+
+    assert remote.across_hosts_problem(answers(["m boot", "m boot"])) is None
+    why = remote.across_hosts_problem(answers(["m1 boot", "m2 boot"]))
+    assert why is not None and "needs a GPU-CPU mapping" in why and "keep cufftmp to one node" in why, why
+    assert remote.across_hosts_problem(answers(["m1 boot", "m2 boot"], mapping="GDRCopy")) is None
+    assert "needs a GPU-CPU mapping" in remote.across_hosts_problem(
+        answers(["m b", "m b"], p2p_disabled=True)
+    )
+    older = answers(["m1 boot", "m2 boot"])  # workers of an older dask-redist said neither: not counted
+    for a in older.values():
+        del a["machine"], a["p2p disabled"], a["gpu cpu mapping"]
+    assert remote.across_hosts_problem(older) is None
+
+
+def test_a_worker_says_its_machine_and_its_mapping_only_with_ucx(clean, monkeypatch, tmp_path):
+    boot = tmp_path / "boot_id"
+    boot.write_text("1234-abcd\n")
+    assert remote.machine(str(boot)).endswith(" 1234-abcd")
+    assert remote.machine(str(tmp_path / "none")).endswith(" ?")
+    monkeypatch.setattr(remote, "gpu_cpu_mapping", lambda: "GDRCopy")
+    monkeypatch.delenv(remote.VARIABLE, raising=False)
+    monkeypatch.setenv(remote.DISABLE_P2P, "Yes")
+    facts = remote.facts()
+    assert facts["p2p disabled"] is True and "gpu cpu mapping" not in facts and facts["machine"]
+    monkeypatch.setenv(remote.VARIABLE, "ucx")
+    monkeypatch.setenv(remote.DISABLE_P2P, "0")
+    facts = remote.facts()
+    assert facts["gpu cpu mapping"] == "GDRCopy" and facts["p2p disabled"] is False

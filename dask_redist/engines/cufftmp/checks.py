@@ -25,6 +25,7 @@ def worker_report() -> dict:
     report = {"pid": os.getpid(), "CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES", "")}
     report["network devices"] = remote.ib_devices()  # (its host: doctor adds it, `dask_redist.config.host`)
     report["gpu cpu mapping"] = remote.gpu_cpu_mapping()
+    report["machine"], report["p2p disabled"] = remote.machine(), remote.p2p_disabled()
     report["NVSHMEM environment"] = {k: v for k, v in os.environ.items() if k in _NVSHMEM_KEYS}
     if remote.set_here():  # (not the environment's: dask-redist's, for the world of the moment)
         report["NVSHMEM environment"].pop(remote.VARIABLE, None)
@@ -83,8 +84,10 @@ def cluster_warnings(reports: dict[str, dict]) -> list[str]:
     heap size (NVSHMEM allocates symmetric memory identically on every PE). Workers on more
     than one host reach each other through NVSHMEM's remote transport: each host needs a
     network device it can use (``/sys/class/infiniband``), or ``NVSHMEM_REMOTE_TRANSPORT``
-    naming one that does not need it (``ucx``, ``libfabric``): `remote.transport_problem`. A
-    worker's host is its ``redist.host`` (``report["host"]``, pseudo-hosts included).
+    naming one that does not need it (``ucx``, ``libfabric``): `remote.transport_problem`;
+    ``ucx`` without a device needs a GPU-CPU mapping where the workers span machines or P2P is
+    off (`remote.mapping_needed`). A worker's host is its ``redist.host`` (``report["host"]``,
+    pseudo-hosts included).
     """
     out = []
     for key, what in (
@@ -98,11 +101,11 @@ def cluster_warnings(reports: dict[str, dict]) -> list[str]:
             out.append(f"workers differ in {what}: {', '.join(sorted(seen))}; make them the same everywhere")
     hosts = {r.get("host") for r in reports.values() if r.get("host")}
     if len(hosts) > 1:
+        needed = remote.mapping_needed(reports.values())
         for address, r in sorted(reports.items()):
             env = (r.get("NVSHMEM environment") or {}).get(remote.VARIABLE)
-            if why := remote.transport_problem(
-                r.get("network devices"), env, r.get("gpu cpu mapping", remote.UNKNOWN)
-            ):
+            mapping = r.get("gpu cpu mapping", remote.UNKNOWN) if needed else remote.UNKNOWN
+            if why := remote.transport_problem(r.get("network devices"), env, mapping):
                 out.append(
                     f"{address} ({r.get('host')}): workers are on {len(hosts)} hosts ({', '.join(sorted(hosts))}) "
                     f"but this one has no remote transport NVSHMEM can use ({why}): {remote.REMEDY}"

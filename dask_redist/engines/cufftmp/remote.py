@@ -29,14 +29,18 @@ UCX without an InfiniBand/RoCE device does NVSHMEM's atomics on the GPU's memory
 mapping: GDRCopy (``libgdrapi`` and its ``gdrdrv`` kernel module) or the CUDA driver's DMA-BUF
 backend (driver 13.3, R610, or later). Without either, NVSHMEM initialized its ucx transport and
 then stopped at its first atomic ("UCX atomic verb 8 is unsupported without a GPU CPU mapping"):
-the world never formed (measured on one H200 with ``NVSHMEM_DISABLE_P2P=1``, docs/scale.md). The
-doctor says so for such a worker (`gpu_cpu_mapping`); the choice of engine does not count it yet:
-pseudo-hosts on one machine reach each other by P2P and form their world with ``ucx`` set.
+the world never formed (measured on one H200 with ``NVSHMEM_DISABLE_P2P=1``, docs/scale.md). So
+where the workers span machines (`machine`: hostname and boot id), or a worker turned P2P off, a
+worker with ``ucx``, no such device and neither mapping has no remote transport NVSHMEM can use:
+the doctor says so, and ``auto`` runs such rechunks on another engine. Pseudo-hosts of one machine
+reach each other by P2P and form their world with ``ucx`` set (measured, with P2P on): there the
+mapping is not needed (`mapping_needed`).
 """
 
 from __future__ import annotations
 
 import os
+import socket
 
 VARIABLE = "NVSHMEM_REMOTE_TRANSPORT"
 IB_DEVICES = "/sys/class/infiniband"  # where Linux lists InfiniBand / RoCE devices
@@ -54,6 +58,9 @@ REMEDY = (
 DMA_BUF_DRIVER = 13030
 GDRCOPY_DEVICE = "/dev/gdrdrv"
 GDRCOPY_LIBRARY = "libgdrapi.so.2"
+BOOT_ID = "/proc/sys/kernel/random/boot_id"
+#: NVSHMEM's setting that sends every pair of PEs, on one machine too, through the remote transport
+DISABLE_P2P = "NVSHMEM_DISABLE_P2P"
 
 
 def ib_devices(path: str = IB_DEVICES) -> list[str]:
@@ -80,6 +87,30 @@ def gpu_cpu_mapping(device: str = GDRCOPY_DEVICE, driver: int | None = None) -> 
         except Exception:  # noqa: BLE001 - no CUDA here: no DMA-BUF either
             driver = 0
     return "CUDA DMA-BUF" if driver >= DMA_BUF_DRIVER else None
+
+
+def machine(boot_id: str = BOOT_ID) -> str:
+    """This machine, whatever ``redist.host`` says: its hostname and the kernel's boot id."""
+    try:
+        with open(boot_id) as f:
+            boot = f.read().strip()
+    except OSError:
+        boot = "?"
+    return f"{socket.gethostname()} {boot}"
+
+
+def p2p_disabled() -> bool:
+    """Does this process's ``NVSHMEM_DISABLE_P2P`` turn NVSHMEM's P2P transport off? (NVSHMEM's
+    booleans: 1, y, yes, t, true, any case.)"""
+    return os.environ.get(DISABLE_P2P, "").strip().lower() in ("1", "y", "yes", "t", "true")
+
+
+def mapping_needed(facts) -> bool:
+    """Do the workers of ``facts`` (each one's `facts` or doctor report) need a GPU-CPU mapping
+    for ``ucx`` without a network device: they span machines, or one of them turned P2P off?
+    Workers that did not say (an older dask-redist) are not counted."""
+    said = [f for f in facts if "machine" in f]
+    return len({f["machine"] for f in said}) > 1 or any(f.get("p2p disabled") for f in said)
 
 
 def remote_transport(hosts, devices, environment: str | None) -> tuple[str, str]:
@@ -125,8 +156,17 @@ def environment() -> str | None:
 
 
 def facts() -> dict:
-    """What `transport_problem` needs of this worker (its cufftmp capabilities carry them)."""
-    return {"network devices": ib_devices(), "remote transport": environment()}
+    """What `transport_problem` needs of this worker (its cufftmp capabilities carry them); its
+    GPU-CPU mapping only where its transport is ``ucx`` (finding it asks CUDA's driver)."""
+    out = {
+        "network devices": ib_devices(),
+        "remote transport": environment(),
+        "machine": machine(),
+        "p2p disabled": p2p_disabled(),
+    }
+    if (out["remote transport"] or "").strip().lower() == "ucx":
+        out["gpu cpu mapping"] = gpu_cpu_mapping()
+    return out
 
 
 #: `transport_problem`'s ``mapping`` where the worker did not say (an older dask-redist): not counted
@@ -161,10 +201,18 @@ def across_hosts_problem(answers: dict[str, dict]) -> str | None:
     hosts = sorted({str(a["host"]) for a in answers.values() if a.get("host")})
     if len(hosts) < 2:
         return None
+    needed = mapping_needed(answers.values())
     bad = [
         (w, why)
         for w, a in sorted(answers.items())
-        if a.get("host") and (why := transport_problem(a.get("network devices"), a.get("remote transport")))
+        if a.get("host")
+        and (
+            why := transport_problem(
+                a.get("network devices"),
+                a.get("remote transport"),
+                a.get("gpu cpu mapping", UNKNOWN) if needed else UNKNOWN,
+            )
+        )
     ]
     if not bad:
         return None
