@@ -15,7 +15,9 @@
 #            are $REDIST_PSEUDO_TESTS (default tests/test_gpu.py tests/test_gpu_world.py)
 #   ucx:     the cluster again with NVSHMEM_REMOTE_TRANSPORT=ucx UCX_TLS=tcp,cuda_copy,cuda_ipc and
 #            NVSHMEM_DEBUG=INFO: doctor, auto and cufftmp; then the same with NVSHMEM_DISABLE_P2P=1, which
-#            makes NVSHMEM send between the PEs of one GPU through the remote transport (UCX over TCP)
+#            makes NVSHMEM send between the PEs of one GPU through the remote transport (UCX over TCP);
+#            without GDRCopy or DMA-BUF (this node) auto takes hybrid there and cufftmp is refused before
+#            the run (since fba250b; before, NVSHMEM stopped at its first atomic and the run timed out)
 #   hybrid:  the hybrid engine (CUDA IPC within a pseudo-host, Dask's comms between them) with no remote
 #            transport: its GPU tests at 2 pseudo-hosts x 2 PEs (tests/test_gpu_hybrid.py, < 5 min), then
 #            `dask-redist bench --gpu --workers 4 --pes-per-gpu 4 --pseudo-hosts 2` timing redist-hybrid,
