@@ -762,14 +762,14 @@ def test_a_worker_frozen_inside_a_native_call_exits_by_the_dead_mans_switch(own_
 
 
 def test_a_timeout_waiting_for_a_frozen_rank_restarts_once_it_exits(own_cluster):
-    """Rank 0 freezes holding the interpreter lock; its peers time out sending to it (2s) before
-    its dead man's switch ends it (2s + the 3s grace). That timeout is not the user's error: the
+    """Rank 0 freezes holding the interpreter lock; its peers time out sending to it (4s) before
+    its dead man's switch ends it (4s + the 1s grace). That timeout is not the user's error: the
     scheduler finds rank 0 silent, waits for it to leave, and restarts the rechunk without it."""
     _, client = own_cluster
-    client.run(_short_stuck_grace, 3.0)
+    client.run(_short_stuck_grace, 1.0)
     before = client.run(_pid)
     a = data((30, 30), seed=12)
-    with dask_redist.enable(engine="engines:FrozenAmongLiveEngine", timeouts={"collective": "2s"}):
+    with dask_redist.enable(engine="engines:FrozenAmongLiveEngine", timeouts={"collective": "4s"}):
         got = da.from_array(a, chunks=(3, 30)).rechunk((30, 3)).compute()
     np.testing.assert_array_equal(got, a)
     outcomes = [h["outcome"] for h in scheduler_history(client)[-2:]]

@@ -302,11 +302,14 @@ class RedistSchedulerPlugin(SchedulerPlugin):
         its own timeout (`dask_redist.runtime.collective`), which may come after this rank's:
         the restart once it leaves finishes the rechunk, rather than the timeout failing the
         user's computation. So ranks that do not answer get that grace to leave; if every rank
-        answers, the run is aborted at once."""
+        answers, the run is aborted at once. The wait is at most the collective timeout too:
+        the ranks' unpack tasks give up (`WorkerRun.outputs_timeout`) a timeout after that."""
+        timeout = spec.collective.settings.collective_timeout
+        deadline = time.monotonic() + min(collective.STUCK_GRACE_S + PEER_ANSWER_S, timeout)
         try:
-            answers = await ask_each(self.scheduler, {"op": "identity"}, spec.workers, PEER_ANSWER_S)
+            workers = spec.workers
+            answers = await ask_each(self.scheduler, {"op": "identity"}, workers, min(PEER_ANSWER_S, timeout))
             silent = [w for w, a in answers.items() if not isinstance(a, dict)]
-            deadline = time.monotonic() + collective.STUCK_GRACE_S + PEER_ANSWER_S
             while silent and time.monotonic() < deadline and self._undecided(spec):
                 await asyncio.sleep(0.1)
             if self._undecided(spec):
