@@ -159,6 +159,17 @@ class FrozenAmongLiveEngine(FrozenGpuEngine):
         DaskEngine.execute(self, run, transport)
 
 
+class StopsItselfEngine(DaskEngine):
+    """Run 1: rank 0's process stops itself (SIGSTOP) as it starts the run; the test resumes it."""
+
+    def execute(self, run, transport):
+        import signal
+
+        if run.run_id == 1 and run.rank == 0:
+            os.kill(os.getpid(), signal.SIGSTOP)
+        super().execute(run, transport)
+
+
 class BlockedBootstrapEngine(BlockedGpuEngine):
     """Rank 0's thread blocks before any GPU work, as in NVSHMEM's bootstrap retrying the dead
     peer's socket: nothing is in flight, and the abort is never seen."""

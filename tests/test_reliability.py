@@ -170,6 +170,29 @@ def test_a_stalled_rank_times_out_with_run_rank_and_phase(own_cluster):
     assert worker_leftovers(client, timeout=15) == {}
 
 
+def test_a_rank_stopped_mid_run_is_named_in_the_timeout(own_cluster):
+    """Rank 0's process is stopped (SIGSTOP) as the run starts: its peers time out, the scheduler
+    finds it silent and, as it does not leave either, fails the run within the collective timeout
+    of the peers' with an error naming it; resumed, it takes part in the next rechunk."""
+    _, client = own_cluster
+    client.wait_for_workers(3)
+    before = client.run(_pid)
+    stopped = sorted(before)[0]
+    x = da.from_array(data((30, 30), seed=13), chunks=(3, 30))
+    try:
+        with dask_redist.enable(engine="engines:StopsItselfEngine", timeouts={"collective": "3s"}):
+            start = time.monotonic()
+            with pytest.raises(RedistTimeoutError, match="answered nothing either") as info:
+                x.rechunk((30, 3)).compute()
+        assert time.monotonic() - start < 30
+        assert stopped in str(info.value), info.value
+    finally:
+        os.kill(before[stopped], signal.SIGCONT)
+    with dask_redist.enable(engine="dask"):
+        np.testing.assert_array_equal(x.rechunk((30, 3)).compute(), x.compute())
+    assert client.run(_pid) == before
+
+
 def test_a_failing_rank_releases_the_others_at_once(own_cluster):
     cluster, client = own_cluster
     x = da.from_array(data((30, 30)), chunks=(3, 30))
