@@ -160,12 +160,16 @@ class FrozenAmongLiveEngine(FrozenGpuEngine):
 
 
 class StopsItselfEngine(DaskEngine):
-    """Run 1: rank 0's process stops itself (SIGSTOP) as it starts the run; the test resumes it."""
+    """Run 1: rank 0's process stops itself (SIGSTOP) 2 s into the run, before sending anything
+    (the test resumes it). Not at once: the run starts before the barrier task has run
+    (`runtime.eager`), and a barrier task fetching a stage marker from a stopped worker waits
+    for it as any Dask task would, until distributed's worker-ttl."""
 
     def execute(self, run, transport):
         import signal
 
         if run.run_id == 1 and run.rank == 0:
+            time.sleep(2.0)
             os.kill(os.getpid(), signal.SIGSTOP)
         super().execute(run, transport)
 

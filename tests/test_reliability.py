@@ -171,7 +171,7 @@ def test_a_stalled_rank_times_out_with_run_rank_and_phase(own_cluster):
 
 
 def test_a_rank_stopped_mid_run_is_named_in_the_timeout(own_cluster):
-    """Rank 0's process is stopped (SIGSTOP) as the run starts: its peers time out, the scheduler
+    """Rank 0's process is stopped (SIGSTOP) mid-run: its peers time out, the scheduler
     finds it silent and, as it does not leave either, fails the run within the collective timeout
     of the peers' with an error naming it; resumed, it takes part in the next rechunk."""
     _, client = own_cluster
