@@ -38,7 +38,7 @@ from distributed.utils import log_errors, offload
 
 from dask_redist.config import Settings
 from dask_redist.core import messages as m
-from dask_redist.core.spec import BARRIER_PREFIX, BarrierTask, CollectiveSpec, stage_token
+from dask_redist.core.spec import BARRIER_PREFIX, BarrierTask, CollectiveSpec, RunSpec, stage_token
 from dask_redist.engines import Request
 from dask_redist.engines.choice import EngineSelector, fft_engines
 from dask_redist.errors import FAILURES
@@ -289,14 +289,14 @@ class RedistSchedulerPlugin(SchedulerPlugin):
         else:
             self.rechunks.abort(token, message, failure=failure)
 
-    def _abort_unless_a_rank_leaves(self, spec, message: str) -> None:
+    def _abort_unless_a_rank_leaves(self, spec: RunSpec, message: str) -> None:
         """Abort run ``spec`` for a rank's timeout, once its ranks answered, or the silent ones had
         the time to leave (`_hold`). The first timeout of a run is the one held."""
         if (spec.token, spec.run_id) not in self._held:
             self._held.add((spec.token, spec.run_id))
             self.scheduler.loop.add_callback(self._hold, spec, message)
 
-    async def _hold(self, spec, message: str) -> None:
+    async def _hold(self, spec: RunSpec, message: str) -> None:
         """A rank timed out waiting for peers. A peer frozen inside a native call that holds the
         interpreter lock answers nothing, and its own watchdog ends its process a grace after
         its own timeout (`dask_redist.runtime.collective`), which may come after this rank's:
@@ -307,8 +307,8 @@ class RedistSchedulerPlugin(SchedulerPlugin):
         timeout = spec.collective.settings.collective_timeout
         deadline = time.monotonic() + min(collective.STUCK_GRACE_S + PEER_ANSWER_S, timeout)
         try:
-            workers = spec.workers
-            answers = await ask_each(self.scheduler, {"op": "identity"}, workers, min(PEER_ANSWER_S, timeout))
+            ask = min(PEER_ANSWER_S, timeout)
+            answers = await ask_each(self.scheduler, {"op": "identity"}, spec.workers, ask)
             silent = [w for w, a in answers.items() if not isinstance(a, dict)]
             while silent and time.monotonic() < deadline and self._undecided(spec):
                 await asyncio.sleep(0.1)
@@ -319,7 +319,7 @@ class RedistSchedulerPlugin(SchedulerPlugin):
         finally:
             self._held.discard((spec.token, spec.run_id))
 
-    def _undecided(self, spec) -> bool:
+    def _undecided(self, spec: RunSpec) -> bool:
         """Is run ``spec`` still active, with no worker of it gone (whose restart is under way)?"""
         active = self.rechunks.active(spec.token, spec.run_id) is not None
         return active and not self.rechunks.worker_left_during(spec.token)
