@@ -1,0 +1,75 @@
+"""Which side of the fft pipeline slows its exchange on CPU: producer and consumer varied one at a
+time, 2 worker processes (1 thread each unless given), 256 MiB complex128 in 64 slabs along axis 0
+rechunked to 64 along axis 1, the `dask` engine; medians of REPS, the variants interleaved.
+
+    python benchmarks/fft_pipeline_variants.py [REPS] [THREADS]
+
+Every variant but "x+0 > rc" has its producer fused into the stage tasks; "fft2 > fft0" is the
+pipeline without the rechunk. Figures: docs/benchmarks.md ("Pipelines on CPU").
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+
+import dask.array as da
+import numpy as np
+from distributed import Client, LocalCluster, wait
+
+import dask_redist
+
+SHAPE, OLD, NEW = (256, 256, 256), (4, 256, 256), (256, 4, 256)
+
+
+def fft2(b):
+    return np.fft.fft2(b, axes=(1, 2))
+
+
+def fft0(b):
+    return np.fft.fft(b, axis=0)
+
+
+def copy(b):
+    return b * 1
+
+
+def first(b):
+    return b[:1, :1].copy()
+
+
+VARIANTS = {
+    "x+0 > rc": lambda x: x.rechunk(NEW),
+    "copy > rc > first": lambda x: x.map_blocks(copy).rechunk(NEW).map_blocks(first, chunks=(1, 1, 1)),
+    "fft2 > rc > first": lambda x: x.map_blocks(fft2).rechunk(NEW).map_blocks(first, chunks=(1, 1, 1)),
+    "copy > rc > fft0": lambda x: x.map_blocks(copy).rechunk(NEW).map_blocks(fft0),
+    "fft2 > rc > fft0": lambda x: x.map_blocks(fft2).rechunk(NEW).map_blocks(fft0),
+    "fft2 > fft0": lambda x: x.map_blocks(fft2).map_blocks(fft0),
+}
+
+
+def main(reps: int, threads: int) -> None:
+    with (
+        LocalCluster(
+            n_workers=2, threads_per_worker=threads, processes=True, dashboard_address=None
+        ) as cluster,
+        Client(cluster) as client,
+    ):
+        rng = np.random.default_rng(0)
+        x = client.persist(da.from_array(rng.random(SHAPE) + 1j * rng.random(SHAPE), chunks=OLD))
+        wait(x)
+        times: dict[str, list[float]] = {name: [] for name in VARIANTS}
+        with dask_redist.enable(engine="dask"):
+            for rep in range(reps):
+                for name, build in VARIANTS.items():
+                    y = build(x + 0 * rep)  # (a new graph each rep)
+                    start = time.perf_counter()
+                    wait(y.persist())
+                    times[name].append(time.perf_counter() - start)
+        for name, t in times.items():
+            print(f"{name:20s} median {1e3 * statistics.median(t):7.1f} ms  min {1e3 * min(t):7.1f} ms")
+
+
+if __name__ == "__main__":
+    main(int(sys.argv[1]) if len(sys.argv) > 1 else 5, int(sys.argv[2]) if len(sys.argv) > 2 else 1)
