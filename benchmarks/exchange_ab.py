@@ -25,6 +25,7 @@ PHASES = ("pack", "transport.send", "_cut_outputs")
 def install(dask_worker=None):
     """Wrap the engine's phases to record (phase, wall s, thread CPU s) in this worker process."""
     import dask_redist.engines.dask as de
+    import dask_redist.engines.exchange as ex
     from dask_redist.runtime import transport
 
     if hasattr(de, "_ab_events"):
@@ -41,19 +42,19 @@ def install(dask_worker=None):
 
         return g
 
-    de.pack = timed(de.pack, "pack")
+    ex.pack = timed(ex.pack, "pack")  # (the packing of `exchange.send_pieces`)
     de.DaskEngine._cut_outputs = staticmethod(timed(de.DaskEngine._cut_outputs, "_cut_outputs"))
     transport.CommsTransport.send = timed(transport.CommsTransport.send, "transport.send")
-    de._real = (de.wire_limit, de._send_buffers)
+    ex._real = (ex.wire_limit, ex._send_buffers)
 
 
 def mode(which, dask_worker=None):
-    import dask_redist.engines.dask as de
+    import dask_redist.engines.exchange as ex
 
     if which == "A":  # as before: no limit but the budget, fresh buffers
-        de.wire_limit, de._send_buffers = (lambda transport, dst: None), de.SendBuffers(0)
+        ex.wire_limit, ex._send_buffers = (lambda transport, dst: None), ex.SendBuffers(0)
     else:
-        de.wire_limit, de._send_buffers = de._real
+        ex.wire_limit, ex._send_buffers = ex._real
 
 
 def take(dask_worker=None):
