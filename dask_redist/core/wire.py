@@ -41,10 +41,14 @@ class Packed:
     buffer: Any
 
 
+def padded_sizes(nbytes: np.ndarray) -> np.ndarray:
+    """What each piece takes in a packed buffer: its bytes rounded up to `ALIGN`."""
+    return -(-nbytes // ALIGN) * ALIGN
+
+
 def packed_offsets(nbytes: np.ndarray) -> np.ndarray:
     """Byte offset of each piece in a packed buffer, and the buffer size last."""
-    padded = -(-nbytes // ALIGN) * ALIGN
-    return np.concatenate([[0], np.cumsum(padded)]).astype(np.int64)
+    return np.concatenate([[0], np.cumsum(padded_sizes(nbytes))]).astype(np.int64)
 
 
 def pack(arrays: list, nbytes: np.ndarray, pool: SendBuffers | None = None):

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from dask_redist.core.assemble import cut
-from dask_redist.core.wire import ALIGN, Packed, SendBuffers, as_is, batches, pack
+from dask_redist.core.wire import Packed, SendBuffers, as_is, batches, pack, padded_sizes
 from dask_redist.planning import Transfers
 
 #: Packed buffers kept for the next run, per worker process (`dask_redist.core.wire.SendBuffers`):
@@ -109,10 +109,9 @@ def send_pieces(run, transport, mine: Transfers) -> None:
         limit = wire_limit(transport, dst)
         pool = None if limit is None else _send_buffers
         cap = budget if limit is None else min(budget, limit)
-        padded = -(-t.nbytes // ALIGN) * ALIGN  # (a packed buffer's size: pieces start aligned)
         outgoing += [
             (dst, first, Packed(stop - first, pack(arrays[first:stop], t.nbytes[first:stop], pool)))
-            for first, stop in batches(padded, cap, as_is(arrays, t.nbytes))
+            for first, stop in batches(padded_sizes(t.nbytes), cap, as_is(arrays, t.nbytes))
         ]
     if not outgoing:
         return
