@@ -104,7 +104,7 @@ def cluster_warnings(reports: dict[str, dict]) -> list[str]:
         needed = remote.mapping_needed(reports.values())
         for address, r in sorted(reports.items()):
             env = (r.get("NVSHMEM environment") or {}).get(remote.VARIABLE)
-            mapping = r.get("gpu cpu mapping", remote.UNKNOWN) if needed else remote.UNKNOWN
+            mapping = remote.counted_mapping(r, needed)
             if why := remote.transport_problem(r.get("network devices"), env, mapping):
                 out.append(
                     f"{address} ({r.get('host')}): workers are on {len(hosts)} hosts ({', '.join(sorted(hosts))}) "

@@ -173,6 +173,12 @@ def facts() -> dict:
 UNKNOWN = "unknown"
 
 
+def counted_mapping(facts: dict, needed: bool) -> str | None:
+    """The GPU-CPU mapping of a worker's ``facts`` (or doctor report) as `transport_problem` takes
+    it: `UNKNOWN` (not counted) where its world does not need one (`mapping_needed`)."""
+    return facts.get("gpu cpu mapping", UNKNOWN) if needed else UNKNOWN
+
+
 def transport_problem(devices, environment: str | None, mapping: str | None = UNKNOWN) -> str | None:
     """Why NVSHMEM could not reach a worker on another host (``devices``: its InfiniBand/RoCE
     devices; ``environment``: its ``NVSHMEM_REMOTE_TRANSPORT``; ``mapping``: its `gpu_cpu_mapping`),
@@ -210,7 +216,7 @@ def across_hosts_problem(answers: dict[str, dict]) -> str | None:
             why := transport_problem(
                 a.get("network devices"),
                 a.get("remote transport"),
-                a.get("gpu cpu mapping", UNKNOWN) if needed else UNKNOWN,
+                counted_mapping(a, needed),
             )
         )
     ]
