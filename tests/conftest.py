@@ -159,6 +159,16 @@ def scheduler_history(client) -> list[dict]:
     return dask_redist.status(client)["history"]
 
 
+def wait_for_active_run(client, within: float, what: str = "the run never started") -> None:
+    """Until the scheduler has a run under way (``status()["active"]``), at most ``within`` s."""
+    import dask_redist
+
+    deadline = time.monotonic() + within
+    while not dask_redist.status(client)["active"]:
+        assert time.monotonic() < deadline, what
+        time.sleep(0.05)
+
+
 def runs_since(client, before: list[dict]) -> list[dict]:
     """The runs finished since ``before`` (an earlier `scheduler_history`): by (token, run id), as
     the scheduler keeps only the latest 200 (their count stops growing in a long session)."""

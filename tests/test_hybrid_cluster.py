@@ -8,7 +8,7 @@ from __future__ import annotations
 import dask.array as da
 import numpy as np
 import pytest
-from conftest import pseudo_hosts_cluster
+from conftest import pseudo_hosts_cluster, wait_for_active_run
 
 import dask_redist
 
@@ -80,10 +80,8 @@ def test_a_cancel_mid_run_costs_no_worker_and_the_next_rechunk_is_right(pseudo_c
     wait(x)
     with dask_redist.enable(engine="hybrid_cpu:HeldHybridEngine"):
         y = x.rechunk((64, 6)).persist()
-        deadline = time.monotonic() + 60
-        while not dask_redist.status(pseudo_client)["active"]:
-            assert time.monotonic() < deadline, "the run never started"
-            time.sleep(0.05)
+        deadline = time.monotonic() + 60  # (for both waits)
+        wait_for_active_run(pseudo_client, 60)
         time.sleep(0.5)  # (every rank in the run: rank 0 holds, the others wait for it)
         pseudo_client.cancel(y)
         del y
@@ -111,10 +109,7 @@ def test_a_worker_killed_mid_run_recovers_with_numpys_values(pseudo_client):
     pid = pseudo_client.run(_pid, workers=[victim])[victim]
     with dask_redist.enable(engine="hybrid_cpu:HeldOnceHybridEngine", timeouts={"collective": "60s"}):
         y = x.rechunk((64, 6)).persist()
-        deadline = time.monotonic() + 60
-        while not dask_redist.status(pseudo_client)["active"]:
-            assert time.monotonic() < deadline, "the run never started"
-            time.sleep(0.05)
+        wait_for_active_run(pseudo_client, 60)
         time.sleep(0.5)
         os.kill(pid, signal.SIGKILL)
         np.testing.assert_array_equal(y.compute(), expected)

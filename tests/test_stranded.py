@@ -18,7 +18,7 @@ import time
 import dask.array as da
 import numpy as np
 import pytest
-from conftest import local_cluster, scheduler_history
+from conftest import local_cluster, scheduler_history, wait_for_active_run
 from distributed import Client
 
 import dask_redist
@@ -185,10 +185,7 @@ def test_a_survivor_refusing_a_run_that_a_worker_left_restarts_it(client):
     x = da.from_array(a, chunks=(8, 32)).persist()
     with dask_redist.enable(engine="engines:UnusableWorldEngine", timeouts={"collective": "60s"}):
         y = x.rechunk((32, 8)).persist()
-        deadline = time.monotonic() + 30
-        while not dask_redist.status(client)["active"]:
-            assert time.monotonic() < deadline, "run 1 never started"
-            time.sleep(0.05)
+        wait_for_active_run(client, 30, "run 1 never started")
         token = client.run_on_scheduler(_defer_a_restart, reason="worker tcp://gone:1 left during run 1")
         with open(unusable_gate(token), "w"):
             pass
