@@ -100,8 +100,7 @@ def test_a_worker_keeps_send_buffers_within_a_share_of_its_memory_limit():
     buffers = [pool.take(2**20) for _ in range(3)]
     pool.give_back(buffers)
     assert pool.nbytes == 3 * 2**20
-    pool.keep = 2 * 2**20
-    pool.give_back([])
+    pool.bound(2 * 2**20)
     assert pool.nbytes == 2 * 2**20
     try:
         assert exchange.bound_send_buffers(2**40) == exchange.SEND_BUFFERS_KEPT
