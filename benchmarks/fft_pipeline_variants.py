@@ -2,9 +2,10 @@
 time, 2 worker processes (1 thread each unless given), 256 MiB complex128 in 64 slabs along axis 0
 rechunked to 64 along axis 1, the `dask` engine; medians of REPS, the variants interleaved.
 
-    python benchmarks/fft_pipeline_variants.py [REPS] [THREADS]
+    python benchmarks/fft_pipeline_variants.py [REPS] [THREADS] [fresh]
 
-Every variant but "x+0 > rc" has its producer fused into the stage tasks; "fft2 > fft0" is the
+"fresh": a new input persisted before every run, as `dask-redist bench` places one (else one input,
+persisted once, reused). Every variant but "x+0 > rc" has its producer fused into the stage tasks; "fft2 > fft0" is the
 pipeline without the rechunk. Figures: docs/benchmarks.md ("Pipelines on CPU").
 """
 
@@ -49,7 +50,7 @@ VARIANTS = {
 }
 
 
-def main(reps: int, threads: int) -> None:
+def main(reps: int, threads: int, fresh: bool) -> None:
     with (
         LocalCluster(
             n_workers=2, threads_per_worker=threads, processes=True, dashboard_address=None
@@ -57,12 +58,15 @@ def main(reps: int, threads: int) -> None:
         Client(cluster) as client,
     ):
         rng = np.random.default_rng(0)
-        x = client.persist(da.from_array(rng.random(SHAPE) + 1j * rng.random(SHAPE), chunks=OLD))
+        x = base = client.persist(da.from_array(rng.random(SHAPE) + 1j * rng.random(SHAPE), chunks=OLD))
         wait(x)
         times: dict[str, list[float]] = {name: [] for name in VARIANTS}
         with dask_redist.enable(engine="dask"):
             for rep in range(reps):
                 for name, build in VARIANTS.items():
+                    if fresh:
+                        x = client.persist(base * (rep + 1))  # (made on the workers)
+                        wait(x)
                     y = build(x + 0 * rep)  # (a new graph each rep)
                     start = time.perf_counter()
                     wait(y.persist())
@@ -72,4 +76,5 @@ def main(reps: int, threads: int) -> None:
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]) if len(sys.argv) > 1 else 5, int(sys.argv[2]) if len(sys.argv) > 2 else 1)
+    args = sys.argv[1:]
+    main(int(args[0]) if args else 5, int(args[1]) if len(args) > 1 else 1, "fresh" in args[2:])
