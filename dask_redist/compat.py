@@ -19,6 +19,7 @@ What is relied on, and where:
   ``rechunk-merge-*`` pre-chunking layer) -> `RECHUNK_PREFIXES` (graph.optimize);
 * ``dask._task_spec`` (``Task``, ``DataNode``, ``TaskRef``, ``Task.block_fusion``):
   the collective's tasks (graph.layer) and the barrier stand-in (runtime.ordering);
+  ``Task.fuse`` and ``convert_legacy_task``: a chain of consumers fused (graph.fuse);
 * ``dask.order.order``, looked up on the module by the scheduler for every graph:
   wrapped by runtime.ordering;
 * ``dask.array.rechunk._compute_rechunk`` (one step of Dask's ``tasks`` rechunk) and how it
@@ -65,7 +66,7 @@ import math
 import sys
 import threading
 
-from dask._task_spec import Alias, DataNode, GraphNode, Task, TaskRef
+from dask._task_spec import Alias, DataNode, GraphNode, Task, TaskRef, convert_legacy_task
 
 #: dask/distributed versions the test suite ran on (see the module docstring).
 TESTED_DASK = ("2026.7.1", "2026.8.0")
@@ -91,6 +92,7 @@ __all__ = [
     "Task",
     "TaskRef",
     "array_expr",
+    "convert_legacy_task",
     "CONFIG_METHOD",
     "METHOD_ANNOTATION",
     "METHOD_FROM_ANNOTATION",

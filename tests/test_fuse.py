@@ -272,3 +272,38 @@ def test_explain_says_what_the_rewrite_fuses_where_two_rechunks_meet(client, ena
     y = x.rechunk((48, 4, 6)) * 2 + (x + 1).rechunk((48, 4, 6))
     fused = [e.fused for e in dask_redist.explain(y).entries]
     assert len(fused) == 2 and sum(f"unpack tasks compute {y.name}" in f for f in fused) == 1, fused
+
+
+def test_a_reduction_over_the_axis_of_one_chunk_runs_inside_the_unpack_tasks(client, enabled, persisted):
+    """``x.rechunk(c).mean(axis=0)`` where ``c`` has one chunk along axis 0: the partial means and
+    their aggregation (keyed without axis 0) are one task per output chunk, the unpack task."""
+    a, x = persisted
+    y = x.rechunk((48, 4, 6)).mean(axis=0)
+    np.testing.assert_allclose(y.compute(), a.mean(axis=0))
+    (entry,) = dask_redist.explain(y).entries
+    assert entry.fused.startswith("unpack tasks compute mean_chunk-") and y.name in entry.fused, entry
+    held = tasks_of(client, y)
+    assert held.pop(key_split(y.name)) == 6 and held.pop("redist-barrier") == 1, held
+    assert held.pop("redist-stage") <= sum(client.nthreads().values()) and set(held) == {"array"}, held
+    z = (x.rechunk((48, 4, 3)).std(axis=(0, 2)) + 1) * 2  # (one chunk along axis 0, two along axis 2)
+    np.testing.assert_allclose(z.compute(), (a.std(axis=(0, 2)) + 1) * 2)
+    w = x.rechunk((48, 4, 6)).sum(axis=(0, 2))  # (both dropped axes of one chunk)
+    np.testing.assert_allclose(w.compute(), a.sum(axis=(0, 2)))
+    assert tasks_of(client, w).get(key_split(w.name)) == 6
+
+
+def test_a_chain_of_consumers_stops_at_a_layer_asked_for_or_used_twice(client, enabled, persisted):
+    a, x = persisted
+    doubled = x.rechunk((48, 4, 6)) * 2
+    total = doubled.sum(axis=0)
+    got_doubled, got_total = dask.compute(doubled, total)
+    np.testing.assert_allclose(got_doubled, a * 2)
+    np.testing.assert_allclose(got_total, (a * 2).sum(axis=0))
+    held_doubled, held_total = dask.persist(doubled, total)
+    wait([held_doubled, held_total])
+    held = client.run_on_scheduler(_prefixes)
+    assert held["mul"] == 6 and held["sum-aggregate"] == 6 and held["redist-barrier"] == 1, held
+    del held_doubled, held_total
+    twice = doubled.sum(axis=0) + doubled.max()  # (the doubled chunks feed two layers)
+    np.testing.assert_allclose(twice.compute(), (a * 2).sum(axis=0) + (a * 2).max())
+    assert tasks_of(client, twice)["mul"] == 6

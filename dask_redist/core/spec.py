@@ -57,6 +57,9 @@ class CollectiveSpec:
     #: the layer whose tasks the unpack tasks also run, under its keys (`graph.fuse`); "": none,
     #: the unpack tasks carry the output keys
     consumer: str = ""
+    #: the axes of an output chunk's index that the consumer's keys keep, where it drops axes of
+    #: one chunk (a reduction's aggregation over such an axis); None: all of them
+    consumer_axes: tuple[int, ...] | None = None
 
     @property
     def stage_name(self) -> str:
@@ -73,11 +76,16 @@ class CollectiveSpec:
 
     def output_key(self, flat: int) -> tuple:
         """The dask key of the task that hands output chunk ``flat`` over (its unpack task)."""
-        return (self.unpack_name, *self.rechunk.new_index(flat))
+        return self._key(self.rechunk.new_index(flat))
 
     def output_keys(self) -> list[tuple]:
         """The keys of every unpack task, in flat order."""
-        return [(self.unpack_name, *map(int, i)) for i in np.ndindex(*self.rechunk.new_grid)]
+        return [self._key(tuple(map(int, i))) for i in np.ndindex(*self.rechunk.new_grid)]
+
+    def _key(self, index: tuple) -> tuple:
+        if self.consumer_axes is not None:
+            index = tuple(index[a] for a in self.consumer_axes)
+        return (self.unpack_name, *index)
 
     def describe(self) -> str:
         what = "rechunk" if self.fft is None else f"fft ({self.fft.kind})"

@@ -142,7 +142,7 @@ def barrier_and_unpacks(spec: CollectiveSpec, stage_keys: list, consumers: list 
             dsk[key] = CollectiveTask(key, unpack, spec.token, flat, barrier_ref)
             continue
         consumer = consumers[flat]
-        chunk_key = (spec.output_name, *key[1:])
+        chunk_key = (spec.output_name, *spec.rechunk.new_index(flat))
         others = [k for k in consumer.dependencies if k != chunk_key]
         dsk[key] = CollectiveTask(
             key,

@@ -58,8 +58,8 @@ def fused_neighbours(hlg: HighLevelGraph, decisions: list[Decision], keys) -> li
         if fuse and (
             consumers := fusable_consumers(hlg, d.chain.output, d.spec.output_keys(), requested, taken)
         ):
-            taken.add(consumers.name)
-            parts.append(f"unpack tasks compute {consumers.name}")
+            taken.update(consumers.names)
+            parts.append(f"unpack tasks compute {', '.join(consumers.names)}")
         out.append("; ".join(parts))
     return out
 
@@ -125,8 +125,13 @@ def _replace_chain(
     out, source = d.chain.output, d.chain.source
     consumers = None if taken is None else fusable_consumers(hlg, out, d.spec.output_keys(), requested, taken)
     if consumers is not None:
-        taken.add(consumers.name)
-        fused = replace(d.spec, consumer=consumers.name, token=tokenize(d.spec.token, consumers.name))
+        taken.update(consumers.names)
+        fused = replace(
+            d.spec,
+            consumer=consumers.name,
+            consumer_axes=consumers.axes,
+            token=tokenize(d.spec.token, consumers.names),
+        )
         d = replace(d, spec=fused)
 
     found: dict[bool, tuple | None] = {}  # (by force: asked below, then by stage_grouping)
@@ -144,8 +149,11 @@ def _replace_chain(
     if consumers is not None:  # the consumer's layer is the collective's: its dependents find it by name
         annotations = hlg.layers[consumers.name].collection_annotations
         del deps[out], layers[out]
+        for name in consumers.names[:-1]:  # (a chain: its first layers are inside the last's tasks)
+            del layers[name]
+            deps[consumers.name] |= deps.pop(name)
         out = consumers.name
-        deps[out].discard(d.chain.output)
+        deps[out] -= {d.chain.output, *consumers.names}
     layers[out] = CollectiveLayer(tasks, collection_annotations=annotations, decision=d if explicit else None)
     deps[out] = {source} | (deps[source] if inputs else set()) | (deps[out] if consumers else set())
     if inputs and inputs[2]:  # nothing else needs the input chunks: their tasks leave the layer
