@@ -137,7 +137,7 @@ def _chained(hlg: HighLevelGraph, name: str, tasks: list, index: list, requested
     known = _known_keys(hlg, next_name, [t.key for t in tasks])
     by_input: dict = {}
     for key in layer.get_output_keys():
-        task = _plain(layer.get(key), key, known)
+        task = _plain(layer.get(key), key, known) if _in(key, next_name) else None
         inputs = [] if task is None else [d for d in task.dependencies if _in(d, name)]
         if len(inputs) != 1 or inputs[0] in by_input:
             return None
