@@ -307,3 +307,38 @@ def test_a_chain_of_consumers_stops_at_a_layer_asked_for_or_used_twice(client, e
     twice = doubled.sum(axis=0) + doubled.max()  # (the doubled chunks feed two layers)
     np.testing.assert_allclose(twice.compute(), (a * 2).sum(axis=0) + (a * 2).max())
     assert tasks_of(client, twice)["mul"] == 6
+
+
+REDUCTIONS = ("max", "mean", "min", "prod", "std", "sum", "var")
+
+
+def _random_chunks(rng, n: int, at_least_two: bool) -> tuple[int, ...]:
+    cuts = sorted(set(rng.integers(1, n, int(rng.integers(1 if at_least_two else 0, n))).tolist()))
+    return tuple(int(b - a) for a, b in zip([0, *cuts], [*cuts, n]))
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_reductions_over_axes_of_one_chunk_after_a_rechunk_equal_numpy_in_one_task_a_chunk(
+    client, enabled, seed
+):
+    """A random reduction over axes the rechunk leaves in one chunk (keepdims or not, a step after
+    or not): NumPy's values, and one task per output chunk, the unpack task running the chain."""
+    rng = np.random.default_rng(100 + seed)
+    shape = tuple(int(n) for n in rng.integers(2, 9, 3))
+    whole = sorted(int(a) for a in rng.choice(3, int(rng.integers(1, 3)), replace=False))
+    old = tuple(_random_chunks(rng, n, at_least_two=a == whole[0]) for a, n in enumerate(shape))
+    new = tuple(n if a in whole else int(rng.integers(1, n + 1)) for a, n in enumerate(shape))
+    axes = tuple(
+        sorted(int(a) for a in rng.choice(whole, int(rng.integers(1, len(whole) + 1)), replace=False))
+    )
+    name, keepdims, after = str(rng.choice(REDUCTIONS)), bool(rng.integers(2)), bool(rng.integers(2))
+    a = 1 + 0.1 * rng.standard_normal(shape)  # (near 1: prod neither overflows nor vanishes)
+    y = getattr(da.from_array(a, chunks=old).rechunk(new), name)(axis=axes, keepdims=keepdims)
+    expected = getattr(np, name)(a, axis=axes, keepdims=keepdims)
+    if after:
+        y, expected = y * 2 + 1, expected * 2 + 1
+    case = dict(shape=shape, old=old, new=new, reduction=name, axes=axes, keepdims=keepdims, after=after)
+    np.testing.assert_allclose(y.compute(), expected, rtol=1e-10, atol=1e-12, err_msg=str(case))
+    held = tasks_of(client, y)
+    assert held.pop(key_split(y.name)) == y.npartitions and held.pop("redist-barrier") == 1, (held, case)
+    assert set(held) == {"redist-stage"}, (held, case)  # (the chunk step too is inside the unpack tasks)
