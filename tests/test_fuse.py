@@ -342,3 +342,24 @@ def test_reductions_over_axes_of_one_chunk_after_a_rechunk_equal_numpy_in_one_ta
     held = tasks_of(client, y)
     assert held.pop(key_split(y.name)) == y.npartitions and held.pop("redist-barrier") == 1, (held, case)
     assert set(held) == {"redist-stage"}, (held, case)  # (the chunk step too is inside the unpack tasks)
+
+
+def test_an_anomaly_runs_inside_the_unpack_tasks_and_a_total_keeps_its_tasks(client, enabled, persisted):
+    """``z - z.mean(axis=0)`` over an axis of one chunk: the output feeds two layers, and both,
+    with the mean's aggregation, are one task per output chunk. ``z - z.sum()`` needs every chunk
+    before any of its own: nothing of it runs inside the unpack tasks."""
+    a, x = persisted
+    z = x.rechunk((48, 4, 6))
+    anomaly = z - z.mean(axis=0)
+    np.testing.assert_allclose(anomaly.compute(), a - a.mean(axis=0))
+    assert dask_redist.explain(anomaly).entries[0].fused.endswith(anomaly.name)
+    held = tasks_of(client, anomaly)
+    assert held.pop("sub") == 6 and held.pop("redist-barrier") == 1, held
+    assert held.pop("redist-stage") <= sum(client.nthreads().values()) and set(held) == {"array"}, held
+    spread = (z - z.mean(axis=0)).std(axis=0)
+    np.testing.assert_allclose(spread.compute(), (a - a.mean(axis=0)).std(axis=0))
+    assert tasks_of(client, spread)["sqrt"] == 6
+    total = z - z.sum()
+    np.testing.assert_allclose(total.compute(), a - a.sum())
+    assert dask_redist.explain(total).entries[0].fused == ""
+    assert tasks_of(client, total)["rechunk"] == 6

@@ -11,13 +11,14 @@ neighbours into the collective's own tasks:
   a chain of blockwise steps before the rechunk is one layer whose tasks the stage tasks run
   themselves (`graph.stages.inlined_inputs`), grouped one stage task per worker thread where
   the producers' own inputs are in memory (`graph.stages.inlined_groups`);
-* **consumers**: a layer that is the rechunk's only dependent, one task per output chunk with
-  the same index, runs inside the unpack tasks (`runtime.tasks.unpack_into`) under its own keys;
-  so do the layers after it that take one task of the last for one of their own (a reduction's
-  aggregation over an axis of one chunk, whose keys drop that axis), fused into one task.
+* **consumers**: the layers below the rechunk with one task per output chunk computed from that
+  chunk alone (elementwise steps, ``map_blocks``, a reduction over axes the rechunk leaves in one
+  chunk, whose keys drop those axes; an anomaly ``z - z.mean(axis=0)``) run inside the unpack
+  tasks (`runtime.tasks.unpack_into`), fused into one task under the last one's keys.
 
-What must keep its own tasks does: an output used by several layers, a requested or annotated
-layer (workers, resources, retries), tasks that are not plain (aliases, Futures, collectives).
+What must keep its own tasks does: an output or a step used outside the fused part (``z -
+z.sum()``: the total needs every chunk first), a requested or annotated layer (workers,
+resources, retries), tasks that are not plain (aliases, Futures, collectives).
 """
 
 from __future__ import annotations
@@ -35,9 +36,9 @@ from dask_redist.compat import RECHUNK_PREFIXES, Task, convert_legacy_task
 @dataclass(frozen=True)
 class Consumers:
     """The consumer layers whose tasks the unpack tasks run: ``tasks[flat]`` is output chunk
-    ``flat``'s consumer (a chain of layers fused into one task), keyed as the last layer keys it."""
+    ``flat``'s consumer (the layers' tasks fused into one), keyed as the last layer keys it."""
 
-    names: tuple[str, ...]  # the layers, in order: the unpack tasks carry the last one's keys
+    names: tuple[str, ...]  # the layers, in topological order: the unpack tasks carry the last one's keys
     tasks: list
     #: the axes of a chunk's index the last layer's keys keep (None: all; see `CollectiveSpec`)
     axes: tuple[int, ...] | None = None
@@ -62,54 +63,126 @@ def fusable_consumers(
 ) -> Consumers | None:
     """The layers after the rechunk's ``output`` layer whose tasks its unpack tasks can run, or None.
 
-    The first must be the output's only dependent layer, neither annotated nor a rechunk nor
-    ``taken`` (another collective's input, or another collective's consumer already), with exactly
-    one plain task per output chunk, keyed like it and needing no other output chunk; the output
-    not ``requested``. Then each layer that follows one task for one task (`_chained`: the
-    aggregation of a reduction over an axis of one chunk) joins the chain.
+    Candidates are the layers below the output with one plain task per output chunk, computed
+    from that chunk's tasks alone (`_per_chunk`): elementwise steps, ``map_blocks``, the steps of
+    a reduction over axes the rechunk leaves in one chunk, an anomaly ``z - z.mean(axis=0)``. The
+    unpack tasks compute those that end in one layer (`_closed`), the latest such: every
+    other layer of it, and the output, used only inside it and not ``requested``. None of them is
+    annotated, a rechunk or ``taken`` (another collective's input, or its consumer already).
     """
-    found = _only_dependent(hlg, output, requested, taken)
-    if found is None or len(found[1]) != len(output_keys):
+    if output in requested:
         return None
-    name, layer = found
-    known = _known_keys(hlg, name, output_keys)
-    tasks = []
-    for key in output_keys:
-        task = _plain(layer.get((name, *key[1:])), (name, *key[1:]), known)
-        if task is None or {d for d in task.dependencies if _in(d, output)} != {key}:
-            return None  # (an alias, data, a Future, another collective's task, other chunks)
-        tasks.append(task)
-    names, axes, index = [name], None, [key[1:] for key in output_keys]
-    while (step := _chained(hlg, names[-1], tasks, index, requested, taken)) is not None:
-        name, tasks, axes = step
-        names.append(name)
-    return Consumers(tuple(names), tasks, axes)
+    index = [key[1:] for key in output_keys]
+    below = _descendants(hlg, output)
+    members: dict[str, dict] = {output: {key: k for k, key in enumerate(output_keys)}}
+    tasks: dict[str, list] = {}  # (in topological order)
+    axes: dict[str, tuple | None] = {}
+    for name in _toposorted(hlg, below):
+        found = _per_chunk(hlg, name, members, below, index, taken)
+        if found is not None:
+            tasks[name], axes[name] = found
+            members[name] = {t.key: k for k, t in enumerate(tasks[name])}
+    dependents = hlg.dependents
+    for sink in reversed(list(tasks)):
+        chosen = _closed(hlg, dependents, output, sink, list(tasks), requested)
+        if chosen is not None:
+            fused = [
+                Task.fuse(*(tasks[n][k] for n in chosen), key=tasks[sink][k].key) if len(chosen) > 1 else t
+                for k, t in enumerate(tasks[sink])
+            ]
+            return Consumers(tuple(chosen), fused, axes[sink])
+    return None
 
 
 def _in(key, layer: str) -> bool:
     return type(key) is tuple and bool(key) and key[0] == layer
 
 
-def _only_dependent(hlg: HighLevelGraph, name: str, requested: set, taken):
-    """(name, layer) of the one layer that depends on layer ``name``, where it may run inside
-    the unpack tasks, or None."""
-    after = hlg.dependents.get(name, set())
-    if name in requested or len(after) != 1 or after <= taken:
-        return None
-    (next_name,) = after
-    layer = hlg.layers[next_name]
+def _descendants(hlg: HighLevelGraph, name: str) -> set:
+    """The layers computed from layer ``name``, directly or not."""
+    dependents, out, todo = hlg.dependents, set(), [name]
+    while todo:
+        for d in dependents.get(todo.pop(), ()):
+            if d not in out:
+                out.add(d)
+                todo.append(d)
+    return out
+
+
+def _toposorted(hlg: HighLevelGraph, names: set) -> list:
+    """``names`` in an order where each comes after the layers of ``names`` it depends on."""
+    out, done = [], set()
+
+    def visit(name):
+        if name in done:
+            return
+        done.add(name)
+        for d in sorted(hlg.dependencies.get(name, ()) & names):
+            visit(d)
+        out.append(name)
+
+    for name in sorted(names):
+        visit(name)
+    return out
+
+
+def _per_chunk(hlg: HighLevelGraph, name: str, members: dict, below: set, index: list, taken):
+    """Layer ``name``'s tasks by output chunk, and the axes of a chunk's index its keys keep
+    (`_kept_axes`; None: all), where each is a plain task computed from one output chunk's tasks
+    in ``members`` (layer: {key: chunk}) and from nothing else below the output; else None."""
+    deps = hlg.dependencies.get(name, set())
+    mine = deps & set(members)
+    layer = hlg.layers[name]
     if (
-        layer.annotations
-        or next_name.startswith(RECHUNK_PREFIXES)
+        not mine
+        or any(d in below and d not in members for d in deps)  # (computed from other chunks)
+        or name in taken
+        or layer.annotations
+        or name.startswith(RECHUNK_PREFIXES)
         or type(layer).__name__ in ("CollectiveLayer", "LazyRechunkStep")
+        or len(layer) != len(index)
     ):
         return None
-    return next_name, layer
+    known = _known_keys(hlg, name)
+    by_chunk: list = [None] * len(index)
+    for key in layer.get_output_keys():
+        task = _plain(layer.get(key), key, known) if _in(key, name) else None
+        inputs = (
+            [] if task is None else [d for d in task.dependencies if type(d) is tuple and d and d[0] in mine]
+        )
+        chunks = {members[d[0]].get(d) for d in inputs}
+        if len(chunks) != 1 or len(inputs) != len({d[0] for d in inputs}) or None in chunks:
+            return None
+        (k,) = chunks
+        if by_chunk[k] is not None:
+            return None
+        by_chunk[k] = task
+    kept = _kept_axes(index, [t.key[1:] for t in by_chunk])
+    if kept is None:
+        return None
+    return by_chunk, (None if kept == tuple(range(len(index[0]))) else kept)
 
 
-def _known_keys(hlg: HighLevelGraph, name: str, more) -> set:
-    """The keys a task of layer ``name`` may refer to: its layer's, its dependencies', ``more``."""
-    known = set(hlg.layers[name].get_output_keys()) | set(more)
+def _closed(hlg: HighLevelGraph, dependents: dict, output: str, sink: str, order: list, requested: set):
+    """The candidate layers that ``sink`` is computed from, and ``sink``, in ``order``, where the
+    output and each of them but ``sink`` is used inside them only and not requested; else None."""
+    inside, todo = {sink}, [sink]
+    while todo:
+        for d in hlg.dependencies.get(todo.pop(), ()):
+            if d in order and d not in inside:
+                inside.add(d)
+                todo.append(d)
+    if not dependents.get(output, set()) <= inside:
+        return None
+    for name in inside - {sink}:
+        if name in requested or not dependents.get(name, set()) <= inside:
+            return None
+    return [n for n in order if n in inside]
+
+
+def _known_keys(hlg: HighLevelGraph, name: str) -> set:
+    """The keys a task of layer ``name`` may refer to: its layer's and its dependencies'."""
+    known = set(hlg.layers[name].get_output_keys())
     for dep in hlg.dependencies.get(name, ()):
         known |= set(hlg.layers[dep].get_output_keys())
     return known
@@ -123,33 +196,6 @@ def _plain(task, key, known: set):
     if type(task) is not Task or task.block_fusion:
         return None
     return task
-
-
-def _chained(hlg: HighLevelGraph, name: str, tasks: list, index: list, requested: set, taken):
-    """The layer after consumer layer ``name`` fused into its ``tasks`` (output chunk ``index``
-    tails), as (its name, the fused tasks, the axes of the index its keys keep), or None: it must
-    be ``name``'s only dependent, one task per task of ``name``, each needing exactly one of them,
-    keyed by that chunk's index less some axes of one chunk (``mean(axis=0)`` over such an axis)."""
-    found = _only_dependent(hlg, name, requested, taken)
-    if found is None or len(found[1]) != len(tasks):
-        return None
-    next_name, layer = found
-    known = _known_keys(hlg, next_name, [t.key for t in tasks])
-    by_input: dict = {}
-    for key in layer.get_output_keys():
-        task = _plain(layer.get(key), key, known) if _in(key, next_name) else None
-        inputs = [] if task is None else [d for d in task.dependencies if _in(d, name)]
-        if len(inputs) != 1 or inputs[0] in by_input:
-            return None
-        by_input[inputs[0]] = task
-    after = [by_input.get(t.key) for t in tasks]
-    if any(a is None for a in after):
-        return None
-    axes = _kept_axes(index, [a.key[1:] for a in after])
-    if axes is None:
-        return None
-    fused = [Task.fuse(t, a, key=a.key) for t, a in zip(tasks, after)]
-    return next_name, fused, (None if axes == tuple(range(len(index[0]))) else axes)
 
 
 def _kept_axes(index: list, tails: list) -> tuple[int, ...] | None:
