@@ -24,6 +24,7 @@ resources, retries), tasks that are not plain (aliases, Futures, collectives).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from graphlib import TopologicalSorter
 from itertools import combinations
 
 from dask.blockwise import optimize_blockwise
@@ -111,19 +112,7 @@ def _descendants(hlg: HighLevelGraph, name: str) -> set:
 
 def _toposorted(hlg: HighLevelGraph, names: set) -> list:
     """``names`` in an order where each comes after the layers of ``names`` it depends on."""
-    out, done = [], set()
-
-    def visit(name):
-        if name in done:
-            return
-        done.add(name)
-        for d in sorted(hlg.dependencies.get(name, ()) & names):
-            visit(d)
-        out.append(name)
-
-    for name in sorted(names):
-        visit(name)
-    return out
+    return list(TopologicalSorter({n: hlg.dependencies.get(n, set()) & names for n in names}).static_order())
 
 
 def _per_chunk(hlg: HighLevelGraph, name: str, members: dict, below: set, index: list, taken):
