@@ -155,10 +155,10 @@ def _per_chunk(hlg: HighLevelGraph, name: str, members: dict, below: set, index:
 def _closed(hlg: HighLevelGraph, dependents: dict, output: str, sink: str, order: list, requested: set):
     """The candidate layers that ``sink`` is computed from, and ``sink``, in ``order``, where the
     output and each of them but ``sink`` is used inside them only and not requested; else None."""
-    inside, todo = {sink}, [sink]
+    candidates, inside, todo = set(order), {sink}, [sink]
     while todo:
         for d in hlg.dependencies.get(todo.pop(), ()):
-            if d in order and d not in inside:
+            if d in candidates and d not in inside:
                 inside.add(d)
                 todo.append(d)
     if not dependents.get(output, set()) <= inside:

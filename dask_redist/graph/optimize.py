@@ -149,7 +149,7 @@ def _replace_chain(
     if consumers is not None:  # the consumer's layer is the collective's: its dependents find it by name
         annotations = hlg.layers[consumers.name].collection_annotations
         del deps[out], layers[out]
-        for name in consumers.names[:-1]:  # (a chain: its first layers are inside the last's tasks)
+        for name in consumers.names[:-1]:  # (the other layers fused: inside the last one's tasks)
             del layers[name]
             deps[consumers.name] |= deps.pop(name)
         out = consumers.name
