@@ -161,17 +161,24 @@ class FrozenAmongLiveEngine(FrozenGpuEngine):
 
 class StopsItselfEngine(DaskEngine):
     """Run 1: rank 0's process stops itself (SIGSTOP) 2 s into the run, before sending anything
-    (the test resumes it). Not at once: the run starts before the barrier task has run
-    (`runtime.eager`), and a barrier task fetching a stage marker from a stopped worker waits
-    for it as any Dask task would, until distributed's worker-ttl."""
+    (the test resumes it)."""
+
+    after_s = 2.0
 
     def execute(self, run, transport):
         import signal
 
         if run.run_id == 1 and run.rank == 0:
-            time.sleep(2.0)
+            time.sleep(self.after_s)
             os.kill(os.getpid(), signal.SIGSTOP)
         super().execute(run, transport)
+
+
+class StopsAtOnceEngine(StopsItselfEngine):
+    """As `StopsItselfEngine`, at the run's start: the run starts before its barrier task has run
+    (`runtime.eager`), which may still be fetching a stage marker from the stopped worker."""
+
+    after_s = 0.0
 
 
 class BlockedBootstrapEngine(BlockedGpuEngine):

@@ -170,20 +170,23 @@ def test_a_stalled_rank_times_out_with_run_rank_and_phase(own_cluster):
     assert worker_leftovers(client, timeout=15) == {}
 
 
-def test_a_rank_stopped_mid_run_is_named_in_the_timeout(own_cluster):
-    """Rank 0's process is stopped (SIGSTOP) mid-run: its peers time out, the scheduler
-    finds it silent and, as it does not leave either, fails the run within the collective timeout
-    of the peers' with an error naming it; resumed, it takes part in the next rechunk."""
+@pytest.mark.parametrize("engine", ["StopsItselfEngine", "StopsAtOnceEngine"])
+def test_a_rank_stopped_mid_run_is_named_in_the_timeout(own_cluster, engine):
+    """Rank 0's process is stopped (SIGSTOP) mid-run, or as its run starts (when the barrier task
+    may still be fetching a stage marker from it: the scheduler fails that task too): its peers
+    time out, the scheduler finds it silent and, as it does not leave either, fails the run
+    within the collective timeout of the peers' with an error naming it; resumed, it takes part in
+    the next rechunk."""
     _, client = own_cluster
     client.wait_for_workers(3)
     before = client.run(_pid)
     stopped = sorted(before)[0]
     x = da.from_array(data((30, 30), seed=13), chunks=(3, 30))
     try:
-        with dask_redist.enable(engine="engines:StopsItselfEngine", timeouts={"collective": "3s"}):
+        with dask_redist.enable(engine=f"engines:{engine}", timeouts={"collective": "3s"}):
             start = time.monotonic()
             with pytest.raises(RedistTimeoutError, match="answered nothing either") as info:
-                x.rechunk((30, 3)).compute()
+                client.compute(x.rechunk((30, 3))).result(timeout=60)
         assert time.monotonic() - start < 30
         assert stopped in str(info.value), info.value
     finally:

@@ -15,6 +15,7 @@ from collections import deque
 
 import numpy as np
 from distributed.comm import CommClosedError
+from distributed.core import error_message
 from distributed.protocol.serialize import ToPickle
 
 from dask_redist.core import messages as m
@@ -132,6 +133,23 @@ class Rechunks:
         logger.debug("aborting %s (%s): %s", run.spec.name(), failure, reason)
         gone = [w for w in run.spec.workers if w not in self.scheduler.workers]  # (their calls never come)
         self.send(run.spec.workers, m.Abort(token, run.spec.run_id, reason, failure, gone))
+
+    def fail_barrier(self, spec: CollectiveSpec, error: Exception) -> None:
+        """Fail ``spec``'s barrier task with ``error`` where it has not finished: its unpack tasks,
+        which raise an aborted run's error, wait for it, and a barrier task fetching a stage
+        marker from a stopped worker waits as any Dask task would, until distributed's worker-ttl
+        (a run starts before its barrier task has run: `runtime.eager`)."""
+        ts = self.scheduler.tasks.get(spec.barrier_key)
+        if ts is None or ts.state != "processing" or ts.processing_on is None:
+            return
+        logger.warning("failing the barrier task of %s: %s", spec.describe(), error)
+        self.scheduler.handle_task_erred(
+            key=ts.key,
+            stimulus_id=f"redist-abort-{spec.token}-{time.time()}",
+            worker=ts.processing_on.address,
+            run_id=ts.run_id,
+            **{k: v for k, v in error_message(error).items() if k != "status"},
+        )
 
     def restart(
         self, token: str, reason: str, stale: list = (), settings=None, *, level: int = logging.WARNING
