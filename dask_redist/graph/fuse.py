@@ -74,7 +74,8 @@ def fusable_consumers(
     if output in requested:
         return None
     index = [key[1:] for key in output_keys]
-    below = _descendants(hlg, output)
+    dependents = hlg.dependents  # (built anew on each access)
+    below = _descendants(dependents, output)
     members: dict[str, dict] = {output: {key: k for k, key in enumerate(output_keys)}}
     tasks: dict[str, list] = {}  # (in topological order)
     axes: dict[str, tuple | None] = {}
@@ -83,9 +84,9 @@ def fusable_consumers(
         if found is not None:
             tasks[name], axes[name] = found
             members[name] = {t.key: k for k, t in enumerate(tasks[name])}
-    dependents = hlg.dependents
-    for sink in reversed(list(tasks)):
-        chosen = _closed(hlg, dependents, output, sink, list(tasks), requested)
+    order = list(tasks)
+    for sink in reversed(order):
+        chosen = _closed(hlg, dependents, output, sink, order, requested)
         if chosen is not None:
             fused = [
                 Task.fuse(*(tasks[n][k] for n in chosen), key=tasks[sink][k].key) if len(chosen) > 1 else t
@@ -99,9 +100,9 @@ def _in(key, layer: str) -> bool:
     return type(key) is tuple and bool(key) and key[0] == layer
 
 
-def _descendants(hlg: HighLevelGraph, name: str) -> set:
-    """The layers computed from layer ``name``, directly or not."""
-    dependents, out, todo = hlg.dependents, set(), [name]
+def _descendants(dependents: dict, name: str) -> set:
+    """The layers computed from layer ``name``, directly or not (``dependents``: a graph's)."""
+    out, todo = set(), [name]
     while todo:
         for d in dependents.get(todo.pop(), ()):
             if d not in out:
