@@ -161,6 +161,29 @@ def test_the_gpu_paths_graph_computes_on_the_local_scheduler(client):
         _close(y.compute(), np.fft.fftn(a, axes=(1, 2)))
 
 
+def test_dask_form_is_built_only_where_a_local_scheduler_reads_it(client):
+    """The collective's other form (Dask's rechunk) is built the first time it is read: a graph
+    computed on the cluster never builds it; pickled (as sent to a scheduler) it travels as what
+    builds it; a local scheduler then builds and runs it."""
+    import pickle
+
+    a = np.random.default_rng(5).standard_normal((16, 12)) + 0j
+    y = F.fftn(da.from_array(a, chunks=(4, 12)))
+    either = [layer for layer in y.dask.layers.values() if type(layer).__name__ == "CollectiveOrDask"]
+    assert either
+    _close(y.compute(), np.fft.fftn(a))
+    assert not any(isinstance(layer._local, dict) for layer in either)
+    again = pickle.loads(pickle.dumps(y))
+    assert not any(
+        isinstance(layer._local, dict)
+        for layer in again.dask.layers.values()
+        if type(layer).__name__ == "CollectiveOrDask"
+    )
+    _close(again.compute(scheduler="sync"), np.fft.fftn(a))
+    _close(y.compute(scheduler="sync"), np.fft.fftn(a))
+    assert all(isinstance(layer._local, dict) for layer in either)
+
+
 def dask_redist_steps(y) -> list[str]:
     from dask_redist.fft.local import ANNOTATION
 

@@ -17,6 +17,7 @@ runs (`dask_redist.graph.anywhere`).
 from __future__ import annotations
 
 from dataclasses import replace
+from functools import partial
 
 import dask
 import numpy as np
@@ -163,6 +164,13 @@ def _persisted_groups(client, x):
     return groups_by_holder(lambda idx: who_has.get((x.name, *idx)), x.numblocks)
 
 
+def _local_form(x, op: FFTOp, chunks):
+    """The local path's form of the transform, for a scheduler other than distributed's."""
+    from dask_redist.fft import local
+
+    return local.build(x, op, chunks, "computed on a local scheduler")[0]
+
+
 def build(x, op: FFTOp, chunks):
     """The collective layer of ``op`` on ``x`` (`problem` said None), rechunked to ``chunks``
     after it where cuFFTMp's output cannot be them directly."""
@@ -193,7 +201,7 @@ def build(x, op: FFTOp, chunks):
     meta = (x._meta.real if geometry.out_dtype.kind == "f" else x._meta).astype(geometry.out_dtype)
     y = da.Array(graph, name, geometry.out_chunks, meta=meta)
     # (a graph built while a Client is the default may be computed elsewhere: the local path there)
-    y = collective_or_dask(y, local.build(x, op, y.chunks, "computed on a local scheduler")[0])
+    y = collective_or_dask(y, partial(_local_form, x, op, y.chunks))
     record = {
         "op": op.describe(),
         "path": "gpu",

@@ -10,6 +10,8 @@ rechunk, ``map_blocks(fft)``), built for them.
 
 from __future__ import annotations
 
+from functools import partial
+
 import numpy as np
 from dask.base import tokenize
 
@@ -58,7 +60,6 @@ def rechunk(x, chunks) -> tuple[object, str]:
     if default_client() is None:
         return x.rechunk(chunks), "Dask's rechunk (no distributed Client: the collective needs one)"
     from dask_redist.api import collective_rechunk
-    from dask_redist.compat import original_rechunk
     from dask_redist.graph.anywhere import collective_or_dask
 
     try:  # (as the cost model says: explicit=False)
@@ -66,8 +67,13 @@ def rechunk(x, chunks) -> tuple[object, str]:
     except NotEligibleError as e:
         return x.rechunk(chunks), f"Dask's rechunk ({e})"
     # (a graph built while a Client is the default may be computed elsewhere: Dask's rechunk there)
-    dask_rechunk = original_rechunk(x, chunks, method="tasks")
-    return collective_or_dask(y, dask_rechunk), "collective rechunk"
+    return collective_or_dask(y, partial(_dask_rechunk, x, chunks)), "collective rechunk"
+
+
+def _dask_rechunk(x, chunks):
+    from dask_redist.compat import original_rechunk
+
+    return original_rechunk(x, chunks, method="tasks")
 
 
 def apply_pass(x, p: Pass, norm):

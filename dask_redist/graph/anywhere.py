@@ -11,6 +11,7 @@ collective's tasks where a distributed scheduler materializes the graph
 
 from __future__ import annotations
 
+from dask import core
 from dask.base import clone_key
 from dask.highlevelgraph import HighLevelGraph
 
@@ -25,10 +26,17 @@ class CollectiveOrDask(CollectiveLayer):
     step's tasks, one output layer), whichever the scheduler materializing the graph can run.
     A `CollectiveLayer`: the graph rewrite and ``explain`` take it for the collective it is."""
 
-    def __init__(self, collective: dict, local: dict, output_keys, collection_annotations=None):
+    def __init__(self, collective: dict, local, output_keys, collection_annotations=None):
         super().__init__(collective, collection_annotations=collection_annotations)
-        self.local = local
+        self._local = local  # (Dask's tasks, or a function giving them: `LocalTasks`)
         self.output_keys = frozenset(output_keys)
+
+    @property
+    def local(self) -> dict:
+        """Dask's tasks, built the first time they are read (a distributed scheduler never does)."""
+        if not isinstance(self._local, dict):
+            self._local = self._local()
+        return self._local
 
     def __repr__(self) -> str:
         return f"CollectiveOrDask<{len(self.output_keys)} output chunks>"
@@ -64,22 +72,41 @@ class CollectiveOrDask(CollectiveLayer):
         return CollectiveOrDask(collective, local, outputs, self.collection_annotations), bound
 
 
+class LocalTasks:
+    """The tasks of Dask's form of the collective ``name``, from ``build()`` (a dask array of the
+    same chunks), its layers in ``known`` (the collective's graph) left out: called where they are
+    first read, so a graph that only ever runs on a distributed cluster never builds them. It
+    pickles as what builds them (``build``: a module's function, or a ``functools.partial`` of one)."""
+
+    def __init__(self, name: str, chunks, known, build):
+        self.name, self.chunks, self.known, self.build = name, chunks, frozenset(known), build
+
+    def __call__(self) -> dict:
+        fallback = self.build()
+        if fallback.chunks != self.chunks:
+            raise ValueError(f"{self.name}: Dask's form {fallback.name} has other chunks")
+        theirs = fallback.dask
+        own = [n for n in theirs.layers if n not in self.known or n == self.name]
+        tasks = {k: v for n in own for k, v in theirs.layers[n].items()}
+        if fallback.name != self.name:
+            for key in core.flatten(fallback.__dask_keys__()):
+                tasks[(self.name, *key[1:])] = Alias((self.name, *key[1:]), key)
+        return tasks
+
+
 def collective_or_dask(collective, fallback):
     """The dask array ``collective`` (a `CollectiveLayer` as output layer: ``dask_redist.rechunk``,
-    a distributed FFT) with that layer a `CollectiveOrDask` whose other form is ``fallback``'s
-    tasks: the same result, the same chunks, from the same input, by Dask (under another name,
-    its chunks are aliased to the collective's output keys)."""
+    a distributed FFT) with that layer a `CollectiveOrDask` whose other form is ``fallback()``'s
+    tasks (built where first read: `LocalTasks`): the same result, the same chunks, from the same
+    input, by Dask (under another name, its chunks are aliased to the collective's output keys)."""
     from dask.array import Array
 
     name = collective.name
-    graph, theirs = collective.dask, fallback.dask
+    graph = collective.dask
     layer = graph.layers[name]
-    if not isinstance(layer, CollectiveLayer) or fallback.chunks != collective.chunks:
-        raise ValueError(f"{name}: not a collective, or {fallback.name} has other chunks")
-    own = [n for n in theirs.layers if n not in graph.layers or n == name]  # (the fallback's own layers)
-    local = {k: v for n in own for k, v in theirs.layers[n].items()}
-    if fallback.name != name:
-        local.update({key: Alias(key, (fallback.name, *key[1:])) for key in layer.get_output_keys()})
+    if not isinstance(layer, CollectiveLayer):
+        raise ValueError(f"{name}: not a collective")
+    local = LocalTasks(name, collective.chunks, graph.layers, fallback)
     either = CollectiveOrDask(dict(layer), local, layer.get_output_keys(), layer.collection_annotations)
     layers = {**graph.layers, name: either}
     return Array(HighLevelGraph(layers, graph.dependencies), name, collective.chunks, meta=collective._meta)
