@@ -163,3 +163,31 @@ class HeldOnceHybridEngine(CpuHybridEngine):
             while run.state != "failed" and time.monotonic() < deadline:
                 time.sleep(0.01)
         return CpuHybridEngine._copy(run, *args)
+
+
+class AbortedAfterExportHybridEngine(CpuHybridEngine):
+    """Rank 1 hears of its run's abort between the first all-gather and the next: it holds after
+    that all-gather until the run is aborted (a minute at most), its peers wait in the next."""
+
+    def execute(self, run, transport) -> None:
+        from dask_redist.engines.hybrid.engine import _run_group
+
+        self._group = lambda r: HeldAfterFirst(_run_group(r, transport), r)
+        super().execute(run, transport)
+
+
+class HeldAfterFirst:
+    def __init__(self, group, run):
+        self.group, self.run, self.calls = group, run, 0
+
+    def allgather(self, obj, stop=None) -> list:
+        import time
+
+        everyone = self.group.allgather(obj, stop)
+        self.calls += 1
+        deadline = time.monotonic() + 60
+        while self.calls == 1 and self.run.rank == 1 and self.run.state != "failed":
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.01)
+        return everyone

@@ -94,6 +94,33 @@ def test_a_cancel_mid_run_costs_no_worker_and_the_next_rechunk_is_right(pseudo_c
         np.testing.assert_array_equal(x.rechunk((64, 6)).compute(), x.compute())
 
 
+def test_a_rank_aborted_after_the_first_all_gather_makes_the_next_ones_as_its_peers(pseudo_client):
+    """Cancelled while rank 1 holds between the first all-gather and the next (it learns of the
+    abort there, its peers do not): it makes the next all-gathers as they do, so no rank waits
+    out the all-gathers' timeout, and the next rechunk runs at once, with NumPy's values."""
+    import time
+
+    from distributed import wait
+
+    x = da.random.default_rng(50).random((64, 48), chunks=(8, 48)).persist()
+    wait(x)
+    expected = x.compute()
+    with dask_redist.enable(
+        engine="hybrid_cpu:AbortedAfterExportHybridEngine", timeouts={"bootstrap": "60s"}
+    ):
+        y = x.rechunk((64, 6)).persist()
+        wait_for_active_run(pseudo_client, 60)
+        time.sleep(0.5)  # (rank 1 holds after the first all-gather, the others wait in the next)
+        pseudo_client.cancel(y)
+        del y
+    start = time.monotonic()
+    with dask_redist.enable(engine=ENGINE):
+        np.testing.assert_array_equal(x.rechunk((64, 12)).compute(), expected)
+    assert time.monotonic() - start < 20, "a rank waited out the all-gathers' timeout"
+    last = dask_redist.status(pseudo_client)["history"][-1]
+    assert last["engine"] == ENGINE and last["outcome"] == "done", last
+
+
 def test_a_worker_killed_mid_run_recovers_with_numpys_values(pseudo_client):
     """Rank 0 killed while it holds before its copies: the rechunk restarts over the workers there
     are then (its nanny's new one) and finishes with NumPy's values."""

@@ -271,9 +271,11 @@ def _gather(run, group, phase: str, payload) -> list:
 
 def _raise_if_aborted(run, exported: list) -> None:
     """An aborted rank (as it said in the first all-gather) ends the run on every rank, before
-    anything moved: its own abort, or one naming it."""
+    anything moved: its own abort, or one naming it. Decided from the all-gather alone: a rank
+    whose abort arrived after it exported makes the next all-gathers as its peers do (it says
+    it was aborted in the last)."""
     aborted = [r for r, e in enumerate(exported) if isinstance(e, Refused) and e.aborted]
-    if run.state == "failed":
+    if aborted and run.state == "failed":
         raise run.failure()
     if aborted:
         r = aborted[0]
