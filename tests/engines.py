@@ -292,6 +292,13 @@ class SleepingEngine(DaskEngine):
         super().execute(run, transport)
 
 
+class BrieflySleepingEngine(SleepingEngine):
+    """Sleeps past a soak's stall limit (2 s in tests/test_soak.py), waking while the stall's
+    stacks are being taken (about a second)."""
+
+    pause = 2.4
+
+
 def unusable_gate(token: str) -> str:
     """The file whose creation lets `UnusableWorldEngine`'s run 1 of rechunk ``token`` go on."""
     return os.path.join(tempfile.gettempdir(), f"redist-test-unusable-{token}")

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import os
 
+import pytest
+
 from conftest import local_cluster
 
 from dask_redist.bench.soak import STEPS, Soak
@@ -39,9 +41,11 @@ def test_soak_command_reports_and_exits_zero(capsys):
     assert "engines dask" in out
 
 
-def test_a_stalled_step_is_reported_with_the_workers_stacks():
+@pytest.mark.parametrize("engine", ["engines:SleepingEngine", "engines:BrieflySleepingEngine"])
+def test_a_stalled_step_is_reported_with_the_workers_stacks(engine):
     """A step still running past redist.timeouts.collective (+ the grace) is a problem at once, with
-    every worker's thread stacks, also of a rank that no abort reaches (here asleep in its engine)."""
+    every worker's thread stacks, also of a rank that no abort reaches (here asleep in its engine);
+    a step that ends while its stacks are taken waits for them (the next step may kill a worker)."""
     from distributed import Client
 
     lines = []
@@ -53,7 +57,7 @@ def test_a_stalled_step_is_reported_with_the_workers_stacks():
             steps=("rechunk",),
             progress=lines.append,
             stall_grace=1.0,
-            engine="engines:SleepingEngine",
+            engine=engine,
             timeouts={"collective": "1s"},
         )
         report = soak.run(steps=1)
@@ -64,8 +68,6 @@ def test_a_stalled_step_is_reported_with_the_workers_stacks():
 
 
 def test_soak_refuses_unknown_step_kinds():
-    import pytest
-
     with pytest.raises(ValueError, match="unknown soak steps"):
         Soak(client=None, steps=("rechunk", "explode"))
 

@@ -165,6 +165,7 @@ class Soak:
                 step.problems.append(f"{type(e).__name__}: {e}".splitlines()[0][:300])
             finally:
                 stall.cancel()
+                stall.join()  # (a stall being reported: its stacks before the next step kills a worker)
         step.seconds = time.perf_counter() - start
         self._invariants(step, before, set(step.killed) | set(step.exited))
         self.progress(step.line())

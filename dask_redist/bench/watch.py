@@ -70,7 +70,10 @@ async def _dump_stacks(dask_worker) -> str:
     pid = dask_worker.process.process.pid
     path = _stack_file(pid)
     start = os.path.getsize(path) if os.path.exists(path) else 0
-    os.kill(pid, DUMP_SIGNAL)
+    try:
+        os.kill(pid, DUMP_SIGNAL)
+    except ProcessLookupError:
+        return f"(no stacks: worker process {pid} has ended)"
     await asyncio.sleep(1.0)
     if not os.path.exists(path):
         return "(no stacks: the StackDumps plugin is not set up in this worker)"
