@@ -139,11 +139,8 @@ class HeldHybridEngine(CpuHybridEngine):
     for it in the last all-gather, as behind a slow peer."""
 
     def _copy(self, run, *args) -> None:
-        import time
-
-        deadline = time.monotonic() + 60
-        while run.rank == 0 and run.state != "failed" and time.monotonic() < deadline:
-            time.sleep(0.01)
+        if run.rank == 0:
+            hold_until_aborted(run)
         return CpuHybridEngine._copy(run, *args)
 
 
@@ -154,14 +151,11 @@ class HeldOnceHybridEngine(CpuHybridEngine):
     def _copy(self, run, *args) -> None:
         import os
         import tempfile
-        import time
 
         marker = os.path.join(tempfile.gettempdir(), f"redist-hybrid-held-{run.spec.token}")
         if run.rank == 0 and not os.path.exists(marker):
             open(marker, "w").close()
-            deadline = time.monotonic() + 60
-            while run.state != "failed" and time.monotonic() < deadline:
-                time.sleep(0.01)
+            hold_until_aborted(run)
         return CpuHybridEngine._copy(run, *args)
 
 
@@ -177,17 +171,23 @@ class AbortedAfterExportHybridEngine(CpuHybridEngine):
 
 
 class HeldAfterFirst:
+    """``group``'s all-gathers for ``run``; rank 1 holds after the first until the run is aborted."""
+
     def __init__(self, group, run):
         self.group, self.run, self.calls = group, run, 0
 
     def allgather(self, obj, stop=None) -> list:
-        import time
-
         everyone = self.group.allgather(obj, stop)
         self.calls += 1
-        deadline = time.monotonic() + 60
-        while self.calls == 1 and self.run.rank == 1 and self.run.state != "failed":
-            if time.monotonic() > deadline:
-                break
-            time.sleep(0.01)
+        if self.calls == 1 and self.run.rank == 1:
+            hold_until_aborted(self.run)
         return everyone
+
+
+def hold_until_aborted(run, seconds: float = 60) -> None:
+    """Wait until ``run`` is aborted, ``seconds`` at most."""
+    import time
+
+    deadline = time.monotonic() + seconds
+    while run.state != "failed" and time.monotonic() < deadline:
+        time.sleep(0.01)

@@ -275,15 +275,16 @@ def _raise_if_aborted(run, exported: list) -> None:
     whose abort arrived after it exported makes the next all-gathers as its peers do (it says
     it was aborted in the last)."""
     aborted = [r for r, e in enumerate(exported) if isinstance(e, Refused) and e.aborted]
-    if aborted and run.state == "failed":
+    if not aborted:
+        return
+    if run.state == "failed":
         raise run.failure()
-    if aborted:
-        r = aborted[0]
-        why = exported[r].why
-        raise RedistError(
-            f"{run.name()}: rank {r} ({run.spec.workers[r]}) "
-            + ("was aborted" if why == ABORTED_WHY else f"failed in phase 'export': {why}")
-        )
+    r = aborted[0]
+    why = exported[r].why
+    raise RedistError(
+        f"{run.name()}: rank {r} ({run.spec.workers[r]}) "
+        + ("was aborted" if why == ABORTED_WHY else f"failed in phase 'export': {why}")
+    )
 
 
 def _raise_if_failed(run, statuses: list) -> None:
