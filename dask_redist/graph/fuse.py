@@ -24,6 +24,7 @@ resources, retries), tasks that are not plain (aliases, Futures, collectives).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cache
 from graphlib import TopologicalSorter
 from itertools import combinations
 
@@ -133,7 +134,7 @@ def _per_chunk(hlg: HighLevelGraph, name: str, members: dict, below: set, index:
         or len(layer) != len(index)
     ):
         return None
-    known = _known_keys(hlg, name)
+    known = cache(lambda: _known_keys(hlg, name))  # (legacy tuple tasks only need them)
     by_chunk: list = [None] * len(index)
     for key in layer.get_output_keys():
         task = _plain(layer.get(key), key, known) if _in(key, name) else None
@@ -178,11 +179,12 @@ def _known_keys(hlg: HighLevelGraph, name: str) -> set:
     return known
 
 
-def _plain(task, key, known: set):
-    """``task`` as a plain `Task` (a legacy tuple converted, its references among ``known``
-    keys), or None where it is anything else: an alias, data, a Future, a collective's task."""
+def _plain(task, key, known):
+    """``task`` as a plain `Task` (a legacy tuple converted, its references among the keys
+    ``known()`` gives), or None where it is anything else: an alias, data, a Future, a
+    collective's task."""
     if type(task) is tuple and task and callable(task[0]):
-        task = convert_legacy_task(key, task, known)
+        task = convert_legacy_task(key, task, known())
     if type(task) is not Task or task.block_fusion:
         return None
     return task
