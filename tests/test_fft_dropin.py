@@ -156,7 +156,7 @@ def test_the_gpu_paths_graph_computes_on_the_local_scheduler(client):
     x = da.from_array(a, chunks=(2, 6, 4))
     op = normalize(x.shape, "c2c", False, None, (1, 2), None)
     y = gpu.build(x, op, None)
-    assert len([layer for layer in y.dask.layers.values() if type(layer).__name__ == "CollectiveOrDask"]) == 1
+    assert len(_either_layers(y)) == 1
     with dask.config.set(scheduler="sync"):
         _close(y.compute(), np.fft.fftn(a, axes=(1, 2)))
 
@@ -169,19 +169,20 @@ def test_dask_form_is_built_only_where_a_local_scheduler_reads_it(client):
 
     a = np.random.default_rng(5).standard_normal((16, 12)) + 0j
     y = F.fftn(da.from_array(a, chunks=(4, 12)))
-    either = [layer for layer in y.dask.layers.values() if type(layer).__name__ == "CollectiveOrDask"]
+    either = _either_layers(y)
     assert either
     _close(y.compute(), np.fft.fftn(a))
     assert not any(isinstance(layer._local, dict) for layer in either)
     again = pickle.loads(pickle.dumps(y))
-    assert not any(
-        isinstance(layer._local, dict)
-        for layer in again.dask.layers.values()
-        if type(layer).__name__ == "CollectiveOrDask"
-    )
+    assert not any(isinstance(layer._local, dict) for layer in _either_layers(again))
     _close(again.compute(scheduler="sync"), np.fft.fftn(a))
     _close(y.compute(scheduler="sync"), np.fft.fftn(a))
     assert all(isinstance(layer._local, dict) for layer in either)
+
+
+def _either_layers(y) -> list:
+    """``y``'s layers that hold a collective and Dask's form of it (`graph.anywhere.CollectiveOrDask`)."""
+    return [layer for layer in y.dask.layers.values() if type(layer).__name__ == "CollectiveOrDask"]
 
 
 def dask_redist_steps(y) -> list[str]:
