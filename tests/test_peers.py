@@ -354,3 +354,10 @@ def test_which_runs_take_the_path():
     for limit, taken in ((300, True), (299, False)):  # redist.nvshmem.shared-gpu-max-chunks
         run = world(many, np.dtype(np.float64), 2, np.zeros(600, np.int64), shared_gpu_max_chunks=limit)[0]
         assert peers.applies(run, True, 1 << 16) is taken
+
+
+def test_the_stats_say_how_much_of_the_peers_memory_was_mapped_once():
+    ipc = SimpleNamespace(opened_bytes=[512 * 2**20, 2**30])
+    assert peers.opened_since(ipc) == {"mapped allocations": 2, "mapped MiB": 1536.0}
+    assert peers.opened_since(ipc) == {"mapped allocations": 0, "mapped MiB": 0.0}
+    assert peers.opened_since(object()) == {"mapped allocations": 0, "mapped MiB": 0.0}

@@ -98,19 +98,25 @@ class Refused:
 
 
 class CudaIpc:
-    """CUDA IPC for `export` and `Mapped`: handles of allocations, mapped into this process."""
+    """CUDA IPC for `export` and `Mapped`: handles of allocations, mapped into this process.
+    ``opened_bytes``: the bytes of each allocation opened since it was last emptied (a peer's whole
+    allocation is mapped, however little of it the chunks written to take)."""
 
     def __init__(self):
         from cuda.bindings import driver
 
         self._driver = driver
+        self.opened_bytes: list[int] = []
+
+    def _range(self, ptr: int) -> tuple[int, int]:
+        err, base, size = self._driver.cuMemGetAddressRange(ptr)
+        if err != self._driver.CUresult.CUDA_SUCCESS:
+            raise RuntimeError(f"cuMemGetAddressRange: {err.name}")
+        return int(base), int(size)
 
     def allocation(self, ptr: int) -> int:
         """The start of the allocation that holds ``ptr`` (a pool hands out parts of larger ones)."""
-        err, base, _ = self._driver.cuMemGetAddressRange(ptr)
-        if err != self._driver.CUresult.CUDA_SUCCESS:
-            raise RuntimeError(f"cuMemGetAddressRange: {err.name}")
-        return int(base)
+        return self._range(ptr)[0]
 
     @staticmethod
     def handle(base: int) -> bytes:
@@ -118,17 +124,27 @@ class CudaIpc:
 
         return cupy.cuda.runtime.ipcGetMemHandle(base)
 
-    @staticmethod
-    def open(handle: bytes) -> int:
+    def open(self, handle: bytes) -> int:
         import cupy
 
-        return cupy.cuda.runtime.ipcOpenMemHandle(handle)
+        ptr = cupy.cuda.runtime.ipcOpenMemHandle(handle)
+        self.opened_bytes.append(self._range(ptr)[1])
+        return ptr
 
     @staticmethod
     def close(ptr: int) -> None:
         import cupy
 
         cupy.cuda.runtime.ipcCloseMemHandle(ptr)
+
+
+def opened_since(ipc) -> dict:
+    """For an engine's stats: the peers' allocations ``ipc`` opened since this was last asked,
+    and their size (its record emptied; an IPC that keeps none says 0)."""
+    sizes = getattr(ipc, "opened_bytes", [])
+    opened = list(sizes)
+    sizes.clear()
+    return {"mapped allocations": len(opened), "mapped MiB": round(sum(opened) / 2**20, 1)}
 
 
 def export(outputs: dict, ipc) -> Exported | Refused:

@@ -302,6 +302,7 @@ class CufftMpEngine(Engine):
         def prepare():
             if self.ipc is None:
                 self.ipc = peers.CudaIpc()
+            peers.opened_since(self.ipc)  # (a failed run's mappings are not this one's)
             return _piece_table(run, self.piece_jobs, run.rank), self.ipc
 
         def done():
@@ -317,6 +318,7 @@ class CufftMpEngine(Engine):
                 self.world.shared_gpu = False
             return False
         self._stats["last"]["steps ms"] = steps
+        self._stats["last"].update(peers.opened_since(self.ipc))
         self._stats["last"]["all-gathers"] = (
             "scheduler" if self.world.peers_group is self.world.group else "files"
         )

@@ -39,6 +39,7 @@ from dask_redist.engines.ipc import (  # noqa: F401 - (the peers' path, as its t
     export,
     gather,
     map_outputs,
+    opened_since,
 )
 from dask_redist.engines.registry import engine_settings
 from dask_redist.errors import RedistError

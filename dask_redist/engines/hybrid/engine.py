@@ -45,7 +45,16 @@ from dask_redist.engines.copies import PieceJobs, addresses
 from dask_redist.engines.exchange import empty_outputs, in_order, receives, send_pieces, sends
 from dask_redist.engines.hybrid.description import HybridDescription
 from dask_redist.engines.hybrid.routes import by_ipc, summary
-from dask_redist.engines.ipc import ExchangeGroup, Exported, Mapped, Refused, Steps, export, gather
+from dask_redist.engines.ipc import (
+    ExchangeGroup,
+    Exported,
+    Mapped,
+    Refused,
+    Steps,
+    export,
+    gather,
+    opened_since,
+)
 from dask_redist.engines.protocol import Engine
 from dask_redist.errors import FAILURES, EngineUnavailableError, RedistError, RedistTimeoutError, failure_of
 
@@ -196,6 +205,7 @@ class HybridEngine(Engine):
             "hosts": len(set(hosts)),
             **summary(t.nbytes, t.src, t.dst, ipc),
             "steps ms": steps.ms,
+            **opened_since(dev.ipc),
         }
         run.inputs = {}
         run.finish(outputs)
