@@ -506,3 +506,18 @@ def test_every_pipeline_on_cupy_chunks(gpu_client):
     for r in withs:  # (the collective or Dask's rechunk, as enable()'s cost model chose)
         assert r.note.startswith("enable() ran"), r
     assert all(row["checked"] == "equal" for row in p.summary(results))
+
+
+def test_a_rows_note_says_how_much_of_the_peers_memory_its_ranks_mapped():
+    """The peers path's stats per worker: the note gives the most any rank mapped, then the
+    slowest rank's steps."""
+    peers = {"layout": "peers", "rounds": 1, "all-gathers": "files"}
+    stats = {
+        "a": {"last": {**peers, "mapped MiB": 512.0, "steps ms": {"map": 1.5, "copy": 3.0}}},
+        "b": {"last": {**peers, "mapped MiB": 8192.0, "steps ms": {"map": 42.0, "copy": 2.0}}},
+    }
+    note = b.Result("c", "redist", 1, 16, 16, engine_stats=stats)._engine_note()
+    assert note == (
+        "peers, 1 round(s); mapped up to 8192 MiB of peers' memory; "
+        "slowest rank's steps ms (all-gathers through files): map 42.00, copy 3.00"
+    )

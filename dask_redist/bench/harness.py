@@ -57,10 +57,12 @@ class Result:
         worst = {k: max(x[k] for x in last) for k in keys if all(k in x for x in last)}
         arena = f", arena {format_bytes(last[0]['arena bytes'])}" if last[0].get("arena bytes") else ""
         steps = ""
+        if all("mapped MiB" in x for x in last):  # (CUDA IPC maps a chunk's whole allocation)
+            steps = f"; mapped up to {max(x['mapped MiB'] for x in last):.0f} MiB of peers' memory"
         if all("steps ms" in x for x in last):  # (PEs on one GPU: `engines.cufftmp.peers`)
             slowest = {k: max(x["steps ms"].get(k, 0.0) for x in last) for k in last[0]["steps ms"]}
             through = f" (all-gathers through {last[0]['all-gathers']})" if "all-gathers" in last[0] else ""
-            steps = f"; slowest rank's steps ms{through}: " + ", ".join(
+            steps += f"; slowest rank's steps ms{through}: " + ", ".join(
                 f"{k} {v:.2f}" for k, v in slowest.items()
             )
         routes = ""
