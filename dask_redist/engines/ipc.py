@@ -108,15 +108,12 @@ class CudaIpc:
         self._driver = driver
         self.opened_bytes: list[int] = []
 
-    def _range(self, ptr: int) -> tuple[int, int]:
-        err, base, size = self._driver.cuMemGetAddressRange(ptr)
-        if err != self._driver.CUresult.CUDA_SUCCESS:
-            raise RuntimeError(f"cuMemGetAddressRange: {err.name}")
-        return int(base), int(size)
-
     def allocation(self, ptr: int) -> int:
         """The start of the allocation that holds ``ptr`` (a pool hands out parts of larger ones)."""
-        return self._range(ptr)[0]
+        err, base, _ = self._driver.cuMemGetAddressRange(ptr)
+        if err != self._driver.CUresult.CUDA_SUCCESS:
+            raise RuntimeError(f"cuMemGetAddressRange: {err.name}")
+        return int(base)
 
     @staticmethod
     def handle(base: int) -> bytes:
@@ -128,7 +125,8 @@ class CudaIpc:
         import cupy
 
         ptr = cupy.cuda.runtime.ipcOpenMemHandle(handle)
-        self.opened_bytes.append(self._range(ptr)[1])
+        err, _, size = self._driver.cuMemGetAddressRange(ptr)  # (for the stats only: never raises)
+        self.opened_bytes.append(int(size) if err == self._driver.CUresult.CUDA_SUCCESS else 0)
         return ptr
 
     @staticmethod
