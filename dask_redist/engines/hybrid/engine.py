@@ -152,6 +152,7 @@ class HybridEngine(Engine):
         dev, rechunk, plan = self.device, run.spec.collective.rechunk, run.plan
         group = _run_group(run, transport) if self._group is None else self._group(run)
         steps = Steps({})
+        opened_since(dev.ipc)  # (a failed run's mappings are not this one's)
         run.set_phase("export")
         outputs, inputs = {}, dict(run.inputs)  # (held until every copy is done: an abort empties run.inputs)
         try:
