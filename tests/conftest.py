@@ -177,12 +177,14 @@ def runs_since(client, before: list[dict]) -> list[dict]:
 
 
 def worker_leftovers(client, timeout: float = 10) -> dict:
-    """Staged chunks, runs and early pieces still held by the workers (waits for cleanup)."""
+    """Staged chunks, runs and early pieces still held by the workers, by worker and kind
+    (waits for cleanup)."""
 
     import dask_redist
 
     def held(s):
-        return s["staged chunks"] + s["stage keys"] + len(s["runs"]) + s["early pieces"]
+        counts = {k: s[k] for k in ("staged chunks", "stage keys", "early pieces")}
+        return {k: n for k, n in {**counts, "runs": len(s["runs"])}.items() if n}
 
     deadline = time.monotonic() + timeout
     while True:

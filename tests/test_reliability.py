@@ -97,6 +97,35 @@ def test_the_first_rechunk_of_a_cluster_ending_before_its_barrier_leaves_nothing
         np.testing.assert_array_equal(x.rechunk((64, 8)).compute(), x.compute())
 
 
+def _plugins_then_whether_the_worker_plugin_is_here():
+    from distributed import get_worker
+
+    from dask_redist.runtime.tasks import ensure_plugins
+
+    worker = get_worker()
+    ensure_plugins(worker, 30)
+    return "redist" in worker.plugins, time.monotonic()
+
+
+def test_a_stage_task_waits_for_the_worker_plugin_another_worker_is_still_adding():
+    """The scheduler plugin is in place as soon as its start begins, which then adds the worker
+    plugin to every worker: a stage task on another worker that registered meanwhile went on
+    without it, and when it was cancelled while it ran its chunks stayed held for good (once, in
+    CI). Here the worker plugin comes a second late."""
+    from dask_redist.runtime.scheduler import RedistSchedulerPlugin
+    from dask_redist.runtime.worker import RedistWorkerPlugin
+
+    with local_cluster(1) as cluster, Client(cluster) as client:
+        client.register_plugin(RedistSchedulerPlugin(worker_plugin=None))
+        future = client.submit(_plugins_then_whether_the_worker_plugin_is_here, pure=False)
+        time.sleep(1)
+        added = time.monotonic()
+        client.register_plugin(RedistWorkerPlugin())
+        here, returned = future.result(timeout=60)
+    assert here
+    assert returned >= added
+
+
 def test_worker_killed_mid_exchange(own_cluster):
     cluster, client = own_cluster
     a = data((60, 40, 8))

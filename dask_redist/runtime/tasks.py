@@ -88,8 +88,9 @@ async def register(scheduler) -> None:
 
 
 def ensure_plugins(worker, timeout: float | None = None) -> None:
-    """Register the scheduler plugin (which registers the worker plugin) once per scheduler
-    (``timeout``: this process's ``redist.timeouts.barrier`` unless given)."""
+    """Register the scheduler plugin (which registers the worker plugin) once per scheduler, and
+    return once the worker plugin is on ``worker`` (``timeout``: this process's
+    ``redist.timeouts.barrier`` unless given)."""
     address = worker.scheduler.address
     if address in _registered:
         return
@@ -97,10 +98,20 @@ def ensure_plugins(worker, timeout: float | None = None) -> None:
 
     async def register_here():
         await register(worker.scheduler)
+        # Another worker's stage task may have registered it a moment ago, its start still
+        # adding the worker plugin (`RedistSchedulerPlugin.start`): until it is here, a stage
+        # task cancelled while it ran would keep its chunks for good.
+        while RedistWorkerPlugin.name not in worker.plugins:
+            await asyncio.sleep(0.01)
 
     for attempt in range(3):  # a comm can break while workers come and go
         try:
-            call_on_loop(worker, register_here, timeout, "registering the dask-redist scheduler plugin")
+            call_on_loop(
+                worker,
+                register_here,
+                timeout,
+                "registering the dask-redist plugins (redist.timeouts.barrier)",
+            )
             break
         except OSError:
             if attempt == 2:
