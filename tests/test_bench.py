@@ -432,6 +432,32 @@ def test_a_wrong_result_fails_its_row(client, monkeypatch, pipeline):
     assert p.summary(rows)[0]["checked"] == "WRONG" and p.summary(rows)[0]["tasks"] == "skipped"
 
 
+def test_the_fft_pipeline_without_the_rechunk_does_the_same_transforms_and_is_checked(client, monkeypatch):
+    """``without`` transforms along axis 1, as long as the axis ``with`` transforms after the
+    rechunk (along axis 0 within each slab it was a sixteenth as long at 16 chunks), and its
+    values are checked: a transform along axis 0 instead is WRONG."""
+    import dask.array as da
+
+    from dask_redist.bench import pipeline as p
+
+    case = p.pipeline_case("fft", "256KiB", 4)
+    assert case.shape[0] == case.shape[1]
+    seen = []
+
+    def recording(block):
+        seen.append(block.shape)
+        return p._fft0(block)
+
+    x = da.zeros(case.shape, chunks=case.old, dtype=case.dtype)
+    monkeypatch.setattr(p, "_fft1", recording)
+    p.build("fft", case, x, 0, rechunk=False).compute(scheduler="sync")
+    assert seen and all(shape[1] == case.shape[0] for shape in seen)
+
+    shared = {case.name: []}
+    rows = p.run_pipeline(client, "fft", "256KiB", 4, p.Options(reps=1, tasks_up_to=0), shared)
+    assert {r.method: r.correct for r in rows} == {"without": False, "with": True}, rows
+
+
 def test_cli_pipeline_writes_markdown_and_json(tmp_path):
     args = "bench --pipeline --workers 2 --size 256KiB --chunks 4 --reps 1 --engine dask --name p"
     args = args.split() + [
