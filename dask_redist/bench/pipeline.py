@@ -20,8 +20,8 @@ Each pipeline and chunk count gives these rows (each a `harness.Result`):
 * ``without``: the same steps without the rechunk (the reductions: Dask's tree reduction over
   the old split axis; ``fft``: the last transform along axis 1, which each slab holds whole and
   which is as long as axis 0 (in every slab case): the same tasks and transforms as ``with``,
-  not the 3-D FFT. Along axis 0 within each slab, as before 2026-12-05, it was a transform a
-  sixteenth as long at 16 chunks, 3.5 ms per chunk against 14.3 ms: docs/benchmarks.md);
+  not the 3-D FFT. Until 2026-12-05 it ran along axis 0 within each slab, a shorter transform
+  (docs/benchmarks.md, "The `fft` row's baseline"));
 * ``with``: the pipeline, under ``dask_redist.enable()`` with the bench's ``--engine``, as users
   have it (the note says whether ``enable()`` ran the collective or left the rechunk to Dask);
 * ``adds``: ``with`` - ``without`` (medians), in the summary table;
