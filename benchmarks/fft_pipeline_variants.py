@@ -5,8 +5,10 @@ rechunked to 64 along axis 1, the `dask` engine; medians of REPS, the variants i
     python benchmarks/fft_pipeline_variants.py [REPS] [THREADS] [fresh]
 
 "fresh": a new input persisted before every run, as `dask-redist bench` places one (else one input,
-persisted once, reused). Every variant but "x+0 > rc" has its producer fused into the stage tasks; "fft2 > fft0" is the
-pipeline without the rechunk. Figures: docs/benchmarks.md ("Pipelines on CPU").
+persisted once, reused). Every variant but "x+0 > rc" has its producer fused into the stage tasks; "fft2 > fft1" is the
+pipeline without the rechunk, its last transform as long as "fft2 > rc > fft0"'s (the bench's `without` since 2026-12-05);
+"fft2 > fft0" was, until then: a transform along axis 0 of each slab, 4 long. Figures: docs/benchmarks.md ("Pipelines on
+CPU", "The `fft` row's baseline").
 """
 
 from __future__ import annotations
@@ -32,6 +34,10 @@ def fft0(b):
     return np.fft.fft(b, axis=0)
 
 
+def fft1(b):
+    return np.fft.fft(b, axis=1)
+
+
 def copy(b):
     return b * 1
 
@@ -47,6 +53,7 @@ VARIANTS = {
     "copy > rc > fft0": lambda x: x.map_blocks(copy).rechunk(NEW).map_blocks(fft0),
     "fft2 > rc > fft0": lambda x: x.map_blocks(fft2).rechunk(NEW).map_blocks(fft0),
     "fft2 > fft0": lambda x: x.map_blocks(fft2).map_blocks(fft0),
+    "fft2 > fft1": lambda x: x.map_blocks(fft2).map_blocks(fft1),
 }
 
 
