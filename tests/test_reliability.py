@@ -126,6 +126,30 @@ def test_a_stage_task_waits_for_the_worker_plugin_another_worker_is_still_adding
     assert returned >= added
 
 
+def test_workers_of_one_process_each_wait_for_their_own_worker_plugin():
+    """Workers in one process (``processes=False``) share the registration of the plugins: the
+    second worker's stage task waits for its own worker plugin all the same."""
+    from dask_redist.runtime.scheduler import RedistSchedulerPlugin
+    from dask_redist.runtime.worker import RedistWorkerPlugin
+
+    async def add_worker_plugin(dask_worker):
+        await dask_worker.plugin_add(RedistWorkerPlugin(), name=RedistWorkerPlugin.name)
+
+    with local_cluster(2, processes=False) as cluster, Client(cluster) as client:
+        client.register_plugin(RedistSchedulerPlugin(worker_plugin=None))
+        first, second = sorted(client.scheduler_info()["workers"])
+        client.run(add_worker_plugin, workers=[first])
+        f = _plugins_then_whether_the_worker_plugin_is_here
+        assert client.submit(f, workers=[first], pure=False).result(timeout=60)[0]
+        future = client.submit(f, workers=[second], pure=False)
+        time.sleep(1)
+        added = time.monotonic()
+        client.run(add_worker_plugin, workers=[second])
+        here, returned = future.result(timeout=60)
+    assert here
+    assert returned >= added
+
+
 def test_worker_killed_mid_exchange(own_cluster):
     cluster, client = own_cluster
     a = data((60, 40, 8))

@@ -90,9 +90,10 @@ async def register(scheduler) -> None:
 def ensure_plugins(worker, timeout: float | None = None) -> None:
     """Register the scheduler plugin (which registers the worker plugin) once per scheduler, and
     return once the worker plugin is on ``worker`` (``timeout``: this process's
-    ``redist.timeouts.barrier`` unless given)."""
+    ``redist.timeouts.barrier`` unless given). Workers of one process (``processes=False``)
+    share the registration, not the worker plugin: each waits for its own."""
     address = worker.scheduler.address
-    if address in _registered:
+    if address in _registered and RedistWorkerPlugin.name in worker.plugins:
         return
     timeout = Settings.from_config().barrier_timeout if timeout is None else timeout
 
