@@ -247,7 +247,7 @@ def test_an_fft_too_large_for_the_heap_is_refused_and_the_world_stays_usable(fft
     with contextlib.contextmanager(conftest.gpu_client)(env=env) as client:
         nranks = len(worker_info(client))
         if nranks == 1:
-            pytest.skip("one PE transforms with cuFFT, off the symmetric heap (local_transform)")
+            pytest.skip("one PE transforms with cuFFT, off the symmetric heap (engines.cufftmp.one_pe)")
         heap = parse_symmetric_size(env["NVSHMEM_SYMMETRIC_SIZE"])
         n = int(round((1.25 * heap * nranks / 8) ** (1 / 3))) + 1  # complex64: each rank's slab over the heap
         meta = cupy.empty((0, 0, 0), dtype=np.complex64)

@@ -1,0 +1,127 @@
+"""A distributed FFT on a world of one PE: cuFFT on one GPU, no symmetric heap, no cuFFTMp.
+
+Two ways, both out of place and with NumPy's ``norm`` (`transform`):
+
+* **from the input chunks**, where they split only the first axis of a C2C transform of every
+  axis (`DistributedFFT.from_chunks_problem`; `chunks_in_order`): cuFFT transforms each chunk
+  over the axes after the first straight into its rows of the result, then the result over the
+  first axis in place. No leg in: one pass over the array less than the other way. Plans are
+  kept per chunk shape (`Plans`).
+* **from the whole array**, which the leg in gathers (`dask_redist.engines.cufftmp.fft`): CuPy's
+  ``fftn`` and kin on it.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+from dask_redist.errors import RedistError
+
+#: cuFFT plans kept (per shape, dtype and axes) for later runs.
+PLANS_KEPT = 8
+
+
+def chunks_in_order(dfft, old, inputs: dict) -> list | None:
+    """The input chunks along the first axis, where the transform can start from them (every
+    one here, C-contiguous, of the transform's dtype); else None (the leg in gathers them)."""
+    if dfft.from_chunks_problem(old) is not None:
+        return None
+    chunks = [inputs.get(i) for i in range(len(old[0]))]
+    if any(c is None or not c.flags.c_contiguous or c.dtype != dfft.in_dtype for c in chunks):
+        return None
+    return chunks
+
+
+def transform(engine, run, data, error=None):
+    """The transform of ``data``: the whole array (gathered by the leg in) or its chunks in order
+    (`chunks_in_order`), on the engine's stream, waited for as a round is (an abort ends the wait)."""
+    dfft = run.spec.collective.fft
+    run.set_phase("fft")
+    if error is not None:
+        raise error
+    if run.state == "failed":
+        raise run.failure()
+    if data is None:
+        raise RedistError(f"{run.name()}: no input slab")
+    engine.rounds.reset()
+    with engine.stream:
+        if isinstance(data, list):
+            out = _from_chunks(dfft, data, engine.fft_plans)
+        else:
+            out = _whole(dfft, data)
+        engine.rounds.queued(engine._everything())
+    engine.rounds.wait(run)
+    return out
+
+
+def _whole(dfft, slab):
+    import cupy
+
+    axes = tuple(range(dfft.first, len(dfft.in_shape)))
+    s = dfft.out_shape[dfft.first :] if dfft.kind == "c2r" else None  # (C2R: the last axis, even or odd)
+    return getattr(cupy.fft, dfft.function)(slab, s=s, axes=axes, norm=dfft.norm).astype(
+        dfft.out_dtype, copy=False
+    )
+
+
+def _from_chunks(dfft, chunks: list, plans):
+    import cupy
+
+    out = cupy.empty(dfft.out_shape, dfft.out_dtype)
+    return from_chunks(chunks, out, dfft.inverse, dfft.scale, plans, _direction)
+
+
+def _direction(inverse: bool) -> int:
+    from cupy.cuda import cufft
+
+    return cufft.CUFFT_INVERSE if inverse else cufft.CUFFT_FORWARD
+
+
+def from_chunks(chunks: list, out, inverse: bool, scale: float, plans, direction):
+    """``out`` (the whole array, C-contiguous) as the transform of the concatenation of
+    ``chunks`` (C-contiguous, in order along the first axis): each chunk over the axes after
+    the first into its rows of ``out``, then ``out`` over the first axis in place, then scaled.
+    ``plans.get(array, axes)`` gives a plan whose ``fft(a, out, direction(inverse))`` runs the
+    unnormalized transform (cuFFT's)."""
+    way = direction(inverse)
+    lo = 0
+    for c in chunks:
+        if len(c):
+            plans.get(c, tuple(range(1, c.ndim))).fft(c, out[lo : lo + len(c)], way)
+        lo += len(c)
+    plans.get(out, (0,)).fft(out, out, way)
+    if scale != 1:
+        out *= scale
+    return out
+
+
+class Plans:
+    """cuFFT plans by (shape, dtype, axes), least recently used first; ``make(array, axes)``
+    makes one (default: CuPy's N-D planner, `_cupy_plan`)."""
+
+    def __init__(self, make=None):
+        self._make = make or _cupy_plan
+        self._kept: OrderedDict = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._kept)
+
+    def get(self, a, axes: tuple[int, ...]):
+        key = (a.shape, a.dtype.str, axes)
+        if key in self._kept:
+            self._kept.move_to_end(key)
+            return self._kept[key]
+        while len(self._kept) >= PLANS_KEPT:
+            self._kept.popitem(last=False)
+        self._kept[key] = self._make(a, axes)
+        return self._kept[key]
+
+
+def _cupy_plan(a, axes):
+    """CuPy's own N-D planner (what ``cupy.fft.fftn`` uses): also for one axis, the first, strided
+    (``cupyx.scipy.fftpack.get_fft_plan`` makes a ``Plan1d`` there, which transforms the last)."""
+    from cupy.cuda import cufft
+    from cupy.fft._fft import _get_cufft_plan_nd
+
+    fft_type = cufft.CUFFT_Z2Z if a.dtype.itemsize == 16 else cufft.CUFFT_C2C
+    return _get_cufft_plan_nd(a.shape, fft_type, axes=axes, order="C", to_cache=False)

@@ -1,0 +1,116 @@
+"""One PE's FFT from its input chunks (`dask_redist.engines.cufftmp.one_pe`), on CPU: the chunks'
+transforms and the first axis's, as cuFFT's plans run them (unnormalized, out of place or in
+place), replayed with NumPy, against ``numpy.fft`` of the whole array for every ``norm``."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dask_redist.engines.cufftmp.one_pe import Plans, chunks_in_order, from_chunks
+from dask_redist.planning.fft import DistributedFFT
+
+FORWARD, INVERSE = -1, 1  # (cuFFT's CUFFT_FORWARD and CUFFT_INVERSE)
+
+
+class NumpyPlan:
+    """A cuFFT plan over ``axes`` as NumPy computes it: unnormalized both ways."""
+
+    def __init__(self, a, axes):
+        self.shape, self.axes = a.shape, axes
+
+    def fft(self, a, out, direction):
+        assert a.shape == self.shape and out.shape == self.shape
+        if direction == FORWARD:
+            out[...] = np.fft.fftn(a, axes=self.axes)
+        else:
+            out[...] = np.fft.ifftn(a, axes=self.axes, norm="forward")
+
+
+def _direction(inverse: bool) -> int:
+    return INVERSE if inverse else FORWARD
+
+
+def _dfft(shape, inverse=False, norm=None, kind="c2c", dtype=np.complex128):
+    return DistributedFFT(kind, inverse, norm, shape, shape, len(shape), (), np.dtype(dtype), np.dtype(dtype))
+
+
+def _split(rng, n: int) -> tuple[int, ...]:
+    cuts = np.sort(rng.choice(np.arange(1, n), min(n - 1, int(rng.integers(0, 6))), replace=False))
+    return tuple(int(c) for c in np.diff([0, *cuts, n]))
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    shape=st.lists(st.integers(1, 9), min_size=2, max_size=3).map(tuple),
+    inverse=st.booleans(),
+    norm=st.sampled_from([None, "backward", "ortho", "forward"]),
+    seed=st.integers(0, 2**16),
+)
+def test_from_chunks_equals_numpys_transform_of_the_whole_array(shape, inverse, norm, seed):
+    rng = np.random.default_rng(seed)
+    a = rng.standard_normal(shape) + 1j * rng.standard_normal(shape)
+    rows = _split(rng, shape[0]) if shape[0] > 1 else (1,)
+    old = (rows, *((n,) for n in shape[1:]))
+    dfft = _dfft(shape, inverse, norm)
+    assert dfft.from_chunks_problem(old) is None
+    bounds = np.cumsum([0, *rows])
+    inputs = {i: np.ascontiguousarray(a[lo:hi]) for i, (lo, hi) in enumerate(zip(bounds, bounds[1:]))}
+    chunks = chunks_in_order(dfft, old, inputs)
+    assert chunks is not None
+    made = []
+    plans = Plans(lambda x, axes: made.append(axes) or NumpyPlan(x, axes))
+    out = from_chunks(chunks, np.empty(shape, complex), inverse, dfft.scale, plans, _direction)
+    expected = (np.fft.ifftn if inverse else np.fft.fftn)(a, norm=norm)
+    np.testing.assert_allclose(out, expected, rtol=1e-10, atol=1e-10 * np.abs(expected).max())
+    assert len(made) == len(plans) <= len(set(rows)) + 1  # (a plan per chunk shape, and the first axis's)
+
+
+@pytest.mark.parametrize(
+    "kind, shape, old, why",
+    [
+        ("r2c", (8, 6), ((4, 4), (6,)), "only a C2C"),
+        ("c2c", (8, 6), ((4, 4), (3, 3)), "split an axis after the first"),
+    ],
+)
+def test_other_transforms_and_chunks_take_the_leg_in(kind, shape, old, why):
+    dfft = _dfft(shape, kind=kind)
+    assert why in dfft.from_chunks_problem(old)
+    assert chunks_in_order(dfft, old, {}) is None
+
+
+def test_a_batched_transform_takes_the_leg_in():
+    dfft = DistributedFFT(
+        "c2c", False, None, (3, 8, 6), (3, 8, 6), 2, (), np.dtype(complex), np.dtype(complex)
+    )
+    assert dfft.from_chunks_problem(((1, 1, 1), (8,), (6,))) is not None
+
+
+def test_chunks_missing_strided_or_of_another_dtype_take_the_leg_in():
+    dfft = _dfft((4, 6))
+    old = ((2, 2), (6,))
+    a = np.zeros((4, 6), complex)
+    assert chunks_in_order(dfft, old, {0: a[:2], 1: a[2:]}) is not None
+    assert chunks_in_order(dfft, old, {0: a[:2]}) is None  # (an aborted run's inputs are gone)
+    assert chunks_in_order(dfft, old, {0: a[:2], 1: np.zeros((6, 2), complex).T}) is None
+    assert chunks_in_order(dfft, old, {0: a[:2], 1: a[2:].astype(np.complex64)}) is None
+
+
+def test_plans_are_kept_per_shape_dtype_and_axes_least_recently_used_first():
+    from dask_redist.engines.cufftmp import one_pe
+
+    made = []
+    plans = Plans(lambda x, axes: made.append((x.shape, axes)) or object())
+    a, b = np.zeros((2, 3), complex), np.zeros((4, 3), complex)
+    first = plans.get(a, (1,))
+    assert plans.get(np.zeros((2, 3), complex), (1,)) is first and len(made) == 1
+    plans.get(a, (0,))
+    plans.get(b, (1,))
+    assert len(made) == 3
+    for n in range(one_pe.PLANS_KEPT):
+        plans.get(np.zeros((5 + n, 3), complex), (1,))
+    assert len(plans) == one_pe.PLANS_KEPT
+    plans.get(a, (1,))
+    assert len(made) == 3 + one_pe.PLANS_KEPT + 1  # (made again: it was the least recently used)
