@@ -29,6 +29,14 @@ class NumpyPlan:
             out[...] = np.fft.ifftn(a, axes=self.axes, norm="forward")
 
 
+class Gpu(np.ndarray):
+    """A NumPy array standing in for a CuPy one (`one_pe.chunks_in_order` takes GPU chunks only)."""
+
+    @property
+    def __cuda_array_interface__(self):
+        return {}
+
+
 def _direction(inverse: bool) -> int:
     return INVERSE if inverse else FORWARD
 
@@ -57,7 +65,9 @@ def test_from_chunks_equals_numpys_transform_of_the_whole_array(shape, inverse, 
     dfft = _dfft(shape, inverse, norm)
     assert dfft.from_chunks_problem(old) is None
     bounds = np.cumsum([0, *rows])
-    inputs = {i: np.ascontiguousarray(a[lo:hi]) for i, (lo, hi) in enumerate(zip(bounds, bounds[1:]))}
+    inputs = {
+        i: np.ascontiguousarray(a[lo:hi]).view(Gpu) for i, (lo, hi) in enumerate(zip(bounds, bounds[1:]))
+    }
     chunks = chunks_in_order(dfft, old, inputs)
     assert chunks is not None
     made = []
@@ -88,14 +98,15 @@ def test_a_batched_transform_takes_the_leg_in():
     assert dfft.from_chunks_problem(((1, 1, 1), (8,), (6,))) is not None
 
 
-def test_chunks_missing_strided_or_of_another_dtype_take_the_leg_in():
+def test_chunks_missing_strided_of_another_dtype_or_in_host_memory_take_the_leg_in():
     dfft = _dfft((4, 6))
     old = ((2, 2), (6,))
-    a = np.zeros((4, 6), complex)
+    a = np.zeros((4, 6), complex).view(Gpu)
     assert chunks_in_order(dfft, old, {0: a[:2], 1: a[2:]}) is not None
     assert chunks_in_order(dfft, old, {0: a[:2]}) is None  # (an aborted run's inputs are gone)
-    assert chunks_in_order(dfft, old, {0: a[:2], 1: np.zeros((6, 2), complex).T}) is None
+    assert chunks_in_order(dfft, old, {0: a[:2], 1: np.zeros((6, 2), complex).view(Gpu).T}) is None
     assert chunks_in_order(dfft, old, {0: a[:2], 1: a[2:].astype(np.complex64)}) is None
+    assert chunks_in_order(dfft, old, {0: a[:2], 1: np.zeros((2, 6), complex)}) is None
 
 
 def test_plans_are_kept_per_shape_dtype_and_axes_least_recently_used_first():

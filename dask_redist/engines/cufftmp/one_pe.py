@@ -18,18 +18,24 @@ from collections import OrderedDict
 from dask_redist.errors import RedistError
 
 #: cuFFT plans kept (per shape, dtype and axes) for later runs.
-PLANS_KEPT = 8
+PLANS_KEPT = 4  # (a plan holds its cuFFT work area: up to the array's size)
 
 
 def chunks_in_order(dfft, old, inputs: dict) -> list | None:
     """The input chunks along the first axis, where the transform can start from them (every
-    one here, C-contiguous, of the transform's dtype); else None (the leg in gathers them)."""
+    one here, on the GPU, C-contiguous, of the transform's dtype); else None (the leg in gathers
+    them, from wherever they are)."""
     if dfft.from_chunks_problem(old) is not None:
         return None
     chunks = [inputs.get(i) for i in range(len(old[0]))]
-    if any(c is None or not c.flags.c_contiguous or c.dtype != dfft.in_dtype for c in chunks):
+    if any(c is None or not _usable(c, dfft.in_dtype) for c in chunks):
         return None
     return chunks
+
+
+def _usable(chunk, dtype) -> bool:
+    on_gpu = type(chunk).__module__.startswith("cupy") or hasattr(chunk, "__cuda_array_interface__")
+    return on_gpu and chunk.flags.c_contiguous and chunk.dtype == dtype
 
 
 def transform(engine, run, data, error=None):
