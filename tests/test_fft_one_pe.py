@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dask_redist.engines.cufftmp.one_pe import Plans, chunks_in_order, from_chunks
+from dask_redist.engines.cufftmp.one_pe import chunks_in_order, from_chunks
 from dask_redist.planning.fft import DistributedFFT
 
 FORWARD, INVERSE = -1, 1  # (cuFFT's CUFFT_FORWARD and CUFFT_INVERSE)
@@ -71,11 +71,15 @@ def test_from_chunks_equals_numpys_transform_of_the_whole_array(shape, inverse, 
     chunks = chunks_in_order(dfft, old, inputs)
     assert chunks is not None
     made = []
-    plans = Plans(lambda x, axes: made.append(axes) or NumpyPlan(x, axes))
-    out = from_chunks(chunks, np.empty(shape, complex), inverse, dfft.scale, plans, _direction)
+
+    def plan(x, axes):
+        made.append(axes)
+        return NumpyPlan(x, axes)
+
+    out = from_chunks(chunks, np.empty(shape, complex), inverse, dfft.scale, plan, _direction)
     expected = (np.fft.ifftn if inverse else np.fft.fftn)(a, norm=norm)
     np.testing.assert_allclose(out, expected, rtol=1e-10, atol=1e-10 * np.abs(expected).max())
-    assert len(made) == len(plans) <= len(set(rows)) + 1  # (a plan per chunk shape, and the first axis's)
+    assert made == [(1, 2)[: len(shape) - 1]] * len(rows) + [(0,)]  # (each chunk, then the first axis)
 
 
 @pytest.mark.parametrize(
@@ -107,21 +111,3 @@ def test_chunks_missing_strided_of_another_dtype_or_in_host_memory_take_the_leg_
     assert chunks_in_order(dfft, old, {0: a[:2], 1: np.zeros((6, 2), complex).view(Gpu).T}) is None
     assert chunks_in_order(dfft, old, {0: a[:2], 1: a[2:].astype(np.complex64)}) is None
     assert chunks_in_order(dfft, old, {0: a[:2], 1: np.zeros((2, 6), complex)}) is None
-
-
-def test_plans_are_kept_per_shape_dtype_and_axes_least_recently_used_first():
-    from dask_redist.engines.cufftmp import one_pe
-
-    made = []
-    plans = Plans(lambda x, axes: made.append((x.shape, axes)) or object())
-    a, b = np.zeros((2, 3), complex), np.zeros((4, 3), complex)
-    first = plans.get(a, (1,))
-    assert plans.get(np.zeros((2, 3), complex), (1,)) is first and len(made) == 1
-    plans.get(a, (0,))
-    plans.get(b, (1,))
-    assert len(made) == 3
-    for n in range(one_pe.PLANS_KEPT):
-        plans.get(np.zeros((5 + n, 3), complex), (1,))
-    assert len(plans) == one_pe.PLANS_KEPT
-    plans.get(a, (1,))
-    assert len(made) == 3 + one_pe.PLANS_KEPT + 1  # (made again: it was the least recently used)

@@ -36,7 +36,7 @@ from collections import namedtuple
 
 import numpy as np
 
-from dask_redist.engines.cufftmp import fft, one_pe, peers
+from dask_redist.engines.cufftmp import fft, peers
 from dask_redist.engines.copies import PieceJobs, launch
 from dask_redist.engines.cufftmp.description import CufftMpDescription
 from dask_redist.engines.cufftmp.direct import run_direct
@@ -130,7 +130,6 @@ class CufftMpEngine(Engine):
         self.host = HostLink()  # pinned staging for NumPy chunks (.host)
         self._able: dict | None = None  # capabilities(), asked at the first run
         self.ffts = fft.FFTs()  # distributed FFTs kept for later runs (.fft)
-        self.fft_plans = one_pe.Plans()  # cuFFT plans of one PE's FFTs from their chunks (.one_pe)
         self.piece_jobs: dict = {}  # job tables by geometry, least recently used first
         self.ipc: peers.CudaIpc | None = None  # for PEs on one GPU (.peers), made at their first run
 

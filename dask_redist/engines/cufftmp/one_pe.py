@@ -5,20 +5,15 @@ Two ways, both out of place and with NumPy's ``norm`` (`transform`):
 * **from the input chunks**, where they split only the first axis of a C2C transform of every
   axis (`DistributedFFT.from_chunks_problem`; `chunks_in_order`): cuFFT transforms each chunk
   over the axes after the first straight into its rows of the result, then the result over the
-  first axis in place. No leg in: one pass over the array less than the other way. Plans are
-  kept per chunk shape (`Plans`).
+  first axis in place. No leg in: one pass over the array less than the other way. The plans
+  are CuPy's, kept in its plan cache (the one ``cupy.fft.fftn`` uses).
 * **from the whole array**, which the leg in gathers (`dask_redist.engines.cufftmp.fft`): CuPy's
   ``fftn`` and kin on it.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
-
 from dask_redist.errors import RedistError
-
-#: cuFFT plans kept (per shape, dtype and axes) for later runs.
-PLANS_KEPT = 4  # (a plan holds its cuFFT work area: up to the array's size)
 
 
 def chunks_in_order(dfft, old, inputs: dict) -> list | None:
@@ -52,7 +47,7 @@ def transform(engine, run, data, error=None):
     engine.rounds.reset()
     with engine.stream:
         if isinstance(data, list):
-            out = _from_chunks(dfft, data, engine.fft_plans)
+            out = _from_chunks(dfft, data)
         else:
             out = _whole(dfft, data)
         engine.rounds.queued(engine._everything())
@@ -70,11 +65,11 @@ def _whole(dfft, slab):
     )
 
 
-def _from_chunks(dfft, chunks: list, plans):
+def _from_chunks(dfft, chunks: list):
     import cupy
 
     out = cupy.empty(dfft.out_shape, dfft.out_dtype)
-    return from_chunks(chunks, out, dfft.inverse, dfft.scale, plans, _direction)
+    return from_chunks(chunks, out, dfft.inverse, dfft.scale, _cupy_plan, _direction)
 
 
 def _direction(inverse: bool) -> int:
@@ -83,51 +78,30 @@ def _direction(inverse: bool) -> int:
     return cufft.CUFFT_INVERSE if inverse else cufft.CUFFT_FORWARD
 
 
-def from_chunks(chunks: list, out, inverse: bool, scale: float, plans, direction):
+def from_chunks(chunks: list, out, inverse: bool, scale: float, plan, direction):
     """``out`` (the whole array, C-contiguous) as the transform of the concatenation of
     ``chunks`` (C-contiguous, in order along the first axis): each chunk over the axes after
     the first into its rows of ``out``, then ``out`` over the first axis in place, then scaled.
-    ``plans.get(array, axes)`` gives a plan whose ``fft(a, out, direction(inverse))`` runs the
+    ``plan(array, axes)`` gives a plan whose ``fft(a, out, direction(inverse))`` runs the
     unnormalized transform (cuFFT's)."""
     way = direction(inverse)
     lo = 0
     for c in chunks:
         if len(c):
-            plans.get(c, tuple(range(1, c.ndim))).fft(c, out[lo : lo + len(c)], way)
+            plan(c, tuple(range(1, c.ndim))).fft(c, out[lo : lo + len(c)], way)
         lo += len(c)
-    plans.get(out, (0,)).fft(out, out, way)
+    plan(out, (0,)).fft(out, out, way)
     if scale != 1:
         out *= scale
     return out
 
 
-class Plans:
-    """cuFFT plans by (shape, dtype, axes), least recently used first; ``make(array, axes)``
-    makes one (default: CuPy's N-D planner, `_cupy_plan`)."""
-
-    def __init__(self, make=None):
-        self._make = make or _cupy_plan
-        self._kept: OrderedDict = OrderedDict()
-
-    def __len__(self) -> int:
-        return len(self._kept)
-
-    def get(self, a, axes: tuple[int, ...]):
-        key = (a.shape, a.dtype.str, axes)
-        if key in self._kept:
-            self._kept.move_to_end(key)
-            return self._kept[key]
-        while len(self._kept) >= PLANS_KEPT:
-            self._kept.popitem(last=False)
-        self._kept[key] = self._make(a, axes)
-        return self._kept[key]
-
-
 def _cupy_plan(a, axes):
-    """CuPy's own N-D planner (what ``cupy.fft.fftn`` uses): also for one axis, the first, strided
-    (``cupyx.scipy.fftpack.get_fft_plan`` makes a ``Plan1d`` there, which transforms the last)."""
+    """CuPy's own N-D planner and plan cache (what ``cupy.fft.fftn`` uses): also for one axis, the
+    first, strided (``cupyx.scipy.fftpack.get_fft_plan`` makes a ``Plan1d`` there, which
+    transforms the last)."""
     from cupy.cuda import cufft
     from cupy.fft._fft import _get_cufft_plan_nd
 
     fft_type = cufft.CUFFT_Z2Z if a.dtype.itemsize == 16 else cufft.CUFFT_C2C
-    return _get_cufft_plan_nd(a.shape, fft_type, axes=axes, order="C", to_cache=False)
+    return _get_cufft_plan_nd(a.shape, fft_type, axes=axes, order="C")
