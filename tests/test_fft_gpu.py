@@ -122,8 +122,9 @@ def test_forward_and_inverse_return_the_input(gpu_client, fft_gpu):
     back = F.ifftn(F.fftn(x)).compute().get()
     assert np.abs(back - a).max() / np.abs(a).max() < 1e-12
     paths = gpu_client.run(lambda: loaded_engines()["cufftmp"].stats()["last fft's path"])
-    # one PE: cuFFT of the gathered array; more: C2C without batches saves the copy into the operand
-    expected = "one PE: cuFFT, out of place" if len(paths) == 1 else "cuFFTMp, the leg in into its operand"
+    # one PE: chunks that split only the first axis are transformed where they are; more PEs: C2C
+    # without batches saves the copy into the operand
+    expected = "one PE: cuFFT from the input chunks" if len(paths) == 1 else "cuFFTMp, the leg in into its operand"
     assert set(paths.values()) == {expected}, paths
     r = np.random.default_rng(4).standard_normal((2, 48, 40))
     back = (
