@@ -122,8 +122,9 @@ def test_forward_and_inverse_return_the_input(gpu_client, fft_gpu):
     back = F.ifftn(F.fftn(x)).compute().get()
     assert np.abs(back - a).max() / np.abs(a).max() < 1e-12
     paths = gpu_client.run(lambda: loaded_engines()["cufftmp"].stats()["last fft's path"])
-    # one PE: cuFFT of the gathered array; more: C2C without batches saves the copy into the operand
-    expected = "one PE: cuFFT, out of place" if len(paths) == 1 else "cuFFTMp, the leg in into its operand"
+    # one PE: chunks that split only the first axis are transformed where they are; more PEs: C2C
+    # without batches saves the copy into the operand
+    expected = "one PE: cuFFT from the input chunks" if len(paths) == 1 else "cuFFTMp, the leg in into its operand"
     assert set(paths.values()) == {expected}, paths
     r = np.random.default_rng(4).standard_normal((2, 48, 40))
     back = (
@@ -247,7 +248,7 @@ def test_an_fft_too_large_for_the_heap_is_refused_and_the_world_stays_usable(fft
     with contextlib.contextmanager(conftest.gpu_client)(env=env) as client:
         nranks = len(worker_info(client))
         if nranks == 1:
-            pytest.skip("one PE transforms with cuFFT, off the symmetric heap (local_transform)")
+            pytest.skip("one PE transforms with cuFFT, off the symmetric heap (engines.cufftmp.one_pe)")
         heap = parse_symmetric_size(env["NVSHMEM_SYMMETRIC_SIZE"])
         n = int(round((1.25 * heap * nranks / 8) ** (1 / 3))) + 1  # complex64: each rank's slab over the heap
         meta = cupy.empty((0, 0, 0), dtype=np.complex64)

@@ -127,7 +127,7 @@ def _symmetric_size(settings: Settings) -> int | None:
 def heap_problem(geometry, nworkers: int, settings: Settings, symmetric_size: int | None) -> str | None:
     """Why one transform's slab (operand and about as much workspace) and the arena do not fit
     the symmetric heap of ``symmetric_size`` bytes (``redist.nvshmem.symmetric-size``; None: not
-    checked here). One worker's transform takes none (`dask_redist.engines.cufftmp.fft.local_transform`)."""
+    checked here). One worker's transform takes none (`dask_redist.engines.cufftmp.one_pe`)."""
     if symmetric_size is None or nworkers == 1:
         return None
     slab = max(_slab_bytes(geometry, nworkers))

@@ -187,6 +187,16 @@ class DistributedFFT:
             return f"an output of shape {self.out_shape} from {self.in_shape}: cuFFTMp's {self.fft_type} makes {tuple(expected)}"
         return None
 
+    def from_chunks_problem(self, old: Chunks) -> str | None:
+        """Why one PE cannot transform input chunks ``old`` where they are (each chunk over the
+        axes after the first into its rows of the result, then the first axis in place: no leg
+        in), or None: a C2C transform of every axis, the chunks split the first axis only."""
+        if self.kind != "c2c" or self.first != 0 or self.in_shape != self.out_shape:
+            return "only a C2C transform of every axis, of the input's shape"
+        if any(len(c) != 1 for c in old[1:]):
+            return "input chunks split an axis after the first"
+        return None
+
     def legs(self, old: Chunks, nranks: int) -> tuple[RechunkSpec, RechunkSpec]:
         """The rechunks in (input chunks -> input slabs) and out (output slabs -> output chunks)."""
         return (

@@ -16,9 +16,9 @@ below) is executed by the same engine, on the same collective thread, in the sam
 3. *leg out*: the output slabs, scaled for ``norm``, are rechunked into the output chunks (they
    are the output chunks where those are the slabs on their ranks: one PE's one chunk).
 
-A world of one PE needs no symmetric heap and no cuFFTMp: its leg in gathers the whole array,
-which cuFFT transforms out of place (`local_transform`, CuPy's ``fftn`` and kin: no copy into an
-operand and none out of it), and the leg out rechunks the result where other chunks are asked for.
+A world of one PE needs no symmetric heap and no cuFFTMp (`dask_redist.engines.cufftmp.one_pe`):
+cuFFT transforms its input chunks where they are, where they split the first axis only, else the
+whole array its leg in gathers; the leg out rechunks the result where other chunks are asked for.
 
 Every rank makes the same collective calls in the same order. An aborted run, or a rank's
 own error in one step, completes the remaining steps dry (copies skipped, the collective
@@ -33,6 +33,7 @@ from collections import OrderedDict
 from dataclasses import replace
 from functools import cached_property
 
+from dask_redist.engines.cufftmp import one_pe
 from dask_redist.errors import RedistError, RunRefusedError
 
 #: FFT plans (with their operands on the symmetric heap) kept for later runs.
@@ -267,33 +268,6 @@ def transforms(engine, run, t: _Transform, slab, error=None):
     return out
 
 
-def local_transform(engine, run, slab, error=None):
-    """A world of one PE: the transforms of ``slab`` (the whole array) by cuFFT, out of place,
-    NumPy's ``norm`` applied by CuPy (see the module)."""
-    import cupy
-
-    dfft = run.spec.collective.fft
-    run.set_phase("fft")
-    if error is not None:
-        raise error
-    if run.state == "failed":
-        raise run.failure()
-    if slab is None:
-        raise RedistError(f"{run.name()}: no input slab")
-    axes = tuple(range(dfft.first, len(dfft.in_shape)))
-    s = (
-        dfft.out_shape[dfft.first :] if dfft.kind == "c2r" else None
-    )  # (C2R: the output's last axis, even or odd)
-    engine.rounds.reset()
-    with engine.stream:
-        out = getattr(cupy.fft, dfft.function)(slab, s=s, axes=axes, norm=dfft.norm).astype(
-            dfft.out_dtype, copy=False
-        )
-        engine.rounds.queued(engine._everything())
-    engine.rounds.wait(run)  # (polled: an abort ends the wait)
-    return out
-
-
 def operand_as_slab(t: _Transform, dfft, nranks: int, rank: int) -> dict:
     """``{rank: array}``: this rank's input slab as a view of ``t``'s operand, for the leg in to
     write into (saving one pass over the slab); empty where the operand cannot be the slab (R2C's
@@ -324,25 +298,28 @@ def execute(engine, run, transport) -> None:
     engine.prepare(run, transport)  # (collective: the world)
     if run.must_stop():
         raise run.failure()
-    one_pe = nranks == 1
-    t = None if one_pe else setup(engine, run)  # (collective, before any data moves)
+    alone = nranks == 1
+    t = None if alone else setup(engine, run)  # (collective, before any data moves)
     clock("world and setup")
     leg_in, leg_out = dfft.legs(spec.collective.rechunk.old, nranks)
-    into = {} if one_pe else operand_as_slab(t, dfft, nranks, rank)
-    first = Leg(
-        run,
-        leg_spec(spec, leg_in, dfft.in_dtype, spec.in_ranks, dfft.slab_ranks(nranks, False)),
-        run.inputs,
-        into=into,
-    )
-    error = _step(engine, run, lambda: engine.execute(first, transport), None)
+    chunks = one_pe.chunks_in_order(dfft, spec.collective.rechunk.old, run.inputs) if alone else None
+    error, slab, into = None, None, {}
+    if chunks is None:
+        into = {} if alone else operand_as_slab(t, dfft, nranks, rank)
+        first = Leg(
+            run,
+            leg_spec(spec, leg_in, dfft.in_dtype, spec.in_ranks, dfft.slab_ranks(nranks, False)),
+            run.inputs,
+            into=into,
+        )
+        error = _step(engine, run, lambda: engine.execute(first, transport), None)
+        slab = first.outputs.get(rank)
     clock("leg in")
-    slab = first.outputs.get(rank)
     holder: list = [None]
 
     def middle():
-        if one_pe:
-            holder[0] = local_transform(engine, run, slab, error)
+        if alone:
+            holder[0] = one_pe.transform(engine, run, slab if chunks is None else chunks, error)
         else:
             holder[0] = transforms(engine, run, t, slab, error)
 
@@ -361,8 +338,8 @@ def execute(engine, run, transport) -> None:
     engine._stats["ffts kept"] = len(engine.ffts)  # (status: what lives on the heap beside the arena)
     engine._stats["last fft"] = clock.spent
     engine._stats["last fft's path"] = (
-        "one PE: cuFFT, out of place"
-        if one_pe
+        ("one PE: cuFFT, out of place" if chunks is None else "one PE: cuFFT from the input chunks")
+        if alone
         else "cuFFTMp, the leg in into its operand"
         if into
         else "cuFFTMp, the leg in copied into its operand"
