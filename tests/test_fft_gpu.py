@@ -124,7 +124,9 @@ def test_forward_and_inverse_return_the_input(gpu_client, fft_gpu):
     paths = gpu_client.run(lambda: loaded_engines()["cufftmp"].stats()["last fft's path"])
     # one PE: chunks that split only the first axis are transformed where they are; more PEs: C2C
     # without batches saves the copy into the operand
-    expected = "one PE: cuFFT from the input chunks" if len(paths) == 1 else "cuFFTMp, the leg in into its operand"
+    expected = (
+        "one PE: cuFFT from the input chunks" if len(paths) == 1 else "cuFFTMp, the leg in into its operand"
+    )
     assert set(paths.values()) == {expected}, paths
     r = np.random.default_rng(4).standard_normal((2, 48, 40))
     back = (

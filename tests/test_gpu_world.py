@@ -77,11 +77,14 @@ def test_an_rmm_pool_that_leaves_no_room_for_nvshmem():
     from distributed import Client
 
     if gpu_hosts() > 1 and not os.environ.get("NVSHMEM_REMOTE_TRANSPORT"):
-        pytest.skip("pseudo-hosts without a remote transport run hybrid for their hosts, before any heap check")
+        pytest.skip(
+            "pseudo-hosts without a remote transport run hybrid for their hosts, before any heap check"
+        )
     free, total = cupy.cuda.runtime.memGetInfo()
     _, pes = gpu_layout()
     sharing = min(2, pes)  # the cluster's 2 workers: one per GPU, or both on GPU 0 where PEs share it
-    pool = (total - 12 * 2**30) // sharing // 2**20 * 2**20  # leaves about 12 GiB per GPU, less the CUDA contexts
+    # pools that leave about 12 GiB per GPU, less the CUDA contexts
+    pool = (total - 12 * 2**30) // sharing // 2**20 * 2**20
     with _cluster(2, rmm_pool_size=pool) as cluster, Client(cluster.scheduler_address) as client:
         with dask.config.set({"redist.nvshmem.symmetric-size": "32GiB"}):
             fell_back = _rechunk(client, 41, engine="auto")
