@@ -116,9 +116,9 @@ def simulate(op, geometry, a, chunks, nranks, in_ranks) -> dict:
         assert x.shape[geometry.first :] == geometry.slab_shape(nranks, r, out=False)
     axes = tuple(range(geometry.first, a.ndim))
     whole = np.concatenate([in_slabs[r] for r in range(nranks)], axis=geometry.in_axis)
-    if (
-        nranks == 1
-    ):  # as `engines.cufftmp.one_pe.transform`: the transform's own function, NumPy's norm, C2R's output length
+    # one PE as `engines.cufftmp.one_pe.transform`: the transform's own function, NumPy's norm,
+    # C2R's output length
+    if nranks == 1:
         s = geometry.out_shape[geometry.first :] if geometry.kind == "c2r" else None
         out = getattr(np.fft, geometry.function)(whole, s=s, axes=axes, norm=geometry.norm)
     else:  # as cuFFTMp: unnormalized, then scaled
