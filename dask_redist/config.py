@@ -87,9 +87,11 @@ def check_known(keys) -> None:
     a cost model of any name (``redist.cost-model.NAME.*``) is checked as it is read (`_cost_entry`)."""
     known = flatten(DEFAULTS["redist"])
     # (engines of one's own are registered under redist.engines: any name goes there)
+    free = ("redist.engines.", "redist.cost-model.")
+    if not (rest := [k for k in keys if k not in known and not k.startswith(free)]):
+        return  # (the engines' sections are looked up only where needed: that reads every package's metadata)
     own = tuple(f"redist.{name}." for name in engine_names(keys) if f"redist.{name}" not in known)
-    free = ("redist.engines.", "redist.cost-model.", *own)
-    if unknown := sorted(k for k in keys if k not in known and not k.startswith(free)):
+    if unknown := sorted(k for k in rest if not k.startswith(own)):
         near = {k: difflib.get_close_matches(k, known, n=1) for k in unknown}
         hints = "; ".join(f"{k}" + (f" (did you mean {m[0]}?)" if m else "") for k, m in near.items())
         raise ConfigError(f"unknown option {hints}: the redist.* keys are listed in docs/configuration.md")

@@ -273,6 +273,26 @@ def test_the_cufftmp_engine_reads_and_checks_redist_nvshmem():
         dask_redist.enable(nvshmem={"heap": "1GiB"})
 
 
+def test_known_keys_are_checked_without_reading_every_packages_metadata(monkeypatch):
+    """``dask_redist.rechunk`` checks its options at every call: the installed engines (entry
+    points: every package's metadata read) are looked up only for a key no setting knows, where
+    an engine's own section may still take it."""
+    from dask_redist import config
+
+    def scan():
+        raise AssertionError("the installed engines were looked up")
+
+    monkeypatch.setattr(config, "installed_engines", scan)
+    config.check_known({})
+    config.check_known({"redist.engine": "dask", "redist.engines.mine": "m:E", "redist.cost-model.x.a": 1})
+    with pytest.raises(AssertionError, match="looked up"):  # (an engine's section: asked of them)
+        config.check_known({"redist.mine.option": 1})
+    monkeypatch.setattr(config, "installed_engines", lambda: (("mine", "m:E"),))
+    config.check_known({"redist.mine.option": 1, "redist.engine": "auto"})
+    with pytest.raises(dask_redist.ConfigError, match=r"unknown option redist\.memory-budgit"):
+        config.check_known({"redist.mine.option": 1, "redist.memory-budgit": "1GiB"})
+
+
 def test_a_persisted_rechunk_that_failed_keeps_its_error_after_disable(client):
     """Found at 2 pseudo-hosts on one H200: a rechunk persisted where its engine was refused, then
     a computation from it after leaving enable(), read "cancelled for reason: lost dependencies"
