@@ -30,7 +30,7 @@ from dask_redist.graph.names import own_name
 from dask_redist.graph.decide import decide, find_rechunks
 from dask_redist.graph.optimize import CollectiveOptimizer, rewrite
 from dask_redist import submissions
-from dask_redist.cluster import refuse_unrunnable, status, world_engine
+from dask_redist.cluster import client_to_ask, refuse_unrunnable, status, world_engine
 
 
 def _overrides(options: dict) -> dict:
@@ -120,7 +120,8 @@ def snapshot(hook, collection=None):
     if isinstance(hook, CollectiveOptimizer) and hook.settings is None:
         settings = check_settings(Settings.from_config())
         if collection is not None:
-            refuse_unrunnable(_collective_specs(collection, settings), settings)
+            if client_to_ask(settings) is not None:  # (else the rechunks' decisions are not needed here)
+                refuse_unrunnable(_collective_specs(collection, settings), settings)
             submissions.submitted(collection, settings)
         return CollectiveOptimizer(hook.chain, settings)
     return hook

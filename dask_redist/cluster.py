@@ -49,20 +49,30 @@ def _hosts(capabilities: dict, workers) -> str:
     return f"; workers on {len(hosts)} hosts ({', '.join(hosts)})" if len(hosts) > 1 else ""
 
 
+def client_to_ask(settings: Settings):
+    """The default Client, where the engine named in ``redist.engine`` must be asked of its workers
+    before a submission (`refuse_unrunnable`); else None: no Client, ``auto``, or an engine that
+    loads here and needs nothing of the workers (``dask``: no round trip)."""
+    from dask_redist.compat import default_client
+    from dask_redist.engines import description
+
+    client = default_client()
+    if settings.engine == "auto" or client is None or submissions.in_event_loop():
+        return None
+    named = description(settings.engine, settings)
+    if named.engine is not None and not named.probes:  # (it runs wherever its class loads, as here)
+        return None
+    return client
+
+
 def refuse_unrunnable(specs, settings: Settings) -> None:
     """Raise `EngineUnavailableError` where the engine named in ``redist.engine`` cannot run one of
     ``specs`` on the default Client's workers: once, at submission, with the remedy, instead of
-    every task of the run failing on the workers. Nothing to check without a Client, under ``auto``,
-    or for an engine that loads here and needs nothing of the workers (``dask``: no round trip)."""
-    from dask_redist.compat import default_client
-    from dask_redist.engines import Request, description
+    every task of the run failing on the workers. Nothing to check where `client_to_ask` says so."""
+    from dask_redist.engines import Request
     from dask_redist.engines.choice import cannot_run
 
-    client = default_client()
-    if not specs or settings.engine == "auto" or client is None or submissions.in_event_loop():
-        return
-    named = description(settings.engine, settings)
-    if named.engine is not None and not named.probes:  # (it runs wherever its class loads, as here)
+    if not specs or (client := client_to_ask(settings)) is None:
         return
     capabilities, workers, _ = engines_state(client, settings)
     for spec in specs:

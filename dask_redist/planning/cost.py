@@ -120,12 +120,15 @@ def _ms(seconds: float) -> str:
     return f"{seconds * 1e3:.1f} ms" if seconds < 0.1 else f"{seconds * 1e3:.0f} ms"
 
 
-def estimate(spec: RechunkSpec, kind: str, cost_model: tuple, workers: int | None = None) -> str:
-    """The model's estimates of both methods, as text for ``explain`` ('' without a model)."""
+def estimate(
+    spec: RechunkSpec, kind: str, cost_model: tuple, workers: int | None = None, f: dict | None = None
+) -> str:
+    """The model's estimates of both methods, as text for ``explain`` ('' without a model);
+    ``f``: ``spec``'s `features`, where already counted."""
     model = model_for(cost_model, kind, workers)
     if model is None:
         return ""
-    dask_s, collective_s = model.seconds(spec)
+    dask_s, collective_s = model.seconds(spec, f)
     return f"estimated {_ms(collective_s)} against {_ms(dask_s)} for Dask's rechunk; {_source(model)}"
 
 
@@ -134,14 +137,15 @@ def _source(model: CostModel) -> str:
 
 
 def dask_rechunk_is_faster(
-    spec: RechunkSpec, kind: str, cost_model: tuple, workers: int | None = None
+    spec: RechunkSpec, kind: str, cost_model: tuple, workers: int | None = None, f: dict | None = None
 ) -> str | None:
     """Why Dask's own rechunk is expected to be faster for this rechunk (``redist.min-bytes:
-    auto``), or None when the collective is (or no model covers ``kind``)."""
+    auto``), or None when the collective is (or no model covers ``kind``); ``f``: ``spec``'s
+    `features`, where already counted (Dask's planner runs for them)."""
     model = model_for(cost_model, kind, workers)
     if model is None:
         return None
-    f = features(spec)
+    f = features(spec) if f is None else f
     dask_s, collective_s = model.seconds(spec, f)
     if dask_s >= collective_s:
         return None
