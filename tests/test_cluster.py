@@ -297,6 +297,28 @@ def test_cufftmp_asked_for_where_it_cannot_run_says_why(client):
         np.testing.assert_array_equal(x.rechunk((32, 4)).compute(), x.compute())
 
 
+def test_the_client_decides_the_rechunks_only_where_the_named_engine_is_asked_of_the_workers(
+    client, monkeypatch
+):
+    """A submission under ``dask`` or ``auto`` asks nothing of the workers, and so makes none of
+    the rechunks' decisions on the client (the cost model runs Dask's planner: most of a small
+    pipeline's persist() call); under an engine that must be asked (``cufftmp``), it does."""
+    from dask_redist import api
+
+    decided = []
+    real = api._collective_specs
+    monkeypatch.setattr(api, "_collective_specs", lambda c, s: decided.append(s.engine) or real(c, s))
+    a = data_for((32, 32), "float64")
+    x = da.from_array(a, chunks=(4, 32))
+    for engine in ("dask", "auto"):
+        with dask_redist.enable(engine=engine):
+            np.testing.assert_array_equal((x.rechunk((32, 4)) + 1).compute(), a + 1)
+    assert decided == []
+    with dask_redist.enable(engine="cufftmp"), contextlib.suppress(dask_redist.RedistError):
+        x.rechunk((32, 4)).compute()  # (refused where the workers have no GPU: decided either way)
+    assert decided and set(decided) == {"cufftmp"}
+
+
 def test_auto_asks_the_workers_before_taking_numpy_chunks_through_gpus(client):
     """NumPy rechunks from redist.numpy-via-gpus bytes on would go through the GPUs under auto:
     on workers without them, the scheduler asks, keeps the dask engine and says why, for the
