@@ -23,7 +23,7 @@ from dask_redist.core.spec import CollectiveSpec, CollectiveTask
 from dask_redist.graph.layer import CollectiveLayer
 from dask_redist.graph.names import is_own
 from dask_redist.planning import PlanError, RechunkSpec
-from dask_redist.planning.cost import dask_rechunk_is_faster, estimate, features
+from dask_redist.planning.cost import dask_rechunk_is_faster, estimate, features, model_for
 from dask_redist.planning.memory import beyond_memory, pause_fraction
 
 
@@ -162,7 +162,8 @@ def collective_spec(
     if dask_method == "p2p" and chunk_type == "cupy":
         estimated = "Dask's p2p rechunk cannot move CuPy chunks"
     elif settings.min_bytes == "auto":
-        f = features(rechunk)  # (counted once for both: Dask's planner runs for them)
+        # (the features counted once for both, where a model covers the chunks: Dask's planner runs for them)
+        f = features(rechunk) if model_for(settings.cost_model, chunk_type, workers) is not None else None
         if faster := dask_rechunk_is_faster(rechunk, chunk_type, settings.cost_model, workers, f):
             if not explicit:
                 return None, faster
