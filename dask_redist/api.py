@@ -131,7 +131,7 @@ def _collective_specs(collection, settings: Settings) -> list:
     """The collectives that ``collection``'s rechunks become under ``settings`` (none is asked of the
     cluster: the workers' memory is not weighed here)."""
     graph = collection.__dask_graph__()
-    if settings.engine == "auto" or not hasattr(graph, "layers"):
+    if not hasattr(graph, "layers"):
         return []
     names = {getattr(collection, "name", None)}
     decisions = (decide(graph, chain, settings) for chain in find_rechunks(graph, names))

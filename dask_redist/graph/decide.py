@@ -23,7 +23,7 @@ from dask_redist.core.spec import CollectiveSpec, CollectiveTask
 from dask_redist.graph.layer import CollectiveLayer
 from dask_redist.graph.names import is_own
 from dask_redist.planning import PlanError, RechunkSpec
-from dask_redist.planning.cost import dask_rechunk_is_faster, estimate, features, model_for
+from dask_redist.planning.cost import verdict
 from dask_redist.planning.memory import beyond_memory, pause_fraction
 
 
@@ -162,14 +162,11 @@ def collective_spec(
     if dask_method == "p2p" and chunk_type == "cupy":
         estimated = "Dask's p2p rechunk cannot move CuPy chunks"
     elif settings.min_bytes == "auto":
-        # (the features counted once for both, where a model covers the chunks: Dask's planner runs for them)
-        f = features(rechunk) if model_for(settings.cost_model, chunk_type, workers) is not None else None
-        if faster := dask_rechunk_is_faster(rechunk, chunk_type, settings.cost_model, workers, f):
+        faster, estimated = verdict(rechunk, chunk_type, settings.cost_model, workers)
+        if faster:
             if not explicit:
                 return None, faster
             estimated = f"{EXPLICIT}; without it the cost model would have kept Dask's rechunk: {faster}"
-        else:
-            estimated = estimate(rechunk, chunk_type, settings.cost_model, workers, f)
     elif rechunk.nbytes < settings.min_bytes:
         below = f"{rechunk.nbytes} bytes is below redist.min-bytes ({settings.min_bytes})"
         if not explicit:

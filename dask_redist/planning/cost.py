@@ -120,41 +120,43 @@ def _ms(seconds: float) -> str:
     return f"{seconds * 1e3:.1f} ms" if seconds < 0.1 else f"{seconds * 1e3:.0f} ms"
 
 
-def estimate(
-    spec: RechunkSpec, kind: str, cost_model: tuple, workers: int | None = None, f: dict | None = None
-) -> str:
-    """The model's estimates of both methods, as text for ``explain`` ('' without a model);
-    ``f``: ``spec``'s `features`, where already counted."""
-    model = model_for(cost_model, kind, workers)
-    if model is None:
-        return ""
-    dask_s, collective_s = model.seconds(spec, f)
-    return f"estimated {_ms(collective_s)} against {_ms(dask_s)} for Dask's rechunk; {_source(model)}"
-
-
-def _source(model: CostModel) -> str:
-    return f"cost model {model.name}, measured {model.measured or 'on ' + str(model.workers) + ' workers'}"
+def estimate(spec: RechunkSpec, kind: str, cost_model: tuple, workers: int | None = None) -> str:
+    """The model's estimates of both methods, as text for ``explain`` ('' without a model)."""
+    return verdict(spec, kind, cost_model, workers)[1]
 
 
 def dask_rechunk_is_faster(
-    spec: RechunkSpec, kind: str, cost_model: tuple, workers: int | None = None, f: dict | None = None
+    spec: RechunkSpec, kind: str, cost_model: tuple, workers: int | None = None
 ) -> str | None:
     """Why Dask's own rechunk is expected to be faster for this rechunk (``redist.min-bytes:
-    auto``), or None when the collective is (or no model covers ``kind``); ``f``: ``spec``'s
-    `features`, where already counted (Dask's planner runs for them)."""
+    auto``), or None when the collective is (or no model covers ``kind``)."""
+    return verdict(spec, kind, cost_model, workers)[0]
+
+
+def verdict(
+    spec: RechunkSpec, kind: str, cost_model: tuple, workers: int | None = None
+) -> tuple[str | None, str]:
+    """(`dask_rechunk_is_faster`, `estimate`) of one rechunk: the model looked up and the
+    `features` counted once (Dask's planner runs for them); (None, '') without a model."""
     model = model_for(cost_model, kind, workers)
     if model is None:
-        return None
-    f = features(spec) if f is None else f
+        return None, ""
+    f = features(spec)
     dask_s, collective_s = model.seconds(spec, f)
+    estimated = f"estimated {_ms(collective_s)} against {_ms(dask_s)} for Dask's rechunk; {_source(model)}"
     if dask_s >= collective_s:
-        return None
-    return (
+        return None, estimated
+    faster = (
         f"Dask's rechunk is estimated faster: {_ms(dask_s)} ({f[DASK_RECHUNK][1]} tasks) against {_ms(collective_s)} "
         f"for the collective ({f['collective'][1]} chunks in, {f['collective'][2]} out, "
         f"{format_bytes(spec.nbytes)}; {_source(model)}); redist.min-bytes: auto (set it to a size, e.g. 0, "
         "to decide by bytes instead)"
     )
+    return faster, estimated
+
+
+def _source(model: CostModel) -> str:
+    return f"cost model {model.name}, measured {model.measured or 'on ' + str(model.workers) + ' workers'}"
 
 
 def nonnegative_fit(x: np.ndarray, y: np.ndarray) -> np.ndarray:
