@@ -181,6 +181,32 @@ class StopsAtOnceEngine(StopsItselfEngine):
     after_s = 0.0
 
 
+class StopsAfterBarrierEngine(DaskEngine):
+    """Run 1: the rank whose worker ran the barrier task stops itself (SIGSTOP) once the scheduler
+    handed the unpack tasks out: the other ranks' unpack tasks wait to fetch the barrier's result
+    from it (the ranks that did not run it go on once they see that)."""
+
+    def execute(self, run, transport):
+        import signal
+
+        from distributed.worker import Worker
+
+        if run.run_id == 1:
+            (worker,) = [w for w in Worker._instances if w.address == run.address]
+            barrier, outputs = run.spec.collective.barrier_key, set(run.spec.collective.output_keys())
+            deadline = time.monotonic() + 5
+            while time.monotonic() < deadline:
+                ts = worker.state.tasks.get(barrier)
+                ran = ts is not None and any(s.get("action") == "compute" for s in ts.startstops)
+                if ts is not None and ts.state not in ("waiting", "ready", "executing") and not ran:
+                    break  # (fetched from elsewhere: not the rank that ran it)
+                if ran and ts.state == "memory" and outputs & set(worker.state.tasks):
+                    os.kill(os.getpid(), signal.SIGSTOP)
+                    break
+                time.sleep(0.001)
+        super().execute(run, transport)
+
+
 class BlockedBootstrapEngine(BlockedGpuEngine):
     """Rank 0's thread blocks before any GPU work, as in NVSHMEM's bootstrap retrying the dead
     peer's socket: nothing is in flight, and the abort is never seen."""

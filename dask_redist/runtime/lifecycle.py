@@ -134,22 +134,47 @@ class Rechunks:
         gone = [w for w in run.spec.workers if w not in self.scheduler.workers]  # (their calls never come)
         self.send(run.spec.workers, m.Abort(token, run.spec.run_id, reason, failure, gone))
 
-    def fail_barrier(self, spec: CollectiveSpec, error: Exception) -> None:
-        """Fail ``spec``'s barrier task with ``error`` where it has not finished: its unpack tasks,
-        which raise an aborted run's error, wait for it, and a barrier task fetching a stage
-        marker from a stopped worker waits as any Dask task would, until distributed's worker-ttl
-        (a run starts before its barrier task has run: `runtime.eager`)."""
-        ts = self.scheduler.tasks.get(spec.barrier_key)
-        if ts is None or ts.state != "processing" or ts.processing_on is None:
+    def fail_stuck(self, spec: CollectiveSpec, error: Exception, silent: list[str]) -> None:
+        """Fail with ``error`` the tasks of ``spec`` that the ``silent`` workers hold up: its
+        unpack tasks raise an aborted run's error, but only once they run, and they wait for the
+        barrier task. That task may be fetching a stage marker from a stopped worker, or running on
+        it (a run starts before its barrier task has run: `runtime.eager`); or it finished there,
+        and the unpack tasks elsewhere wait to fetch its result, as any Dask task would, until
+        distributed's worker-ttl. Unpack tasks on a silent worker cannot report either."""
+        barrier = self.scheduler.tasks.get(spec.barrier_key)
+        if barrier is None:
             return
-        logger.warning("failing the barrier task of %s: %s", spec.describe(), error)
-        self.scheduler.handle_task_erred(
-            key=ts.key,
-            stimulus_id=f"redist-abort-{spec.token}-{time.time()}",
-            worker=ts.processing_on.address,
-            run_id=ts.run_id,
-            **{k: v for k, v in error_message(error).items() if k != "status"},
+        if barrier.state == "processing":
+            self._fail([barrier], spec, error)  # (its unpack tasks err with it)
+            return
+        silent = set(silent)
+        cut_off = not {ws.address for ws in barrier.who_has or ()} - silent
+        stuck = [
+            ts
+            for ts in map(self.scheduler.tasks.get, dict.fromkeys(spec.output_keys()))
+            if ts is not None and ts.state == "processing" and ts.processing_on is not None
+            if cut_off or ts.processing_on.address in silent
+        ]
+        self._fail(stuck, spec, error)
+
+    def _fail(self, tasks: list, spec: CollectiveSpec, error: Exception) -> None:
+        if not tasks:
+            return
+        logger.warning(
+            "failing %d task(s) of %s (%s, ...): %s", len(tasks), spec.describe(), tasks[0].key, error
         )
+        details = {k: v for k, v in error_message(error).items() if k != "status"}
+        stimulus_id = f"redist-abort-{spec.token}-{time.time()}"
+        for ts in tasks:
+            if ts.state != "processing" or ts.processing_on is None:  # (an earlier one's transitions)
+                continue
+            self.scheduler.handle_task_erred(
+                key=ts.key,
+                stimulus_id=stimulus_id,
+                worker=ts.processing_on.address,
+                run_id=ts.run_id,
+                **details,
+            )
 
     def restart(
         self, token: str, reason: str, stale: list = (), settings=None, *, level: int = logging.WARNING

@@ -316,8 +316,8 @@ class RedistSchedulerPlugin(SchedulerPlugin):
                 if silent:
                     message += f" (workers {silent} answered nothing either: stopped or frozen?)"
                 self.rechunks.abort(spec.token, message, failure="timeout")
-                if silent:  # (its barrier task may be fetching from one of them)
-                    self.rechunks.fail_barrier(spec.collective, FAILURES["timeout"](message))
+                if silent:  # (its barrier or unpack tasks may be waiting for one of them)
+                    self.rechunks.fail_stuck(spec.collective, FAILURES["timeout"](message), silent)
         finally:
             self._held.discard((spec.token, spec.run_id))
 
