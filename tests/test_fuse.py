@@ -363,3 +363,59 @@ def test_an_anomaly_runs_inside_the_unpack_tasks_and_a_total_keeps_its_tasks(cli
     np.testing.assert_allclose(total.compute(), a - a.sum())
     assert dask_redist.explain(total).entries[0].fused == ""
     assert tasks_of(client, total)["rechunk"] == 6
+
+
+def _kept_for_consumers(dask_worker=None) -> int:
+    from dask_redist.core import buffers
+
+    return buffers.consumed.nbytes
+
+
+def _empty_kept_for_consumers(dask_worker=None) -> None:
+    from dask_redist.core import buffers
+
+    buffers.consumed.bound(0)
+    buffers.consumed.bound(buffers.KEPT)
+
+
+VIEWS = {"reversed": lambda b: b[::-1], "reshaped": lambda b: b.reshape(b.shape), "a slice": lambda b: b[1:]}
+
+
+def _lazy_from(nbytes: int, dask_worker=None) -> int:
+    """Output chunks of at least ``nbytes`` are built by the unpack tasks (`engines.dask`); the old bound."""
+    from dask_redist.engines import dask as engine
+
+    old, engine.LAZY_MIN_BYTES = engine.LAZY_MIN_BYTES, nbytes
+    return old
+
+
+@pytest.mark.parametrize("built_by", ["the run", "the unpack tasks"])
+@pytest.mark.parametrize("view", sorted(VIEWS))
+def test_a_consumer_whose_result_is_a_view_of_its_chunk_keeps_the_chunk(
+    client, enabled, persisted, view, built_by
+):
+    """The fused consumers' chunks are built in buffers each worker keeps for the next chunk (by the
+    run, or by the unpack tasks where chunks are large); a result that may hold its chunk (a view
+    of it) keeps the chunk's buffer, so the chunks built after it do not overwrite it."""
+    a, x = persisted
+    client.run(_empty_kept_for_consumers)
+    f = VIEWS[view]
+    y = x.rechunk((48, 2, 6)).map_blocks(f, chunks=f(np.empty((48, 2, 6))).shape)
+    old = client.run(_lazy_from, 0 if built_by == "the unpack tasks" else 2**40)
+    try:
+        expected = np.concatenate([f(a[:, j : j + 2]) for j in range(0, 24, 2)], axis=1)
+        np.testing.assert_array_equal(y.compute(), expected)
+    finally:
+        client.run(_lazy_from, next(iter(old.values())))
+    assert sum(client.run(_kept_for_consumers).values()) == 0
+
+
+def test_a_consumer_s_chunks_are_built_in_kept_memory(client, enabled, persisted):
+    """A consumer that returns a new array lets its chunk's buffer go back: the next chunks, and
+    the next run, are built in it (NumPy's values throughout)."""
+    a, x = persisted
+    client.run(_empty_kept_for_consumers)
+    for i in range(3):
+        y = (x + i).rechunk((48, 2, 6)) * 2
+        np.testing.assert_array_equal(y.compute(), (a + i) * 2)
+        assert sum(client.run(_kept_for_consumers).values()) > 0
