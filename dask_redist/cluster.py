@@ -5,7 +5,6 @@ and `status`."""
 from __future__ import annotations
 
 
-from dask_redist.compat import worker_info
 from dask_redist.config import Settings
 from dask_redist.core.messages import SchedulerStatus
 from dask_redist.errors import EngineUnavailableError, RedistTimeoutError
@@ -15,8 +14,8 @@ from dask_redist.report import Status
 
 def engines_state(client, settings: Settings) -> tuple[dict, list[str], dict]:
     """(each worker's capabilities, the workers, the engines' records) once every worker said which
-    engines of ``redist.engines``, and the one ``redist.engine`` names, it can run (asks the
-    scheduler, which asks each worker once)."""
+    engines of ``redist.engines``, and the one ``redist.engine`` names, it can run (one question
+    to the scheduler, which asks each worker once)."""
     from dask_redist.core.messages import Probe
     from dask_redist.engines import WorldRecord
 
@@ -26,7 +25,7 @@ def engines_state(client, settings: Settings) -> tuple[dict, list[str], dict]:
         engines[settings.engine] = settings.engine_path(settings.engine)
     state = client.sync(Probe(engines).call, client.scheduler)
     records = {name: WorldRecord.from_state(r) for name, r in state["records"].items()}
-    return state["capabilities"], sorted(worker_info(client)), records
+    return state["capabilities"], state["workers"], records
 
 
 def engine_for(client, request) -> tuple[str, str, str | None]:

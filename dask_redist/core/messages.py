@@ -249,7 +249,8 @@ class Pieces(Message):
 
 @dataclass(frozen=True)
 class Probe(Message):
-    """The engines' state once every worker said which of ``engines`` it can run (``explain``)."""
+    """The engines' state once every worker said which of ``engines`` it can run, and the
+    workers (``explain``)."""
 
     op: ClassVar[str] = "redist_probe"
     engines: dict

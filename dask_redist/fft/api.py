@@ -62,9 +62,9 @@ def transform(a, kind: str, inverse: bool, s=None, axes=None, norm=None, chunks=
         return x
     op = normalize(x.shape, kind, inverse, s, axes, norm)
     out_chunks = _out_chunks(op, chunks, local.result_dtype(op.function, x.dtype))
-    problem = gpu.problem(x, op)
+    problem, workers = gpu.where(x, op)
     if problem is None:
-        return gpu.build(x, op, out_chunks)
+        return gpu.build(x, op, out_chunks, workers)
     y, _ = local.build(x, op, out_chunks, problem)
     return y
 

@@ -82,24 +82,27 @@ def _workers() -> tuple[object, list[str]] | tuple[None, None]:
 
 def problem(x, op: FFTOp) -> str | None:
     """Why ``op`` on ``x`` takes the path that runs everywhere, or None for the GPU path."""
+    return where(x, op)[0]
+
+
+def where(x, op: FFTOp) -> tuple[str | None, list[str] | None]:
+    """(`problem`, the workers the GPU path runs on: None where it does not)."""
     cupy = type(x._meta).__module__.startswith("cupy")
     rest = f"collective rechunks and {'cupy' if cupy else 'numpy'}.fft on every chunk"
     if not cupy:
-        return f"NumPy chunks: {rest}"
+        return f"NumPy chunks: {rest}", None
     if not enabled():
-        return f"the GPU path is off ({KEY}: false): {rest}"
+        return f"the GPU path is off ({KEY}: false): {rest}", None
     client, workers = _workers()
     if client is None:
-        return f"no distributed Client: {rest}"
-    if why := transform_problem(op, x.dtype, len(workers)):
-        return f"{why}: {rest}"
-    if why := _engine_problem(client):
-        return f"{why}: {rest}"
+        return f"no distributed Client: {rest}", None
     settings = Settings.from_config()
-    geometry = distributed(op, x.dtype, None)
-    if why := heap_problem(geometry, len(workers), settings, _symmetric_size(settings)):
-        return f"{why}: {rest}"
-    return None
+    why = (
+        transform_problem(op, x.dtype, len(workers))
+        or _engine_problem(client)
+        or heap_problem(distributed(op, x.dtype, None), len(workers), settings, _symmetric_size(settings))
+    )
+    return (f"{why}: {rest}", None) if why else (None, workers)
 
 
 def _engine_problem(client) -> str | None:
@@ -171,9 +174,10 @@ def _local_form(x, op: FFTOp, chunks):
     return local.build(x, op, chunks, "computed on a local scheduler")[0]
 
 
-def build(x, op: FFTOp, chunks):
-    """The collective layer of ``op`` on ``x`` (`problem` said None), rechunked to ``chunks``
-    after it where cuFFTMp's output cannot be them directly."""
+def build(x, op: FFTOp, chunks, workers: list[str] | None = None):
+    """The collective layer of ``op`` on ``x`` (`problem` said None) over ``workers`` (None: the
+    default Client's, asked again), rechunked to ``chunks`` after it where cuFFTMp's output
+    cannot be them directly."""
     import dask.array as da
     from dask.highlevelgraph import HighLevelGraph
 
@@ -184,7 +188,9 @@ def build(x, op: FFTOp, chunks):
     from dask_redist.graph.stages import group_of_chunks
     from dask_redist.planning import RechunkSpec
 
-    client, workers = _workers()
+    from dask_redist.compat import default_client
+
+    client, workers = (default_client(), workers) if workers is not None else _workers()
     natural = distributed(op, x.dtype, None).out_slabs(len(workers))
     direct = chunks is not None and distributed(op, x.dtype, None).last_axis_problem(chunks) is None
     geometry = distributed(op, x.dtype, tuple(map(tuple, chunks if direct else natural)))

@@ -250,13 +250,13 @@ class RedistSchedulerPlugin(SchedulerPlugin):
 
     async def probe(self, engines: dict[str, str] | None = None) -> dict:
         """The engines' state once every worker said which of ``engines`` (name -> path; default
-        the built-in ones) it can run (for ``explain``)."""
+        the built-in ones) it can run, and the workers (for ``explain``)."""
         engines = dict(Settings().engines) if engines is None else engines
         known = self.engines.capabilities
         await self._learn(
             [w for w in self.scheduler.workers if not set(engines) <= set(known.get(w, {}))], engines
         )
-        return self.engines.state()
+        return {**self.engines.state(), "workers": sorted(self.scheduler.workers)}
 
     @log_errors
     def failed(self, token: str, run_id: int, address: str, message: str, failure: str) -> None:
