@@ -12,7 +12,7 @@ from typing import Any, Iterator, Sequence
 
 import numpy as np
 
-from dask_redist.core.buffers import MIN_BYTES, KeptBuffers
+from dask_redist.core.buffers import KeptBuffers
 from dask_redist.errors import RedistError
 from dask_redist.planning.boxes import Box
 
@@ -60,12 +60,8 @@ def parts_in(chunks: dict, box_of, box: Box) -> Iterator[tuple[int, Box, Any]]:
 
 def empty(like, shape: Sequence[int], dtype, pool: KeptBuffers | None = None):
     """An uninitialized C-ordered array in the same namespace (and device) as ``like`` (for NumPy, in
-    a buffer of ``pool`` where given and the array is at least `buffers.MIN_BYTES`)."""
-    if (
-        pool is not None
-        and type(like) is np.ndarray
-        and math.prod(shape) * np.dtype(dtype).itemsize >= MIN_BYTES
-    ):
+    a buffer of ``pool`` where given)."""
+    if pool is not None and type(like) is np.ndarray:
         return pool.array(tuple(shape), dtype)
     return np.empty_like(like, shape=tuple(shape), dtype=dtype, order="C")
 

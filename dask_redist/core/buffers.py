@@ -27,23 +27,11 @@ KEPT = 256 * 2**20
 SHARE = 1 / 16
 
 
-#: NumPy arrays below this size come from malloc's heap, not from fresh pages (glibc ``mmap``s
-#: allocations above 128 KiB): built as they are, never in a kept buffer (`empty`)
-MIN_BYTES = 2**20
-
-
-def rounded(nbytes: int) -> int:
-    """``nbytes`` rounded up to a multiple of a 32nd of its power of two, or of 4 KiB: kept buffers of
-    near sizes serve each other, and at most a sixteenth (or 4 KiB) more is taken than asked."""
-    step = 1 << max(12, int(nbytes).bit_length() - 5)
-    return -(-int(nbytes) // step) * step
-
-
 class KeptBuffers:
     """Host buffers kept for the next run (at most ``keep`` bytes).
 
     `take` hands out a buffer of at least the size asked (the smallest kept one that fits, else a
-    new one, `rounded` up), `array` one viewed as an array; `give_back` takes them back
+    new one, rounded up to a MiB), `array` one viewed as an array; `give_back` takes them back
     once their bytes are no longer read (``keep=False``: forgotten, where something may still read
     them). A buffer lent and never given back is simply freed with its last view.
     """
@@ -60,7 +48,7 @@ class KeptBuffers:
             if fits:
                 buffer = self._free.pop(min(fits, key=lambda i: self._free[i].nbytes))
             else:
-                buffer = np.empty(rounded(nbytes), dtype=np.uint8)
+                buffer = np.empty(-(-nbytes // 2**20) * 2**20, dtype=np.uint8)
             self._lent[id(buffer)] = buffer
             return buffer
 
