@@ -12,7 +12,6 @@ from typing import Any, Iterator, Sequence
 
 import numpy as np
 
-from dask_redist.core.buffers import KeptBuffers
 from dask_redist.errors import RedistError
 from dask_redist.planning.boxes import Box
 
@@ -58,11 +57,8 @@ def parts_in(chunks: dict, box_of, box: Box) -> Iterator[tuple[int, Box, Any]]:
             yield flat, part, chunk[part.slices(bounds.lower)]
 
 
-def empty(like, shape: Sequence[int], dtype, pool: KeptBuffers | None = None):
-    """An uninitialized C-ordered array in the same namespace (and device) as ``like`` (for NumPy, in
-    a buffer of ``pool`` where given)."""
-    if pool is not None and type(like) is np.ndarray:
-        return pool.array(tuple(shape), dtype)
+def empty(like, shape: Sequence[int], dtype):
+    """An uninitialized C-ordered array in the same namespace (and device) as ``like``."""
     return np.empty_like(like, shape=tuple(shape), dtype=dtype, order="C")
 
 
@@ -97,13 +93,12 @@ class Assembly:
         lo, hi, _ = self.parts[0]
         return not (tuple(lo) == self.lower and tuple(hi) == self.upper)
 
-    def build(self, pool: KeptBuffers | None = None):
-        """The chunk; a single piece covering it is returned without a copy (a NumPy chunk built
-        in a buffer of ``pool``, where given)."""
+    def build(self):
+        """The chunk; a single piece covering it is returned without a copy."""
         if not self.copies:
             return self.parts[0][2]
         shape = self.shape
-        out = empty(self.like, shape, self.dtype, pool)
+        out = empty(self.like, shape, self.dtype)
         covered = 0
         for lo, hi, a in self.parts:  # (math.prod, not np.prod: per part of every chunk)
             out[tuple(slice(l - o, u - o) for l, u, o in zip(lo, hi, self.lower))] = a

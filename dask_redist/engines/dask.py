@@ -27,7 +27,6 @@ import math
 
 import numpy as np
 
-from dask_redist.core import buffers
 from dask_redist.core.assemble import Assembly, empty
 from dask_redist.core.wire import tcp_shard_size
 from dask_redist.engines.description import EngineDescription, Request
@@ -119,12 +118,10 @@ def _output_assemblies(owned, corners, blocks, recv: Transfers, parts, dtype, li
     return out
 
 
-def _assemble_outputs(owned, corners, blocks, recv: Transfers, parts, dtype, like, pool=None) -> dict:
-    """Output chunks allocated (NumPy ones in buffers of ``pool``, where given) and filled from the
-    blocks that cross them (every chunk covered)."""
+def _assemble_outputs(owned, corners, blocks, recv: Transfers, parts, dtype, like) -> dict:
+    """Output chunks allocated and filled from the blocks that cross them (every chunk covered)."""
     _covered(owned, corners, parts)
-    shapes = (corners[:, 1] - corners[:, 0]).tolist()
-    out = [empty(like, tuple(shapes[k]), dtype, pool) for k in range(len(owned))]
+    out = [empty(like, tuple((corners[k, 1] - corners[k, 0]).tolist()), dtype) for k in range(len(owned))]
     lowers = corners[:, 0].tolist()
     for kk, lo, e, view in _part_views(blocks, recv, parts):
         out[kk][tuple(slice(x - c, x - c + n) for x, c, n in zip(lo, lowers[kk], e))] = view
@@ -191,11 +188,8 @@ class DaskEngine(Engine):
             lazy = (
                 np.prod(corners[:, 1] - corners[:, 0], axis=1).mean() * spec.dtype.itemsize >= LAZY_MIN_BYTES
             )
-            if lazy:  # (built by the unpack tasks)
-                return _output_assemblies(owned, corners, blocks, recv, parts, spec.dtype, like)
-            # a consumer fused into the unpack tasks lets its chunk go: kept memory serves the next
-            pool = buffers.consumed if spec.consumer else None
-            return _assemble_outputs(owned, corners, blocks, recv, parts, spec.dtype, like, pool)
+            assemble = _output_assemblies if lazy else _assemble_outputs
+            return assemble(owned, corners, blocks, recv, parts, spec.dtype, like)
         lower, upper = tuple(corners[:, 0].min(axis=0).tolist()), tuple(corners[:, 1].max(axis=0).tolist())
         box = empty(like, tuple(u - l for l, u in zip(lower, upper)), spec.dtype)
         for i, a in enumerate(blocks):

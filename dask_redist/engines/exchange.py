@@ -10,9 +10,28 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from dask_redist.core.assemble import cut
-from dask_redist.core import buffers
-from dask_redist.core.wire import Packed, as_is, batches, pack, padded_sizes
+from dask_redist.core.wire import Packed, SendBuffers, as_is, batches, pack, padded_sizes
 from dask_redist.planning import Transfers
+
+#: Packed buffers kept for the next run, per worker process (`dask_redist.core.wire.SendBuffers`):
+#: filling fresh pages cost up to ten times as much on the CPU machine, as it varied from run to run
+#: (docs/benchmarks.md, "Where the CPU runs' slow mode came from").
+SEND_BUFFERS_KEPT = 256 * 2**20
+#: ... and at most this part of the worker's memory limit (the kept buffers are memory Dask does not manage)
+SEND_BUFFERS_SHARE = 1 / 16
+_send_buffers = SendBuffers(SEND_BUFFERS_KEPT)
+
+
+def bound_send_buffers(memory_limit: int | None) -> int:
+    """Keep at most `SEND_BUFFERS_KEPT` bytes of packed buffers in this process, and at most
+    `SEND_BUFFERS_SHARE` of ``memory_limit`` (the worker's; None or 0: none); the bound."""
+    keep = (
+        SEND_BUFFERS_KEPT
+        if not memory_limit
+        else min(SEND_BUFFERS_KEPT, int(memory_limit * SEND_BUFFERS_SHARE))
+    )
+    _send_buffers.bound(keep)
+    return keep
 
 
 def sends(run, transfers: Transfers | None = None) -> Transfers:
@@ -78,7 +97,7 @@ def send_pieces(run, transport, mine: Transfers) -> None:
     Where the wire copies the bytes (`Transport.wire_limit`: Dask's TCP comms) a message is also
     at most the size above which the comm would split it into shards that the receiver copies
     back together into a new buffer, and NumPy pieces are packed into buffers kept from run to
-    run (`dask_redist.core.buffers.packed`)."""
+    run (`SEND_BUFFERS_KEPT`)."""
     budget = run.spec.collective.settings.memory_budget
     run.set_phase("send")
     outgoing = []
@@ -88,7 +107,7 @@ def send_pieces(run, transport, mine: Transfers) -> None:
             run.receive(run.rank, 0, arrays)
             continue
         limit = wire_limit(transport, dst)
-        pool = None if limit is None else buffers.packed
+        pool = None if limit is None else _send_buffers
         cap = budget if limit is None else min(budget, limit)
         outgoing += [
             (dst, first, Packed(stop - first, pack(arrays[first:stop], t.nbytes[first:stop], pool)))
@@ -96,13 +115,13 @@ def send_pieces(run, transport, mine: Transfers) -> None:
         ]
     if not outgoing:
         return
-    sent = [packed.buffer for _, _, packed in outgoing]
+    buffers = [packed.buffer for _, _, packed in outgoing]
     try:
         transport.send(outgoing)
     except BaseException:
-        buffers.packed.give_back(sent, keep=False)  # (a send still under way may read them)
+        _send_buffers.give_back(buffers, keep=False)  # (a send still under way may read them)
         raise
-    buffers.packed.give_back(sent)
+    _send_buffers.give_back(buffers)
 
 
 def wire_limit(transport, dst: int) -> int | None:

@@ -22,14 +22,12 @@ from distributed.protocol.pickle import dumps
 
 from dask_redist.config import Settings
 from dask_redist.core.spec import CollectiveSpec, Staged
-from dask_redist.core import buffers
 from dask_redist.errors import RedistError
 from dask_redist.runtime.scheduler import RedistSchedulerPlugin
 from dask_redist.runtime.transport import call_on_loop
 from dask_redist.runtime.worker import RedistWorkerPlugin, get_state
 
-_registered: set[str] = set()
-# scheduler addresses where this process registered the plugins
+_registered: set[str] = set()  # scheduler addresses where this process registered the plugins
 
 
 def stage(
@@ -55,24 +53,16 @@ async def unpack(token: str, index: int, run_id: int):
 async def unpack_into(token: str, index: int, run_id: int, consumer: tuple, *others):
     """``unpack``, then the consumer task fused into it (`graph.fuse`) on the chunk: ``consumer``
     is (the task, the chunk's key in it, the keys of ``others``, its other inputs). CuPy chunks'
-    consumers run on the event loop (they queue kernels); others in the worker's thread pool.
-    A NumPy chunk built for it is built in memory kept from run to run (`core.buffers.consumed`),
-    and kept again for the next chunk unless the consumer's result may hold it (a view of it)."""
+    consumers run on the event loop (they queue kernels); others in the worker's thread pool."""
     worker = _worker()
-    chunk = await get_state(worker).unpack(token, index, run_id, buffers.consumed)
+    chunk = await get_state(worker).unpack(token, index, run_id)
     if chunk is None:  # (a stale run: this result goes nowhere)
         return None
     task, chunk_key, keys = consumer
     values = {chunk_key: chunk, **dict(zip(keys, others))}
     if type(chunk).__module__.startswith("cupy"):
         return task(values)
-    done = False  # (a consumer that raised, or still runs in its thread, may read the chunk yet)
-    try:
-        result = await asyncio.get_running_loop().run_in_executor(worker.executors["default"], task, values)
-        done = True
-        return result
-    finally:
-        buffers.consumed.give_back([chunk], keep=done and not buffers.holds(result, chunk))
+    return await asyncio.get_running_loop().run_in_executor(worker.executors["default"], task, values)
 
 
 def _worker():

@@ -26,9 +26,9 @@ from dask_redist.core import messages as m
 from dask_redist.core.assemble import Assembly, chunk_type_of, converted
 from dask_redist.core.run import WorkerRun
 from dask_redist.core.spec import CollectiveSpec, RunSpec, Staged, stage_token
-from dask_redist.core import buffers
 from dask_redist.core.wire import Packed
 from dask_redist.engines import loaded_engines
+from dask_redist.engines.exchange import bound_send_buffers
 from dask_redist.engines.registry import capabilities
 from dask_redist.errors import FAILURES, RedistConsistencyError, RedistError
 from dask_redist.runtime.collective import RunExecutor
@@ -117,7 +117,7 @@ class WorkerState:
             raise error(f"{spec.describe()} barrier: {response.get('message', response)}")
         return response["run_id"]
 
-    async def unpack(self, token: str, index: int, run_id: int, pool: buffers.KeptBuffers | None = None):
+    async def unpack(self, token: str, index: int, run_id: int):
         """Runs on the event loop (a coroutine task): no thread hand-off per output chunk.
 
         Unpacks of a run still in flight wait on the event loop, woken once when it ends
@@ -128,7 +128,7 @@ class WorkerState:
         and this task with it, so its result goes nowhere. Otherwise the error stands.
         """
         try:
-            return await self._unpack(token, index, run_id, pool)
+            return await self._unpack(token, index, run_id)
         except RedistConsistencyError:
             answer: m.StaleReply = await m.Stale(token, run_id, index).call(self.worker.scheduler)
             if answer.get("stale"):  # released with its barrier: this result goes nowhere
@@ -136,7 +136,7 @@ class WorkerState:
                 return None
             raise
 
-    async def _unpack(self, token: str, index: int, run_id: int, pool: buffers.KeptBuffers | None):
+    async def _unpack(self, token: str, index: int, run_id: int):
         self.mark("first unpack", first=True)
         with self._lock:
             run = self.runs.get(token)
@@ -152,8 +152,8 @@ class WorkerState:
         if not isinstance(out, Assembly):
             return out
         if out.copies and out.nbytes > INLINE_BUILD_BYTES:
-            return await asyncio.to_thread(out.build, pool)  # a large copy: off the event loop
-        return out.build(pool)
+            return await asyncio.to_thread(out.build)  # a large copy: off the event loop
+        return out.build()
 
     # -- messages from the scheduler and peers (event loop) --------------------------------
 
@@ -315,7 +315,7 @@ class RedistWorkerPlugin(WorkerPlugin):
 
     def setup(self, worker):
         self._worker = worker
-        buffers.bound(getattr(getattr(worker, "memory_manager", None), "memory_limit", None))
+        bound_send_buffers(getattr(getattr(worker, "memory_manager", None), "memory_limit", None))
         state = get_state(worker)
         worker.handlers[m.Pieces.op] = state.handle_receive
         worker.handlers[m.Capabilities.op] = state.handle_capabilities
