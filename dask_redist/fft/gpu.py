@@ -181,14 +181,13 @@ def build(x, op: FFTOp, chunks, workers: list[str] | None = None):
     import dask.array as da
     from dask.highlevelgraph import HighLevelGraph
 
+    from dask_redist.compat import default_client
     from dask_redist.core.spec import CollectiveSpec
     from dask_redist.fft import local
     from dask_redist.graph.anywhere import collective_or_dask
     from dask_redist.graph.layer import CollectiveLayer, collective_tasks
     from dask_redist.graph.stages import group_of_chunks
     from dask_redist.planning import RechunkSpec
-
-    from dask_redist.compat import default_client
 
     client, workers = (default_client(), workers) if workers is not None else _workers()
     natural = distributed(op, x.dtype, None).out_slabs(len(workers))
