@@ -5,6 +5,7 @@ and `status`."""
 from __future__ import annotations
 
 
+from dask_redist.compat import worker_info
 from dask_redist.config import Settings
 from dask_redist.core.messages import SchedulerStatus
 from dask_redist.errors import EngineUnavailableError, RedistTimeoutError
@@ -25,7 +26,8 @@ def engines_state(client, settings: Settings) -> tuple[dict, list[str], dict]:
         engines[settings.engine] = settings.engine_path(settings.engine)
     state = client.sync(Probe(engines).call, client.scheduler)
     records = {name: WorldRecord.from_state(r) for name, r in state["records"].items()}
-    return state["capabilities"], state["workers"], records
+    workers = state.get("workers")  # (a scheduler with an older dask-redist answers without them)
+    return state["capabilities"], sorted(worker_info(client)) if workers is None else workers, records
 
 
 def engine_for(client, request) -> tuple[str, str, str | None]:
