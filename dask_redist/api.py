@@ -30,7 +30,7 @@ from dask_redist.graph.names import own_name
 from dask_redist.graph.decide import decide, find_rechunks
 from dask_redist.graph.optimize import CollectiveOptimizer, rewrite
 from dask_redist import submissions
-from dask_redist.cluster import client_to_ask, refuse_unrunnable, status, world_engine
+from dask_redist.cluster import client_to_ask, refuse_unrunnable, refuse_unrunnable_on, status, world_engine
 
 
 def _overrides(options: dict) -> dict:
@@ -120,8 +120,8 @@ def snapshot(hook, collection=None):
     if isinstance(hook, CollectiveOptimizer) and hook.settings is None:
         settings = check_settings(Settings.from_config())
         if collection is not None:
-            if client_to_ask(settings) is not None:  # (else the rechunks' decisions are not needed here)
-                refuse_unrunnable(_collective_specs(collection, settings), settings)
+            if (client := client_to_ask(settings)) is not None:  # (else the decisions are not needed here)
+                refuse_unrunnable_on(client, _collective_specs(collection, settings), settings)
             submissions.submitted(collection, settings)
         return CollectiveOptimizer(hook.chain, settings)
     return hook

@@ -70,10 +70,16 @@ def refuse_unrunnable(specs, settings: Settings) -> None:
     """Raise `EngineUnavailableError` where the engine named in ``redist.engine`` cannot run one of
     ``specs`` on the default Client's workers: once, at submission, with the remedy, instead of
     every task of the run failing on the workers. Nothing to check where `client_to_ask` says so."""
+    if specs and (client := client_to_ask(settings)) is not None:
+        refuse_unrunnable_on(client, specs, settings)
+
+
+def refuse_unrunnable_on(client, specs, settings: Settings) -> None:
+    """`refuse_unrunnable` on ``client``, which `client_to_ask` gave."""
     from dask_redist.engines import Request
     from dask_redist.engines.choice import cannot_run
 
-    if not specs or (client := client_to_ask(settings)) is None:
+    if not specs:
         return
     capabilities, workers, _ = engines_state(client, settings)
     for spec in specs:
