@@ -120,11 +120,6 @@ def _ms(seconds: float) -> str:
     return f"{seconds * 1e3:.1f} ms" if seconds < 0.1 else f"{seconds * 1e3:.0f} ms"
 
 
-def estimate(spec: RechunkSpec, kind: str, cost_model: tuple, workers: int | None = None) -> str:
-    """The model's estimates of both methods, as text for ``explain`` ('' without a model)."""
-    return verdict(spec, kind, cost_model, workers)[1]
-
-
 def dask_rechunk_is_faster(
     spec: RechunkSpec, kind: str, cost_model: tuple, workers: int | None = None
 ) -> str | None:
@@ -136,8 +131,9 @@ def dask_rechunk_is_faster(
 def verdict(
     spec: RechunkSpec, kind: str, cost_model: tuple, workers: int | None = None
 ) -> tuple[str | None, str]:
-    """(`dask_rechunk_is_faster`, `estimate`) of one rechunk: the model looked up and the
-    `features` counted once (Dask's planner runs for them); (None, '') without a model."""
+    """(`dask_rechunk_is_faster`, the model's estimates of both methods as text for ``explain``)
+    of one rechunk: the model looked up and the `features` counted once (Dask's planner runs for
+    them); (None, '') without a model."""
     model = model_for(cost_model, kind, workers)
     if model is None:
         return None, ""
