@@ -11,8 +11,10 @@ opens and closes it REPS times (default 5), then also writes into the first MiB 
 copied, closed). Prints one line per size: the first open and the medians of open, close, and
 open + a 1 MiB copy + close, in ms.
 
-``--first N``: also N allocations of 512 MiB, each opened once by a fresh child (as a run maps its
-peer's output chunks): every open's ms and their sum. ``--busy``: a third process runs 256 MiB
+``--first N``: also N allocations of each size in `FIRST_BYTES`, each opened once by a fresh child
+(as a run maps its peer's output chunks): every open's ms and their sum. The sizes: 512 MiB; the
+2-PE `fft` row's output chunk at 16 chunks, (812, 51, 812) complex128 (538,063,488 bytes: not a
+multiple of 2 MiB); and that rounded up to 2 MiB. ``--busy``: a third process runs 256 MiB
 device-to-device copies back to back on the same GPU while the children open (PEs sharing a GPU
 time-slice it: does an open wait for the other context's work?).
 """
@@ -25,6 +27,7 @@ import statistics
 import time
 
 SIZES_MIB = [64, 512, 4096, 16384, 65536]
+FIRST_BYTES = [2**29, 812 * 51 * 812 * 16, -(-812 * 51 * 812 * 16 // 2**21) * 2**21]
 
 
 def ms_since(t0: float) -> float:
@@ -105,24 +108,24 @@ def main(reps: int, first: int, keep_busy: bool) -> None:
     free = cupy.cuda.runtime.memGetInfo()[0]
     buffers, handles = [], {}
     for mib in SIZES_MIB:
-        if sum(b.size for b in buffers) + mib * 2**20 > free - 8 * 2**30 - first * 2**29:
+        if sum(b.size for b in buffers) + mib * 2**20 > free - 8 * 2**30 - first * sum(FIRST_BYTES):
             print(f"{mib} MiB: skipped (the GPU has {free / 2**30:.0f} GiB free)")
             continue
         buf = cupy.cuda.memory.Memory(mib * 2**20)  # cudaMalloc: an allocation of exactly this size
         buffers.append(buf)
         handles[mib] = cupy.cuda.runtime.ipcGetMemHandle(buf.ptr)
-    chunks = [cupy.cuda.memory.Memory(2**29) for _ in range(first)]
+    chunks = {n: [cupy.cuda.memory.Memory(n) for _ in range(first)] for n in FIRST_BYTES}
     cupy.cuda.runtime.deviceSynchronize()
     if worker is not None:
         worker.start()
         time.sleep(2)  # (its context made and its copies running)
     try:
         rows = in_child(ctx, child, handles, reps)
-        opened = (
-            in_child(ctx, first_opens, [cupy.cuda.runtime.ipcGetMemHandle(c.ptr) for c in chunks])
+        opened = {
+            n: in_child(ctx, first_opens, [cupy.cuda.runtime.ipcGetMemHandle(c.ptr) for c in cs])
+            for n, cs in chunks.items()
             if first
-            else None
-        )
+        }
     finally:
         stop.set()
         if worker is not None:
@@ -131,9 +134,10 @@ def main(reps: int, first: int, keep_busy: bool) -> None:
     print(f"{'allocation':>12} {'first open':>10} {'open ms':>9} {'close ms':>9} {'open+1MiB+close ms':>19}")
     for mib, (f, o, c, w) in rows.items():
         print(f"{mib:>8} MiB {f:10.2f} {o:9.2f} {c:9.2f} {w:19.2f}")
-    if opened:
-        times, close_ms = opened
-        print(f"{first} allocations of 512 MiB, each opened once: " + ", ".join(f"{t:.2f}" for t in times))
+    for n, (times, close_ms) in opened.items():
+        print(
+            f"{first} allocations of {n:,} bytes, each opened once: " + ", ".join(f"{t:.2f}" for t in times)
+        )
         print(f"  sum {sum(times):.2f} ms; closing them all {close_ms:.2f} ms")
 
 

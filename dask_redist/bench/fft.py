@@ -2,7 +2,8 @@
 
 The input: a complex cube in pencils (``a x b x 1`` chunks, ``a * b`` = ``--chunks``), persisted
 on the workers. Every method computes the 3-D FFT of it and persists the result; every
-repetition builds the graph anew (an untimed warm-up first), ``y = method(x).persist(); wait(y)``:
+repetition builds the graph anew (an untimed warm-up first), ``y = method(x).persist(); wait(y)``
+and, on GPUs, until every worker's GPU has finished (`harness.computed`):
 
 * ``redist-fft``: ``dask_redist.fft.fftn(x)`` (on GPUs with ``redist.fft.gpu`` as configured);
 * ``redist-fft-enabled``: the same under ``dask_redist.enable()`` (its rechunks rewritten at
@@ -38,7 +39,7 @@ from dask.utils import parse_bytes
 
 from dask_redist.bench.cases import Case
 from dask_redist.bench.floor import floor_row
-from dask_redist.bench.harness import Result, engine_stats, timeline
+from dask_redist.bench.harness import Result, _gpu_idle, computed, engine_stats, timeline
 from dask_redist.compat import worker_info
 
 CPU_METHODS = ("redist-fft", "redist-fft-enabled", "four-step", "four-step-collective", "floor")
@@ -146,17 +147,18 @@ def _time(client, case, name: str, kind: str, reps: int, timed: bool = True):
     run ``k`` of every method on the same data), the last result, and the marks of the last
     collective run in ms after its ``persist()`` (`harness.timeline`; None for Dask's own).
     Not ``timed``: one run, on the last repetition's input (a reference for the others')."""
-    from distributed import wait
 
     build, context = _method(name, kind)
     times, y, start = [], None, None
     for rep in range(reps + 1) if timed else [reps]:  # (the first: warm-up)
         y = None
         x = input_array(client, *case, kind, seed=rep)
+        if kind == "cupy":  # the input's kernels done before the timer starts
+            client.run(_gpu_idle)
         with context() or nullcontext():
             start = time.perf_counter()
             y = build(x).persist()
-            wait(y)
+            computed(client, y, kind)
             if rep and timed:
                 times.append(time.perf_counter() - start)
     marks = None

@@ -4,7 +4,7 @@ Every repetition builds a fresh input (new keys, so nothing is cached) and times
 
     y = x.rechunk(new).persist(); wait(y)
 
-for each method, after one untimed warm-up; then checks the result on the workers
+(with CuPy chunks, until every worker's GPU has finished too: `computed`) for each method, after one untimed warm-up; then checks the result on the workers
 (`dask_redist.bench.cases.check`). Results render as Markdown and JSON with the
 command, the machine and the date beside every figure.
 """
@@ -148,6 +148,18 @@ def _gpu_idle() -> None:
     cupy.cuda.Device().synchronize()
 
 
+def computed(client, y, kind: str) -> None:
+    """``wait(y)``, and for CuPy chunks until every worker's GPU has finished them too: a task
+    returns its chunk while the kernels computing it may still run (Dask's blockwise steps queue
+    theirs and return; the collective waits for its inputs), so a timer stopped at ``wait`` alone
+    would leave some methods' GPU work out of their time and count it in others'."""
+    from distributed import wait
+
+    wait(y)
+    if kind == "cupy":
+        client.run(_gpu_idle)
+
+
 def _gpu_used(reset: bool = False) -> int:
     """Bytes in use on this worker's GPU; ``reset`` first hands CuPy's cached free blocks back."""
     import cupy
@@ -234,7 +246,6 @@ def _measured_apart(
 
 def _timed_run(client, case: Case, r: Result, rep: int, kind: str) -> None:
     """One run of ``r``'s method (rep 0: the warm-up, not timed), checked; a failure goes in ``r.error``."""
-    from distributed import wait
 
     seed = rep + 1
     x = y = None
@@ -252,7 +263,7 @@ def _timed_run(client, case: Case, r: Result, rep: int, kind: str) -> None:
         with ctx:
             start = time.perf_counter()
             y = x.rechunk(case.new, method=dask_method).persist()
-            wait(y)
+            computed(client, y, kind)
             elapsed = time.perf_counter() - start
         if before is not None:
             after = client.run(_gpu_used)

@@ -33,7 +33,9 @@ Each pipeline and chunk count gives these rows (each a `harness.Result`):
 
 Every run gets a token of its own (the input's seed and the constants), so nothing is reused
 between runs; one untimed warm-up, then ``reps`` timed runs. What is timed is
-``y = pipeline(x).persist(); wait(y)``. Each result is checked: sampled boxes against NumPy
+``y = pipeline(x).persist(); wait(y)``, and with CuPy chunks until every worker's GPU has
+finished (`harness.computed`: since 2026-12-05, as long as a blockwise step's kernels may
+still run when its task returns). Each result is checked: sampled boxes against NumPy
 computed here from the formula (the FFT: sampled frequencies against a direct DFT computed on
 the workers; ``generated``: against the same numbers generated again without the rechunk), so a
 wrong fused result fails its row. Each row also gives the tasks its graph put on the scheduler
@@ -54,7 +56,7 @@ from distributed.diagnostics.plugin import SchedulerPlugin
 from dask_redist.bench.cases import Case, _even, check, placed_array, slab_case
 from dask_redist.bench.fft import pencils
 from dask_redist.bench.floor import floor_row
-from dask_redist.bench.harness import Result, _gpu_idle, engine_stats, timeline
+from dask_redist.bench.harness import Result, _gpu_idle, computed, engine_stats, timeline
 from dask_redist.bench.pipeline_checks import _xp, check_output
 from dask_redist.bench.pipeline_report import markdown, summary, to_json, write
 
@@ -192,8 +194,6 @@ def _one_run(client, pipeline: str, case: Case, method: str, r: Result, opts: Op
     where ``timed``; a failure goes in ``r.error``."""
     from contextlib import nullcontext
 
-    from distributed import wait
-
     token = next(_tokens)
     x = y = None
     try:
@@ -214,7 +214,7 @@ def _one_run(client, pipeline: str, case: Case, method: str, r: Result, opts: Op
                     pipeline, case, x, token, method != "without", "tasks" if method == "tasks" else None
                 )
                 y = y.persist()
-            wait(y)
+            computed(client, y, opts.kind)
             elapsed = time.perf_counter() - start
         tasks = client.run_on_scheduler(_count_tasks)
         if method in ("with", "bare"):  # the collective's marks of this run, if it ran
