@@ -4,8 +4,9 @@ and `status`."""
 
 from __future__ import annotations
 
+import weakref
 
-from dask_redist.compat import worker_info
+from dask_redist.compat import cached_scheduler_id, worker_info
 from dask_redist.config import Settings
 from dask_redist.core.messages import SchedulerStatus
 from dask_redist.errors import EngineUnavailableError, RedistTimeoutError
@@ -130,8 +131,13 @@ def status(client=None) -> Status:
         ) from e
 
 
+#: The scheduler (its id) each Client registered the plugins with: once per scheduler, not per call.
+_registered: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
 def ensure_scheduler_plugin(client) -> None:
-    """The plugins register with the first collective run; ``status`` and ``bootstrap`` may come first."""
+    """The plugins register with the first collective run; ``status`` and ``bootstrap`` may come
+    first. Once per Client and scheduler (a Client reconnected to a new scheduler registers again)."""
     if client.status in ("closing", "closed") or client.scheduler is None:
         raise ValueError(
             f"client: the Client is {client.status}; dask_redist needs an open one (this one was closed, or "
@@ -139,8 +145,12 @@ def ensure_scheduler_plugin(client) -> None:
         )
     from dask_redist.runtime.tasks import plugins
 
+    scheduler = cached_scheduler_id(client)
+    if scheduler is not None and _registered.get(client) == scheduler:
+        return
     plugin = plugins()
     client.register_plugin(plugin, name=plugin.name)  # idempotent: a plugin already there stays
+    _registered[client] = scheduler
 
 
 def world_engine(settings: Settings, name: str | None):

@@ -29,7 +29,8 @@ What is relied on, and where:
   cost model counts (`plan_dask_rechunk`; planning.cost);
 * ``Client._scheduler_identity`` (distributed's cache of the scheduler's identity, refreshed
   every few seconds): how many workers a client's cluster has, without a round trip
-  (`cached_worker_count`; the cost model picks its model by it, on the client);
+  (`cached_worker_count`; the cost model picks its model by it, on the client) and the
+  scheduler's id (`cached_scheduler_id`: the plugins registered once per scheduler);
 * expression mode: ``ArrayExpr.rechunk``, ``Rechunk`` and ``TasksRechunk`` in
   ``dask.array._array_expr`` (graph.expr);
 * distributed's ``Scheduler._instances`` and ``Scheduler._active_graph_updates``: which
@@ -140,6 +141,12 @@ def cached_worker_count(client) -> int | None:
     info = getattr(client, "_scheduler_identity", None) or {}
     n = info.get("n_workers") or len(info.get("workers") or ())
     return int(n) if n else None
+
+
+def cached_scheduler_id(client) -> str | None:
+    """The id of the scheduler ``client`` last heard from, without a round trip (None: unknown)."""
+    info = getattr(client, "_scheduler_identity", None) or {}
+    return info.get("id")
 
 
 def plan_dask_rechunk(old, new, itemsize: int) -> list:

@@ -64,3 +64,20 @@ def test_status_of_a_closed_client_says_so(cluster):
     c.close()
     with pytest.raises(ValueError, match="client: the Client is closed; dask_redist needs an open one"):
         dask_redist.status(c)
+
+
+def test_the_plugins_are_registered_once_per_client_and_scheduler(cluster, monkeypatch):
+    """``status`` (and ``explain``, ``doctor``, the FFT's GPU path) ask the scheduler's plugin: a
+    Client registers it with its first question, not with every one; one that hears from another
+    scheduler (its id changed: restarted, reconnected) registers it again."""
+    from distributed import Client
+
+    with Client(cluster, set_as_default=False) as c:
+        calls = []
+        register = c.register_plugin
+        monkeypatch.setattr(c, "register_plugin", lambda *a, **k: (calls.append(1), register(*a, **k))[1])
+        for _ in range(3):
+            assert dask_redist.status(c)["workers"]
+        assert len(calls) == 1
+        monkeypatch.setitem(c._scheduler_identity, "id", "Scheduler-another")
+        assert dask_redist.status(c)["workers"] and len(calls) == 2
