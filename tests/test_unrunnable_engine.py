@@ -47,3 +47,15 @@ def test_an_engine_the_workers_run_is_not_asked_about_twice_in_explain(client):
         (entry,) = dask_redist.explain(x.rechunk(NEW))
         assert entry.runs == "collective" and entry.engine == "dask", entry
         assert x.rechunk(NEW).sum().compute() == 64 * 64
+
+
+def test_an_engine_that_does_not_load_on_the_client_is_said_so_once(client, caplog):
+    """Each submission, ``explain`` and ``doctor`` asks the engine's description; its class not
+    loading on the client is told once per reason, not with every question."""
+    x = da.from_array(np.arange(64 * 64.0).reshape(64, 64), chunks=(4, 64))
+    with caplog.at_level("WARNING", logger="dask_redist"), dask_redist.enable(engine="os:getcwd"):
+        for _ in range(3):
+            with pytest.raises(EngineUnavailableError, match="os:getcwd does not load here"):
+                x.rechunk(NEW).sum().compute()
+    told = [r for r in caplog.records if "does not load here" in r.getMessage()]
+    assert len(told) == 1 and "os:getcwd" in told[0].getMessage(), [r.getMessage() for r in told]

@@ -25,6 +25,7 @@ from dask_redist.engines.protocol import Engine
 
 logger = logging.getLogger("dask_redist")
 _instances: dict[str, tuple[str, Engine]] = {}  # engine path -> (its name, the instance)
+_told: set[tuple[str, str]] = set()  # (engine path, why) of the classes said not to load here
 
 
 def engine_class(path: str) -> type[Engine]:
@@ -48,7 +49,10 @@ def description(name: str, settings: Settings | None = None) -> EngineDescriptio
     try:
         cls = engine_class(path)
     except Exception as e:
-        logger.warning("engine %s (%s) does not load here: %s: %s", name, path, type(e).__name__, e)
+        why = f"{type(e).__name__}: {e}"
+        log = logger.debug if (path, why) in _told else logger.warning  # (once per process and reason)
+        _told.add((path, why))
+        log("engine %s (%s) does not load here: %s", name, path, why)
         return EngineDescription(name)
     return cls.description(name, cls)
 
