@@ -20,7 +20,8 @@ into the arena, sync, reshape, sync, copy the output boxes out.
 A world of one PE needs none of that: every piece (old chunk ∩ new chunk) is copied straight
 from its input chunk into its output chunk, in one launch (`LOCAL_MAX_PIECES`): one pass over
 the bytes where the arena's rounds make three, with a synchronization on either side of each
-reshape and a round per ``redist.memory-budget`` (measured in docs/benchmarks.md).
+reshape and a round per ``redist.memory-budget`` (measured in docs/benchmarks.md). That launch
+is queued behind the inputs' kernels and not waited for (`.queued`).
 
 Rounds are queued asynchronously and waited for by polling (`dask_redist.engines.rounds`),
 where the engine sees aborts and timeouts; an aborted run is completed dry there, so that
@@ -36,7 +37,7 @@ from collections import namedtuple
 
 import numpy as np
 
-from dask_redist.engines.cufftmp import fft, peers
+from dask_redist.engines.cufftmp import fft, peers, queued
 from dask_redist.engines.copies import PieceJobs, launch
 from dask_redist.engines.cufftmp.description import CufftMpDescription
 from dask_redist.engines.cufftmp.direct import run_direct
@@ -127,6 +128,8 @@ class CufftMpEngine(Engine):
         self.rounds = Rounds(self._everything)  # what is queued on the GPU; stuck if it never ends
         self._marks: list = []
         self._keep: list = []  # what queued GPU work still reads (copy job tables), until it is done
+        self.in_flight = queued.InFlight()  # the same, of one-PE runs not waited for (.queued)
+        self._unrecorded = None  # (layout, marks) of a run not waited for: `stats` reads its timings
         self.host = HostLink()  # pinned staging for NumPy chunks (.host)
         self._able: dict | None = None  # capabilities(), asked at the first run
         self.ffts = fft.FFTs()  # distributed FFTs kept for later runs (.fft)
@@ -140,6 +143,10 @@ class CufftMpEngine(Engine):
         return Health(broken, self.rounds.stuck, self.rounds.in_flight_since)
 
     def stats(self) -> dict:
+        pending = self._unrecorded
+        if pending is not None and pending[1][-1][1].done:  # (a one-PE run's, once its work is done)
+            self._unrecorded = None
+            self._record(*pending)
         return dict(self._stats)
 
     def abandoned(self, run) -> None:
@@ -194,13 +201,13 @@ class CufftMpEngine(Engine):
         key = (word, *(tuple((tuple(lo), tuple(hi)) for lo, hi in b) for b in (boxes_in, boxes_out)))
         return self.plans.get(key, make)
 
-    def _mark(self, what: str) -> None:
-        """A CUDA event on the engine's stream (timings without host synchronization), and when
-        the host queued it."""
+    def _mark(self, what: str, stream=None) -> None:
+        """A CUDA event on the engine's stream (or ``stream``: timings without host
+        synchronization), and when the host queued it."""
         import cupy
 
         event = cupy.cuda.Event()
-        event.record(self.stream)
+        event.record(stream or self.stream)
         self._marks.append((what, event, time.perf_counter()))
 
     def _everything(self):
@@ -236,8 +243,7 @@ class CufftMpEngine(Engine):
         outputs = empty_outputs(run, xp)
         one_pe = len(run.spec.workers) == 1 and xp is cupy and run.state != "failed"
         if one_pe and (jobs := _local_jobs(run, outputs, self.piece_jobs)) is not None:
-            cupy.cuda.Device().synchronize()  # inputs may come from kernels still in flight
-            return self._local(run, jobs, outputs)
+            return self._local(run, jobs, outputs)  # (queued behind the inputs' kernels: .queued)
         if peers.applies(run, self.world.shared_gpu, LOCAL_MAX_PIECES):
             # inputs may come from kernels still in flight, and the outputs' memory from arrays
             # whose last kernels are: the peers write into it once it is exported
@@ -287,11 +293,18 @@ class CufftMpEngine(Engine):
         self.bootstrap(run, transport.exchange_factory)
 
     def _local(self, run, jobs: np.ndarray, outputs: dict) -> None:
-        """A run of one PE: its pieces copied chunk to chunk in one launch (`_local_jobs`)."""
+        """A run of one PE: its pieces copied chunk to chunk in one launch (`_local_jobs`), queued
+        behind the inputs' kernels and not waited for (`.queued`)."""
         run.set_phase("exchange")
         self._marks = []
-        self._copy(run, jobs, dry=False)
-        self._finish(run, LOCAL, outputs)
+        stream = queued.stream()
+        with stream:
+            self._mark("start", stream)
+            launch(jobs, self._keep)
+            self._mark("reshape", stream)
+        self.in_flight.hold(self._marks[-1][1], self._keep)
+        self._keep = []
+        self._finish(run, LOCAL, outputs, waited=False)
 
     def _peers(self, run, outputs: dict) -> bool:
         """A run of PEs on one GPU: this rank's pieces copied into whichever output chunk they
@@ -334,14 +347,19 @@ class CufftMpEngine(Engine):
         self.rounds.queued(self._marks[-1][1])
         self.rounds.wait(run, dry=dry)
 
-    def _finish(self, run, layout, outputs: dict) -> None:
-        """``run``'s GPU work is done: its statistics recorded, its inputs let go, its outputs given."""
+    def _finish(self, run, layout, outputs: dict, waited: bool = True) -> None:
+        """``run``'s GPU work is done (or, not ``waited`` for, queued: `.queued`): its statistics
+        recorded (its GPU timings once asked for, where not waited for), its inputs let go, its
+        outputs given."""
         self._keep.clear()
-        self._record(layout)
+        self._stats["runs"] += 1
+        self._unrecorded = None if waited else (layout, self._marks)
+        if waited:
+            self._record(layout, self._marks)
         run.inputs = {}
         run.finish(outputs)
 
-    def _record(self, layout) -> None:
+    def _record(self, layout, marks: list) -> None:
         """Milliseconds spent staging, reshaping (syncs included) and unstaging, over all rounds,
         on the GPU's clock (so a GPU idle while the host prepares a round counts in the next
         stage); and the host's: from the first mark to the last (queuing every round), of which
@@ -349,15 +367,14 @@ class CufftMpEngine(Engine):
         import cupy
 
         spent = {"stage": 0.0, "reshape": 0.0, "unstage": 0.0}
-        for (_, a, _), (what, b, _) in zip(self._marks[:-1], self._marks[1:]):
+        for (_, a, _), (what, b, _) in zip(marks[:-1], marks[1:]):
             spent[what] += cupy.cuda.get_elapsed_time(a, b)
-        self._stats["runs"] += 1
         self._stats["last"] = {
             "layout": layout.mapping,
             "rounds": layout.rounds,
             "arena bytes": self.arena.size,
             **{f"{k} ms": round(v, 3) for k, v in spent.items()},
-            "host queuing ms": round((self._marks[-1][2] - self._marks[0][2]) * 1e3, 3),
+            "host queuing ms": round((marks[-1][2] - marks[0][2]) * 1e3, 3),
             "host waiting ms": round(self.rounds.ahead_s * 1e3, 3),
         }
 

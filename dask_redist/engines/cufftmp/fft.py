@@ -295,10 +295,10 @@ def execute(engine, run, transport) -> None:
     if problem := dfft.problem(nranks):  # (the scheduler refuses these first: nothing was made, on no rank)
         raise RunRefusedError(f"{run.name()}: {problem}")
     clock = _Clock()
-    engine.prepare(run, transport)  # (collective: the world)
+    alone = nranks == 1
+    engine.prepare(run, transport, synchronize=not alone)  # (collective: the world; alone: .queued)
     if run.must_stop():
         raise run.failure()
-    alone = nranks == 1
     t = None if alone else setup(engine, run)  # (collective, before any data moves)
     clock("world and setup")
     leg_in, leg_out = dfft.legs(spec.collective.rechunk.old, nranks)
@@ -352,7 +352,8 @@ def execute(engine, run, transport) -> None:
 
 class _Clock:
     """Milliseconds of wall time per step of a run, each step ending where it is named (every
-    step waits for its GPU work, so this is the step's whole time)."""
+    step of several PEs waits for its GPU work, so this is the step's whole time; one PE's steps
+    are queued and not waited for, `.queued`: the host's time to queue them)."""
 
     def __init__(self):
         self._last = time.perf_counter()

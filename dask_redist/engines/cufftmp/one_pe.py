@@ -13,6 +13,7 @@ Two ways, both out of place and with NumPy's ``norm`` (`transform`):
 
 from __future__ import annotations
 
+from dask_redist.engines.cufftmp import queued
 from dask_redist.errors import RedistError
 
 
@@ -35,7 +36,7 @@ def _usable(chunk, dtype) -> bool:
 
 def transform(engine, run, data, error=None):
     """The transform of ``data``: the whole array (gathered by the leg in) or its chunks in order
-    (`chunks_in_order`), on the engine's stream, waited for as a round is (an abort ends the wait)."""
+    (`chunks_in_order`), queued behind their kernels and not waited for (`.queued`)."""
     dfft = run.spec.collective.fft
     run.set_phase("fft")
     if error is not None:
@@ -44,15 +45,8 @@ def transform(engine, run, data, error=None):
         raise run.failure()
     if data is None:
         raise RedistError(f"{run.name()}: no input slab")
-    engine.rounds.reset()
-    with engine.stream:
-        if isinstance(data, list):
-            out = _from_chunks(dfft, data)
-        else:
-            out = _whole(dfft, data)
-        engine.rounds.queued(engine._everything())
-    engine.rounds.wait(run)
-    return out
+    with queued.stream():
+        return _from_chunks(dfft, data) if isinstance(data, list) else _whole(dfft, data)
 
 
 def _whole(dfft, slab):
