@@ -32,7 +32,7 @@ from dask_redist.core.spec import CollectiveSpec, RunSpec
 from dask_redist.engines.cufftmp import hostfiles, peers
 from dask_redist.engines.cufftmp.world import DaskProcessGroup
 from dask_redist.engines.cufftmp.engine import _piece_table
-from dask_redist.engines.exchange import empty_outputs
+from dask_redist.engines.exchange import empty_outputs, rounded_empty
 from dask_redist.errors import RedistError
 from dask_redist.planning import make_plan
 
@@ -361,3 +361,28 @@ def test_the_stats_say_how_much_of_the_peers_memory_was_mapped_once():
     assert peers.opened_since(ipc) == {"mapped allocations": 2, "mapped MiB": 1536.0}
     assert peers.opened_since(ipc) == {"mapped allocations": 0, "mapped MiB": 0.0}
     assert peers.opened_since(object()) == {"mapped allocations": 0, "mapped MiB": 0.0}
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    shape=st.lists(st.integers(0, 40), min_size=0, max_size=3).map(tuple),
+    dtype=st.sampled_from(["uint8", "float32", "float64", "complex128"]),
+    round_to=st.sampled_from([0, 64, 4096]),
+)
+def test_an_output_chunk_starts_an_allocation_rounded_to_whole_pages(shape, dtype, round_to):
+    """`rounded_empty` (the output chunks a peer maps through CUDA IPC): NumPy's chunk of that
+    shape and dtype, C-contiguous and writable, at the start of an allocation of a multiple of
+    ``round_to`` bytes where it has that many or more."""
+    a = rounded_empty(np, shape, dtype, round_to)
+    assert a.shape == shape and a.dtype == np.dtype(dtype) and a.flags.c_contiguous
+    whole = a
+    while whole.base is not None:
+        whole = whole.base
+    assert whole.__array_interface__["data"][0] == a.__array_interface__["data"][0]
+    if round_to and a.nbytes >= round_to:
+        assert whole.nbytes % round_to == 0 and whole.nbytes - a.nbytes < round_to
+    else:
+        assert whole.nbytes == a.nbytes
+    expected = np.arange(a.size).reshape(shape).astype(dtype)
+    a[...] = expected
+    np.testing.assert_array_equal(a, expected)

@@ -7,7 +7,10 @@ moves the bytes its own way between `sends` and `receives`, or over Dask's comms
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
+
+import numpy as np
 
 from dask_redist.core.assemble import cut
 from dask_redist.core.wire import Packed, SendBuffers, as_is, batches, pack, padded_sizes
@@ -59,9 +62,11 @@ def in_order(recv: Transfers, received: dict[int, list]) -> list:
     return out
 
 
-def empty_outputs(run, xp) -> dict:
+def empty_outputs(run, xp, round_to: int = 0) -> dict:
     """This rank's output chunks, allocated by ``xp.empty`` (none once the run was aborted); those
-    an FFT's leg gives (``run.into``, `dask_redist.engines.cufftmp.fft.Leg`) taken as they are."""
+    an FFT's leg gives (``run.into``, `dask_redist.engines.cufftmp.fft.Leg`) taken as they are.
+    ``round_to``: each chunk of that many bytes or more is the start of an allocation of a
+    multiple of it (`rounded_empty`)."""
     if run.state == "failed":
         return {}
     spec = run.spec.collective
@@ -69,9 +74,21 @@ def empty_outputs(run, xp) -> dict:
     lower, upper = spec.rechunk.new_boxes(owned)
     given = getattr(run, "into", {})
     return {
-        f: given[f] if f in given else xp.empty(tuple(shape), dtype=spec.dtype)
+        f: given[f] if f in given else rounded_empty(xp, tuple(shape), spec.dtype, round_to)
         for f, shape in zip(owned, (upper - lower).tolist())
     }
+
+
+def rounded_empty(xp, shape: tuple, dtype, round_to: int = 0):
+    """``xp.empty(shape, dtype)``; where it has ``round_to`` bytes or more and not a multiple of
+    them, a view of the first bytes of an allocation rounded up to one (a peer process maps a
+    whole allocation through CUDA IPC, and one not a multiple of the GPU's 2 MiB pages costs it
+    far more to map: docs/benchmarks.md)."""
+    nbytes = math.prod(shape) * np.dtype(dtype).itemsize
+    if not round_to or nbytes < round_to or nbytes % round_to == 0:
+        return xp.empty(shape, dtype=dtype)
+    whole = xp.empty(-(-nbytes // round_to) * round_to, dtype=np.uint8)
+    return whole[:nbytes].view(dtype).reshape(shape)
 
 
 def by_peer(run, t: Transfers, side: str) -> Iterator[tuple[int, Transfers]]:

@@ -240,7 +240,7 @@ class CufftMpEngine(Engine):
 
         settings = run.spec.collective.settings
         xp = np if run.spec.chunk_type == "numpy" else cupy  # NumPy in, NumPy out: see .host
-        outputs = empty_outputs(run, xp)
+        outputs = empty_outputs(run, xp, peers.PAGE if xp is cupy and len(run.spec.workers) > 1 else 0)
         one_pe = len(run.spec.workers) == 1 and xp is cupy and run.state != "failed"
         if one_pe and (jobs := _local_jobs(run, outputs, self.piece_jobs)) is not None:
             return self._local(run, jobs, outputs)  # (queued behind the inputs' kernels: .queued)
