@@ -13,8 +13,8 @@ open + a 1 MiB copy + close, in ms.
 
 ``--first N``: also N allocations of each size in `FIRST_BYTES`, each opened once by a fresh child
 (as a run maps its peer's output chunks): every open's ms and their sum. The sizes: 512 MiB; the
-2-PE `fft` row's output chunk at 16 chunks, (812, 51, 812) complex128 (538,063,488 bytes: not a
-multiple of 2 MiB); and that rounded up to 2 MiB. ``--busy``: a third process runs 256 MiB
+2-PE `fft` row's output chunk at 16 chunks, (812, 51, 812) complex128 (`FFT_CHUNK`, 538,024,704
+bytes: not a multiple of 2 MiB); and that rounded up to 2 MiB. ``--busy``: a third process runs 256 MiB
 device-to-device copies back to back on the same GPU while the children open (PEs sharing a GPU
 time-slice it: does an open wait for the other context's work?).
 """
@@ -27,7 +27,8 @@ import statistics
 import time
 
 SIZES_MIB = [64, 512, 4096, 16384, 65536]
-FIRST_BYTES = [2**29, 812 * 51 * 812 * 16, -(-812 * 51 * 812 * 16 // 2**21) * 2**21]
+FFT_CHUNK = 812 * 51 * 812 * 16
+FIRST_BYTES = [2**29, FFT_CHUNK, -(-FFT_CHUNK // 2**21) * 2**21]
 
 
 def ms_since(t0: float) -> float:

@@ -39,7 +39,7 @@ from dask.utils import parse_bytes
 
 from dask_redist.bench.cases import Case
 from dask_redist.bench.floor import floor_row
-from dask_redist.bench.harness import Result, _gpu_idle, computed, engine_stats, timeline
+from dask_redist.bench.harness import Result, computed, engine_stats, gpus_idle, timeline
 from dask_redist.compat import worker_info
 
 CPU_METHODS = ("redist-fft", "redist-fft-enabled", "four-step", "four-step-collective", "floor")
@@ -147,14 +147,12 @@ def _time(client, case, name: str, kind: str, reps: int, timed: bool = True):
     run ``k`` of every method on the same data), the last result, and the marks of the last
     collective run in ms after its ``persist()`` (`harness.timeline`; None for Dask's own).
     Not ``timed``: one run, on the last repetition's input (a reference for the others')."""
-
     build, context = _method(name, kind)
     times, y, start = [], None, None
     for rep in range(reps + 1) if timed else [reps]:  # (the first: warm-up)
         y = None
         x = input_array(client, *case, kind, seed=rep)
-        if kind == "cupy":  # the input's kernels done before the timer starts
-            client.run(_gpu_idle)
+        gpus_idle(client, kind)  # the input's kernels done before the timer starts
         with context() or nullcontext():
             start = time.perf_counter()
             y = build(x).persist()

@@ -4,7 +4,8 @@ Every repetition builds a fresh input (new keys, so nothing is cached) and times
 
     y = x.rechunk(new).persist(); wait(y)
 
-(with CuPy chunks, until every worker's GPU has finished too: `computed`) for each method, after one untimed warm-up; then checks the result on the workers
+(with CuPy chunks, until every worker's GPU has finished too: `computed`) for each method,
+after one untimed warm-up; then checks the result on the workers
 (`dask_redist.bench.cases.check`). Results render as Markdown and JSON with the
 command, the machine and the date beside every figure.
 """
@@ -148,6 +149,13 @@ def _gpu_idle() -> None:
     cupy.cuda.Device().synchronize()
 
 
+def gpus_idle(client, kind: str) -> None:
+    """With CuPy chunks (``kind``), wait until every worker's GPU has finished what it was given
+    (`_gpu_idle`); nothing with NumPy's."""
+    if kind == "cupy":
+        client.run(_gpu_idle)
+
+
 def computed(client, y, kind: str) -> None:
     """``wait(y)``, and for CuPy chunks until every worker's GPU has finished them too: a task
     returns its chunk while the kernels computing it may still run (Dask's blockwise steps queue
@@ -156,8 +164,7 @@ def computed(client, y, kind: str) -> None:
     from distributed import wait
 
     wait(y)
-    if kind == "cupy":
-        client.run(_gpu_idle)
+    gpus_idle(client, kind)
 
 
 def _gpu_used(reset: bool = False) -> int:
@@ -246,14 +253,12 @@ def _measured_apart(
 
 def _timed_run(client, case: Case, r: Result, rep: int, kind: str) -> None:
     """One run of ``r``'s method (rep 0: the warm-up, not timed), checked; a failure goes in ``r.error``."""
-
     seed = rep + 1
     x = y = None
     ctx, dask_method = _method_context(r.method)
     try:
         x = placed_array(client, case, seed, kind)  # (a failure here fails this row, not the bench)
-        if kind == "cupy":  # the input's kernels are done before the timer starts (`_gpu_idle`)
-            client.run(_gpu_idle)
+        gpus_idle(client, kind)  # the input's kernels are done before the timer starts
         # GPU memory is measured on the warm-up run: freeing CuPy's cached blocks
         # first would make the timed runs pay for fresh allocations
         before = None

@@ -56,7 +56,7 @@ from distributed.diagnostics.plugin import SchedulerPlugin
 from dask_redist.bench.cases import Case, _even, check, placed_array, slab_case
 from dask_redist.bench.fft import pencils
 from dask_redist.bench.floor import floor_row
-from dask_redist.bench.harness import Result, _gpu_idle, computed, engine_stats, timeline
+from dask_redist.bench.harness import Result, computed, engine_stats, gpus_idle, timeline
 from dask_redist.bench.pipeline_checks import _xp, check_output
 from dask_redist.bench.pipeline_report import markdown, summary, to_json, write
 
@@ -201,8 +201,7 @@ def _one_run(client, pipeline: str, case: Case, method: str, r: Result, opts: Op
             x = generated_input(case, token, opts.kind)
         else:
             x = placed_array(client, case, token, opts.kind)
-            if opts.kind == "cupy":
-                client.run(_gpu_idle)
+            gpus_idle(client, opts.kind)
         context = nullcontext() if method == "tasks" else opts.enabled()
         client.run_on_scheduler(_count_tasks, reset=True)
         with context:

@@ -297,12 +297,7 @@ class CufftMpEngine(Engine):
         behind the inputs' kernels and not waited for (`.queued`)."""
         run.set_phase("exchange")
         self._marks = []
-        stream = queued.stream()
-        with stream:
-            self._mark("start", stream)
-            launch(jobs, self._keep)
-            self._mark("reshape", stream)
-        self.in_flight.hold(self._marks[-1][1], self._keep)
+        self.in_flight.hold(self._launch(jobs, queued.stream()), self._keep)
         self._keep = []
         self._finish(run, LOCAL, outputs, waited=False)
 
@@ -340,12 +335,16 @@ class CufftMpEngine(Engine):
     def _copy(self, run, jobs: np.ndarray, dry: bool = True) -> None:
         """Run a job table on the engine's stream and wait for it, polling (`Rounds.wait`: unless
         ``dry``, an abort raises once it is done)."""
-        with self.stream:
-            self._mark("start")
-            launch(jobs, self._keep)
-            self._mark("reshape")
-        self.rounds.queued(self._marks[-1][1])
+        self.rounds.queued(self._launch(jobs, self.stream))
         self.rounds.wait(run, dry=dry)
+
+    def _launch(self, jobs: np.ndarray, stream):
+        """Queue a job table on ``stream`` between two marks; the event after it."""
+        with stream:
+            self._mark("start", stream)
+            launch(jobs, self._keep)
+            self._mark("reshape", stream)
+        return self._marks[-1][1]
 
     def _finish(self, run, layout, outputs: dict, waited: bool = True) -> None:
         """``run``'s GPU work is done (or, not ``waited`` for, queued: `.queued`): its statistics

@@ -319,7 +319,7 @@ def execute(engine, run, transport) -> None:
 
     def middle():
         if alone:
-            holder[0] = one_pe.transform(engine, run, slab if chunks is None else chunks, error)
+            holder[0] = one_pe.transform(run, slab if chunks is None else chunks, error)
         else:
             holder[0] = transforms(engine, run, t, slab, error)
 

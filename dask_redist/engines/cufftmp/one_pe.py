@@ -34,7 +34,7 @@ def _usable(chunk, dtype) -> bool:
     return on_gpu and chunk.flags.c_contiguous and chunk.dtype == dtype
 
 
-def transform(engine, run, data, error=None):
+def transform(run, data, error=None):
     """The transform of ``data``: the whole array (gathered by the leg in) or its chunks in order
     (`chunks_in_order`), queued behind their kernels and not waited for (`.queued`)."""
     dfft = run.spec.collective.fft

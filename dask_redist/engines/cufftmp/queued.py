@@ -38,6 +38,3 @@ class InFlight:
         self._held.append((event, objects))
         while self._held and self._held[0][0].done:
             self._held.popleft()
-
-    def __len__(self) -> int:
-        return len(self._held)
