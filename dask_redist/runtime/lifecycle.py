@@ -168,6 +168,15 @@ class Rechunks:
         for ts in tasks:
             if ts.state != "processing" or ts.processing_on is None:  # (an earlier one's transitions)
                 continue
+            # The worker still counts the task as its own, and a stopped one may resume fetching
+            # its inputs: once they arrive it reports them (add-keys), the scheduler, which
+            # released them with the failed task, asks it to drop them, and a worker asked that
+            # while the task executes closes. So it is told first, as when the scheduler
+            # releases a processing task: its stream delivers this before that answer.
+            self.scheduler.worker_send(
+                ts.processing_on.address,
+                {"op": "free-keys", "keys": [ts.key], "stimulus_id": stimulus_id},
+            )
             self.scheduler.handle_task_erred(
                 key=ts.key,
                 stimulus_id=stimulus_id,

@@ -36,7 +36,7 @@ for s in $steps; do case $s in
   versions) step versions python3 -m pip list --format=freeze ;;
   doctor) step doctor python3 -m dask_redist.cli doctor --gpu --workers $((gpus * pes)) $(shared "$pes") ;;
   world) step world python3 -m pytest tests/test_gpu_world.py -v -s --timeout 150 ;;
-  gpu) step gpu python3 -m pytest tests/test_gpu.py tests/test_gpu_local.py tests/test_gpu_peers.py tests/test_gpu_spill.py tests/test_fft_gpu.py tests/test_examples.py -m gpu -v -s --timeout 150 ;;
+  gpu) step gpu python3 -m pytest tests/test_gpu.py tests/test_gpu_local.py tests/test_gpu_peers.py tests/test_gpu_spill.py tests/test_fft_gpu.py tests/test_examples.py tests/test_bench.py -m gpu -v -s --timeout 150 ;;
   bench) step bench python3 -m dask_redist.cli bench --gpu --size 8GiB --chunks 16 \
            --methods redist-cufftmp nvmath ceiling --reps 3 --out "$out" --name gpu-8gib-16-resolved ;;
   numpy) step numpy python3 -m dask_redist.cli bench --gpu --numpy --workers "${REDIST_TEST_GPUS:-2}" --size 2GiB 8GiB \
