@@ -17,7 +17,7 @@ import dask.array as da
 import numpy as np
 import pytest
 from conftest import local_cluster, scheduler_history, worker_leftovers
-from distributed import Client, Scheduler, SchedulerPlugin, wait
+from distributed import Client, Event, Scheduler, SchedulerPlugin, wait
 
 import dask_redist
 from dask_redist.core.run import WorkerRun
@@ -257,6 +257,51 @@ def test_a_rank_stopped_mid_run_is_named_in_the_timeout(own_cluster, engine):
     with dask_redist.enable(engine="dask"):
         np.testing.assert_array_equal(x.rechunk((30, 3)).compute(), x.compute())
     assert client.run(_pid) == before
+
+
+def _held(name: str) -> str:
+    Event(name).wait(timeout=60)
+    return "released"
+
+
+def _task_state(key, dask_worker=None):
+    ts = dask_worker.state.tasks.get(key)
+    return None if ts is None else ts.state
+
+
+def _fail_as_stuck(key, dask_scheduler=None):
+    from types import SimpleNamespace
+
+    from dask_redist.runtime.lifecycle import Rechunks
+
+    rechunks = Rechunks()
+    rechunks.scheduler = dask_scheduler
+    spec = SimpleNamespace(token="t", describe=lambda: "a held task")  # (what _fail names)
+    rechunks._fail([dask_scheduler.tasks[key]], spec, RedistTimeoutError("rank 0 answered nothing"))
+
+
+def test_a_task_failed_for_a_silent_worker_is_no_longer_that_workers(own_cluster):
+    """The scheduler fails a task of a stuck run as if its worker had reported the error
+    (`Rechunks.fail_stuck`), and tells that worker too: a stopped worker that resumed with the
+    task still its own would fetch its inputs, report them, be asked to drop them (released with
+    the failed task) while the task executes, and close (distributed refuses that)."""
+    _, client = own_cluster
+    future = client.submit(_held, "redist-test-held", key="held-task", pure=False)
+    deadline = time.monotonic() + 30
+    while "executing" not in client.run(_task_state, "held-task").values():
+        assert time.monotonic() < deadline, client.run(_task_state, "held-task")
+        time.sleep(0.05)
+    try:
+        client.run_on_scheduler(_fail_as_stuck, "held-task")
+        with pytest.raises(RedistTimeoutError, match="answered nothing"):
+            future.result(timeout=30)
+        while any(
+            state in ("executing", "long-running") for state in client.run(_task_state, "held-task").values()
+        ):
+            assert time.monotonic() < deadline, client.run(_task_state, "held-task")
+            time.sleep(0.05)
+    finally:
+        Event("redist-test-held", client=client).set()
 
 
 def test_a_failing_rank_releases_the_others_at_once(own_cluster):
