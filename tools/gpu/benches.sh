@@ -71,7 +71,7 @@ case ${1:-} in
           script+="DASK_REDIST__NVSHMEM__SHARED_GPU_MAX_CHUNKS=$m $(bench gpu-peers-max$m --gpu $(pes 2) --size 8GiB --chunks 128 256 --methods redist-cufftmp floor --reps 5)"
         done ;;
       calibrate) script+="$(bench gpu-calibration-cupy-1 --gpu --workers 1 --calibrate)" ;;
-      issue40)  # what issue 40's "Done when" still lacks (2026-12-05): about 15 minutes
+      issue40)  # what issue 40's "Done when" still lacks (2026-12-05): about 15 minutes (an estimate)
         script+="$(bench gpu-pipelines-pes2 --pipeline --gpu $(pes 2) --size 8GiB --chunks 16 64 256 1024 --tasks-up-to 0)"
         script+="$(bench gpu-fft3d --fft --fft-slabs --gpu --workers 1 --size 8GiB --chunks 16 --reps 5)"
         script+="if nvidia-smi -L | grep -q H200; then $(bench gpu-weather --pipeline --gpu --workers 1 --pipelines weather --size 36.4GB --chunks 8760 --tasks-up-to 0) fi; " ;;
