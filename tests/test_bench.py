@@ -403,7 +403,7 @@ def test_every_pipeline_gives_its_rows_checked(client):
             assert r.tasks > 0, r
         assert by[(name, "with")].note == "enable() ran the collective"
     bare_floor = [r for r in results if r.method in ("bare", "floor")]
-    assert len(bare_floor) == 2 * 3  # three input cases: float64 slabs, complex128 slabs, weather
+    assert len(bare_floor) == 2 * 4  # four: float64 slabs, complex128 slabs, weather, fftn's own bare row
     assert all(r.correct is True and len(r.times) == 1 for r in bare_floor), bare_floor
     rows = p.summary(results)
     assert [row["pipeline"] for row in rows] == list(p.PIPELINES)
@@ -413,9 +413,10 @@ def test_every_pipeline_gives_its_rows_checked(client):
     assert len(lines) == len(results)
 
 
-@pytest.mark.parametrize("pipeline", ["elementwise", "fft", "weather"])
+@pytest.mark.parametrize("pipeline", ["elementwise", "fft", "weather", "fftn"])
 def test_a_wrong_result_fails_its_row(client, monkeypatch, pipeline):
-    """A pipeline whose rechunked result is off (here: one added after the rechunk) is WRONG."""
+    """A pipeline whose rechunked (``fftn``: transformed) result is off (here: one added after
+    that step) is WRONG."""
     from dask_redist.bench import pipeline as p
 
     build = p.build

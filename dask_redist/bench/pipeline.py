@@ -13,7 +13,10 @@ axis 1, except where said:
 * ``weather``: dask#11162's case, a (time, lat, lon) float32 field in daily spatial chunks
   ``(1, lat, lon)`` (time steps = the chunk count, lat x lon sized by ``--size``) to long time
   series ``(time, lat block, lon block)`` (as many blocks as chunks), then the anomaly
-  ``z - z.mean(axis=0)`` of ``z = 0.5*x + b``.
+  ``z - z.mean(axis=0)`` of ``z = 0.5*x + b``;
+* ``fftn``: ``dask_redist.fft.fftn(2*x) / 2`` of complex128 slabs, the transform between two
+  elementwise steps instead of a rechunk (its ``bare`` row: ``fftn(x)``; ``tasks``: the 3-D FFT
+  by hand, ``fft2``, Dask's ``tasks`` rechunk, ``fft`` along axis 0).
 
 Each pipeline and chunk count gives these rows (each a `harness.Result`):
 
@@ -21,7 +24,7 @@ Each pipeline and chunk count gives these rows (each a `harness.Result`):
   the old split axis; ``fft``: the last transform along axis 1, which each slab holds whole and
   which is as long as axis 0 (in every slab case): the same tasks and transforms as ``with``,
   not the 3-D FFT. Until 2026-12-05 it ran along axis 0 within each slab, a shorter transform
-  (docs/benchmarks.md, "The `fft` row's baseline"));
+  (docs/benchmarks.md, "The `fft` row's baseline"); ``fftn``: ``2*x / 2``);
 * ``with``: the pipeline, under ``dask_redist.enable()`` with the bench's ``--engine``, as users
   have it (the note says whether ``enable()`` ran the collective or left the rechunk to Dask);
 * ``adds``: ``with`` - ``without`` (medians), in the summary table;
@@ -46,7 +49,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import count
 
 import dask.array as da
@@ -62,7 +65,7 @@ from dask_redist.bench.pipeline_report import markdown, summary, to_json, write
 
 __all__ = ["PIPELINES", "build", "markdown", "run_pipeline", "summary", "to_json", "weather_case", "write"]
 
-PIPELINES = ("elementwise", "fft", "reduction", "generated", "weather")
+PIPELINES = ("elementwise", "fft", "reduction", "generated", "weather", "fftn")
 #: rows of every pipeline (``bare`` and ``floor``: once per input case)
 METHODS = ("without", "with", "bare", "floor", "tasks")
 
@@ -88,7 +91,8 @@ def pipeline_case(pipeline: str, size: str, nchunks: int) -> Case:
     """The input case of a pipeline (its old and new chunks: the rechunk's)."""
     if pipeline == "weather":
         return weather_case(size, nchunks)
-    return slab_case(size, nchunks, "complex128" if pipeline == "fft" else "float64")
+    case = slab_case(size, nchunks, "complex128" if pipeline in ("fft", "fftn") else "float64")
+    return replace(case, name=f"fftn of {case.name}") if pipeline == "fftn" else case  # (its own bare row)
 
 
 # -- the pipelines -------------------------------------------------------------------------
@@ -136,7 +140,24 @@ def build(pipeline: str, case: Case, x, token: int, rechunk: bool, method: str |
     if pipeline == "weather":
         z = _rechunked(0.5 * x + token, case, rechunk, method)
         return z - z.mean(axis=0)
+    if pipeline == "fftn":
+        y = 2 * x
+        if method == "tasks":  # the 3-D FFT by hand, with Dask's rechunk
+            y = y.map_blocks(_fft2, dtype=x.dtype, meta=x._meta).rechunk(case.new, method="tasks")
+            y = y.map_blocks(_fft0, dtype=x.dtype, meta=x._meta)
+        elif rechunk:
+            y = bare("fftn", case, y)
+        return y / 2
     raise ValueError(f"no pipeline {pipeline!r}; there are {', '.join(PIPELINES)}")
+
+
+def bare(pipeline: str, case: Case, x) -> da.Array:
+    """What the pipeline's collective step is alone: the rechunk, or for ``fftn`` the transform."""
+    if pipeline == "fftn":
+        from dask_redist.fft import fftn
+
+        return fftn(x)
+    return x.rechunk(case.new)
 
 
 # -- tasks on the scheduler ---------------------------------------------------------------
@@ -207,7 +228,7 @@ def _one_run(client, pipeline: str, case: Case, method: str, r: Result, opts: Op
         with context:
             start = time.perf_counter()
             if method == "bare":
-                y = x.rechunk(case.new).persist()
+                y = bare(pipeline, case, x).persist()
             else:
                 y = build(
                     pipeline, case, x, token, method != "without", "tasks" if method == "tasks" else None
@@ -223,7 +244,7 @@ def _one_run(client, pipeline: str, case: Case, method: str, r: Result, opts: Op
             r.note = f"enable() ran {ran}" if not r.note or ran in r.note else "enable() ran both, run by run"
             if marks and timed:
                 r.engine_stats = _engine_stats(client) or None
-        if method == "bare":
+        if method == "bare" and pipeline != "fftn":
             ok = check(y, case, token)
         else:
             again = generated_input(case, token, opts.kind) if pipeline == "generated" else None

@@ -156,7 +156,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--pipelines",
         nargs="+",
-        choices=["elementwise", "fft", "reduction", "generated", "weather"],
+        choices=["elementwise", "fft", "reduction", "generated", "weather", "fftn"],
         help="--pipeline: which pipelines (default all)",
     )
     p.add_argument(
