@@ -36,6 +36,12 @@ def _boxes(shape, chunks, rng, most: int = 6) -> list[tuple[slice, ...]]:
     return boxes
 
 
+def _inside(case: Case, token: int, box) -> np.ndarray:
+    """The input in ``box``, as generated."""
+    lower, shape = [s.start for s in box], [s.stop - s.start for s in box]
+    return expected_block(case.dtype, token, shape, lower, case.shape)
+
+
 def _column(case: Case, token: int, box) -> np.ndarray:
     """The input over all of axis 0 and ``box``'s extent on the other axes, as float64."""
     shape = (case.shape[0], *(s.stop - s.start for s in box[-2:]))
@@ -46,17 +52,14 @@ def _column(case: Case, token: int, box) -> np.ndarray:
 def _expected(pipeline: str, case: Case, token: int, box) -> np.ndarray:
     """NumPy's values of ``pipeline``'s output in ``box`` (not for fft, fftn's transform and generated)."""
     if pipeline == "elementwise":
-        lower, shape = [s.start for s in box], [s.stop - s.start for s in box]
-        v = expected_block(case.dtype, token, shape, lower, case.shape).astype(np.float64)
-        return (2 * v + token) ** 2
+        return (2 * _inside(case, token, box).astype(np.float64) + token) ** 2
     if pipeline == "reduction":
         return _column(case, token, box).mean(axis=0)
     if pipeline == "weather":
         z = 0.5 * _column(case, token, box) + token
         return (z - z.mean(axis=0))[box[0]]
     if pipeline == "fftn":  # without the transform: 2*x / 2, the input
-        lower, shape = [s.start for s in box], [s.stop - s.start for s in box]
-        return expected_block(case.dtype, token, shape, lower, case.shape)
+        return _inside(case, token, box)
     raise ValueError(pipeline)
 
 
