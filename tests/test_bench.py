@@ -405,12 +405,29 @@ def test_every_pipeline_gives_its_rows_checked(client):
     bare_floor = [r for r in results if r.method in ("bare", "floor")]
     assert len(bare_floor) == 2 * 4  # four: float64 slabs, complex128 slabs, weather, fftn's own bare row
     assert all(r.correct is True and len(r.times) == 1 for r in bare_floor), bare_floor
+    whole = [r for r in results if r.method == "whole"]  # fftn's transform in one call, no Dask
+    assert [(r.case, len(r.times), r.error) for r in whole] == [(p.fftn_case("256KiB", 4).name, 1, None)]
     rows = p.summary(results)
     assert [row["pipeline"] for row in rows] == list(p.PIPELINES)
     for row in rows:
         assert all(row[k].endswith(" ms") for k in ("without", "with", "adds", "bare", "floor", "tasks")), row
         assert row["checked"] == "equal", row
+        assert row["whole"].endswith(" ms") == (row["pipeline"] == "fftn"), row
     assert len(lines) == len(results)
+
+
+def test_the_fftn_pipeline_transforms_issue_40s_shape_without_large_prime_factors():
+    """``fftn``'s input is the 3-D FFT case of `bench --fft --fft-slabs`, ``(2n, 2n, n)``, its
+    ``n`` a length without a prime factor above 5 (a cube of 8 GiB complex128 would be 813 =
+    3 x 271 on a side, a length cuFFT transforms with Bluestein's algorithm)."""
+    from dask_redist.bench import pipeline as p
+    from dask_redist.bench.fft import smooth
+
+    case = p.fftn_case("8GiB", 16)
+    assert case.shape == (1024, 1024, 512) and case.nbytes == 8 * 2**30
+    assert tuple(map(len, case.old)) == (16, 1, 1) and tuple(map(len, case.new)) == (1, 16, 1)
+    assert p.fftn_case("256MiB", 16).shape == (320, 320, 160)  # (the cube root: 161 = 7 x 23)
+    assert [smooth(n) for n in (1, 7, 161, 271, 512, 813)] == [1, 6, 160, 270, 512, 810]
 
 
 @pytest.mark.parametrize("pipeline", ["elementwise", "fft", "weather", "fftn"])

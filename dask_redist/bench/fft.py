@@ -68,11 +68,25 @@ def pencils(nchunks: int) -> tuple[int, int]:
     return nchunks // b, b
 
 
+def smooth(n: int) -> int:
+    """The length nearest ``n`` (the shorter of two) with no prime factor above 5: one that cuFFT
+    and pocketfft transform without Bluestein's algorithm (813, 3 x 271, takes several times as long)."""
+
+    def is_smooth(m: int) -> bool:
+        for p in (2, 3, 5):
+            while m % p == 0:
+                m //= p
+        return m == 1
+
+    return next(m for d in range(n) for m in (n - d, n + d) if m >= 1 and is_smooth(m))
+
+
 def fft_case(size: str, nchunks: int, slabs: bool = False) -> tuple[str, tuple[int, int, int], tuple]:
     """A cube in ``nchunks`` pencils, or with ``slabs`` an array of shape ``(2n, 2n, n)`` in
-    ``nchunks`` slabs along its first axis (issue 40's case: 8 GiB is (1024, 1024, 512))."""
+    ``nchunks`` slabs along its first axis, ``n`` a `smooth` length (issue 40's case: 8 GiB is
+    (1024, 1024, 512))."""
     if slabs:
-        n = max(1, round((parse_bytes(size) / 64) ** (1 / 3)))
+        n = smooth(max(1, round((parse_bytes(size) / 64) ** (1 / 3))))
         shape = (2 * n, 2 * n, n)
         chunks = da.core.normalize_chunks((math.ceil(2 * n / nchunks), 2 * n, n), shape)
         return f"{2 * n}x{2 * n}x{n} complex128, {len(chunks[0])} slabs", shape, chunks
@@ -183,17 +197,19 @@ def _difference(y, reference) -> float:
     return float(abs(y - reference).max().compute()) / (top or 1.0)
 
 
-def _cupy_whole(shape, reps: int) -> list[float]:
-    import cupy
-
-    a = cupy.random.standard_normal(shape).astype(cupy.complex128)
-    cupy.fft.fftn(a)
+def whole_fftn(shape, reps: int, kind: str = "cupy") -> list[float]:
+    """Seconds of ``reps`` calls of ``fftn`` (CuPy's, or NumPy's for ``kind`` numpy) of a whole
+    complex128 array of ``shape`` in this process, after one untimed: the transform's own time."""
+    xp = __import__("cupy") if kind == "cupy" else np
+    sync = xp.cuda.Device().synchronize if kind == "cupy" else lambda: None
+    a = xp.random.standard_normal(shape).astype(xp.complex128)
+    xp.fft.fftn(a)
     out = []
     for _ in range(reps):
-        cupy.cuda.Device().synchronize()
+        sync()
         start = time.perf_counter()
-        cupy.fft.fftn(a)
-        cupy.cuda.Device().synchronize()
+        xp.fft.fftn(a)
+        sync()
         out.append(time.perf_counter() - start)
     return out
 
@@ -211,7 +227,7 @@ def run(
         try:
             if method == "cupy-whole":
                 worker = sorted(worker_info(client))[0]
-                r.times = client.submit(_cupy_whole, shape, reps, workers=[worker], pure=False).result()
+                r.times = client.submit(whole_fftn, shape, reps, workers=[worker], pure=False).result()
                 r.note = "one GPU, whole array, no Dask"
             elif method == "floor":
                 floor_row(client, Case(name, shape, "complex128", chunks, chunks), r, reps, kind)

@@ -14,9 +14,10 @@ axis 1, except where said:
   ``(1, lat, lon)`` (time steps = the chunk count, lat x lon sized by ``--size``) to long time
   series ``(time, lat block, lon block)`` (as many blocks as chunks), then the anomaly
   ``z - z.mean(axis=0)`` of ``z = 0.5*x + b``;
-* ``fftn``: ``dask_redist.fft.fftn(2*x) / 2`` of complex128 slabs, the transform between two
-  elementwise steps instead of a rechunk (its ``bare`` row: ``fftn(x)``; ``tasks``: the 3-D FFT
-  by hand, ``fft2``, Dask's ``tasks`` rechunk, ``fft`` along axis 0).
+* ``fftn``: ``dask_redist.fft.fftn(2*x) / 2`` of complex128 slabs of shape ``(2n, 2n, n)`` (issue
+  40's 3-D FFT, `fftn_case`), the transform between two elementwise steps instead of a rechunk
+  (its ``bare`` row: ``fftn(x)``; ``tasks``: the 3-D FFT by hand, ``fft2``, Dask's ``tasks``
+  rechunk, ``fft`` along axis 0).
 
 Each pipeline and chunk count gives these rows (each a `harness.Result`):
 
@@ -32,7 +33,9 @@ Each pipeline and chunk count gives these rows (each a `harness.Result`):
   bench's slab rows), once per input case;
 * ``floor``: Dask's floor for the case's chunk counts (`bench.floor`), once per input case;
 * ``tasks``: the pipeline with Dask's ``tasks`` rechunk forced (``method="tasks"``, outside
-  ``enable()``), skipped above ``--tasks-up-to`` chunks.
+  ``enable()``), skipped above ``--tasks-up-to`` chunks;
+* ``whole`` (``fftn`` only): ``fftn`` of a whole array of that shape in one call on one worker,
+  no Dask (CuPy's with ``--gpu``): the transform's own time, once per input case.
 
 Every run gets a token of its own (the input's seed and the constants), so nothing is reused
 between runs; one untimed warm-up, then ``reps`` timed runs. What is timed is
@@ -49,7 +52,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from itertools import count
 
 import dask.array as da
@@ -57,7 +60,7 @@ from dask.utils import format_bytes, parse_bytes
 from distributed.diagnostics.plugin import SchedulerPlugin
 
 from dask_redist.bench.cases import Case, _even, check, placed_array, slab_case
-from dask_redist.bench.fft import pencils
+from dask_redist.bench.fft import fft_case, pencils, whole_fftn
 from dask_redist.bench.floor import floor_row
 from dask_redist.bench.harness import Result, computed, engine_stats, gpus_idle, timeline
 from dask_redist.bench.pipeline_checks import _xp, check_output
@@ -66,8 +69,8 @@ from dask_redist.bench.pipeline_report import markdown, summary, to_json, write
 __all__ = ["PIPELINES", "build", "markdown", "run_pipeline", "summary", "to_json", "weather_case", "write"]
 
 PIPELINES = ("elementwise", "fft", "reduction", "generated", "weather", "fftn")
-#: rows of every pipeline (``bare`` and ``floor``: once per input case)
-METHODS = ("without", "with", "bare", "floor", "tasks")
+#: rows of every pipeline (``bare`` and ``floor``: once per input case; ``whole``: fftn's)
+METHODS = ("without", "with", "bare", "floor", "tasks", "whole")
 
 
 def weather_case(nbytes: int | str, nchunks: int) -> Case:
@@ -91,8 +94,21 @@ def pipeline_case(pipeline: str, size: str, nchunks: int) -> Case:
     """The input case of a pipeline (its old and new chunks: the rechunk's)."""
     if pipeline == "weather":
         return weather_case(size, nchunks)
-    case = slab_case(size, nchunks, "complex128" if pipeline in ("fft", "fftn") else "float64")
-    return replace(case, name=f"fftn of {case.name}") if pipeline == "fftn" else case  # (its own bare row)
+    if pipeline == "fftn":
+        return fftn_case(size, nchunks)
+    return slab_case(size, nchunks, "complex128" if pipeline == "fft" else "float64")
+
+
+def fftn_case(size: str, nchunks: int) -> Case:
+    """Issue 40's 3-D FFT (`fft.fft_case`'s slabs: ``(2n, 2n, n)`` complex128, ``n`` a length
+    without large prime factors), ``nchunks`` slabs along axis 0 (``new``: along axis 1, where
+    ``tasks`` rechunks them)."""
+    shape = fft_case(size, nchunks, slabs=True)[1]
+    old = (_even(shape[0], nchunks), shape[1:2], shape[2:])
+    new = (shape[:1], _even(shape[1], nchunks), shape[2:])
+    size = format_bytes(math.prod(shape) * 16)
+    name = f"fftn of slab {size} {shape} {len(old[0])}->{len(new[1])} complex128"  # (its own bare row)
+    return Case(name, shape, "complex128", old, new)
 
 
 # -- the pipelines -------------------------------------------------------------------------
@@ -288,11 +304,27 @@ def run_pipeline(
                 _one_run(client, pipeline, case, "bare", bare, opts, timed=rep > 0)
         floor = PipelineResult(case.name, "floor", case.nbytes, n_in, n_out)
         floor_row(client, case, floor, opts.reps, opts.kind)
-        for r in (bare, floor):
+        shared[case.name] = [bare, floor] + ([_whole(client, case, opts)] if pipeline == "fftn" else [])
+        for r in shared[case.name]:
             say(f"{case.name}: {r.method} {_summary(r)}")
-        shared[case.name] = [bare, floor]
         out += shared[case.name]
     return out
+
+
+def _whole(client, case: Case, opts: Options) -> PipelineResult:
+    """The ``whole`` row: ``fftn`` of a whole array of the case's shape in one call on one worker,
+    no Dask (`fft.whole_fftn`): on a GPU, the transform's own time, what issue 40 lets the
+    ``fftn`` pipeline add beyond 20 ms."""
+    r = PipelineResult(case.name, "whole", case.nbytes, 1, 1)
+    worker = sorted(client.scheduler_info()["workers"])[0]
+    try:
+        r.times = client.submit(
+            whole_fftn, case.shape, opts.reps, opts.kind, workers=[worker], pure=False
+        ).result()
+    except Exception as e:  # noqa: BLE001 - (an array too large for one worker's GPU, say)
+        r.error = f"{type(e).__name__}: {e}".splitlines()[0]
+    r.note = "fftn of the whole array in one call on one worker, no Dask"
+    return r
 
 
 def _engine_stats(client) -> dict:

@@ -10,7 +10,8 @@ def _ms(t: float | None) -> str:
 
 def summary(results: list) -> list[dict]:
     """One row per pipeline and chunk count: without, with, what the rechunk adds, the bare
-    rechunk, Dask's floor and ``tasks``, the tasks each put on the scheduler."""
+    rechunk, Dask's floor and ``tasks``, ``fftn``'s transform in one call (``whole``), the tasks
+    each put on the scheduler."""
     by = {(r.case, r.method): r for r in results}
     rows = []
     for r in results:
@@ -39,6 +40,7 @@ def summary(results: list) -> list[dict]:
                 "floor": _ms(get("floor", case)),
                 "tasks": _ms(get("tasks")) if tasks is not None else "skipped",
                 "tasks / with": f"{get('tasks') / with_:.1f}" if get("tasks") and with_ else "",
+                "whole": _ms(get("whole", case)),
                 "GPU ms (with / bare)": " / ".join(
                     "-" if g is None else f"{g:.1f}"
                     for g in (r.gpu_ms, by[(case, "bare")].gpu_ms if (case, "bare") in by else None)
