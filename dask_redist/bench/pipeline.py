@@ -65,6 +65,7 @@ from dask_redist.bench.floor import floor_row
 from dask_redist.bench.harness import Result, computed, engine_stats, gpus_idle, timeline
 from dask_redist.bench.pipeline_checks import _xp, check_output
 from dask_redist.bench.pipeline_report import markdown, summary, to_json, write
+from dask_redist.compat import worker_info
 
 __all__ = ["PIPELINES", "build", "markdown", "run_pipeline", "summary", "to_json", "weather_case", "write"]
 
@@ -316,7 +317,7 @@ def _whole(client, case: Case, opts: Options) -> PipelineResult:
     no Dask (`fft.whole_fftn`): on a GPU, the transform's own time, what issue 40 lets the
     ``fftn`` pipeline add beyond 20 ms."""
     r = PipelineResult(case.name, "whole", case.nbytes, 1, 1)
-    worker = sorted(client.scheduler_info()["workers"])[0]
+    worker = sorted(worker_info(client))[0]
     try:
         r.times = client.submit(
             whole_fftn, case.shape, opts.reps, opts.kind, workers=[worker], pure=False
