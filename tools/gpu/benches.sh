@@ -20,9 +20,9 @@
 #     calibrate: `bench --calibrate --gpu` with 1 PE: the cost model of this tree on this machine
 #     pipelines: issue 40's table: `bench --pipeline --gpu --size 8GiB` at 16-1024 chunks (Dask's
 #       tasks up to 256), 4 reps, at 1 PE, then 2 PEs
-#     issue40: the 3-D FFT call at 1 PE (`--fft --fft-slabs`, 16 slabs), the `fftn` pipeline at
-#       1 PE, the pipeline table at 2 PEs (no Dask tasks), `weather` at 8760 days (36 GB on an
-#       H200, 16 GB on an H100)
+#     issue40: the `fftn` pipeline at 1 PE (issue 40's shape, its `whole` row), the 3-D FFT call at
+#       1 PE (`--fft --fft-slabs`, 16 slabs), the `fft` rows at 2 PEs at 256 and 1024 chunks (9
+#       runs each), and on an H200 `weather` at 36 GB
 #   bash tools/gpu/benches.sh wait [SECONDS]   until they have ended (or SECONDS have passed)
 #   bash tools/gpu/benches.sh collect          the last lines of each log, everything as $OUT/benches.tgz
 set -uo pipefail
@@ -72,12 +72,11 @@ case ${1:-} in
           script+="DASK_REDIST__NVSHMEM__SHARED_GPU_MAX_CHUNKS=$m $(bench gpu-peers-max$m --gpu $(pes 2) --size 8GiB --chunks 128 256 --methods redist-cufftmp floor --reps 5)"
         done ;;
       calibrate) script+="$(bench gpu-calibration-cupy-1 --gpu --workers 1 --calibrate)" ;;
-      issue40)  # what issue 40's "Done when" still lacks (2026-12-05): about 15 minutes (an estimate)
+      issue40)  # what issue 40's "Done when" still lacks (2026-12-05 18:30): about 10 minutes (an estimate)
+        script+="$(bench gpu-fftn-pes1 --pipeline --gpu --workers 1 --size 8GiB --chunks 16 64 256 1024 --tasks-up-to 0 --pipelines fftn)"
         script+="$(bench gpu-fft3d --fft --fft-slabs --gpu --workers 1 --size 8GiB --chunks 16 --reps 5)"
-        script+="$(bench gpu-fftn-pes1 --pipeline --gpu --workers 1 --size 8GiB --chunks 16 64 256 1024 --tasks-up-to 64 --pipelines fftn)"
-        script+="$(bench gpu-pipelines-pes2 --pipeline --gpu $(pes 2) --size 8GiB --chunks 16 64 256 1024 --tasks-up-to 0)"
-        script+="if nvidia-smi -L | grep -q H200; then size=36.4GB; else size=16GB; fi; "  # an H100: 3 copies fit
-        script+="$(bench gpu-weather --pipeline --gpu --workers 1 --pipelines weather --size '$size' --chunks 8760 --tasks-up-to 0)" ;;
+        script+="$(bench gpu-fft-pes2 --pipeline --gpu $(pes 2) --size 8GiB --chunks 256 1024 --tasks-up-to 0 --pipelines fft --reps 9)"
+        script+="if nvidia-smi -L | grep -q H200; then $(bench gpu-weather --pipeline --gpu --workers 1 --pipelines weather --size 36.4GB --chunks 8760 --tasks-up-to 0) fi; " ;;
       pipelines) for k in 1 2; do
           script+="$(bench gpu-pipelines-pes$k --pipeline --gpu $(pes $k) --size 8GiB --chunks 16 64 256 1024 --tasks-up-to 256 --reps 4)"
         done ;;
