@@ -31,14 +31,15 @@ def engines_state(client, settings: Settings) -> tuple[dict, list[str], dict]:
     return state["capabilities"], sorted(worker_info(client)) if workers is None else workers, records
 
 
-def engine_for(client, request) -> tuple[str, str, str | None]:
+def engine_for(client, request, state: tuple | None = None) -> tuple[str, str, str | None]:
     """Which engine would run ``request`` (an `engines.Request`) on ``client``'s workers, and why:
     decided as the scheduler decides it (`engines.choice.choose_engine`), from what the workers
-    answered (asked if nobody asked them yet); and why the engine named in ``redist.engine`` is
+    answered (asked if nobody asked them yet; ``state``: `engines_state`'s answer for
+    ``request.settings``, already asked); and why the engine named in ``redist.engine`` is
     refused at submission (`refuse_unrunnable`), or None. ``explain``, the FFT and ``doctor`` ask this."""
     from dask_redist.engines.choice import cannot_run, choose_engine
 
-    capabilities, workers, records = engines_state(client, request.settings)
+    capabilities, workers, records = state or engines_state(client, request.settings)
     engine, why = choose_engine(request, capabilities, workers, records)
     hosts = _hosts(capabilities, workers)  # (unless the reason names them already)
     return engine, why + (hosts if hosts[2:] not in why else ""), cannot_run(request, capabilities, workers)

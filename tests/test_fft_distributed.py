@@ -191,6 +191,27 @@ def test_the_gpu_path_is_on_by_default_and_its_key_is_checked():
         assert gpu.problem(x, normalize(x.shape, "c2c", False)).startswith("NumPy chunks")
 
 
+def test_the_gpu_path_asks_the_scheduler_once_for_the_workers_and_the_engines(client, monkeypatch):
+    """`gpu.where` for CuPy chunks (here a stand-in: an ndarray subclass from a module named cupy...)
+    takes the workers from the engines' probe, asking nothing else of the scheduler, and on CPU
+    workers says why the GPU path does not run."""
+
+    class Chunk(np.ndarray):
+        pass
+
+    Chunk.__module__ = "cupy_stand_in"
+    x = da.ones((8, 8, 6), chunks=(2, 8, 6), dtype=complex)
+    x = da.Array(x.dask, x.name, x.chunks, meta=np.empty((0, 0, 0), dtype=complex).view(Chunk))
+
+    def refused(*args, **kwargs):
+        raise AssertionError("scheduler_info asked")
+
+    monkeypatch.setattr(type(client), "scheduler_info", refused)
+    problem, workers = gpu.where(x, normalize(x.shape, "c2c", False))
+    assert workers is None and problem.startswith("CuPy chunks on CPU workers"), problem
+    assert problem.endswith("collective rechunks and cupy.fft on every chunk"), problem
+
+
 def test_an_fft_run_on_numpy_chunks_is_refused_by_the_scheduler(client):
     """The graph of the GPU path, built on NumPy chunks (which the API never does), carries the
     transform in its barrier, reaches the scheduler, and is refused there with a clear error."""

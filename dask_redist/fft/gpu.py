@@ -93,28 +93,35 @@ def where(x, op: FFTOp) -> tuple[str | None, list[str] | None]:
         return f"NumPy chunks: {rest}", None
     if not enabled():
         return f"the GPU path is off ({KEY}: false): {rest}", None
-    client, workers = _workers()
+    from dask_redist.cluster import engines_state
+    from dask_redist.compat import default_client
+
+    client = default_client()
     if client is None:
         return f"no distributed Client: {rest}", None
     settings = Settings.from_config()
+    auto = replace(settings, engine="auto")
+    state = engines_state(client, auto)  # (the workers with the engines' state: one question)
+    workers = state[1]
     why = (
         transform_problem(op, x.dtype, len(workers))
-        or _engine_problem(client)
+        or _engine_problem(client, settings, state)
         or heap_problem(distributed(op, x.dtype, None), len(workers), settings, _symmetric_size(settings))
     )
     return (f"{why}: {rest}", None) if why else (None, workers)
 
 
-def _engine_problem(client) -> str | None:
+def _engine_problem(client, settings: Settings, state: tuple) -> str | None:
+    """Why the engine ``auto`` would choose for CuPy chunks runs no FFT, from ``state``
+    (`cluster.engines_state` for ``settings`` with ``auto``), or None."""
     from dask_redist.cluster import engine_for
     from dask_redist.engines import Request
     from dask_redist.engines.choice import fft_engines
 
-    settings = Settings.from_config()
     ffts = [name for name, kinds in fft_engines(settings).items() if "cupy" in kinds]
     if settings.engine != "auto" and settings.engine not in ffts:
         return f"redist.engine is {settings.engine}"
-    engine, why, _ = engine_for(client, Request("cupy", replace(settings, engine="auto")))
+    engine, why, _ = engine_for(client, Request("cupy", replace(settings, engine="auto")), state)
     return None if engine in ffts else why
 
 
