@@ -7,6 +7,8 @@ import math
 
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from dask_redist import bench as b
 from dask_redist.cli import main
@@ -428,6 +430,27 @@ def test_the_fftn_pipeline_transforms_issue_40s_shape_without_large_prime_factor
     assert tuple(map(len, case.old)) == (16, 1, 1) and tuple(map(len, case.new)) == (1, 16, 1)
     assert p.fftn_case("256MiB", 16).shape == (320, 320, 160)  # (the cube root: 161 = 7 x 23)
     assert [smooth(n) for n in (1, 7, 161, 271, 512, 813)] == [1, 6, 160, 270, 512, 810]
+
+
+@given(st.integers(1, 5000))
+def test_smooth_is_the_nearest_length_without_a_prime_factor_above_5(n):
+    from dask_redist.bench.fft import smooth
+
+    def largest_prime_factor(m):
+        largest, p = 1, 2
+        while p * p <= m:
+            while m % p == 0:
+                largest, m = p, m // p
+            p += 1
+        return max(largest, m)
+
+    def is_smooth(m):
+        return m >= 1 and largest_prime_factor(m) <= 5
+
+    m = smooth(n)
+    assert is_smooth(m)
+    assert not any(is_smooth(k) for k in range(n - abs(n - m) + 1, n + abs(n - m)) if k != m)
+    assert m <= n or not is_smooth(2 * n - m)  # (of two as near, the shorter)
 
 
 @pytest.mark.parametrize("pipeline", ["elementwise", "fft", "weather", "fftn"])
