@@ -23,6 +23,8 @@
 #     issue40: the `fftn` pipeline at 1 PE (issue 40's shape, its `whole` row), the 3-D FFT call at
 #       1 PE (`--fft --fft-slabs`, 16 slabs), the `fft` rows at 2 PEs at 256 and 1024 chunks (9
 #       runs each), and on an H200 `weather` at 36 GB
+#     room: what decides the branch fft-room (docs/gpu-testing.md): the 2-PE `fftn` row at 8 GiB,
+#       then `elementwise` in the same cluster; three FFT geometries at 2 PEs in one cluster
 #   bash tools/gpu/benches.sh wait [SECONDS]   until they have ended (or SECONDS have passed)
 #   bash tools/gpu/benches.sh collect          the last lines of each log, everything as $OUT/benches.tgz
 set -uo pipefail
@@ -77,6 +79,10 @@ case ${1:-} in
         script+="$(bench gpu-fft3d --fft --fft-slabs --gpu --workers 1 --size 8GiB --chunks 16 --reps 5)"
         script+="$(bench gpu-fft-pes2 --pipeline --gpu $(pes 2) --size 8GiB --chunks 256 1024 --tasks-up-to 0 --pipelines fft --reps 9)"
         script+="if nvidia-smi -L | grep -q H200; then $(bench gpu-weather --pipeline --gpu --workers 1 --pipelines weather --size 36.4GB --chunks 8760 --tasks-up-to 0) fi; " ;;
+      room)  # the branch fft-room against main (run it on each): a 2-PE fftn of 8 GiB on one GPU, then
+        # elementwise rows in the same cluster; then three FFT geometries in one cluster (FFTS_KEPT: 2)
+        script+="$(bench gpu-room-fftn --pipeline --gpu $(pes 2) --size 8GiB --chunks 16 64 --pipelines fftn elementwise --tasks-up-to 0)"
+        script+="$(bench gpu-room-geometries --fft --gpu $(pes 2) --size 1GiB 2GiB 4GiB --chunks 16 --methods redist-fft floor)" ;;
       pipelines) for k in 1 2; do
           script+="$(bench gpu-pipelines-pes$k --pipeline --gpu $(pes $k) --size 8GiB --chunks 16 64 256 1024 --tasks-up-to 256 --reps 4)"
         done ;;
