@@ -221,6 +221,13 @@ def whole_fftn(shape, reps: int, kind: str = "cupy") -> list[float]:
     return out
 
 
+def whole_fftn_on_a_worker(client, shape, reps: int, kind: str = "cupy") -> list[float]:
+    """`whole_fftn` on the first worker (by address): the ``cupy-whole`` row's times, and
+    ``bench --pipeline``'s ``whole`` row's."""
+    worker = sorted(worker_info(client))[0]
+    return client.submit(whole_fftn, shape, reps, kind, workers=[worker], pure=False).result()
+
+
 def run(
     client, size: str, nchunks: int, methods, reps: int, kind: str, say=print, slabs: bool = False
 ) -> list[Result]:
@@ -233,8 +240,7 @@ def run(
         r = Result(name, method, nbytes, math.prod(map(len, chunks)), 0)
         try:
             if method == "cupy-whole":
-                worker = sorted(worker_info(client))[0]
-                r.times = client.submit(whole_fftn, shape, reps, workers=[worker], pure=False).result()
+                r.times = whole_fftn_on_a_worker(client, shape, reps)
                 r.note = "one GPU, whole array, no Dask"
             elif method == "floor":
                 floor_row(client, Case(name, shape, "complex128", chunks, chunks), r, reps, kind)

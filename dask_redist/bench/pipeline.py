@@ -60,12 +60,11 @@ from dask.utils import format_bytes, parse_bytes
 from distributed.diagnostics.plugin import SchedulerPlugin
 
 from dask_redist.bench.cases import Case, _even, check, placed_array, slab_case
-from dask_redist.bench.fft import fft_case, pencils, whole_fftn
+from dask_redist.bench.fft import fft_case, pencils, whole_fftn_on_a_worker
 from dask_redist.bench.floor import floor_row
 from dask_redist.bench.harness import Result, computed, engine_stats, gpus_idle, timeline
 from dask_redist.bench.pipeline_checks import _xp, check_output
 from dask_redist.bench.pipeline_report import markdown, summary, to_json, write
-from dask_redist.compat import worker_info
 
 __all__ = ["PIPELINES", "build", "markdown", "run_pipeline", "summary", "to_json", "weather_case", "write"]
 
@@ -314,14 +313,11 @@ def run_pipeline(
 
 def _whole(client, case: Case, opts: Options) -> PipelineResult:
     """The ``whole`` row: ``fftn`` of a whole array of the case's shape in one call on one worker,
-    no Dask (`fft.whole_fftn`): on a GPU, the transform's own time, what issue 40 lets the
+    no Dask (`fft.whole_fftn_on_a_worker`): on a GPU, the transform's own time, what issue 40 lets the
     ``fftn`` pipeline add beyond 20 ms."""
     r = PipelineResult(case.name, "whole", case.nbytes, 1, 1)
-    worker = sorted(worker_info(client))[0]
     try:
-        r.times = client.submit(
-            whole_fftn, case.shape, opts.reps, opts.kind, workers=[worker], pure=False
-        ).result()
+        r.times = whole_fftn_on_a_worker(client, case.shape, opts.reps, opts.kind)
     except Exception as e:  # noqa: BLE001 - (an array too large for one worker's GPU, say)
         r.error = f"{type(e).__name__}: {e}".splitlines()[0]
     r.note = "fftn of the whole array in one call on one worker, no Dask"
