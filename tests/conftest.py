@@ -183,7 +183,7 @@ def worker_leftovers(client, timeout: float = 10) -> dict:
     import dask_redist
 
     def held(s):
-        counts = {k: s[k] for k in ("staged chunks", "stage keys", "early pieces")}
+        counts = {k: s[k] for k in ("staged chunks", "stage keys", "early pieces", "stage events")}
         return {k: n for k, n in {**counts, "runs": len(s["runs"])}.items() if n}
 
     deadline = time.monotonic() + timeout

@@ -68,3 +68,41 @@ def test_a_stage_task_that_staged_nothing_does_not_hold_the_start_back():
     eager.staged(B, m.StageDone(TOKEN, [1], [], ""))
     request = eager.request(TOKEN, barrier_over(stage_ts((0,), A), stage_ts((1,), B)))
     assert request.workers == [A] and request.holders == [0, 0] and request.chunk_type == "cupy"
+
+
+def _stream_batches(dask_worker=None) -> list[list[tuple]]:
+    """The batches this worker wrote to the scheduler lately: (op, topic, key) of each message."""
+    batches = []
+    for payload in dask_worker.batched_stream.recent_message_log:
+        if isinstance(payload, list):
+            batches.append([(msg.get("op"), msg.get("topic"), str(msg.get("key"))) for msg in payload])
+    return batches
+
+
+def test_a_stage_task_s_event_leaves_in_one_write_with_its_result(client):
+    """The event goes on the worker's stream as the task's result does, in the same batch and
+    just ahead of it: the scheduler starts the run on the pair without a stream interval between
+    them (sent from the task, the event opened the interval that the result then waited out)."""
+    import dask.array as da
+    import numpy as np
+    from conftest import worker_leftovers
+    from distributed import wait
+
+    import dask_redist
+
+    x = da.random.default_rng(3).random((24, 12, 10), chunks=(2, 12, 10)).persist()
+    wait(x)
+    with dask_redist.enable(engine="dask", min_bytes=0):
+        y = x.rechunk((24, 2, 10)).persist()
+        wait(y)
+    np.testing.assert_array_equal(y.compute(), x.compute())
+    seen = 0
+    for batches in client.run(_stream_batches).values():
+        for batch in batches:
+            for i, (op, topic, _) in enumerate(batch):
+                if op == "log-event" and topic == m.StageDone.op:
+                    seen += 1
+                    following = batch[i + 1 :]
+                    assert any(o == "task-finished" and STAGE_PREFIX in k for o, _, k in following), batch
+    assert seen >= 1
+    assert worker_leftovers(client) == {}

@@ -362,6 +362,6 @@ class Soak:
 def _leftovers(state: dict) -> dict:
     held = {}
     for w, s in state["workers"].items():
-        if n := s["staged chunks"] + s["stage keys"] + len(s["runs"]) + s["early pieces"]:
+        if n := s["staged chunks"] + s["stage keys"] + len(s["runs"]) + s["early pieces"] + s.get("stage events", 0):
             held[w] = n
     return held

@@ -200,8 +200,9 @@ class Event(Message):
 @dataclass(frozen=True)
 class StageDone(Event):
     """A stage task of ``token`` staged input chunks ``indices`` (flat) of ``chunk_type`` ("mixed"
-    where they differ, "" where there are none) under stage key tail ``tail``; sent before the task's result, so that the
-    scheduler has it when the barrier task becomes ready (`dask_redist.runtime.eager`)."""
+    where they differ, "" where there are none) under stage key tail ``tail``; sent when the task's
+    result is in memory, just ahead of it, so that the scheduler has it when the barrier task
+    becomes ready (`dask_redist.runtime.eager`)."""
 
     op: ClassVar[str] = "redist-stage-done"
     token: str

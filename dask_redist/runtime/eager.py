@@ -3,7 +3,7 @@
 The barrier task can only ask for a run once it runs: the scheduler sends it to a worker on
 its batched stream (every 5 ms), that worker fetches the other workers' markers and calls
 back. Each stage task therefore also tells the scheduler what it staged (`messages.StageDone`,
-an event on the worker's stream, which reaches the scheduler before the task's own result),
+an event on the worker's stream, written with the task's own result and just ahead of it),
 and when the barrier task becomes ready the scheduler plugin has everything the barrier would
 send and starts the run at once. The barrier task's call, when it comes, is answered with that
 run (`EagerStarts.started`).

@@ -25,7 +25,7 @@ from dask_redist.config import Settings, host
 from dask_redist.core import messages as m
 from dask_redist.core.assemble import Assembly, chunk_type_of, converted
 from dask_redist.core.run import WorkerRun
-from dask_redist.core.spec import CollectiveSpec, RunSpec, Staged, stage_token
+from dask_redist.core.spec import STAGE_PREFIX, CollectiveSpec, RunSpec, Staged, stage_token
 from dask_redist.core.wire import Packed
 from dask_redist.engines import loaded_engines
 from dask_redist.engines.exchange import bound_send_buffers
@@ -55,6 +55,7 @@ class WorkerState:
         self.executor = RunExecutor(worker, self.mark)
         self.capabilities: dict[tuple[str, str], dict] = {}  # (engine name, path) -> Engine.capabilities()
         self.timeline: dict[str, float] = {}  # wall-clock marks of the latest run, for diagnostics
+        self._stage_done: dict[tuple, m.StageDone] = {}  # stage key -> its event, until the task's end
 
     @property
     def address(self) -> str:
@@ -93,8 +94,21 @@ class WorkerState:
         self.mark("first stage", first=True)
         types = {marker.chunk_type for marker in markers}
         kind = types.pop() if len(types) == 1 else "mixed" if types else ""  # ("": nothing staged)
-        m.StageDone(token, [int(t) for t in tail], [int(i) for i in indices], kind).send(self.worker)
+        done = m.StageDone(token, [int(t) for t in tail], [int(i) for i in indices], kind)
+        with self._lock:
+            self._stage_done[(STAGE_PREFIX + token, *tail)] = done
         return markers
+
+    def stage_finished(self, key, in_memory: bool) -> None:
+        """Stage task ``key`` left the executing state: where its result is in memory, its
+        `messages.StageDone` goes on the worker's stream now, just ahead of the task's own
+        result. Sent from the stage task instead, the event would be written at once and open
+        the stream's 2 ms interval, which the result would then wait out: the scheduler can
+        start the run (`dask_redist.runtime.eager`) only once it has both."""
+        with self._lock:
+            done = self._stage_done.pop(key, None)
+        if done is not None and in_memory:
+            done.send(self.worker)
 
     def barrier(self, spec: CollectiveSpec, groups) -> int:
         """Ask the scheduler to start a run over the staged chunks; its run id."""
@@ -271,6 +285,7 @@ class WorkerState:
             held = {
                 "runs": {run.name(): run.phase for run in self.runs.values()},
                 "early pieces": len(self.early),
+                "stage events": len(self._stage_done),  # (stage tasks running now)
             }
         engines = {name: {**asdict(e.health()), "stats": e.stats()} for name, e in loaded_engines().items()}
         return {
@@ -287,6 +302,7 @@ class WorkerState:
             runs = list(self.runs.values())
             self.runs.clear()
             self.early.clear()
+            self._stage_done.clear()
         self.staging.clear()
         for run in runs:
             run.fail(RedistError(f"{run.name()}: worker {self.address} closed"))
@@ -332,13 +348,18 @@ class RedistWorkerPlugin(WorkerPlugin):
         )
 
     def transition(self, key, start, finish, **kwargs):
-        """A stage task whose key was released while it ran (a cancel) staged its chunks all
+        """A stage task that finished sends its event (`WorkerState.stage_finished`).
+
+        A stage task whose key was released while it ran (a cancel) staged its chunks all
         the same once it finished; the scheduler never saw that result, so it will never send
         `handle_drop` for it: drop them here. (A stage task resubmitted meanwhile is resumed,
         not finished from ``cancelled``; replicas removed from memory are the scheduler's.)"""
+        if (token := stage_token(key)) is None:
+            return
+        if start in ("executing", "cancelled"):
+            get_state(self._worker).stage_finished(key, start == "executing" and finish == "memory")
         if start == "cancelled" and finish in ("memory", "error", "released", "missing", "rescheduled"):
-            if (token := stage_token(key)) is not None:
-                get_state(self._worker).staging.drop(token, tuple(key[1:]))
+            get_state(self._worker).staging.drop(token, tuple(key[1:]))
 
     def teardown(self, worker):
         get_state(worker).close()
