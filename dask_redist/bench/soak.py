@@ -359,9 +359,12 @@ class Soak:
         return new
 
 
+HELD = ("staged chunks", "stage keys", "early pieces", "stage events")  # (counts in a worker's status)
+
+
 def _leftovers(state: dict) -> dict:
     held = {}
     for w, s in state["workers"].items():
-        if n := s["staged chunks"] + s["stage keys"] + len(s["runs"]) + s["early pieces"] + s.get("stage events", 0):
+        if n := len(s["runs"]) + sum(s.get(k, 0) for k in HELD):
             held[w] = n
     return held
