@@ -202,6 +202,8 @@ def test_slopes_and_phases_tables():
     )
     (phase_row,) = phases(results)[2:]
     assert phase_row[2:] == [
+        "",
+        "",
         "1.0",
         "5.0",
         "",
@@ -307,6 +309,10 @@ def test_the_enabled_row_says_what_the_cost_model_ran(client):
         assert row.correct is True and len(row.times) == 1
         assert row.note == f"enable() ran {ran}"
         assert (row.timeline is None) is (ran == "Dask's rechunk")
+        if row.timeline:  # the graph's arrival and its tasks (distributed's events), then the stages
+            first = {e: t for t, e in reversed(row.timeline)}
+            stage = min(t for e, t in first.items() if e.endswith(": first stage"))
+            assert 0 <= first["scheduler: graph in"] <= first["scheduler: tasks created"] <= stage
 
 
 @pytest.fixture

@@ -303,7 +303,8 @@ def _raw(case: Case, r: Result, reps: int, nworkers: int) -> None:
 
 
 def timeline(client, start: float) -> list[tuple[float, str]]:
-    """Marks of the latest collective run, in ms since ``start`` (a perf_counter reading)."""
+    """Marks of the latest collective run, in ms since ``start`` (a perf_counter reading), and
+    where one ran since ``start``, of the graphs the scheduler took since (`_graphs_since`)."""
     from dask_redist import status
 
     offset = time.time() - time.perf_counter()  # perf_counter -> wall clock, same process
@@ -311,7 +312,25 @@ def timeline(client, start: float) -> list[tuple[float, str]]:
     events = [(t, f"scheduler: {e}") for e, t in now["timeline"].items()]
     for i, (_, worker) in enumerate(sorted(now["workers"].items())):
         events += [(t, f"worker {i}: {e}") for e, t in worker["timeline"].items()]
+    if any(t >= start + offset for t, _ in events):  # (else no collective ran: callers tell by that)
+        events += client.run_on_scheduler(_graphs_since, start + offset)
     return sorted((round((t - start - offset) * 1e3, 2), e) for t, e in events)
+
+
+def _graphs_since(since: float, dask_scheduler=None) -> list[tuple[float, str]]:
+    """When each graph submitted since ``since`` (wall clock) reached the scheduler and when its
+    tasks were created: distributed's own ``update-graph`` events."""
+    marks = []
+    for t, msg in reversed(dask_scheduler.get_events("scheduler")):
+        if t < since:
+            break
+        if isinstance(msg, dict) and msg.get("action") == "update-graph" and msg.get("status") == "OK":
+            metrics = msg.get("metrics", {})
+            if "start_timestamp_seconds" in metrics:
+                received = metrics["start_timestamp_seconds"]
+                marks += [(received, "scheduler: graph in")]
+                marks += [(received + metrics.get("duration_seconds", 0.0), "scheduler: tasks created")]
+    return marks
 
 
 def engine_stats(client, engine: str) -> dict:

@@ -106,6 +106,8 @@ def slopes(results: list[Result]) -> list:
 
 #: Timeline marks shown per phase: (column, source, event, which of several workers' marks).
 PHASES = (
+    ("graph in", "scheduler", "graph in", min),
+    ("tasks created", "scheduler", "tasks created", min),
     ("stages start", "worker", "first stage", min),
     ("run asked", "scheduler", "run asked", min),
     ("barrier task", "worker", "barrier task", min),
