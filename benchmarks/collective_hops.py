@@ -6,6 +6,8 @@ timed ``--reps`` times after one warm-up, each on a fresh input. Printed: the me
 mark of the timeline (`dask_redist.bench.harness.timeline`, ms after ``persist()``), then the
 median of each hop between two marks that one message or task hand-off makes:
 
+* graph in -> tasks created: the scheduler's ``update_graph`` (distributed's own event);
+* tasks created -> first stage: the stage task sent to its worker, and run there;
 * first stage -> run asked: a stage task's end, to the scheduler starting the run;
 * start sent -> start message: the scheduler's start, to the worker reading it;
 * barrier reply -> first unpack: the barrier task's end, to the first unpack task running;
@@ -29,6 +31,8 @@ from dask_redist.bench import placed_array, slab_case
 from dask_redist.bench.harness import timeline
 
 MARKS = [
+    "graph in",
+    "tasks created",
     "first stage",
     "run asked",
     "start sent",
@@ -42,6 +46,8 @@ MARKS = [
     "outputs in memory",
 ]
 HOPS = [
+    ("graph in", "tasks created"),
+    ("tasks created", "first stage"),
     ("first stage", "run asked"),
     ("start sent", "start message"),
     ("barrier reply", "first unpack"),
