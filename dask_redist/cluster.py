@@ -5,6 +5,7 @@ and `status`."""
 from __future__ import annotations
 
 import weakref
+from typing import NamedTuple
 
 from dask_redist.compat import cached_scheduler_id, worker_info
 from dask_redist.config import Settings
@@ -14,10 +15,17 @@ from dask_redist import submissions
 from dask_redist.report import Status
 
 
-def engines_state(client, settings: Settings) -> tuple[dict, list[str], dict]:
-    """(each worker's capabilities, the workers, the engines' records) once every worker said which
-    engines of ``redist.engines``, and the one ``redist.engine`` names, it can run (one question
-    to the scheduler, which asks each worker once)."""
+class EnginesState(NamedTuple):
+    capabilities: dict  # worker -> {engine name: what it answered}
+    workers: list[str]
+    records: dict  # engine name -> its `WorldRecord` on the scheduler
+    holders: list  # for each key asked about, the workers holding it in memory
+
+
+def engines_state(client, settings: Settings, keys=()) -> EnginesState:
+    """The workers' engines once every worker said which engines of ``redist.engines``, and the
+    one ``redist.engine`` names, it can run, and where ``keys`` are held: one question to the
+    scheduler, which asks each worker once."""
     from dask_redist.core.messages import Probe
     from dask_redist.engines import WorldRecord
 
@@ -25,10 +33,17 @@ def engines_state(client, settings: Settings) -> tuple[dict, list[str], dict]:
     engines = dict(settings.engines)
     if settings.engine != "auto":
         engines[settings.engine] = settings.engine_path(settings.engine)
-    state = client.sync(Probe(engines).call, client.scheduler)
+    try:
+        state = client.sync(Probe(engines, tuple(keys)).call, client.scheduler)
+    except TypeError:  # (a scheduler with an older dask-redist takes no keys)
+        if not keys:
+            raise
+        state = client.sync(Probe(engines).call, client.scheduler)
     records = {name: WorldRecord.from_state(r) for name, r in state["records"].items()}
     workers = state.get("workers")  # (a scheduler with an older dask-redist answers without them)
-    return state["capabilities"], sorted(worker_info(client)) if workers is None else workers, records
+    workers = sorted(worker_info(client)) if workers is None else list(workers)
+    holders = state.get("holders") or [[] for _ in keys]
+    return EnginesState(state["capabilities"], workers, records, [list(h) for h in holders])
 
 
 def engine_for(client, request, state: tuple | None = None) -> tuple[str, str, str | None]:
@@ -39,7 +54,7 @@ def engine_for(client, request, state: tuple | None = None) -> tuple[str, str, s
     refused at submission (`refuse_unrunnable`), or None. ``explain``, the FFT and ``doctor`` ask this."""
     from dask_redist.engines.choice import cannot_run, choose_engine
 
-    capabilities, workers, records = state or engines_state(client, request.settings)
+    capabilities, workers, records, _ = state or engines_state(client, request.settings)
     engine, why = choose_engine(request, capabilities, workers, records)
     hosts = _hosts(capabilities, workers)  # (unless the reason names them already)
     return engine, why + (hosts if hosts[2:] not in why else ""), cannot_run(request, capabilities, workers)
@@ -83,7 +98,7 @@ def refuse_unrunnable_on(client, specs, settings: Settings) -> None:
 
     if not specs:
         return
-    capabilities, workers, _ = engines_state(client, settings)
+    capabilities, workers, _, _ = engines_state(client, settings)
     for spec in specs:
         if problem := cannot_run(Request.of(spec), capabilities, workers):
             raise EngineUnavailableError(problem)

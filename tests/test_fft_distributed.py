@@ -212,6 +212,74 @@ def test_the_gpu_path_asks_the_scheduler_once_for_the_workers_and_the_engines(cl
     assert problem.endswith("collective rechunks and cupy.fft on every chunk"), problem
 
 
+def _cupy_stand_in(x):
+    """``x`` with the meta of CuPy chunks (an ndarray subclass from a module named cupy...)."""
+
+    class Chunk(np.ndarray):
+        pass
+
+    Chunk.__module__ = "cupy_stand_in"
+    return da.Array(x.dask, x.name, x.chunks, meta=np.empty((0,) * x.ndim, dtype=x.dtype).view(Chunk))
+
+
+def test_the_gpu_path_learns_where_a_persisted_input_is_from_the_same_question(client, monkeypatch):
+    """Where the GPU path runs (`gpu.where`, workers that can run cuFFTMp assumed here), a persisted
+    input's holders come with the engines' probe: the transform's stage tasks are grouped by worker
+    as asking ``who_has`` groups them, and neither ``who_has`` nor ``scheduler_info`` is asked."""
+    from dask_redist.core.spec import STAGE_PREFIX
+
+    def stages(y) -> set:
+        return {k for k in y.dask.layers[y.name].mapping if k[0].startswith(STAGE_PREFIX)}
+
+    op = normalize((8, 8, 6), "c2c", False)
+    x = da.from_array(np.ones((8, 8, 6), dtype=complex), chunks=(2, 4, 6)).persist()
+    wait(x)
+    x = _cupy_stand_in(x)
+    asked = stages(gpu.build(x, op, None))  # (its holders asked of the client: who_has)
+    assert len(asked) < x.npartitions
+
+    def refused(*args, **kwargs):
+        raise AssertionError("asked the scheduler again")
+
+    monkeypatch.setattr(gpu, "_engine_problem", lambda *args: None)
+    monkeypatch.setattr(type(client), "who_has", refused)
+    monkeypatch.setattr(type(client), "scheduler_info", refused)
+    problem, placement = gpu.where(x, op)
+    assert problem is None and placement.workers == sorted(dask_redist.status(client)["workers"])
+    assert stages(gpu.build(x, op, None, placement)) == asked
+    _, unpersisted = gpu.where(_cupy_stand_in(da.ones((8, 8, 6), chunks=(2, 4, 6), dtype=complex)), op)
+    assert unpersisted.groups is None  # (an input still to compute: one stage task per chunk)
+
+
+def test_a_scheduler_that_takes_no_keys_still_answers_the_probe(client):
+    """A scheduler whose dask-redist predates the probe's ``keys`` (its handler takes none): the
+    engines' state comes all the same, without holders (the transform then stages per chunk)."""
+    from dask_redist.cluster import engines_state
+
+    def old_handler(dask_scheduler=None):
+        plugin = dask_scheduler.plugins["redist"]
+
+        async def probe(engines=None):
+            return {k: v for k, v in (await plugin.probe(engines)).items() if k != "holders"}
+
+        dask_scheduler.handlers["redist_probe"] = probe
+
+    def new_handler(dask_scheduler=None):
+        dask_scheduler.handlers["redist_probe"] = dask_scheduler.plugins["redist"].probe
+
+    x = da.ones((4, 4), chunks=2).persist()
+    wait(x)
+    keys = [(x.name, i, j) for i in range(2) for j in range(2)]
+    held = engines_state(client, Settings.from_config(), keys)
+    assert all(len(h) == 1 for h in held.holders)
+    client.run_on_scheduler(old_handler)
+    try:
+        state = engines_state(client, Settings.from_config(), keys)
+    finally:
+        client.run_on_scheduler(new_handler)
+    assert state.workers == held.workers and state.holders == [[]] * 4
+
+
 def test_an_fft_run_on_numpy_chunks_is_refused_by_the_scheduler(client):
     """The graph of the GPU path, built on NumPy chunks (which the API never does), carries the
     transform in its barrier, reaches the scheduler, and is refused there with a clear error."""

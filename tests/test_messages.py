@@ -311,3 +311,18 @@ def test_a_start_is_written_at_once_not_after_the_streams_interval():
         stream.waker.set()
 
     asyncio.run(main())
+
+
+def test_a_field_left_at_its_default_is_not_sent():
+    """A message's fields at their default stay home: a handler from before such a field was
+    added (a scheduler with an older dask-redist) still answers; one set is sent."""
+    from dask_redist.core import messages as m
+
+    def old_probe(engines):  # (the handler before ``keys``)
+        return {"engines": engines}
+
+    rpc = SimpleNamespace(redist_probe=lambda **kw: asyncio.sleep(0, old_probe(**kw)))
+    assert asyncio.run(m.Probe({"dask": "path"}).call(rpc)) == {"engines": {"dask": "path"}}
+    with pytest.raises(TypeError, match="keys"):
+        asyncio.run(m.Probe({"dask": "path"}, (("x", 0),)).call(rpc))
+    assert m.ForgetWorld()._set() == {} and m.ForgetWorld("dask")._set() == {"engine": "dask"}

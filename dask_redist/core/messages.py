@@ -36,8 +36,19 @@ class Message:
         return {"op": self.op, **self.kwargs()}
 
     async def call(self, rpc) -> Any:
-        """Ask ``rpc`` (a Scheduler's or worker's rpc, ``client.scheduler``) and return its reply."""
-        return await getattr(rpc, self.op)(**self.kwargs())
+        """Ask ``rpc`` (a Scheduler's or worker's rpc, ``client.scheduler``) and return its reply.
+        Fields left at their default are not sent (the handler's default is the same): a handler
+        from before such a field was added still answers."""
+        return await getattr(rpc, self.op)(**self._set())
+
+    def _set(self) -> dict:
+        """The fields not at their default."""
+        return {k: v for k, v in self.kwargs().items() if not _at_default(self, k, v)}
+
+
+def _at_default(message: Message, name: str, value) -> bool:
+    default = message.__dataclass_fields__[name].default
+    return default is not dataclasses.MISSING and type(value) is type(default) and value == default
 
 
 # -- scheduler -> worker, on the worker's stream (RedistWorkerPlugin) ---------------------------
@@ -250,11 +261,13 @@ class Pieces(Message):
 
 @dataclass(frozen=True)
 class Probe(Message):
-    """The engines' state once every worker said which of ``engines`` it can run, and the
-    workers (``explain``)."""
+    """The engines' state once every worker said which of ``engines`` it can run, the workers
+    (``explain``), and which workers hold each of ``keys`` in memory (a transform's persisted
+    input, grouped by holder: the same question, no second one)."""
 
     op: ClassVar[str] = "redist_probe"
     engines: dict
+    keys: tuple = ()
 
 
 @dataclass(frozen=True)

@@ -62,9 +62,9 @@ def transform(a, kind: str, inverse: bool, s=None, axes=None, norm=None, chunks=
         return x
     op = normalize(x.shape, kind, inverse, s, axes, norm)
     out_chunks = _out_chunks(op, chunks, local.result_dtype(op.function, x.dtype))
-    problem, workers = gpu.where(x, op)
+    problem, placement = gpu.where(x, op)
     if problem is None:
-        return gpu.build(x, op, out_chunks, workers)
+        return gpu.build(x, op, out_chunks, placement)
     y, _ = local.build(x, op, out_chunks, problem)
     return y
 

@@ -16,7 +16,7 @@ runs (`dask_redist.graph.anywhere`).
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from functools import partial
 
 import dask
@@ -80,13 +80,22 @@ def _workers() -> tuple[object, list[str]] | tuple[None, None]:
     return client, sorted(client.scheduler_info(n_workers=-1)["workers"])
 
 
+@dataclass(frozen=True)
+class Placement:
+    """Where the GPU path runs: the workers, and the input's chunk indices grouped by the worker
+    holding them where it is persisted (one stage task per worker), else None (one per chunk)."""
+
+    workers: list[str]
+    groups: list | None = None
+
+
 def problem(x, op: FFTOp) -> str | None:
     """Why ``op`` on ``x`` takes the path that runs everywhere, or None for the GPU path."""
     return where(x, op)[0]
 
 
-def where(x, op: FFTOp) -> tuple[str | None, list[str] | None]:
-    """(`problem`, the workers the GPU path runs on: None where it does not)."""
+def where(x, op: FFTOp) -> tuple[str | None, Placement | None]:
+    """(`problem`, where the GPU path runs: None where it does not)."""
     cupy = type(x._meta).__module__.startswith("cupy")
     rest = f"collective rechunks and {'cupy' if cupy else 'numpy'}.fft on every chunk"
     if not cupy:
@@ -101,14 +110,19 @@ def where(x, op: FFTOp) -> tuple[str | None, list[str] | None]:
         return f"no distributed Client: {rest}", None
     settings = Settings.from_config()
     auto = replace(settings, engine="auto")
-    state = engines_state(client, auto)  # (the workers with the engines' state: one question)
-    workers = state[1]
+    keys = _persisted_keys(x)
+    state = engines_state(
+        client, auto, keys
+    )  # (the workers, their engines, the input's holders: one question)
+    workers = state.workers
     why = (
         transform_problem(op, x.dtype, len(workers))
         or _engine_problem(client, settings, state)
         or heap_problem(distributed(op, x.dtype, None), len(workers), settings, _symmetric_size(settings))
     )
-    return (f"{why}: {rest}", None) if why else (None, workers)
+    if why:
+        return f"{why}: {rest}", None
+    return None, Placement(workers, _groups(x, dict(zip(keys, state.holders))) if keys else None)
 
 
 def _engine_problem(client, settings: Settings, state: tuple) -> str | None:
@@ -157,21 +171,35 @@ def _slab_bytes(geometry, nworkers: int) -> list[int]:
     return [int(np.prod(ins)) * geometry.in_dtype.itemsize, int(np.prod(outs)) * geometry.out_dtype.itemsize]
 
 
-def _persisted_groups(client, x):
-    """``x``'s chunk indices grouped by the worker holding them where ``x`` is persisted (every
-    chunk in memory): one stage task per worker, as the rechunk's graph rewrite gives a
-    persisted input (`dask_redist.graph.stages`); else None (one stage task per chunk)."""
+def _persisted_keys(x) -> list:
+    """The keys of ``x``'s chunks where ``x`` is persisted (every chunk's future finished), else []."""
+    from dask.core import flatten
     from distributed import futures_of
 
-    from dask_redist.graph.stages import groups_by_holder
-
-    if client is None or len(getattr(x.__dask_graph__(), "layers", ())) != 1:
-        return None  # (a graph still to compute: looking for futures in it would materialize it)
+    if len(getattr(x.__dask_graph__(), "layers", ())) != 1:
+        return []  # (a graph still to compute: looking for futures in it would materialize it)
     futures = futures_of(x)
     if len(futures) != x.npartitions or any(f.status != "finished" for f in futures):
+        return []
+    return list(flatten(x.__dask_keys__()))
+
+
+def _groups(x, holders: dict):
+    """``x``'s chunk indices grouped by the worker holding them (``holders``: key -> the workers
+    holding it): one stage task per worker, as the rechunk's graph rewrite gives a persisted
+    input (`dask_redist.graph.stages`); None where a chunk is not held (one stage task per chunk)."""
+    from dask_redist.graph.stages import groups_by_holder
+
+    return groups_by_holder(lambda idx: holders.get((x.name, *idx)), x.numblocks)
+
+
+def _persisted_groups(client, x):
+    """`_groups` of ``x`` where it is persisted, its holders asked of ``client``; else None."""
+    from distributed import futures_of
+
+    if client is None or not _persisted_keys(x):
         return None
-    who_has = client.who_has(futures)
-    return groups_by_holder(lambda idx: who_has.get((x.name, *idx)), x.numblocks)
+    return _groups(x, client.who_has(futures_of(x)))
 
 
 def _local_form(x, op: FFTOp, chunks):
@@ -181,14 +209,13 @@ def _local_form(x, op: FFTOp, chunks):
     return local.build(x, op, chunks, "computed on a local scheduler")[0]
 
 
-def build(x, op: FFTOp, chunks, workers: list[str] | None = None):
-    """The collective layer of ``op`` on ``x`` (`problem` said None) over ``workers`` (None: the
-    default Client's, asked again), rechunked to ``chunks`` after it where cuFFTMp's output
-    cannot be them directly."""
+def build(x, op: FFTOp, chunks, placement: Placement | None = None):
+    """The collective layer of ``op`` on ``x`` (`problem` said None) over ``placement`` (`where`'s;
+    None: the default Client's workers and the input's holders, asked again), rechunked to
+    ``chunks`` after it where cuFFTMp's output cannot be them directly."""
     import dask.array as da
     from dask.highlevelgraph import HighLevelGraph
 
-    from dask_redist.compat import default_client
     from dask_redist.core.spec import CollectiveSpec
     from dask_redist.fft import local
     from dask_redist.graph.anywhere import collective_or_dask
@@ -196,13 +223,15 @@ def build(x, op: FFTOp, chunks, workers: list[str] | None = None):
     from dask_redist.graph.stages import group_of_chunks
     from dask_redist.planning import RechunkSpec
 
-    client, workers = (default_client(), workers) if workers is not None else _workers()
+    if placement is None:
+        client, workers = _workers()
+        placement = Placement(workers, _persisted_groups(client, x))
+    workers, groups = placement.workers, placement.groups
     natural = distributed(op, x.dtype, None).out_slabs(len(workers))
     direct = chunks is not None and distributed(op, x.dtype, None).last_axis_problem(chunks) is None
     geometry = distributed(op, x.dtype, tuple(map(tuple, chunks if direct else natural)))
     settings = replace(Settings.from_config(), output_type="same")
     rechunk = RechunkSpec(x.chunks, geometry.input_space(geometry.out_chunks), geometry.in_dtype.itemsize)
-    groups = _persisted_groups(client, x)
     grouping = None if groups is None else group_of_chunks(groups, x.numblocks)
     name = f"redist-fft-{op.function}-" + tokenize(x.name, op, geometry.out_chunks, grouping)
     spec = CollectiveSpec(

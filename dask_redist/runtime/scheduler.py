@@ -248,15 +248,23 @@ class RedistSchedulerPlugin(SchedulerPlugin):
             answers = await ask_each(self.scheduler, m.Capabilities(engines).to_dict(), workers, timeout)
             self.engines.learn(answers)
 
-    async def probe(self, engines: dict[str, str] | None = None) -> dict:
+    async def probe(self, engines: dict[str, str] | None = None, keys=()) -> dict:
         """The engines' state once every worker said which of ``engines`` (name -> path; default
-        the built-in ones) it can run, and the workers (for ``explain``)."""
+        the built-in ones) it can run, the workers (for ``explain``), and for each of ``keys`` the
+        workers holding it in memory (none where it is not)."""
         engines = dict(Settings().engines) if engines is None else engines
         known = self.engines.capabilities
         await self._learn(
             [w for w in self.scheduler.workers if not set(engines) <= set(known.get(w, {}))], engines
         )
-        return {**self.engines.state(), "workers": sorted(self.scheduler.workers)}
+        tasks = self.scheduler.tasks
+        holders = [
+            sorted(ws.address for ws in ts.who_has)
+            if (ts := tasks.get(k)) is not None and ts.state == "memory"
+            else []
+            for k in keys
+        ]
+        return {**self.engines.state(), "workers": sorted(self.scheduler.workers), "holders": holders}
 
     @log_errors
     def failed(self, token: str, run_id: int, address: str, message: str, failure: str) -> None:
