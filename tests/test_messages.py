@@ -279,11 +279,12 @@ def test_every_event_is_taken_by_the_scheduler_plugin():
 
 
 def test_a_start_is_written_at_once_not_after_the_streams_interval():
-    """`lifecycle.send_now` on distributed's BatchedSend: a message queued behind a write that
-    just happened goes out at once; a plain send waits for the stream's interval."""
+    """`transport.send_now` on distributed's BatchedSend: a message queued behind a write that
+    just happened goes out at once; a plain send waits for the stream's interval, unless the
+    stream is flushed (`transport.flush`)."""
     from distributed.batched import BatchedSend
 
-    from dask_redist.runtime.lifecycle import send_now
+    from dask_redist.runtime.transport import flush, send_now
 
     class Comm:
         def __init__(self):
@@ -307,6 +308,12 @@ def test_a_start_is_written_at_once_not_after_the_streams_interval():
         send_now(stream, {"op": "start"})
         await asyncio.sleep(0.2)
         assert comm.written == [[{"op": "first"}], [{"op": "waits"}, {"op": "start"}]]
+        stream.send({"op": "result"})  # (waits for the interval again: `flush` writes it)
+        await asyncio.sleep(0.1)
+        assert len(comm.written) == 2
+        flush(stream)
+        await asyncio.sleep(0.1)
+        assert comm.written[2:] == [[{"op": "result"}]]
         stream.please_stop = True
         stream.waker.set()
 
@@ -326,3 +333,17 @@ def test_a_field_left_at_its_default_is_not_sent():
     with pytest.raises(TypeError, match="keys"):
         asyncio.run(m.Probe({"dask": "path"}, (("x", 0),)).call(rpc))
     assert m.ForgetWorld()._set() == {} and m.ForgetWorld("dask")._set() == {"engine": "dask"}
+
+
+def test_the_result_of_a_run_s_last_unpack_is_written_at_once():
+    """Once the unpack tasks took every output of a run on this worker, the next result to reach
+    memory (the last unpack's) has the worker's stream written at once (`take_flush`), once."""
+    state = WorkerState(SimpleNamespace(address=WORKERS[0]))
+    run = WorkerRun(run_spec(), WORKERS[0], {})
+    state.runs[run.spec.token] = run
+    run.finish({0: np.zeros(2), 1: np.ones(2)})
+    first = asyncio.run(state.unpack(run.spec.token, 0, run.run_id))
+    assert state.take_flush() is False and float(first.sum()) == 0
+    last = asyncio.run(state.unpack(run.spec.token, 1, run.run_id))
+    assert float(last.sum()) == 2
+    assert state.take_flush() is True and state.take_flush() is False

@@ -21,6 +21,7 @@ from distributed.protocol.serialize import ToPickle
 from dask_redist.core import messages as m
 from dask_redist.core.spec import BARRIER_PREFIX, STAGE_PREFIX, CollectiveSpec, RunSpec, stage_token
 from dask_redist.runtime.rechunks import ActiveRun, PendingRestart, Rechunk, RunIds
+from dask_redist.runtime.transport import send_now
 
 logger = logging.getLogger("dask_redist")
 HISTORY_KEPT = 200  # finished runs kept for status()/explain(), newest last
@@ -334,12 +335,3 @@ def _restart_recommendations(tasks: dict, token: str, stale=()) -> dict:
         recs[barrier.key] = "released"
     recs.update({k: "released" for k in stale if k in tasks and tasks[k].state == "memory"})
     return recs
-
-
-def send_now(stream, msg) -> None:
-    """``msg`` on ``stream`` (distributed's ``BatchedSend``), and the stream's buffer written at
-    once rather than when its interval (5 ms from the scheduler) has passed since its last write."""
-    stream.send(msg)
-    if hasattr(stream, "next_deadline") and hasattr(stream, "waker"):  # (BatchedSend's own attributes)
-        stream.next_deadline = None
-        stream.waker.set()

@@ -1,11 +1,13 @@
-"""How a worker's run reaches its peers: Dask comms for pieces, the scheduler for all-gathers.
+"""How a worker's run reaches its peers: Dask comms for pieces, the scheduler for all-gathers;
+and distributed's batched streams written at once.
 
 `CommsTransport` is the `dask_redist.engines.protocol.Transport` the worker hands an
 engine: ``send`` delivers packed pieces to peer workers over the worker's own comms
 (TCP or UCX), all peers at once; ``exchange_factory`` gives the all-gather through the
-scheduler (`dask_redist.runtime.rendezvous`) that NVSHMEM's bootstrap runs on.
-Everything here is called from the collective thread and runs on the worker's event
-loop with a timeout (`call_on_loop`).
+scheduler (`dask_redist.runtime.rendezvous`) that NVSHMEM's bootstrap runs on. Those are
+called from the collective thread and run on the worker's event loop with a timeout
+(`call_on_loop`). `send_now` and `flush`, on the event loop, write a stream without waiting
+out its batching interval (the scheduler's start of a run, a worker's last result of one).
 """
 
 from __future__ import annotations
@@ -104,3 +106,18 @@ def scheduler_exchange(worker, nranks: int, rank: int, timeout: float) -> Callab
         return response["values"]
 
     return exchange
+
+
+def send_now(stream, msg) -> None:
+    """``msg`` on ``stream`` (distributed's ``BatchedSend``), and the stream's buffer written at
+    once rather than when its interval (5 ms from the scheduler) has passed since its last write."""
+    stream.send(msg)
+    flush(stream)
+
+
+def flush(stream) -> None:
+    """``stream``'s buffer (distributed's ``BatchedSend``) written at once, not when its interval
+    has passed since its last write."""
+    if getattr(stream, "buffer", None) and hasattr(stream, "next_deadline") and hasattr(stream, "waker"):
+        stream.next_deadline = None
+        stream.waker.set()

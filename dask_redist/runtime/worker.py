@@ -34,7 +34,7 @@ from dask_redist.errors import FAILURES, RedistConsistencyError, RedistError
 from dask_redist.runtime.collective import RunExecutor
 from dask_redist.runtime.early import EarlyPieces
 from dask_redist.runtime.staging import StagingStore
-from dask_redist.runtime.transport import call_on_loop
+from dask_redist.runtime.transport import call_on_loop, flush
 
 logger = logging.getLogger("dask_redist")
 
@@ -56,6 +56,7 @@ class WorkerState:
         self.capabilities: dict[tuple[str, str], dict] = {}  # (engine name, path) -> Engine.capabilities()
         self.timeline: dict[str, float] = {}  # wall-clock marks of the latest run, for diagnostics
         self._stage_done: dict[tuple, m.StageDone] = {}  # stage key -> its event, until the task's end
+        self._flush_next_result = False  # (set on the event loop, where the plugin reads it)
 
     @property
     def address(self) -> str:
@@ -110,6 +111,14 @@ class WorkerState:
         if done is not None and in_memory:
             done.send(self.worker)
 
+    def take_flush(self) -> bool:
+        """Whether a run's last output here was just handed to its unpack task (then forgotten):
+        that task's result, the end of the run for the scheduler, is written to the worker's
+        stream at once rather than after the stream's 2 ms interval, which the run's other
+        results opened."""
+        flush, self._flush_next_result = self._flush_next_result, False
+        return flush
+
     def barrier(self, spec: CollectiveSpec, groups) -> int:
         """Ask the scheduler to start a run over the staged chunks; its run id."""
         self.mark("barrier task")
@@ -162,6 +171,8 @@ class WorkerState:
         if not run.finished:
             await _finished(run)
         out = run.pop_output(index)
+        if not run.outputs:  # (the run's last output here: see `take_flush`)
+            self._flush_next_result = True
         self.mark("last unpack")
         if not isinstance(out, Assembly):
             return out
@@ -354,6 +365,11 @@ class RedistWorkerPlugin(WorkerPlugin):
         the same once it finished; the scheduler never saw that result, so it will never send
         `handle_drop` for it: drop them here. (A stage task resubmitted meanwhile is resumed,
         not finished from ``cancelled``; replicas removed from memory are the scheduler's.)"""
+        state = get_state(self._worker)
+        if (
+            start == "executing" and finish == "memory" and state.take_flush()
+        ):  # (after this transition's messages)
+            self._worker.loop.add_callback(flush, self._worker.batched_stream)
         if (token := stage_token(key)) is None:
             return
         if start in ("executing", "cancelled"):
