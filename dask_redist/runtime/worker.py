@@ -343,7 +343,7 @@ class RedistWorkerPlugin(WorkerPlugin):
     def setup(self, worker):
         self._worker = worker
         bound_send_buffers(getattr(getattr(worker, "memory_manager", None), "memory_limit", None))
-        state = get_state(worker)
+        state = self._state = get_state(worker)
         worker.handlers[m.Pieces.op] = state.handle_receive
         worker.handlers[m.Capabilities.op] = state.handle_capabilities
         worker.handlers[m.WorkerStatus.op] = state.handle_status
@@ -359,23 +359,23 @@ class RedistWorkerPlugin(WorkerPlugin):
         )
 
     def transition(self, key, start, finish, **kwargs):
-        """A stage task that finished sends its event (`WorkerState.stage_finished`).
+        """A task's result in memory: a stage task's event goes with it (`WorkerState.stage_finished`),
+        and after a run's last unpack the worker's stream is written at once (`WorkerState.take_flush`;
+        the callback runs after this transition's own messages are queued).
 
         A stage task whose key was released while it ran (a cancel) staged its chunks all
         the same once it finished; the scheduler never saw that result, so it will never send
         `handle_drop` for it: drop them here. (A stage task resubmitted meanwhile is resumed,
         not finished from ``cancelled``; replicas removed from memory are the scheduler's.)"""
-        state = get_state(self._worker)
-        if (
-            start == "executing" and finish == "memory" and state.take_flush()
-        ):  # (after this transition's messages)
+        state = self._state
+        if start == "executing" and finish == "memory" and state.take_flush():
             self._worker.loop.add_callback(flush, self._worker.batched_stream)
         if (token := stage_token(key)) is None:
             return
         if start in ("executing", "cancelled"):
-            get_state(self._worker).stage_finished(key, start == "executing" and finish == "memory")
+            state.stage_finished(key, start == "executing" and finish == "memory")
         if start == "cancelled" and finish in ("memory", "error", "released", "missing", "rescheduled"):
-            get_state(self._worker).staging.drop(token, tuple(key[1:]))
+            state.staging.drop(token, tuple(key[1:]))
 
     def teardown(self, worker):
         get_state(worker).close()
