@@ -226,7 +226,7 @@ def test_every_message_matches_the_handler_that_takes_it():
     import inspect
 
     from dask_redist.core import messages as m
-    from dask_redist.runtime.worker import RedistWorkerPlugin
+    from dask_redist.runtime.worker_plugin import RedistWorkerPlugin
 
     class Worker:  # (what the worker plugin's setup touches; weak-referenceable, as a Worker is)
         address, handlers, stream_handlers = WORKERS[0], {}, {}

@@ -119,7 +119,7 @@ def test_a_stage_task_waits_for_the_worker_plugin_another_worker_is_still_adding
     without it, and when it was cancelled while it ran its chunks stayed held for good (once, in
     CI). Here the worker plugin comes a second late."""
     from dask_redist.runtime.scheduler import RedistSchedulerPlugin
-    from dask_redist.runtime.worker import RedistWorkerPlugin
+    from dask_redist.runtime.worker_plugin import RedistWorkerPlugin
 
     with local_cluster(1) as cluster, Client(cluster) as client:
         client.register_plugin(RedistSchedulerPlugin(worker_plugin=None))
@@ -136,7 +136,7 @@ def test_workers_of_one_process_each_wait_for_their_own_worker_plugin():
     """Workers in one process (``processes=False``) share the registration of the plugins: the
     second worker's stage task waits for its own worker plugin all the same."""
     from dask_redist.runtime.scheduler import RedistSchedulerPlugin
-    from dask_redist.runtime.worker import RedistWorkerPlugin
+    from dask_redist.runtime.worker_plugin import RedistWorkerPlugin
 
     async def add_worker_plugin(dask_worker):
         await dask_worker.plugin_add(RedistWorkerPlugin(), name=RedistWorkerPlugin.name)

@@ -25,7 +25,7 @@ from dask_redist.core.spec import CollectiveSpec, Staged
 from dask_redist.errors import RedistError
 from dask_redist.runtime.scheduler import RedistSchedulerPlugin
 from dask_redist.runtime.transport import call_on_loop
-from dask_redist.runtime.worker import RedistWorkerPlugin, get_state
+from dask_redist.runtime.worker_plugin import RedistWorkerPlugin, get_state
 
 _registered: set[str] = set()  # scheduler addresses where this process registered the plugins
 

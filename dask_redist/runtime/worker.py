@@ -1,7 +1,8 @@
 """Worker side of the collective: the runs of this worker, and the messages about them.
 
 Every worker process has one `WorkerState`, hooked into the worker's comms by
-`RedistWorkerPlugin` (which the scheduler plugin registers on every worker). Stage
+`dask_redist.runtime.worker_plugin.RedistWorkerPlugin` (which the scheduler plugin registers
+on every worker). Stage
 tasks put chunks into its `StagingStore`; the scheduler's ``redist-start`` message
 turns staged chunks into a `dask_redist.core.run.WorkerRun`, queued on the worker's
 collective thread (`dask_redist.runtime.collective`); pieces from peers arrive
@@ -15,26 +16,23 @@ import contextlib
 import logging
 import threading
 import time
-import weakref
 from dataclasses import asdict
 
 import numpy as np
-from distributed.diagnostics.plugin import WorkerPlugin
 
 from dask_redist.config import Settings, host
 from dask_redist.core import messages as m
 from dask_redist.core.assemble import Assembly, chunk_type_of, converted
 from dask_redist.core.run import WorkerRun
-from dask_redist.core.spec import STAGE_PREFIX, CollectiveSpec, RunSpec, Staged, stage_token
+from dask_redist.core.spec import STAGE_PREFIX, CollectiveSpec, RunSpec, Staged
 from dask_redist.core.wire import Packed
 from dask_redist.engines import loaded_engines
-from dask_redist.engines.exchange import bound_send_buffers
 from dask_redist.engines.registry import capabilities
 from dask_redist.errors import FAILURES, RedistConsistencyError, RedistError
 from dask_redist.runtime.collective import RunExecutor
 from dask_redist.runtime.early import EarlyPieces
 from dask_redist.runtime.staging import StagingStore
-from dask_redist.runtime.transport import call_on_loop, flush
+from dask_redist.runtime.transport import call_on_loop
 
 logger = logging.getLogger("dask_redist")
 
@@ -317,68 +315,6 @@ class WorkerState:
         self.staging.clear()
         for run in runs:
             run.fail(RedistError(f"{run.name()}: worker {self.address} closed"))
-
-
-_states: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-_states_lock = threading.Lock()
-
-
-def get_state(worker) -> WorkerState:
-    with _states_lock:
-        state = _states.get(worker)
-        if state is None:
-            state = _states[worker] = WorkerState(worker)
-        return state
-
-
-class RedistWorkerPlugin(WorkerPlugin):
-    """Hooks the worker's `WorkerState` into its comms; registered by the scheduler plugin."""
-
-    name = "redist"
-    idempotent = True
-
-    def __reduce__(self):  # (travels without the worker it was set up on)
-        return (type(self), ())
-
-    def setup(self, worker):
-        self._worker = worker
-        bound_send_buffers(getattr(getattr(worker, "memory_manager", None), "memory_limit", None))
-        state = self._state = get_state(worker)
-        worker.handlers[m.Pieces.op] = state.handle_receive
-        worker.handlers[m.Capabilities.op] = state.handle_capabilities
-        worker.handlers[m.WorkerStatus.op] = state.handle_status
-        worker.stream_handlers.update(
-            {
-                m.Start.op: lambda run: state.handle_start(run),
-                m.Abort.op: state.handle_abort,
-                m.Gone.op: state.handle_gone,
-                m.Cleanup.op: state.handle_cleanup,
-                m.Forget.op: state.handle_forget,
-                m.Drop.op: state.handle_drop,
-            }
-        )
-
-    def transition(self, key, start, finish, **kwargs):
-        """A task's result in memory: a stage task's event goes with it (`WorkerState.stage_finished`),
-        and after a run's last unpack the worker's stream is written at once (`WorkerState.take_flush`;
-        the callback runs after this transition's own messages are queued).
-
-        A stage task whose key was released while it ran (a cancel) staged its chunks all
-        the same once it finished; the scheduler never saw that result, so it will never send
-        `handle_drop` for it: drop them here. (A stage task resubmitted meanwhile is resumed,
-        not finished from ``cancelled``; replicas removed from memory are the scheduler's.)"""
-        state = self._state
-        if start == "executing" and finish == "memory" and state.take_flush():
-            self._worker.loop.add_callback(flush, self._worker.batched_stream)
-        if (token := stage_token(key)) is None:
-            return
-        if start in ("executing", "cancelled"):
-            state.stage_finished(key, start == "executing" and finish == "memory")
-        if start == "cancelled" and finish in ("memory", "error", "released", "missing", "rescheduled"):
-            state.staging.drop(token, tuple(key[1:]))
-
-    def teardown(self, worker):
-        get_state(worker).close()
 
 
 async def _finished(run: WorkerRun) -> None:
