@@ -16,6 +16,8 @@ from dask_redist.report import Status
 
 
 class EnginesState(NamedTuple):
+    """What `engines_state` answers."""
+
     capabilities: dict  # worker -> {engine name: what it answered}
     workers: list[str]
     records: dict  # engine name -> its `WorldRecord` on the scheduler
@@ -46,7 +48,7 @@ def engines_state(client, settings: Settings, keys=()) -> EnginesState:
     return EnginesState(state["capabilities"], workers, records, [list(h) for h in holders])
 
 
-def engine_for(client, request, state: tuple | None = None) -> tuple[str, str, str | None]:
+def engine_for(client, request, state: EnginesState | None = None) -> tuple[str, str, str | None]:
     """Which engine would run ``request`` (an `engines.Request`) on ``client``'s workers, and why:
     decided as the scheduler decides it (`engines.choice.choose_engine`), from what the workers
     answered (asked if nobody asked them yet; ``state``: `engines_state`'s answer for

@@ -332,7 +332,7 @@ def test_a_field_left_at_its_default_is_not_sent():
     assert asyncio.run(m.Probe({"dask": "path"}).call(rpc)) == {"engines": {"dask": "path"}}
     with pytest.raises(TypeError, match="keys"):
         asyncio.run(m.Probe({"dask": "path"}, (("x", 0),)).call(rpc))
-    assert m.ForgetWorld()._set() == {} and m.ForgetWorld("dask")._set() == {"engine": "dask"}
+    assert m.ForgetWorld()._non_default() == {} and m.ForgetWorld("dask")._non_default() == {"engine": "dask"}
 
 
 def test_the_result_of_a_run_s_last_unpack_is_written_at_once():

@@ -39,10 +39,10 @@ class Message:
         """Ask ``rpc`` (a Scheduler's or worker's rpc, ``client.scheduler``) and return its reply.
         Fields left at their default are not sent (the handler's default is the same): a handler
         from before such a field was added still answers."""
-        return await getattr(rpc, self.op)(**self._set())
+        return await getattr(rpc, self.op)(**self._non_default())
 
-    def _set(self) -> dict:
-        """The fields not at their default."""
+    def _non_default(self) -> dict:
+        """The fields not at their default, as keyword arguments."""
         return {k: v for k, v in self.kwargs().items() if not _at_default(self, k, v)}
 
 

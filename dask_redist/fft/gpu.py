@@ -111,9 +111,8 @@ def where(x, op: FFTOp) -> tuple[str | None, Placement | None]:
     settings = Settings.from_config()
     auto = replace(settings, engine="auto")
     keys = _persisted_keys(x)
-    state = engines_state(
-        client, auto, keys
-    )  # (the workers, their engines, the input's holders: one question)
+    # (the workers, their engines and the input's holders: one question)
+    state = engines_state(client, auto, keys)
     workers = state.workers
     why = (
         transform_problem(op, x.dtype, len(workers))
