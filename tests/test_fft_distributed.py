@@ -225,7 +225,8 @@ def _cupy_stand_in(x):
 def test_the_gpu_path_learns_where_a_persisted_input_is_from_the_same_question(client, monkeypatch):
     """Where the GPU path runs (`gpu.where`, workers that can run cuFFTMp assumed here), a persisted
     input's holders come with the engines' probe: the transform's stage tasks are grouped by worker
-    as asking ``who_has`` groups them, and neither ``who_has`` nor ``scheduler_info`` is asked."""
+    as `gpu.build` groups them on its own (checked against ``who_has`` below), and neither
+    ``who_has`` nor ``scheduler_info`` is asked."""
     from dask_redist.core.spec import STAGE_PREFIX
 
     def stages(y) -> set:
@@ -235,7 +236,7 @@ def test_the_gpu_path_learns_where_a_persisted_input_is_from_the_same_question(c
     x = da.from_array(np.ones((8, 8, 6), dtype=complex), chunks=(2, 4, 6)).persist()
     wait(x)
     x = _cupy_stand_in(x)
-    asked = stages(gpu.build(x, op, None))  # (its holders asked of the client: who_has)
+    asked = stages(gpu.build(x, op, None))  # (grouped as who_has says: the test below)
     assert len(asked) < x.npartitions
 
     def refused(*args, **kwargs):
@@ -458,7 +459,7 @@ def test_an_input_still_to_compute_is_not_searched_for_futures(client, monkeypat
         raise AssertionError("futures_of was called")
 
     monkeypatch.setattr(distributed, "futures_of", refuse)
-    assert gpu._persisted_groups(client, (da.ones((8, 8), chunks=2) + 1) * 2) is None
+    assert gpu._persisted_keys((da.ones((8, 8), chunks=2) + 1) * 2) == []
 
 
 def test_a_persisted_input_is_staged_by_one_task_per_worker(client):

@@ -71,15 +71,6 @@ def distributed(op: FFTOp, dtype, chunks):
     )
 
 
-def _workers() -> tuple[object, list[str]] | tuple[None, None]:
-    from dask_redist.compat import default_client
-
-    client = default_client()
-    if client is None:
-        return None, None
-    return client, sorted(client.scheduler_info(n_workers=-1)["workers"])
-
-
 @dataclass(frozen=True)
 class Placement:
     """Where the GPU path runs: the workers, and the input's chunk indices grouped by the worker
@@ -102,26 +93,31 @@ def where(x, op: FFTOp) -> tuple[str | None, Placement | None]:
         return f"NumPy chunks: {rest}", None
     if not enabled():
         return f"the GPU path is off ({KEY}: false): {rest}", None
-    from dask_redist.cluster import engines_state
     from dask_redist.compat import default_client
 
     client = default_client()
     if client is None:
         return f"no distributed Client: {rest}", None
     settings = Settings.from_config()
-    auto = replace(settings, engine="auto")
-    keys = _persisted_keys(x)
-    # (the workers, their engines and the input's holders: one question)
-    state = engines_state(client, auto, keys)
-    workers = state.workers
+    state, placement = _placement(client, x)
+    workers = placement.workers
     why = (
         transform_problem(op, x.dtype, len(workers))
         or _engine_problem(client, settings, state)
         or heap_problem(distributed(op, x.dtype, None), len(workers), settings, _symmetric_size(settings))
     )
-    if why:
-        return f"{why}: {rest}", None
-    return None, Placement(workers, _groups(x, dict(zip(keys, state.holders))) if keys else None)
+    return (f"{why}: {rest}", None) if why else (None, placement)
+
+
+def _placement(client, x):
+    """(`cluster.engines_state` under ``redist.engine: auto``, `Placement` of ``x``): the workers,
+    their engines and, where ``x`` is persisted, its holders, from one question to the scheduler."""
+    from dask_redist.cluster import engines_state
+
+    keys = _persisted_keys(x)
+    state = engines_state(client, replace(Settings.from_config(), engine="auto"), keys)
+    groups = _groups(x, dict(zip(keys, state.holders))) if keys else None
+    return state, Placement(state.workers, groups)
 
 
 def _engine_problem(client, settings: Settings, state: tuple) -> str | None:
@@ -192,15 +188,6 @@ def _groups(x, holders: dict):
     return groups_by_holder(lambda idx: holders.get((x.name, *idx)), x.numblocks)
 
 
-def _persisted_groups(client, x):
-    """`_groups` of ``x`` where it is persisted, its holders asked of ``client``; else None."""
-    from distributed import futures_of
-
-    if client is None or not _persisted_keys(x):
-        return None
-    return _groups(x, client.who_has(futures_of(x)))
-
-
 def _local_form(x, op: FFTOp, chunks):
     """The local path's form of the transform, for a scheduler other than distributed's."""
     from dask_redist.fft import local
@@ -215,6 +202,7 @@ def build(x, op: FFTOp, chunks, placement: Placement | None = None):
     import dask.array as da
     from dask.highlevelgraph import HighLevelGraph
 
+    from dask_redist.compat import default_client
     from dask_redist.core.spec import CollectiveSpec
     from dask_redist.fft import local
     from dask_redist.graph.anywhere import collective_or_dask
@@ -223,8 +211,7 @@ def build(x, op: FFTOp, chunks, placement: Placement | None = None):
     from dask_redist.planning import RechunkSpec
 
     if placement is None:
-        client, workers = _workers()
-        placement = Placement(workers, _persisted_groups(client, x))
+        placement = _placement(default_client(), x)[1]
     workers, groups = placement.workers, placement.groups
     natural = distributed(op, x.dtype, None).out_slabs(len(workers))
     direct = chunks is not None and distributed(op, x.dtype, None).last_axis_problem(chunks) is None
