@@ -181,9 +181,10 @@ def worker_leftovers(client, timeout: float = 10) -> dict:
     (waits for cleanup)."""
 
     import dask_redist
+    from dask_redist.bench.soak import HELD
 
     def held(s):
-        counts = {k: s[k] for k in ("staged chunks", "stage keys", "early pieces", "stage events")}
+        counts = {k: s[k] for k in HELD}
         return {k: n for k, n in {**counts, "runs": len(s["runs"])}.items() if n}
 
     deadline = time.monotonic() + timeout
