@@ -120,7 +120,7 @@ def _placement(client, x):
     return state, Placement(state.workers, groups)
 
 
-def _engine_problem(client, settings: Settings, state: tuple) -> str | None:
+def _engine_problem(client, settings: Settings, state) -> str | None:
     """Why the engine ``auto`` would choose for CuPy chunks runs no FFT, from ``state``
     (`cluster.engines_state` for ``settings`` with ``auto``), or None."""
     from dask_redist.cluster import engine_for
