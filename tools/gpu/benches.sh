@@ -20,8 +20,8 @@
 #     calibrate: `bench --calibrate --gpu` with 1 PE: the cost model of this tree on this machine
 #     pipelines: issue 40's table: `bench --pipeline --gpu --size 8GiB` at 16-1024 chunks (Dask's
 #       tasks up to 256), 4 reps, at 1 PE, then 2 PEs
-#     issue40: the `fftn` pipeline at 1 PE (issue 40's shape, its `whole` row), the 3-D FFT call at
-#       1 PE (`--fft --fft-slabs`, 16 slabs), the `fft` rows at 2 PEs at 256 and 1024 chunks (9
+#     issue40: the 3-D FFT call at 1 PE (`--fft --fft-slabs`, 16 slabs), the `fftn` pipeline at 1 PE
+#       (issue 40's shape, its `whole` row), the `fft` rows at 2 PEs at 256 and 1024 chunks (9
 #       runs each), and on an H200 `weather` at 36 GB
 #     room: what decides the branch fft-room (docs/gpu-testing.md): the 2-PE `fftn` row at 8 GiB,
 #       then `elementwise` in the same cluster; three FFT geometries at 2 PEs in one cluster
@@ -75,8 +75,8 @@ case ${1:-} in
         done ;;
       calibrate) script+="$(bench gpu-calibration-cupy-1 --gpu --workers 1 --calibrate)" ;;
       issue40)  # what issue 40's "Done when" still lacks (2026-12-05 18:30): about 10 minutes (an estimate)
-        script+="$(bench gpu-fftn-pes1 --pipeline --gpu --workers 1 --size 8GiB --chunks 16 64 256 1024 --tasks-up-to 0 --pipelines fftn)"
         script+="$(bench gpu-fft3d --fft --fft-slabs --gpu --workers 1 --size 8GiB --chunks 16 --reps 5)"
+        script+="$(bench gpu-fftn-pes1 --pipeline --gpu --workers 1 --size 8GiB --chunks 16 64 256 1024 --tasks-up-to 0 --pipelines fftn)"
         script+="$(bench gpu-fft-pes2 --pipeline --gpu $(pes 2) --size 8GiB --chunks 256 1024 --tasks-up-to 0 --pipelines fft --reps 9)"
         script+="if nvidia-smi -L | grep -q H200; then $(bench gpu-weather --pipeline --gpu --workers 1 --pipelines weather --size 36.4GB --chunks 8760 --tasks-up-to 0) fi; " ;;
       room)  # the branch fft-room against main (run it on each): a 2-PE fftn of 8 GiB on one GPU, then
