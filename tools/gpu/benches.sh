@@ -22,7 +22,8 @@
 #       tasks up to 256), 4 reps, at 1 PE, then 2 PEs
 #     issue40: the 3-D FFT call at 1 PE (`--fft --fft-slabs`, 16 slabs), the `fftn` pipeline at 1 PE
 #       (issue 40's shape, its `whole` row), the `fft` rows at 2 PEs at 256 and 1024 chunks (9
-#       runs each), and on an H200 `weather` at 36 GB
+#       runs each)
+#     weather: on an H200, the `weather` pipeline at its users' size (36 GB, 8760 daily chunks)
 #     room: what decides the branch fft-room (docs/gpu-testing.md): the 2-PE `fftn` row at 8 GiB,
 #       then `elementwise` in the same cluster; three FFT geometries at 2 PEs in one cluster
 #   bash tools/gpu/benches.sh wait [SECONDS]   until they have ended (or SECONDS have passed)
@@ -78,6 +79,8 @@ case ${1:-} in
         script+="$(bench gpu-fft3d --fft --fft-slabs --gpu --workers 1 --size 8GiB --chunks 16 --reps 5)"
         script+="$(bench gpu-fftn-pes1 --pipeline --gpu --workers 1 --size 8GiB --chunks 16 64 256 1024 --tasks-up-to 0 --pipelines fftn)"
         script+="$(bench gpu-fft-pes2 --pipeline --gpu $(pes 2) --size 8GiB --chunks 256 1024 --tasks-up-to 0 --pipelines fft --reps 9)"
+        ;;
+      weather)  # users' size (dask#11162), on an H200 only: 8760 daily chunks (minutes: run it last)
         script+="if nvidia-smi -L | grep -q H200; then $(bench gpu-weather --pipeline --gpu --workers 1 --pipelines weather --size 36.4GB --chunks 8760 --tasks-up-to 0) fi; " ;;
       room)  # the branch fft-room against main (run it on each): a 2-PE fftn of 8 GiB on one GPU, then
         # elementwise rows in the same cluster; then three FFT geometries in one cluster (FFTS_KEPT: 2)
