@@ -23,6 +23,7 @@
 #     issue40: the 3-D FFT call at 1 PE (`--fft --fft-slabs`, 16 slabs), the `fftn` pipeline at 1 PE
 #       (issue 40's shape, its `whole` row), the `fft` rows at 2 PEs at 256 and 1024 chunks (9
 #       runs each)
+#     fft3d: the 3-D FFT call of issue40 alone
 #     weather: on an H200, the `weather` pipeline at its users' size (36 GB, 8760 daily chunks), one run
 #       each (on CPU at 128 MiB its `without` took 47 s a run)
 #     room: what decides the branch fft-room (docs/gpu-testing.md): the 2-PE `fftn` row at 8 GiB,
@@ -76,6 +77,8 @@ case ${1:-} in
           script+="DASK_REDIST__NVSHMEM__SHARED_GPU_MAX_CHUNKS=$m $(bench gpu-peers-max$m --gpu $(pes 2) --size 8GiB --chunks 128 256 --methods redist-cufftmp floor --reps 5)"
         done ;;
       calibrate) script+="$(bench gpu-calibration-cupy-1 --gpu --workers 1 --calibrate)" ;;
+      fft3d)  # the 3-D FFT call alone (a minute or two)
+        script+="$(bench gpu-fft3d --fft --fft-slabs --gpu --workers 1 --size 8GiB --chunks 16 --reps 5)" ;;
       issue40)  # what issue 40's "Done when" still lacks (2026-12-05 18:30): about 10 minutes (an estimate)
         script+="$(bench gpu-fft3d --fft --fft-slabs --gpu --workers 1 --size 8GiB --chunks 16 --reps 5)"
         script+="$(bench gpu-fftn-pes1 --pipeline --gpu --workers 1 --size 8GiB --chunks 16 64 256 1024 --tasks-up-to 0 --pipelines fftn)"
