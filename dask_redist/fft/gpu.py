@@ -99,7 +99,7 @@ def where(x, op: FFTOp) -> tuple[str | None, Placement | None]:
     if client is None:
         return f"no distributed Client: {rest}", None
     settings = Settings.from_config()
-    state, placement = _placement(client, x)
+    state, placement = _placement(client, x, settings)
     workers = placement.workers
     why = (
         transform_problem(op, x.dtype, len(workers))
@@ -109,13 +109,14 @@ def where(x, op: FFTOp) -> tuple[str | None, Placement | None]:
     return (f"{why}: {rest}", None) if why else (None, placement)
 
 
-def _placement(client, x):
-    """(`cluster.engines_state` under ``redist.engine: auto``, `Placement` of ``x``): the workers,
-    their engines and, where ``x`` is persisted, its holders, from one question to the scheduler."""
+def _placement(client, x, settings: Settings):
+    """(`cluster.engines_state` for ``settings`` under ``redist.engine: auto``, `Placement` of ``x``):
+    the workers, their engines and, where ``x`` is persisted, its holders, from one question to the
+    scheduler."""
     from dask_redist.cluster import engines_state
 
     keys = _persisted_keys(x)
-    state = engines_state(client, replace(Settings.from_config(), engine="auto"), keys)
+    state = engines_state(client, replace(settings, engine="auto"), keys)
     groups = _groups(x, dict(zip(keys, state.holders))) if keys else None
     return state, Placement(state.workers, groups)
 
@@ -211,7 +212,7 @@ def build(x, op: FFTOp, chunks, placement: Placement | None = None):
     from dask_redist.planning import RechunkSpec
 
     if placement is None:
-        placement = _placement(default_client(), x)[1]
+        placement = _placement(default_client(), x, Settings.from_config())[1]
     workers, groups = placement.workers, placement.groups
     natural = distributed(op, x.dtype, None).out_slabs(len(workers))
     direct = chunks is not None and distributed(op, x.dtype, None).last_axis_problem(chunks) is None
