@@ -40,6 +40,9 @@ bench() {  # name args...: one bench, its log in $dir/name.log
   local name=$1; shift
   echo "python3 -m dask_redist.cli bench --reps 3 $* --out $dir --name $name >> $dir/$name.log 2>&1; "
 }
+fft3d() {  # issue 40's 3-D FFT call at 1 PE, against its target
+  bench gpu-fft3d --fft --fft-slabs --gpu --workers 1 --size 8GiB --chunks 16 --reps 5
+}
 pes() {  # the workers of K PEs on the GPU: one LocalCUDACluster worker, else K sharing it
   if [ "$1" = 1 ]; then echo "--workers 1"; else echo "--workers $1 --pes-per-gpu $1"; fi
 }
@@ -78,9 +81,9 @@ case ${1:-} in
         done ;;
       calibrate) script+="$(bench gpu-calibration-cupy-1 --gpu --workers 1 --calibrate)" ;;
       fft3d)  # the 3-D FFT call alone (a minute or two)
-        script+="$(bench gpu-fft3d --fft --fft-slabs --gpu --workers 1 --size 8GiB --chunks 16 --reps 5)" ;;
+        script+="$(fft3d)" ;;
       issue40)  # what issue 40's "Done when" still lacks (2026-12-05 18:30): about 10 minutes (an estimate)
-        script+="$(bench gpu-fft3d --fft --fft-slabs --gpu --workers 1 --size 8GiB --chunks 16 --reps 5)"
+        script+="$(fft3d)"
         script+="$(bench gpu-fftn-pes1 --pipeline --gpu --workers 1 --size 8GiB --chunks 16 64 256 1024 --tasks-up-to 0 --pipelines fftn)"
         script+="$(bench gpu-fft-pes2 --pipeline --gpu $(pes 2) --size 8GiB --chunks 256 1024 --tasks-up-to 0 --pipelines fft --reps 9)"
         ;;
