@@ -563,7 +563,8 @@ def test_the_pipeline_summary_relates_the_rows_and_gives_the_gpu_time():
 @pytest.mark.gpu
 def test_every_pipeline_on_cupy_chunks(gpu_client):
     """`bench --pipeline --gpu`: the pipelines on CuPy chunks (CuPy's FFT and RandomState in the
-    graph, the checks' values brought to the host), every row checked, with the engine's GPU ms."""
+    graph, the checks' values brought to the host), every row checked but ``whole`` (fftn in one call,
+    no Dask: a time only), with the engine's GPU ms."""
     from dask_redist.bench import pipeline as p
 
     shared, results = {}, []
@@ -571,9 +572,12 @@ def test_every_pipeline_on_cupy_chunks(gpu_client):
         results += p.run_pipeline(
             gpu_client, name, "8MiB", 16, p.Options(kind="cupy", reps=1), shared, say=lambda _: None
         )
-    assert all(r.error is None and r.correct is True for r in results), [
-        r for r in results if r.error or not r.correct
+    checked = [r for r in results if r.method != "whole"]
+    assert all(r.error is None and r.correct is True for r in checked), [
+        r for r in checked if r.error or not r.correct
     ]
+    whole = [r for r in results if r.method == "whole"]  # fftn's transform in one call, no Dask
+    assert [(r.case, len(r.times), r.error) for r in whole] == [(p.fftn_case("8MiB", 16).name, 1, None)]
     withs = [r for r in results if r.method == "with"]
     assert len(withs) == len(p.PIPELINES)
     for r in withs:  # (the collective or Dask's rechunk, as enable()'s cost model chose)
