@@ -20,10 +20,9 @@
 #     calibrate: `bench --calibrate --gpu` with 1 PE: the cost model of this tree on this machine
 #     pipelines: issue 40's table: `bench --pipeline --gpu --size 8GiB` at 16-1024 chunks (Dask's
 #       tasks up to 256), 4 reps, at 1 PE, then 2 PEs
-#     issue40: the 3-D FFT call at 1 PE (`--fft --fft-slabs`, 16 slabs), the `fftn` pipeline at 1 PE
-#       (issue 40's shape, its `whole` row), the `fft` rows at 2 PEs at 256 and 1024 chunks (9
-#       runs each)
-#     fft3d: the 3-D FFT call of issue40 alone
+#     issue40: the `fft` rows at 2 PEs at 256 and 1024 chunks (9 runs each), then the 3-D FFT call
+#       at 1 PE (`--fft --fft-slabs`, 16 slabs)
+#     fft3d: the 3-D FFT call alone
 #     weather: on an H200, the `weather` pipeline at its users' size (36 GB, 8760 daily chunks), one run
 #       each (on CPU at 128 MiB its `without` took 47 s a run)
 #     room: what decides the branch fft-room (docs/gpu-testing.md): the 2-PE `fftn` row at 8 GiB,
@@ -82,10 +81,10 @@ case ${1:-} in
       calibrate) script+="$(bench gpu-calibration-cupy-1 --gpu --workers 1 --calibrate)" ;;
       fft3d)  # the 3-D FFT call alone (a minute or two)
         script+="$(fft3d)" ;;
-      issue40)  # what issue 40's "Done when" still lacks (2026-12-05 18:30): about 10 minutes (an estimate)
-        script+="$(fft3d)"
-        script+="$(bench gpu-fftn-pes1 --pipeline --gpu --workers 1 --size 8GiB --chunks 16 64 256 1024 --tasks-up-to 0 --pipelines fftn)"
+      issue40)  # what issue 40's "Done when" still lacks (2026-12-06 03:50): the 2-PE fft rows with
+        # 9 runs (minutes), then the 3-D FFT call again (about a minute: on an H100 it was 0.6-1.1 ms over)
         script+="$(bench gpu-fft-pes2 --pipeline --gpu $(pes 2) --size 8GiB --chunks 256 1024 --tasks-up-to 0 --pipelines fft --reps 9)"
+        script+="$(fft3d)"
         ;;
       weather)  # users' size (dask#11162), on an H200 only: 8760 daily chunks (minutes: run it last)
         script+="if nvidia-smi -L | grep -q H200; then $(bench gpu-weather --pipeline --gpu --workers 1 --pipelines weather --size 36.4GB --chunks 8760 --tasks-up-to 0 --reps 1) fi; " ;;
