@@ -211,13 +211,14 @@ def build(x, op: FFTOp, chunks, placement: Placement | None = None):
     from dask_redist.graph.stages import group_of_chunks
     from dask_redist.planning import RechunkSpec
 
+    config = Settings.from_config()
     if placement is None:
-        placement = _placement(default_client(), x, Settings.from_config())[1]
+        placement = _placement(default_client(), x, config)[1]
     workers, groups = placement.workers, placement.groups
     natural = distributed(op, x.dtype, None).out_slabs(len(workers))
     direct = chunks is not None and distributed(op, x.dtype, None).last_axis_problem(chunks) is None
     geometry = distributed(op, x.dtype, tuple(map(tuple, chunks if direct else natural)))
-    settings = replace(Settings.from_config(), output_type="same")
+    settings = replace(config, output_type="same")
     rechunk = RechunkSpec(x.chunks, geometry.input_space(geometry.out_chunks), geometry.in_dtype.itemsize)
     grouping = None if groups is None else group_of_chunks(groups, x.numblocks)
     name = f"redist-fft-{op.function}-" + tokenize(x.name, op, geometry.out_chunks, grouping)
