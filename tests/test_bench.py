@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 
 import numpy as np
 import pytest
@@ -414,7 +415,9 @@ def test_every_pipeline_gives_its_rows_checked(client):
     assert len(bare_floor) == 2 * 4  # four: float64 slabs, complex128 slabs, weather, fftn's own bare row
     assert all(r.correct is True and len(r.times) == 1 for r in bare_floor), bare_floor
     whole = [r for r in results if r.method == "whole"]  # fftn's transform in one call, no Dask
-    assert [(r.case, len(r.times), r.error) for r in whole] == [(p.fftn_case("256KiB", 4).name, 1, None)]
+    assert [(r.case, len(r.times), r.error) for r in whole] == [
+        (p.pipeline_case("fftn", "256KiB", 4).name, 1, None)
+    ]
     rows = p.summary(results)
     assert [row["pipeline"] for row in rows] == list(p.PIPELINES)
     for row in rows:
@@ -431,10 +434,10 @@ def test_the_fftn_pipeline_transforms_issue_40s_shape_without_large_prime_factor
     from dask_redist.bench import pipeline as p
     from dask_redist.bench.fft import smooth
 
-    case = p.fftn_case("8GiB", 16)
+    case = p.pipeline_case("fftn", "8GiB", 16)
     assert case.shape == (1024, 1024, 512) and case.nbytes == 8 * 2**30
     assert tuple(map(len, case.old)) == (16, 1, 1) and tuple(map(len, case.new)) == (1, 16, 1)
-    assert p.fftn_case("256MiB", 16).shape == (320, 320, 160)  # (the cube root: 161 = 7 x 23)
+    assert p.pipeline_case("fftn", "256MiB", 16).shape == (320, 320, 160)  # (the cube root: 161 = 7 x 23)
     assert [smooth(n) for n in (1, 7, 161, 271, 512, 813)] == [1, 6, 160, 270, 512, 810]
 
 
@@ -486,6 +489,7 @@ def test_the_fft_pipeline_without_the_rechunk_does_the_same_transforms_and_is_ch
     import dask.array as da
 
     from dask_redist.bench import pipeline as p
+    from dask_redist.bench import pipeline_cases as steps
 
     case = p.pipeline_case("fft", "256KiB", 4)
     assert case.shape[0] == case.shape[1]
@@ -493,16 +497,66 @@ def test_the_fft_pipeline_without_the_rechunk_does_the_same_transforms_and_is_ch
 
     def recording(block):
         seen.append(block.shape)
-        return p._fft0(block)
+        return steps._fft0(block)
 
     x = da.zeros(case.shape, chunks=case.old, dtype=case.dtype)
-    monkeypatch.setattr(p, "_fft1", recording)
+    monkeypatch.setattr(steps, "_fft1", recording)
     p.build("fft", case, x, 0, rechunk=False).compute(scheduler="sync")
     assert seen and all(shape[1] == case.shape[0] for shape in seen)
 
     shared = {case.name: []}
     rows = p.run_pipeline(client, "fft", "256KiB", 4, p.Options(reps=1, tasks_up_to=0), shared)
     assert {r.method: r.correct for r in rows} == {"without": False, "with": True}, rows
+
+
+def test_a_pipeline_stops_when_its_cluster_lost_a_worker_for_good_keeping_what_ran(monkeypatch):
+    """A worker that closed and did not come back (2026-12-06, one H100: the bench then waited
+    until its command was killed): the next run waits `WORKERS_BACK_S`, then the pipeline stops
+    with `ClusterLost`, which names what is left and carries the rows measured so far."""
+    from distributed import Client, LocalCluster
+
+    from dask_redist.bench import pipeline as p
+
+    monkeypatch.setattr(p, "WORKERS_BACK_S", 1.0)
+    real = p._one_run
+
+    def then_lose_a_worker(client, pipeline, case, method, r, opts, timed):
+        real(client, pipeline, case, method, r, opts, timed)
+        if method == "without" and timed:  # (its only timed run: reps=1)
+            cluster.scale(1)
+            client.wait_for_workers(1)
+            while len(client.scheduler_info()["workers"]) > 1:
+                time.sleep(0.05)
+
+    with (
+        LocalCluster(n_workers=2, processes=False, dashboard_address=None) as cluster,
+        Client(cluster) as client,
+    ):
+        monkeypatch.setattr(p, "_one_run", then_lose_a_worker)
+        opts = p.Options(engine="dask", reps=1, tasks_up_to=0, workers=2)
+        with pytest.raises(p.ClusterLost, match="1 of the 2 workers it started with") as lost:
+            p.run_pipeline(client, "elementwise", "256KiB", 4, opts, {})
+    rows = lost.value.rows
+    assert [r.method for r in rows] == ["without"]
+    assert len(rows[0].times) == 1 and rows[0].correct is True
+
+
+def test_a_cluster_started_here_fails_a_task_no_worker_can_run(monkeypatch):
+    """The CLI's local clusters set distributed's no-workers timeout: a task pinned to a worker
+    that is gone fails instead of waiting for good."""
+    from distributed.scheduler import NoValidWorkerError
+
+    from dask_redist.cli import clusters, parser
+
+    monkeypatch.setattr(clusters, "NO_WORKERS_TIMEOUT", "1s")
+    args = parser().parse_args(["bench", "--workers", "1"])
+    with clusters.client_for(args) as client:
+        gone = client.submit(
+            math.sqrt, 4, workers=["tcp://127.0.0.1:9"], allow_other_workers=False, pure=False
+        )
+        with pytest.raises(NoValidWorkerError):
+            gone.result(timeout=60)
+        assert client.submit(math.sqrt, 4).result(timeout=60) == 2
 
 
 def test_cli_pipeline_writes_markdown_and_json(tmp_path):
@@ -577,7 +631,9 @@ def test_every_pipeline_on_cupy_chunks(gpu_client):
         r for r in checked if r.error or not r.correct
     ]
     whole = [r for r in results if r.method == "whole"]  # fftn's transform in one call, no Dask
-    assert [(r.case, len(r.times), r.error) for r in whole] == [(p.fftn_case("8MiB", 16).name, 1, None)]
+    assert [(r.case, len(r.times), r.error) for r in whole] == [
+        (p.pipeline_case("fftn", "8MiB", 16).name, 1, None)
+    ]
     withs = [r for r in results if r.method == "with"]
     assert len(withs) == len(p.PIPELINES)
     for r in withs:  # (the collective or Dask's rechunk, as enable()'s cost model chose)

@@ -55,125 +55,27 @@ import time
 from dataclasses import dataclass
 from itertools import count
 
-import dask.array as da
-from dask.utils import format_bytes, parse_bytes
 from distributed.diagnostics.plugin import SchedulerPlugin
 
-from dask_redist.bench.cases import Case, _even, check, placed_array, slab_case
-from dask_redist.bench.fft import fft_case, pencils, whole_fftn_on_a_worker
+from dask_redist.bench.cases import Case, check, placed_array, worker_addresses
+from dask_redist.bench.fft import whole_fftn_on_a_worker
 from dask_redist.bench.floor import floor_row
 from dask_redist.bench.harness import Result, computed, engine_stats, gpus_idle, timeline
-from dask_redist.bench.pipeline_checks import _xp, check_output
+from dask_redist.bench.pipeline_cases import (
+    PIPELINES,
+    bare,
+    build,
+    generated_input,
+    pipeline_case,
+    weather_case,
+)
+from dask_redist.bench.pipeline_checks import check_output
 from dask_redist.bench.pipeline_report import markdown, summary, to_json, write
 
 __all__ = ["PIPELINES", "build", "markdown", "run_pipeline", "summary", "to_json", "weather_case", "write"]
 
-PIPELINES = ("elementwise", "fft", "reduction", "generated", "weather", "fftn")
 #: rows of every pipeline (``bare`` and ``floor``: once per input case; ``whole``: fftn's)
 METHODS = ("without", "with", "bare", "floor", "tasks", "whole")
-
-
-def weather_case(nbytes: int | str, nchunks: int) -> Case:
-    """(time, lat, lon) float32: ``nchunks`` time steps, one a chunk, lat x lon (about 1:2) of
-    ``nbytes`` in all, rechunked to ``nchunks`` long time series (``pencils(nchunks)`` blocks of
-    lat x lon). ``--size 36.4GB --chunks 8760``: (8760, 721, 1440), a year of hourly ERA5 at 0.25 degrees."""
-    nbytes = parse_bytes(nbytes) if isinstance(nbytes, str) else nbytes
-    per_step = max(2, nbytes // 4 // nchunks)
-    lat = max(1, round(math.sqrt(per_step / 2)))
-    lon = max(1, per_step // lat)
-    a, b = pencils(nchunks)
-    shape = (nchunks, lat, lon)
-    old = ((1,) * nchunks, (lat,), (lon,))
-    new = ((nchunks,), _even(lat, a), _even(lon, b))
-    size = format_bytes(math.prod(shape) * 4)
-    name = f"weather {size} ({nchunks}, {lat}, {lon}) {nchunks}->{len(new[1])}x{len(new[2])} float32"
-    return Case(name, shape, "float32", old, new)
-
-
-def pipeline_case(pipeline: str, size: str, nchunks: int) -> Case:
-    """The input case of a pipeline (its old and new chunks: the rechunk's)."""
-    if pipeline == "weather":
-        return weather_case(size, nchunks)
-    if pipeline == "fftn":
-        return fftn_case(size, nchunks)
-    return slab_case(size, nchunks, "complex128" if pipeline == "fft" else "float64")
-
-
-def fftn_case(size: str, nchunks: int) -> Case:
-    """Issue 40's 3-D FFT (`fft.fft_case`'s slabs: ``(2n, 2n, n)`` complex128, ``n`` a length
-    without large prime factors), ``nchunks`` slabs along axis 0 (``new``: along axis 1, where
-    ``tasks`` rechunks them)."""
-    shape = fft_case(size, nchunks, slabs=True)[1]
-    old = (_even(shape[0], nchunks), shape[1:2], shape[2:])
-    new = (shape[:1], _even(shape[1], nchunks), shape[2:])
-    size = format_bytes(math.prod(shape) * 16)
-    name = f"fftn of slab {size} {shape} {len(old[0])}->{len(new[1])} complex128"  # (its own bare row)
-    return Case(name, shape, "complex128", old, new)
-
-
-# -- the pipelines -------------------------------------------------------------------------
-
-
-def _fft2(block):
-    return _xp(block).fft.fft2(block, axes=(1, 2))
-
-
-def _fft0(block):
-    return _xp(block).fft.fft(block, axis=0)
-
-
-def _fft1(block):
-    return _xp(block).fft.fft(block, axis=1)
-
-
-def _rechunked(y, case: Case, rechunk: bool, method: str | None):
-    return y.rechunk(case.new, method=method) if rechunk else y
-
-
-def generated_input(case: Case, seed: int, kind: str) -> da.Array:
-    """Random numbers in the case's input chunks, made by the graph (not persisted)."""
-    if kind == "cupy":
-        import cupy
-
-        state = da.random.RandomState(seed, RandomState=cupy.random.RandomState)
-    else:
-        state = da.random.RandomState(seed)
-    return state.random_sample(case.shape, chunks=case.old)
-
-
-def build(pipeline: str, case: Case, x, token: int, rechunk: bool, method: str | None = None) -> da.Array:
-    """The pipeline's output (not computed); ``x``: the placed input, or for ``generated`` the
-    seed's random array; ``method``: the rechunk's (None: Dask's choice, or the collective)."""
-    if pipeline == "elementwise":
-        return _rechunked(2 * x + token, case, rechunk, method) ** 2
-    if pipeline == "fft":
-        y = _rechunked(x.map_blocks(_fft2, dtype=x.dtype, meta=x._meta), case, rechunk, method)
-        return y.map_blocks(_fft0 if rechunk else _fft1, dtype=x.dtype, meta=x._meta)
-    if pipeline == "reduction":
-        return _rechunked(x, case, rechunk, method).mean(axis=0)
-    if pipeline == "generated":
-        return _rechunked(x, case, rechunk, method)
-    if pipeline == "weather":
-        z = _rechunked(0.5 * x + token, case, rechunk, method)
-        return z - z.mean(axis=0)
-    if pipeline == "fftn":
-        y = 2 * x
-        if method == "tasks":  # the 3-D FFT by hand, with Dask's rechunk
-            y = y.map_blocks(_fft2, dtype=x.dtype, meta=x._meta).rechunk(case.new, method="tasks")
-            y = y.map_blocks(_fft0, dtype=x.dtype, meta=x._meta)
-        elif rechunk:
-            y = bare("fftn", case, y)
-        return y / 2
-    raise ValueError(f"no pipeline {pipeline!r}; there are {', '.join(PIPELINES)}")
-
-
-def bare(pipeline: str, case: Case, x) -> da.Array:
-    """What the pipeline's collective step is alone: the rechunk, or for ``fftn`` the transform."""
-    if pipeline == "fftn":
-        from dask_redist.fft import fftn
-
-        return fftn(x)
-    return x.rechunk(case.new)
 
 
 # -- tasks on the scheduler ---------------------------------------------------------------
@@ -216,6 +118,7 @@ class Options:
     reps: int = 3
     tasks_up_to: int | None = None  # chunk counts above it: no ``tasks`` row
     interleave: bool = False
+    workers: int = 0  # the cluster's workers at the start (0: not checked before each run)
 
     def enabled(self):
         import dask_redist
@@ -224,6 +127,35 @@ class Options:
 
 
 _tokens = count(1)
+#: Seconds a run waits for the cluster to have its workers again (a killed worker's nanny starts a
+#: new one) before the bench stops with `ClusterLost`.
+WORKERS_BACK_S = 120.0
+
+
+class ClusterLost(RuntimeError):
+    """The cluster has fewer workers than at the start, and they did not come back: the rows after
+    it would wait for them (2026-12-06, one H100: a worker closed after the ``weather`` case's
+    ``without`` run at 8760 chunks, and the bench waited until its command was killed). ``rows``:
+    the rows of the pipeline it stopped, as far as they ran."""
+
+    rows: list = []
+
+
+def _workers_there(client, opts: Options) -> None:
+    """Return once the cluster has its ``opts.workers`` again; else raise `ClusterLost`."""
+    if not opts.workers:
+        return
+    try:
+        client.wait_for_workers(opts.workers, timeout=WORKERS_BACK_S)
+    except TimeoutError:
+        try:
+            have = len(worker_addresses(client))
+        except RuntimeError:
+            have = 0
+        raise ClusterLost(
+            f"the cluster has {have} of the {opts.workers} workers it started with, {WORKERS_BACK_S:g}s "
+            "after a run: the rows after it cannot run (the log file has the workers' records)"
+        ) from None
 
 
 def _one_run(client, pipeline: str, case: Case, method: str, r: Result, opts: Options, timed: bool) -> None:
@@ -231,6 +163,7 @@ def _one_run(client, pipeline: str, case: Case, method: str, r: Result, opts: Op
     where ``timed``; a failure goes in ``r.error``."""
     from contextlib import nullcontext
 
+    _workers_there(client, opts)
     token = next(_tokens)
     x = y = None
     try:
@@ -291,24 +224,39 @@ def run_pipeline(
     order = [(rep, m) for rep in range(opts.reps + 1) for m in methods]
     if not opts.interleave:
         order = [(rep, m) for m in methods for rep in range(opts.reps + 1)]
-    for rep, m in order:
-        if rows[m].error is None:
-            _one_run(client, pipeline, case, m, rows[m], opts, timed=rep > 0)
+    try:
+        for rep, m in order:
+            if rows[m].error is None:
+                _one_run(client, pipeline, case, m, rows[m], opts, timed=rep > 0)
+    except ClusterLost as e:
+        e.rows = [r for r in rows.values() if r.times or r.error]  # (what was measured stays)
+        raise
     for m in methods:
         say(f"{name}: {m} {_summary(rows[m])}")
     out = [rows[m] for m in methods]
     if case.name not in shared:
-        bare = PipelineResult(case.name, "bare", case.nbytes, n_in, n_out)
-        for rep in range(opts.reps + 1):
-            if bare.error is None:
-                _one_run(client, pipeline, case, "bare", bare, opts, timed=rep > 0)
-        floor = PipelineResult(case.name, "floor", case.nbytes, n_in, n_out)
-        floor_row(client, case, floor, opts.reps, opts.kind)
-        shared[case.name] = [bare, floor] + ([_whole(client, case, opts)] if pipeline == "fftn" else [])
+        try:
+            shared[case.name] = _shared_rows(client, pipeline, case, opts)
+        except ClusterLost as e:
+            e.rows = out
+            raise
         for r in shared[case.name]:
             say(f"{case.name}: {r.method} {_summary(r)}")
         out += shared[case.name]
     return out
+
+
+def _shared_rows(client, pipeline: str, case: Case, opts: Options) -> list:
+    """The rows measured once per input case: ``bare``, ``floor`` (and ``fftn``'s ``whole``)."""
+    n_in, n_out = math.prod(map(len, case.old)), math.prod(map(len, case.new))
+    alone = PipelineResult(case.name, "bare", case.nbytes, n_in, n_out)
+    for rep in range(opts.reps + 1):
+        if alone.error is None:
+            _one_run(client, pipeline, case, "bare", alone, opts, timed=rep > 0)
+    floor = PipelineResult(case.name, "floor", case.nbytes, n_in, n_out)
+    _workers_there(client, opts)
+    floor_row(client, case, floor, opts.reps, opts.kind)
+    return [alone, floor] + ([_whole(client, case, opts)] if pipeline == "fftn" else [])
 
 
 def _whole(client, case: Case, opts: Options) -> PipelineResult:
@@ -368,21 +316,34 @@ def main(args, command: str, connect, show) -> int:
 
     kind = "cupy" if args.gpu and not args.numpy else "numpy"
     opts = Options(args.engine, kind, args.reps, args.tasks_up_to, args.interleave)
-    results, shared = [], {}
+    results, shared, lost = [], {}, None
     stem = os.path.join(args.out, args.name) if args.out else None
     with connect(args) as client:
         env = environment(client)
-        for size in args.size or ["1GiB"]:
-            for n in args.chunks:
-                for pipeline in args.pipelines or PIPELINES:
-                    done = run_pipeline(
-                        client, pipeline, size, n, opts, shared, lambda line: print(line, flush=True)
-                    )
-                    results += done
-                    show(summary(results)[-1:], f"{pipeline}, {n} chunks")  # (with the shared bare, floor)
-                    if stem:  # after every pipeline: a run cut short keeps what it measured
-                        write(stem, results, env, command)
-    show(summary(results), "pipelines")
-    if stem:
+        opts.workers = len(worker_addresses(client))
+        cases = [
+            (s, n, p) for s in args.size or ["1GiB"] for n in args.chunks for p in args.pipelines or PIPELINES
+        ]
+        for size, n, pipeline in cases:
+            try:
+                done = run_pipeline(
+                    client, pipeline, size, n, opts, shared, lambda line: print(line, flush=True)
+                )
+            except ClusterLost as e:
+                lost = f"dask-redist bench: stopped at {pipeline}, {n} chunks: {e}"
+                done = e.rows
+            results += done
+            if done:
+                show(summary(results)[-1:], f"{pipeline}, {n} chunks")  # (with the shared bare, floor)
+            if stem and results:  # after every pipeline: a run cut short keeps what it measured
+                write(stem, results, env, command)
+            if lost:
+                break
+    if results:
+        show(summary(results), "pipelines")
+    if stem and results:
         print(f"wrote {stem}.md and {stem}.json")
+    if lost:
+        print(lost, flush=True)
+        return 1
     return 0 if all(r.correct is not False and not r.error for r in results) else 1

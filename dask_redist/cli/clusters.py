@@ -7,6 +7,10 @@ import contextlib
 import logging
 
 
+#: How long a task that no worker of a cluster started here can run waits before it fails.
+NO_WORKERS_TIMEOUT = "2 minutes"
+
+
 @contextlib.contextmanager
 def quiet_p2p_logs():
     """Dask's p2p rechunk logs every shuffle's start and end at WARNING on the scheduler (here, for a
@@ -50,8 +54,16 @@ def client_for(args):
     workers = local_workers(args)
     # A worker killed (the soak's kills, a crash) is restarted by its nanny; on a loaded machine that
     # can take longer than the 15 s after which LocalCluster closes the nanny of a lost worker name
-    # (distributed.deploy.lost-worker-timeout), shrinking the cluster for good.
-    with dask.config.set({"distributed.deploy.lost-worker-timeout": "1h"}):
+    # (distributed.deploy.lost-worker-timeout), shrinking the cluster for good. A task that no
+    # worker can run (every worker gone, or the one it is pinned to) fails after
+    # NO_WORKERS_TIMEOUT instead of waiting for good (2026-12-06: a bench waited 6 minutes for a
+    # worker that had closed, until its command was killed).
+    with dask.config.set(
+        {
+            "distributed.deploy.lost-worker-timeout": "1h",
+            "distributed.scheduler.no-workers-timeout": NO_WORKERS_TIMEOUT,
+        }
+    ):
         if args.gpu and args.pes_per_gpu:
             from dask_redist.bench.gpu_cluster import SharedGPUCluster
 
