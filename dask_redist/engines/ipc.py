@@ -25,6 +25,9 @@ from dask_redist.engines.copies import addresses
 
 #: Seconds between looks at ``stop()`` while an all-gather through the scheduler waits.
 STOP_POLL_S = 0.05
+#: Output chunks that peers map are allocated in multiples of this (`exchange.rounded_empty`): the
+#: GPU's large page; an allocation that is not costs its importer far more to open (docs/benchmarks.md).
+PAGE = 2 * 2**20
 
 
 class Stopped(Exception):

@@ -33,6 +33,7 @@ from dask_redist.engines.ipc import (  # noqa: F401 - (the peers' path, as its t
     CudaIpc,
     Exported,
     Failed,
+    PAGE,
     Mapped,
     Refused,
     Steps,
@@ -44,8 +45,6 @@ from dask_redist.engines.ipc import (  # noqa: F401 - (the peers' path, as its t
 from dask_redist.engines.registry import engine_settings
 from dask_redist.errors import RedistError
 
-#: Output chunks are allocated in multiples of this (`exchange.rounded_empty`): the GPU's large page.
-PAGE = 2 * 2**20
 #: What a run on this path reports as its layout (`CufftMpEngine._record`).
 LAYOUT = namedtuple("Peers", "mapping rounds")("peers (one GPU: chunk to chunk through CUDA IPC)", 1)
 

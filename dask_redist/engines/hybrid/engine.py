@@ -46,6 +46,7 @@ from dask_redist.engines.exchange import empty_outputs, in_order, receives, send
 from dask_redist.engines.hybrid.description import HybridDescription
 from dask_redist.engines.hybrid.routes import by_ipc, summary
 from dask_redist.engines.ipc import (
+    PAGE,
     ExchangeGroup,
     Exported,
     Mapped,
@@ -156,7 +157,7 @@ class HybridEngine(Engine):
         run.set_phase("export")
         outputs, inputs = {}, dict(run.inputs)  # (held until every copy is done: an abort empties run.inputs)
         try:
-            outputs = empty_outputs(run, dev)
+            outputs = empty_outputs(run, dev, PAGE)  # (peers of this host map them: whole pages)
             dev.synchronize()  # inputs from kernels in flight; outputs' memory the peers write into
             mine = _export(run, outputs, inputs, dev)
         except Exception as e:  # noqa: BLE001 - told to every rank, which all raise (none waits for it)
