@@ -147,6 +147,28 @@ def test_the_soaks_kill_steps_log_to_the_file_it_names_not_the_terminal(tmp_path
     assert "distributed.nanny - WARNING - Restarting worker" in records, records[-3000:]
 
 
+def _warn_on_the_worker(text):
+    import logging
+
+    logging.getLogger("dask_redist.runtime").warning(text)
+
+
+def test_a_local_clusters_workers_write_their_warnings_to_the_log_file_themselves(tmp_path):
+    """Records forwarded to the scheduler are lost with a worker's broken stream: the workers of a
+    cluster started here append theirs to the command's log file themselves, once each."""
+    from dask_redist.cli import clusters, output, parser
+
+    log = tmp_path / "bench.log"
+    args = parser().parse_args(["bench", "--workers", "2"])
+    with output.logs_to_file(str(log)), clusters.client_for(args) as client:
+        client.run(_warn_on_the_worker, "a worker's own warning")
+        names = sorted(w["name"] for w in client.scheduler_info()["workers"].values())
+    records = [r for r in log.read_text().splitlines() if "a worker's own warning" in r]
+    writers = sorted(r.split(" - ")[1].split(" (")[0] for r in records)  # ("worker 0 (pid) dask_redist...")
+    assert writers == [f"worker {name}" for name in names], records
+    assert all("dask_redist.runtime - WARNING - a worker's own warning" in r for r in records), records
+
+
 def test_more_gpu_workers_than_gpus_is_refused_with_what_to_do(monkeypatch):
     """LocalCUDACluster starts one worker per GPU; asking for more says how to get them."""
     from dask_redist.cli.clusters import too_many_workers

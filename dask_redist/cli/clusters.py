@@ -70,7 +70,7 @@ def client_for(args):
             hosts = getattr(args, "pseudo_hosts", None) or 1
             with SharedGPUCluster(workers, args.pes_per_gpu, protocol=args.protocol, hosts=hosts) as shared:
                 with Client(shared.scheduler_address) as client:
-                    forward_logs(client)
+                    local_logs(client)
                     yield client
             return
         if args.gpu:
@@ -94,7 +94,7 @@ def client_for(args):
             )
         with cluster, Client(cluster) as client:
             client.wait_for_workers(workers)
-            forward_logs(client)
+            local_logs(client)
             yield client
 
 
@@ -106,6 +106,18 @@ def forward_logs(client) -> None:
 
     for name in LOGGERS:
         client.forward_logging(name, level=logging.WARNING)
+
+
+def local_logs(client) -> None:
+    """For a cluster started here: each worker appends its records (warnings and worse) to the
+    command's log file itself (`cli.output.WorkerLogFile`), a worker that replaces a killed one too;
+    without a log file, they are forwarded."""
+    from dask_redist.cli.output import WorkerLogFile, current_log_file
+
+    if path := current_log_file():
+        client.register_plugin(WorkerLogFile(path))
+    else:
+        forward_logs(client)
 
 
 def gpu_packages() -> None:

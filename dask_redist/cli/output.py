@@ -9,6 +9,7 @@ import os
 import tempfile
 import time
 
+from distributed.diagnostics.plugin import WorkerPlugin
 from rich.console import Console
 
 console = Console()
@@ -21,10 +22,10 @@ class _FileLog(logging.Handler):
     """Records appended to a file. (Not a ``StreamHandler``: LocalCluster's ``silence_logs`` turns
     those down, which would silence the file too.)"""
 
-    def __init__(self, path: str):
-        super().__init__(logging.INFO)
+    def __init__(self, path: str, level: int = logging.INFO, who: str = ""):
+        super().__init__(level)
         self.file = open(path, "a", buffering=1)  # noqa: SIM115 - closed by `logs_to_file`
-        self.setFormatter(logging.Formatter("%(asctime)s - %(name)s - %(levelname)s - %(message)s"))
+        self.setFormatter(logging.Formatter(f"%(asctime)s - {who}%(name)s - %(levelname)s - %(message)s"))
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
@@ -35,6 +36,37 @@ class _FileLog(logging.Handler):
     def close(self) -> None:
         self.file.close()
         super().close()
+
+
+def current_log_file() -> str | None:
+    """The log file `logs_to_file` writes to now, if any."""
+    handler = next((h for h in logging.getLogger(LOGGERS[0]).handlers if isinstance(h, _FileLog)), None)
+    return handler.file.name if handler else None
+
+
+class WorkerLogFile(WorkerPlugin):
+    """A worker plugin for the workers of a cluster started here: their records of `LOGGERS`, warnings
+    and worse, appended to the command's log file by the worker itself. Forwarded records travel the
+    worker's stream to the scheduler, so a worker whose stream broke could not say why (2026-12-06,
+    one H100: a worker closed with "worker-handle-scheduler-connection-broken" and the log had
+    nothing of its own)."""
+
+    name = "dask-redist-log-file"
+
+    def __init__(self, path: str):
+        self.path = path
+        self.handler: _FileLog | None = None
+
+    def setup(self, worker) -> None:
+        self.handler = _FileLog(self.path, logging.WARNING, who=f"worker {worker.name} ({os.getpid()}) ")
+        for name in LOGGERS:
+            logging.getLogger(name).addHandler(self.handler)
+
+    def teardown(self, worker) -> None:
+        if self.handler is not None:
+            for name in LOGGERS:
+                logging.getLogger(name).removeHandler(self.handler)
+            self.handler.close()
 
 
 def log_path(command: str, path: str | None = None) -> str:
