@@ -23,8 +23,8 @@
 #     issue40: the `fft` rows at 2 PEs at 256 and 1024 chunks (9 runs each), then the 3-D FFT call
 #       at 1 PE (`--fft --fft-slabs`, 16 slabs)
 #     fft3d: the 3-D FFT call alone
-#     weather: on an H200, the `weather` pipeline at its users' size (36 GB, 8760 daily chunks), one run
-#       each (on CPU at 128 MiB its `without` took 47 s a run)
+#     weather: the `weather` pipeline at 8760 daily chunks, one run each, at its users' size (36 GB) on an
+#       H200, 16 GB elsewhere (on CPU at 128 MiB its `without` took 47 s a run; its workers' log in $dir)
 #     room: what decides the branch fft-room (docs/gpu-testing.md): the 2-PE `fftn` row at 8 GiB,
 #       then `elementwise` in the same cluster; three FFT geometries at 2 PEs in one cluster
 #   bash tools/gpu/benches.sh wait [SECONDS]   until they have ended (or SECONDS have passed)
@@ -86,8 +86,11 @@ case ${1:-} in
         script+="$(bench gpu-fft-pes2 --pipeline --gpu $(pes 2) --size 8GiB --chunks 256 1024 --tasks-up-to 0 --pipelines fft --reps 9)"
         script+="$(fft3d)"
         ;;
-      weather)  # users' size (dask#11162), on an H200 only: 8760 daily chunks (minutes: run it last)
-        script+="if nvidia-smi -L | grep -q H200; then $(bench gpu-weather --pipeline --gpu --workers 1 --pipelines weather --size 36.4GB --chunks 8760 --tasks-up-to 0 --reps 1) fi; " ;;
+      weather)  # users' size (dask#11162) on an H200, 16 GB elsewhere: 8760 daily chunks (minutes: run it
+        # last). On an H100 at 16 GB (2026-12-06) the worker closed after the first run: the log file
+        # (--log-file, in $dir) now has the workers' own records
+        script+="size=16GB; nvidia-smi -L | grep -q H200 && size=36.4GB; "
+        script+="$(bench gpu-weather --pipeline --gpu --workers 1 --pipelines weather --size \$size --chunks 8760 --tasks-up-to 0 --reps 1 --log-file $dir/gpu-weather-logs.txt)" ;;
       room)  # the branch fft-room against main (run it on each): a 2-PE fftn of 8 GiB on one GPU, then
         # elementwise rows in the same cluster; then three FFT geometries in one cluster (FFTS_KEPT: 2)
         script+="$(bench gpu-room-fftn --pipeline --gpu $(pes 2) --size 8GiB --chunks 16 64 --pipelines fftn elementwise --tasks-up-to 0)"
