@@ -509,13 +509,18 @@ def test_the_fft_pipeline_without_the_rechunk_does_the_same_transforms_and_is_ch
     assert {r.method: r.correct for r in rows} == {"without": False, "with": True}, rows
 
 
-def test_a_pipeline_stops_when_its_cluster_lost_a_worker_for_good_keeping_what_ran(monkeypatch):
+def test_a_pipeline_bench_stops_when_its_cluster_lost_a_worker_for_good_keeping_what_ran(
+    monkeypatch, tmp_path, capsys
+):
     """A worker that closed and did not come back (2026-12-06, one H100: the bench then waited
-    until its command was killed): the next run waits `WORKERS_BACK_S`, then the pipeline stops
-    with `ClusterLost`, which names what is left and carries the rows measured so far."""
+    until its command was killed): the next run waits `WORKERS_BACK_S`, then the bench stops,
+    says where and why, and writes the rows measured so far; its exit status is 1."""
+    import contextlib
+
     from distributed import Client, LocalCluster
 
     from dask_redist.bench import pipeline as p
+    from dask_redist.cli import parser
 
     monkeypatch.setattr(p, "WORKERS_BACK_S", 1.0)
     real = p._one_run
@@ -524,21 +529,28 @@ def test_a_pipeline_stops_when_its_cluster_lost_a_worker_for_good_keeping_what_r
         real(client, pipeline, case, method, r, opts, timed)
         if method == "without" and timed:  # (its only timed run: reps=1)
             cluster.scale(1)
-            client.wait_for_workers(1)
             while len(client.scheduler_info()["workers"]) > 1:
                 time.sleep(0.05)
 
-    with (
-        LocalCluster(n_workers=2, processes=False, dashboard_address=None) as cluster,
-        Client(cluster) as client,
-    ):
-        monkeypatch.setattr(p, "_one_run", then_lose_a_worker)
-        opts = p.Options(engine="dask", reps=1, tasks_up_to=0, workers=2)
-        with pytest.raises(p.ClusterLost, match="1 of the 2 workers it started with") as lost:
-            p.run_pipeline(client, "elementwise", "256KiB", 4, opts, {})
-    rows = lost.value.rows
-    assert [r.method for r in rows] == ["without"]
-    assert len(rows[0].times) == 1 and rows[0].correct is True
+    @contextlib.contextmanager
+    def connect(args):
+        with Client(cluster) as client:
+            client.wait_for_workers(2)
+            yield client
+
+    monkeypatch.setattr(p, "_one_run", then_lose_a_worker)
+    args = parser().parse_args(
+        "bench --pipeline --pipelines elementwise reduction --size 256KiB --chunks 4 --reps 1 "
+        f"--tasks-up-to 0 --engine dask --out {tmp_path} --name lost".split()
+    )
+    with LocalCluster(n_workers=2, processes=False, dashboard_address=None) as cluster:
+        assert p.main(args, "dask-redist bench --pipeline", connect, lambda rows, title="": None) == 1
+    out = capsys.readouterr().out
+    assert "dask-redist bench: stopped at elementwise, 4 chunks: the cluster has 1 of the 2 workers" in out, (
+        out
+    )
+    rows = json.loads((tmp_path / "lost.json").read_text())["results"]
+    assert [(r["method"], len(r["times"]), r["correct"]) for r in rows] == [("without", 1, True)]
 
 
 def test_a_cluster_started_here_fails_a_task_no_worker_can_run(monkeypatch):

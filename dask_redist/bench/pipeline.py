@@ -138,7 +138,9 @@ class ClusterLost(RuntimeError):
     ``without`` run at 8760 chunks, and the bench waited until its command was killed). ``rows``:
     the rows of the pipeline it stopped, as far as they ran."""
 
-    rows: list = []
+    def __init__(self, message: str):
+        super().__init__(message)
+        self.rows: list = []
 
 
 def _workers_there(client, opts: Options) -> None:
