@@ -218,11 +218,10 @@ def run_pipeline(
     rows of each input case (measured once, shown with every pipeline of that input)."""
     case = pipeline_case(pipeline, size, nchunks)
     name = f"{pipeline}: {case.name}"
-    n_in, n_out = math.prod(map(len, case.old)), math.prod(map(len, case.new))
     methods = ["without", "with"]
     if opts.tasks_up_to is None or nchunks <= opts.tasks_up_to:
         methods.append("tasks")
-    rows = {m: PipelineResult(name, m, case.nbytes, n_in, n_out) for m in methods}
+    rows = {m: _row(case, name, m) for m in methods}
     order = [(rep, m) for rep in range(opts.reps + 1) for m in methods]
     if not opts.interleave:
         order = [(rep, m) for m in methods for rep in range(opts.reps + 1)]
@@ -230,32 +229,32 @@ def run_pipeline(
         for rep, m in order:
             if rows[m].error is None:
                 _one_run(client, pipeline, case, m, rows[m], opts, timed=rep > 0)
+        for m in methods:
+            say(f"{name}: {m} {_summary(rows[m])}")
+        once = []  # (the input case's bare and floor rows, where no pipeline measured them yet)
+        if case.name not in shared:
+            once = shared[case.name] = _shared_rows(client, pipeline, case, opts)
+            for r in once:
+                say(f"{case.name}: {r.method} {_summary(r)}")
     except ClusterLost as e:
         e.rows = [r for r in rows.values() if r.times or r.error]  # (what was measured stays)
         raise
-    for m in methods:
-        say(f"{name}: {m} {_summary(rows[m])}")
-    out = [rows[m] for m in methods]
-    if case.name not in shared:
-        try:
-            shared[case.name] = _shared_rows(client, pipeline, case, opts)
-        except ClusterLost as e:
-            e.rows = out
-            raise
-        for r in shared[case.name]:
-            say(f"{case.name}: {r.method} {_summary(r)}")
-        out += shared[case.name]
-    return out
+    return list(rows.values()) + once
+
+
+def _row(case: Case, label: str, method: str) -> PipelineResult:
+    """An empty row of ``method`` for ``case``, named ``label``."""
+    n_in, n_out = math.prod(map(len, case.old)), math.prod(map(len, case.new))
+    return PipelineResult(label, method, case.nbytes, n_in, n_out)
 
 
 def _shared_rows(client, pipeline: str, case: Case, opts: Options) -> list:
     """The rows measured once per input case: ``bare``, ``floor`` (and ``fftn``'s ``whole``)."""
-    n_in, n_out = math.prod(map(len, case.old)), math.prod(map(len, case.new))
-    alone = PipelineResult(case.name, "bare", case.nbytes, n_in, n_out)
+    alone = _row(case, case.name, "bare")
     for rep in range(opts.reps + 1):
         if alone.error is None:
             _one_run(client, pipeline, case, "bare", alone, opts, timed=rep > 0)
-    floor = PipelineResult(case.name, "floor", case.nbytes, n_in, n_out)
+    floor = _row(case, case.name, "floor")
     _workers_there(client, opts)
     floor_row(client, case, floor, opts.reps, opts.kind)
     return [alone, floor] + ([_whole(client, case, opts)] if pipeline == "fftn" else [])
@@ -317,12 +316,12 @@ def main(args, command: str, connect, show) -> int:
     from dask_redist.bench.harness import environment
 
     kind = "cupy" if args.gpu and not args.numpy else "numpy"
-    opts = Options(args.engine, kind, args.reps, args.tasks_up_to, args.interleave)
     results, shared, lost = [], {}, None
     stem = os.path.join(args.out, args.name) if args.out else None
     with connect(args) as client:
         env = environment(client)
-        opts.workers = len(worker_addresses(client))
+        workers = len(worker_addresses(client))
+        opts = Options(args.engine, kind, args.reps, args.tasks_up_to, args.interleave, workers)
         cases = [
             (s, n, p) for s in args.size or ["1GiB"] for n in args.chunks for p in args.pipelines or PIPELINES
         ]
