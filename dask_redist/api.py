@@ -253,7 +253,8 @@ def bootstrap(client=None, *, restart_broken: bool = False, engine: str | None =
     its first rechunk.
 
     Runs a tiny rechunk through that engine, so the bootstrap goes through the same ordered,
-    time-bounded path as every run. After workers joined, call it again: the workers leave
+    time-bounded path as every run (an engine whose description has no such rechunk,
+    ``bootstrap_input``, starts its new world at its next rechunk). After workers joined, call it again: the workers leave
     the old world and form one over the current worker set, in the same processes.
 
     After a worker of the world died, its surviving members cannot leave the old
@@ -315,11 +316,12 @@ def bootstrap(client=None, *, restart_broken: bool = False, engine: str | None =
                 "exit until the driver frees its GPU; see docs/reliability.md"
             ) from e
     client.sync(ForgetWorld(d.name).call, client.scheduler)
-    x, new, expected = d.bootstrap_input(client)
-    y = rechunk(x, new, engine=d.name).persist()
-    wait(y)
-    if not np.array_equal(converted(y.compute(), "numpy"), expected):
-        raise RedistError("the bootstrap rechunk returned wrong values")
+    if (case := d.bootstrap_input(client)) is not None:  # (None: its next rechunk starts the world)
+        x, new, expected = case
+        y = rechunk(x, new, engine=d.name).persist()
+        wait(y)
+        if not np.array_equal(converted(y.compute(), "numpy"), expected):
+            raise RedistError("the bootstrap rechunk returned wrong values")
     return {
         w: s["engines"][d.name]["stats"]
         for w, s in status(client)["workers"].items()

@@ -67,6 +67,20 @@ class PreferredUnavailableEngine(UnavailableEngine):
     description = PreferredDescription
 
 
+class PreferredWorldDescription(PreferredDescription):
+    """``auto`` tries it first; it has a world, as cufftmp has NVSHMEM's."""
+
+    world = True
+    world_name = "the stand-in's world"
+
+
+class PreferredFailingWorldEngine(FailingEngine):
+    """`FailingEngine` with a world, which ``auto`` tries first: a failed run leaves its world
+    not to be trusted, as a cufftmp run's failure leaves NVSHMEM's."""
+
+    description = PreferredWorldDescription
+
+
 class RestartingEngine(DaskEngine):
     """Run 1: rank 0 finds its state stale and asks for a restart; later runs work."""
 

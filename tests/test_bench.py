@@ -287,6 +287,24 @@ def test_floor_layer_is_keyed_like_the_output_and_runs_coroutines(client):
     assert len(times) == 2 and correct is True
 
 
+def _fails_on_its_second_chunk(block, block_info=None):
+    if block_info[0]["chunk-location"] == (1,):
+        raise ValueError("the second chunk failed")
+    return block
+
+
+def test_a_timed_run_whose_chunk_failed_raises_instead_of_giving_a_time(client):
+    """``wait`` returns on failed futures too: a run whose collective failed must not be timed."""
+    import dask.array as da
+
+    from dask_redist.bench.harness import computed
+
+    y = da.ones(8, chunks=2).map_blocks(_fails_on_its_second_chunk, dtype=float).persist()
+    with pytest.raises(ValueError, match="the second chunk failed"):
+        computed(client, y, "numpy")
+    computed(client, da.ones(8, chunks=2).persist(), "numpy")  # (all done: returns)
+
+
 def test_cli_floor_rows(tmp_path):
     """`--methods floor tasks`: a floor row per case, and every row as a multiple of it."""
     out = str(tmp_path)

@@ -84,8 +84,9 @@ def test_a_gpu_transforms_steps_are_noted_only_where_one_ran_during_the_method()
         "w2": {"last fft": {"leg in ms": 4.0, "transforms ms": 40.0}},
     }
     assert bench_fft._fft_note(after, before) == "leg in ms 4.0, transforms ms 50.0"
-    assert bench_fft._fft_note(before, before) is None  # nothing ran since
-    assert bench_fft._fft_note(None, {}) is None  # no engine statistics (CPU workers)
+    # nothing ran since (the row's runs took the path that runs everywhere): the row says so
+    assert bench_fft._fft_note(before, before) == bench_fft.NO_GPU_TRANSFORM
+    assert bench_fft._fft_note(None, {}) == bench_fft.NO_GPU_TRANSFORM  # no engine ran at all
 
 
 def test_the_slab_case_is_issue_40s_array():

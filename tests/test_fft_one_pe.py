@@ -111,3 +111,15 @@ def test_chunks_missing_strided_of_another_dtype_or_in_host_memory_take_the_leg_
     assert chunks_in_order(dfft, old, {0: a[:2], 1: np.zeros((6, 2), complex).view(Gpu).T}) is None
     assert chunks_in_order(dfft, old, {0: a[:2], 1: a[2:].astype(np.complex64)}) is None
     assert chunks_in_order(dfft, old, {0: a[:2], 1: np.zeros((2, 6), complex)}) is None
+
+
+def test_a_transform_whose_workspace_does_not_fit_the_heap_names_what_to_change():
+    """A new FFT's first transform allocates cuFFTMp's workspace on the symmetric heap: where it
+    does not fit, the error says so, with the setting, not only NVSHMEM's NULL."""
+    from dask_redist.engines.cufftmp.fft import workspace_error
+
+    error = workspace_error(_dfft((645, 645, 645)), 2, 2, MemoryError("nvshmem_malloc returned NULL"))
+    said = str(error)
+    assert isinstance(error, MemoryError) and "(645, 645, 645) complex128 over 2 GPUs" in said, said
+    assert "nvshmem_malloc returned NULL" in said and "the 2 FFT(s) kept" in said, said
+    assert "redist.nvshmem.symmetric-size (NVSHMEM_SYMMETRIC_SIZE)" in said, said

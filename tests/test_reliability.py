@@ -314,6 +314,30 @@ def test_a_failing_rank_releases_the_others_at_once(own_cluster):
     assert time.monotonic() - start < 60  # far below the 120 s timeout: nobody waited for it
 
 
+def test_a_run_that_leaves_a_world_untrusted_says_later_rechunks_pass_its_engine_over(own_cluster):
+    """A world engine's run failed on a rank: the user's error says why and what follows (later
+    rechunks under auto run elsewhere until a new bootstrap), and they do; bootstrap brings the
+    engine back."""
+    _, client = own_cluster
+    a = data((30, 30), seed=5)
+    engines = {"stand-in": "engines:PreferredFailingWorldEngine"}
+    with dask_redist.enable(engine="auto", engines=engines, timeouts={"collective": "120s"}):
+        with pytest.raises(RedistError, match="injected failure on rank 0") as info:
+            da.from_array(a, chunks=(3, 30)).rechunk((30, 3)).compute()
+        said = str(info.value)
+        assert "later rechunks under redist.engine: auto pass stand-in over" in said, said
+        assert "the stand-in's world needs a new bootstrap" in said and "dask_redist.bootstrap" in said, said
+        got = da.from_array(a + 1, chunks=(3, 30)).rechunk((30, 3)).compute()
+        np.testing.assert_array_equal(got, a + 1)
+        assert [r["engine"] for r in scheduler_history(client)] == ["stand-in", "dask"]
+        assert dask_redist.status(client)["engines"]["records"]["stand-in"]["broken"]
+        dask_redist.bootstrap(client, engine="stand-in")  # (it has no bootstrap rechunk of its own)
+        assert dask_redist.status(client)["engines"]["records"]["stand-in"]["broken"] is None
+        with pytest.raises(RedistError, match="injected failure on rank 0"):  # auto takes it again
+            da.from_array(a + 2, chunks=(3, 30)).rechunk((30, 3)).compute()
+    assert [r["engine"] for r in scheduler_history(client)] == ["stand-in", "dask", "stand-in"]
+
+
 def test_new_workers_take_part_in_the_next_run(own_cluster):
     cluster, client = own_cluster
     a = data((40, 40))

@@ -179,16 +179,20 @@ def _time(client, case, name: str, kind: str, reps: int, timed: bool = True):
     return times, y, marks
 
 
-def _fft_note(stats: dict | None, before: dict) -> str | None:
+#: a GPU method's note where its runs took the path that runs everywhere (`dask_redist.fft.problem`)
+NO_GPU_TRANSFORM = "no GPU transform ran: collective rechunks and cupy.fft on every chunk"
+
+
+def _fft_note(stats: dict | None, before: dict) -> str:
     """The slowest worker's time in each step of the last GPU transform (`engines.cufftmp.fft`),
-    where one ran since ``before`` (the statistics then): a method may have taken another path."""
+    where one ran since ``before`` (the statistics then), else `NO_GPU_TRANSFORM`."""
     steps = [
         s["last fft"]
         for w, s in (stats or {}).items()
         if s.get("last fft") and s["last fft"] != before.get(w, {}).get("last fft")
     ]
     if not steps:
-        return None
+        return NO_GPU_TRANSFORM
     return ", ".join(f"{k} {max(s.get(k, 0.0) for s in steps):.1f}" for k in steps[0])
 
 

@@ -160,10 +160,14 @@ def computed(client, y, kind: str) -> None:
     """``wait(y)``, and for CuPy chunks until every worker's GPU has finished them too: a task
     returns its chunk while the kernels computing it may still run (Dask's blockwise steps queue
     theirs and return; the collective waits for its inputs), so a timer stopped at ``wait`` alone
-    would leave some methods' GPU work out of their time and count it in others'."""
-    from distributed import wait
+    would leave some methods' GPU work out of their time and count it in others'. Raises the
+    first failed chunk's error (``wait`` does not): a failed run is no time."""
+    from distributed import futures_of, wait
 
-    wait(y)
+    futures = futures_of(y)
+    wait(futures)
+    if failed := next((f for f in futures if f.status == "error"), None):
+        failed.result()
     gpus_idle(client, kind)
 
 

@@ -55,6 +55,11 @@ def _passed_over(
     return None
 
 
+def passed_over_from_now_on(d: EngineDescription, why: str) -> str:
+    """What a failure (``why``) that leaves engine ``d`` unusable means for later rechunks."""
+    return f"later rechunks under redist.engine: auto pass {d.name} over: {d.cannot_start(why)}"
+
+
 def choose_engine(
     request: Request, capabilities: dict | None, workers, records: dict[str, WorldRecord] | None = None
 ) -> tuple[str, str]:
@@ -222,15 +227,23 @@ class EngineSelector:
             self.record(engine).members = tuple(workers)
             self.record(engine).world_name = d.world_name
 
-    def run_failed(self, engine: str, settings: Settings, failure: str, why: str) -> None:
+    def run_failed(self, engine: str, settings: Settings, failure: str, why: str) -> str | None:
         """A rank of a run failed: an engine that could not start (``failure`` "unavailable",
         checked before anything started: ``bootstrap`` may try again once fixed), or a run of an
         engine with a world that failed on a rank (that world cannot be trusted any more), unless
-        the engine refused the run alike on every rank before anything moved (``refused``)."""
+        the engine refused the run alike on every rank before anything moved (``refused``).
+
+        Returns what this means for later rechunks where the engine was usable until now (for
+        the user's error and the scheduler's log), else None."""
         if failure == "refused":
-            return
-        if failure == "unavailable" or description(engine, settings).world:
-            self.record(engine).broken = why  # auto passes it over from now on, with this reason
+            return None
+        d = description(engine, settings)
+        if failure != "unavailable" and not d.world:
+            return None
+        record = self.record(engine)
+        news = record.broken is None
+        record.broken = why  # auto passes it over from now on, with this reason
+        return passed_over_from_now_on(d, why) if news else None
 
     def worker_left(self, worker: str, under_way=()) -> None:
         """``worker`` left; ``under_way``: the rechunks (tokens) submitted by then (`choose`)."""

@@ -285,7 +285,10 @@ class RedistSchedulerPlugin(SchedulerPlugin):
         logger.warning("%s failed on %s: %s", run.spec.name(), address, message)
         unavailable = failure == "unavailable"
         why = message if unavailable else f"{run.spec.name()} failed on {address}"
-        self.engines.run_failed(run.spec.engine, run.spec.collective.settings, failure, why)
+        if later := self.engines.run_failed(run.spec.engine, run.spec.collective.settings, failure, why):
+            logger.warning("%s", later)
+            if not unavailable:  # (else ``later`` repeats the message)
+                message = f"{message} ({later})"
         if (
             failure == "restart"
             or (unavailable and run.spec.collective.settings.engine == "auto")

@@ -244,9 +244,11 @@ def transforms(engine, run, t: _Transform, slab, error=None):
     result: list = []
 
     def exchange(k):
-        result[:] = [
-            t.fft.execute(direction=_direction(dfft), stream=engine.stream, sync_symmetric_memory=True)
-        ]
+        try:
+            out = t.fft.execute(direction=_direction(dfft), stream=engine.stream, sync_symmetric_memory=True)
+        except MemoryError as e:  # (its workspace: allocated by the first transform of a new FFT)
+            raise workspace_error(dfft, nranks, len(engine.ffts), e) from e
+        result[:] = [out]
         nvshmem.sync_all_on_stream(engine.stream.ptr)  # every rank is done with the operand
         engine.rounds.queued(engine._everything())
 
@@ -266,6 +268,18 @@ def transforms(engine, run, t: _Transform, slab, error=None):
         engine.rounds.run(step, dfft.batches, exchange, work)
     engine.rounds.wait(step)
     return out
+
+
+def workspace_error(dfft, nranks: int, kept: int, error: MemoryError) -> MemoryError:
+    """The error of a transform whose workspace did not fit the symmetric heap (``kept``: the
+    FFTs kept, this one included), with what shares the heap and what to change."""
+    return MemoryError(
+        f"cuFFTMp's workspace for the FFT of {dfft.in_shape[dfft.first :]} {dfft.in_dtype} over {nranks} GPUs "
+        f"did not fit the symmetric heap ({type(error).__name__}: {error}); it shares the heap with the "
+        f"operands and workspaces of the {kept} FFT(s) kept and the rechunk's arena: raise "
+        "redist.nvshmem.symmetric-size (NVSHMEM_SYMMETRIC_SIZE) where the workers start, or leave NVSHMEM "
+        "more of the GPU (an RMM pool, other processes on it)"
+    )
 
 
 def operand_as_slab(t: _Transform, dfft, nranks: int, rank: int) -> dict:
