@@ -286,9 +286,7 @@ class RedistSchedulerPlugin(SchedulerPlugin):
         unavailable = failure == "unavailable"
         why = message if unavailable else f"{run.spec.name()} failed on {address}"
         if later := self.engines.run_failed(run.spec.engine, run.spec.collective.settings, failure, why):
-            logger.warning("%s", later)
-            if not unavailable:  # (else ``later`` repeats the message)
-                message = f"{message} ({later})"
+            logger.warning("%s", later)  # (the rank's error says so too: `collective._saying_what_follows`)
         if (
             failure == "restart"
             or (unavailable and run.spec.collective.settings.engine == "auto")
