@@ -254,8 +254,9 @@ def bootstrap(client=None, *, restart_broken: bool = False, engine: str | None =
 
     Runs a tiny rechunk through that engine, so the bootstrap goes through the same ordered,
     time-bounded path as every run (an engine whose description has no such rechunk,
-    ``bootstrap_input``, starts its new world at its next rechunk). After workers joined, call it again: the workers leave
-    the old world and form one over the current worker set, in the same processes.
+    ``bootstrap_input``, starts its new world at its next rechunk). After workers joined, call
+    it again: the workers leave the old world and form one over the current worker set, in the
+    same processes.
 
     After a worker of the world died, its surviving members cannot leave the old
     world (NVSHMEM's finalize waits for the dead PE), and neither can a worker

@@ -234,7 +234,7 @@ class EngineSelector:
         the engine refused the run alike on every rank before anything moved (``refused``).
 
         Returns what this means for later rechunks where the engine was usable until now (for
-        the user's error and the scheduler's log), else None."""
+        the scheduler's log; each rank's error says it too), else None."""
         if failure == "refused":
             return None
         d = description(engine, settings)
