@@ -44,7 +44,7 @@ logger = logging.getLogger("dask_redist")
 STUCK_GRACE_S = 10.0
 
 
-def _saying_what_follows(error: RedistError, run: WorkerRun, address: str) -> RedistError:
+def _saying_what_follows(error: RedistError, run: WorkerRun) -> RedistError:
     """``error``, the run's failure on this rank, with what it means for later rechunks where
     it leaves the world of the run's engine untrusted (the scheduler's `EngineSelector.run_failed`)."""
     from dask_redist.engines.choice import passed_over_from_now_on
@@ -53,7 +53,7 @@ def _saying_what_follows(error: RedistError, run: WorkerRun, address: str) -> Re
     d = description(run.spec.engine, run.spec.collective.settings)
     if type(error) is not RedistError or not d.world:  # (its subclasses: refused, timed out, ...)
         return error
-    later = passed_over_from_now_on(d, f"{run.spec.name()} failed on {address}")
+    later = passed_over_from_now_on(d, "after this failure")  # (the error names the run already)
     return RedistError(f"{error} ({later})")
 
 
@@ -170,7 +170,7 @@ class RunExecutor:
                 return
             if not isinstance(e, RedistError):
                 e = RedistError(f"{run.name()} failed in phase '{run.phase}': {type(e).__name__}: {e}")
-            e = _saying_what_follows(e, run, self.worker.address)
+            e = _saying_what_follows(e, run)
             logger.warning("%s", e)
             self.fail(run, e)
         finally:
