@@ -78,7 +78,8 @@ def log_path(command: str, path: str | None = None) -> str:
 @contextlib.contextmanager
 def logs_to_file(path: str):
     """While inside, the records of `LOGGERS` in this process (and those the workers forward:
-    `cli.clusters.client_for`) go to ``path``, and none to the terminal; the path is printed once."""
+    `cli.clusters.forward_logs`) go to ``path``, and none to the terminal; the path is printed once.
+    The workers of a cluster started here append theirs to ``path`` themselves (`WorkerLogFile`)."""
     handler = _FileLog(path)
     saved = []
     for name in LOGGERS:

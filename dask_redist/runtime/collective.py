@@ -28,6 +28,8 @@ from typing import Callable
 from dask_redist.core import messages as m
 from dask_redist.core.run import WorkerRun
 from dask_redist.engines import get_engine
+from dask_redist.engines.choice import passed_over_from_now_on
+from dask_redist.engines.registry import description
 from dask_redist.errors import (
     EngineUnavailableError,
     RedistConsistencyError,
@@ -47,9 +49,6 @@ STUCK_GRACE_S = 10.0
 def _saying_what_follows(error: RedistError, run: WorkerRun) -> RedistError:
     """``error``, the run's failure on this rank, with what it means for later rechunks where
     it leaves the world of the run's engine untrusted (the scheduler's `EngineSelector.run_failed`)."""
-    from dask_redist.engines.choice import passed_over_from_now_on
-    from dask_redist.engines.registry import description
-
     d = description(run.spec.engine, run.spec.collective.settings)
     if type(error) is not RedistError or not d.world:  # (its subclasses: refused, timed out, ...)
         return error
