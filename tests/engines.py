@@ -81,6 +81,13 @@ class PreferredFailingWorldEngine(FailingEngine):
     description = PreferredWorldDescription
 
 
+class PreferredStallingWorldEngine(StallingEngine):
+    """`StallingEngine` with a world, which ``auto`` tries first: a run that timed out leaves its
+    world not to be trusted, as a cufftmp run's timeout leaves NVSHMEM's."""
+
+    description = PreferredWorldDescription
+
+
 class RestartingEngine(DaskEngine):
     """Run 1: rank 0 finds its state stale and asks for a restart; later runs work."""
 

@@ -338,6 +338,25 @@ def test_a_run_that_leaves_a_world_untrusted_says_later_rechunks_pass_its_engine
     assert [r["engine"] for r in scheduler_history(client)] == ["stand-in", "dask", "stand-in"]
 
 
+def test_a_world_engines_timeout_says_later_rechunks_pass_it_over(own_cluster):
+    """A world engine's run timed out (a rank never sent): the user's timeout says what follows,
+    as a failure does, and the next rechunk under auto runs elsewhere."""
+    _, client = own_cluster
+    a = data((30, 30), seed=6)
+    engines = {"stand-in": "engines:PreferredStallingWorldEngine"}
+    with dask_redist.enable(engine="auto", engines=engines, timeouts={"collective": "2s"}):
+        with pytest.raises(RedistTimeoutError) as info:
+            da.from_array(a, chunks=(3, 30)).rechunk((30, 3)).compute()
+        said = str(info.value)
+        assert (
+            "timed out" in said and "later rechunks under redist.engine: auto pass stand-in over" in said
+        ), said
+        got = da.from_array(a + 1, chunks=(3, 30)).rechunk((30, 3)).compute()
+        np.testing.assert_array_equal(got, a + 1)
+    assert [r["engine"] for r in scheduler_history(client)] == ["stand-in", "dask"]
+    assert worker_leftovers(client, timeout=15) == {}
+
+
 def test_new_workers_take_part_in_the_next_run(own_cluster):
     cluster, client = own_cluster
     a = data((40, 40))

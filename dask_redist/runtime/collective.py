@@ -48,12 +48,14 @@ STUCK_GRACE_S = 10.0
 
 def _saying_what_follows(error: RedistError, run: WorkerRun) -> RedistError:
     """``error``, the run's failure on this rank, with what it means for later rechunks where
-    it leaves the world of the run's engine untrusted (the scheduler's `EngineSelector.run_failed`)."""
+    it leaves the world of the run's engine untrusted (the scheduler's `EngineSelector.run_failed`):
+    a failure or a timeout that the user sees. (A run refused alike everywhere keeps its world; a
+    restart or an engine that could not start is the scheduler's to retry, not the user's error.)"""
     d = description(run.spec.engine, run.spec.collective.settings)
-    if type(error) is not RedistError or not d.world:  # (its subclasses: refused, timed out, ...)
+    if type(error) not in (RedistError, RedistTimeoutError) or not d.world:
         return error
     later = passed_over_from_now_on(d, "after this failure")  # (the error names the run already)
-    return RedistError(f"{error} ({later})")
+    return type(error)(f"{error} ({later})")
 
 
 class CollectiveThread:
