@@ -55,6 +55,13 @@ def _passed_over(
     return None
 
 
+def untrusts_world(d: EngineDescription, failure: str) -> bool:
+    """Whether a run of engine ``d`` that failed so (a `dask_redist.errors.FAILURES` name) leaves
+    the engine's world not to be trusted: any failure of a world engine's run but one refused
+    alike on every rank before anything moved."""
+    return d.world and failure != "refused"
+
+
 def passed_over_from_now_on(d: EngineDescription, why: str) -> str:
     """What a failure (``why``) that leaves engine ``d`` unusable means for later rechunks."""
     return f"later rechunks under redist.engine: auto pass {d.name} over: {d.cannot_start(why)}"
@@ -235,10 +242,8 @@ class EngineSelector:
 
         Returns what this means for later rechunks where the engine was usable until now (for
         the scheduler's log; each rank's error says it too), else None."""
-        if failure == "refused":
-            return None
         d = description(engine, settings)
-        if failure != "unavailable" and not d.world:
+        if failure != "unavailable" and not untrusts_world(d, failure):
             return None
         record = self.record(engine)
         news = record.broken is None

@@ -28,7 +28,7 @@ from typing import Callable
 from dask_redist.core import messages as m
 from dask_redist.core.run import WorkerRun
 from dask_redist.engines import get_engine
-from dask_redist.engines.choice import passed_over_from_now_on
+from dask_redist.engines.choice import passed_over_from_now_on, untrusts_world
 from dask_redist.engines.registry import description
 from dask_redist.errors import (
     EngineUnavailableError,
@@ -48,11 +48,11 @@ STUCK_GRACE_S = 10.0
 
 def _saying_what_follows(error: RedistError, run: WorkerRun) -> RedistError:
     """``error``, the run's failure on this rank, with what it means for later rechunks where
-    it leaves the world of the run's engine untrusted (the scheduler's `EngineSelector.run_failed`):
-    a failure or a timeout that the user sees. (A run refused alike everywhere keeps its world; a
-    restart or an engine that could not start is the scheduler's to retry, not the user's error.)"""
-    d = description(run.spec.engine, run.spec.collective.settings)
-    if type(error) not in (RedistError, RedistTimeoutError) or not d.world:
+    it leaves the world of the run's engine untrusted (`untrusts_world`, the scheduler's rule too):
+    of the failures the user sees, an error or a timeout (a restart, or an engine that could not
+    start, is the scheduler's to retry)."""
+    d, failure = description(run.spec.engine, run.spec.collective.settings), failure_of(error)
+    if failure not in ("error", "timeout") or not untrusts_world(d, failure):
         return error
     later = passed_over_from_now_on(d, "after this failure")  # (the error names the run already)
     return type(error)(f"{error} ({later})")
