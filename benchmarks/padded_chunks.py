@@ -1,0 +1,62 @@
+"""Would an output chunk with a padded last axis make its fused consumer faster?
+
+    python benchmarks/padded_chunks.py [REPS]
+
+After the `fft` pipeline's rechunk (256 MiB complex128 cube, 16 chunks) an output chunk is
+(256, 16, 256), C order: along axis 0 its elements lie 64 KiB apart, a power of two, so a
+transform along that axis reads them through the same few cache sets. A chunk built as a view
+of a (256, 16, 256 + pad) array spreads them. This times, for NumPy, the fastest of REPS
+(default 15) of what the pipelines' consumers do (a transform along axis 0, squaring, a mean
+over axis 0) on the C-ordered chunk and on padded views, in ms, beside the transform along
+axis 1 of a slab before the rechunk (the `fft` pipeline's ``without``).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import numpy as np
+
+from dask_redist.bench.cases import slab_case
+
+CONSUMERS = {
+    "fft along axis 0": lambda b: np.fft.fft(b, axis=0),
+    "b ** 2": lambda b: b**2,
+    "mean over axis 0": lambda b: b.mean(axis=0),
+}
+
+
+def fastest(f, block, reps: int) -> float:
+    best = float("inf")
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        f(block)
+        best = min(best, time.perf_counter() - t0)
+    return best * 1e3
+
+
+def padded(shape, dtype, pad: int):
+    """A C-ordered array of ``shape`` (``pad`` 0), or a view of one whose last axis is ``pad`` longer."""
+    whole = np.ones((*shape[:-1], shape[-1] + pad), dtype=dtype)
+    return whole[..., : shape[-1]]
+
+
+def main(reps: int = 15) -> None:
+    for nchunks in (16, 64):
+        case = slab_case("256MiB", nchunks, "complex128")
+        n0, n1, n2 = case.shape
+        after = (n0, case.new[1][0], n2)
+        for dtype in (np.complex128, np.float64):
+            slab = np.ones((case.old[0][0], n1, n2), dtype=dtype)
+            print(f"\n{nchunks} chunks, a chunk {after} {np.dtype(dtype).name}")
+            along_1 = fastest(lambda b: np.fft.fft(b, axis=1), slab, reps)
+            print(f"fft along axis 1 of a slab {slab.shape}: {along_1:.2f}")
+            print("consumer | C order | pad 1 | pad 4 | pad 8")
+            for name, f in CONSUMERS.items():
+                times = [fastest(f, padded(after, dtype, pad), reps) for pad in (0, 1, 4, 8)]
+                print(f"{name} | " + " | ".join(f"{t:.2f}" for t in times))
+
+
+if __name__ == "__main__":
+    main(int(sys.argv[1]) if len(sys.argv) > 1 else 15)
