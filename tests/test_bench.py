@@ -624,9 +624,15 @@ def test_the_pipeline_summary_relates_the_rows_and_gives_the_gpu_time():
         return p.PipelineResult(name, method, 1, 16, 16, times=times, correct=True, **kw)
 
     rows = [
-        row(f"elementwise: {case}", "without", [0.030, 0.040, 0.050], tasks=16),
+        row(
+            f"elementwise: {case}",
+            "without",
+            [0.030, 0.040, 0.050],
+            tasks=16,
+            peak_gpu_bytes={"w": 3 * 2**30},
+        ),
         row(f"elementwise: {case}", "with", [0.100, 0.090], tasks=34, engine_stats=stats),
-        row(case, "bare", [0.060], engine_stats=stats),
+        row(case, "bare", [0.060], engine_stats=stats, peak_gpu_bytes={"w": 2**30, "v": 2**31}),
         row(case, "floor", [0.020]),
     ]
     (s,) = p.summary(rows)
@@ -639,6 +645,9 @@ def test_the_pipeline_summary_relates_the_rows_and_gives_the_gpu_time():
     )
     assert s["tasks"] == "skipped" and s["GPU ms (with / bare)"] == "8.0 / 8.0" and s["checked"] == "equal"
     assert s["task count (without / with / tasks)"] == "16 / 34 / -"
+    assert s["GPU mem + (without / with / bare)"] == "3.00 GiB / - / 2.00 GiB"  # (the busiest worker's)
+    (cpu,) = p.summary(rows[1:2] + [row(case, "bare", [0.06])])  # none measured (NumPy): empty
+    assert cpu["GPU mem + (without / with / bare)"] == "", cpu
     md = p.markdown(rows, {"date": "d", "machine": "m", "workers": 1}, "dask-redist bench --pipeline")
     assert md.startswith("Command: `dask-redist bench --pipeline`") and "| elementwise | slab 8.00 GiB" in md
     assert "reshape ms 5.00" in md  # every row's note: the engine's last run
@@ -669,6 +678,10 @@ def test_every_pipeline_on_cupy_chunks(gpu_client):
     for r in withs:  # (the collective or Dask's rechunk, as enable()'s cost model chose)
         assert r.note.startswith("enable() ran"), r
     assert all(row["checked"] == "equal" for row in p.summary(results))
+    for r in results:  # the GPU memory each method's warm-up added: about its peak (CuPy's pool keeps it)
+        if r.method in ("without", "with", "bare"):
+            assert r.peak_gpu_bytes and max(r.peak_gpu_bytes.values()) > 0, r
+    assert all(row["GPU mem + (without / with / bare)"].count("B") == 3 for row in p.summary(results))
 
 
 def test_a_rows_note_says_how_much_of_the_peers_memory_its_ranks_mapped():

@@ -182,6 +182,21 @@ def _gpu_used(reset: bool = False) -> int:
     return int(total - free)
 
 
+def gpu_baseline(client, keys: int) -> dict:
+    """Per worker, the GPU bytes in use once the scheduler holds only ``keys`` tasks (the run's
+    input) and CuPy's cached free blocks are handed back: what `gpu_added` counts from. Taken
+    before a warm-up run only: the timed runs would pay for fresh allocations."""
+    _settle(client, keys)
+    return client.run(_gpu_used, True)
+
+
+def gpu_added(client, before: dict) -> dict:
+    """Per worker, the GPU bytes in use now beyond ``before`` (`gpu_baseline`): CuPy's pool keeps
+    the blocks a run freed, so about what the run needed at its peak."""
+    after = client.run(_gpu_used)
+    return {w: after[w] - before.get(w, 0) for w in after}
+
+
 def run_case(
     client,
     case: Case,
@@ -267,16 +282,14 @@ def _timed_run(client, case: Case, r: Result, rep: int, kind: str) -> None:
         # first would make the timed runs pay for fresh allocations
         before = None
         if kind == "cupy" and rep == 0:
-            _settle(client, math.prod(map(len, case.old)))  # only this input left: a clean reading
-            before = client.run(_gpu_used, True)
+            before = gpu_baseline(client, math.prod(map(len, case.old)))  # (only this input held)
         with ctx:
             start = time.perf_counter()
             y = x.rechunk(case.new, method=dask_method).persist()
             computed(client, y, kind)
             elapsed = time.perf_counter() - start
         if before is not None:
-            after = client.run(_gpu_used)
-            r.peak_gpu_bytes = {w: after[w] - before[w] for w in after}
+            r.peak_gpu_bytes = gpu_added(client, before)
         if r.method.startswith("redist-") or r.method == "enabled":  # (marks before start: an earlier run's)
             r.timeline = [m for m in timeline(client, start) if m[0] >= 0] or None
         if r.method == "enabled":

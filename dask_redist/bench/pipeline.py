@@ -60,7 +60,15 @@ from distributed.diagnostics.plugin import SchedulerPlugin
 from dask_redist.bench.cases import Case, check, placed_array, worker_addresses
 from dask_redist.bench.fft import whole_fftn_on_a_worker
 from dask_redist.bench.floor import floor_row
-from dask_redist.bench.harness import Result, computed, engine_stats, gpus_idle, timeline
+from dask_redist.bench.harness import (
+    Result,
+    computed,
+    engine_stats,
+    gpu_added,
+    gpu_baseline,
+    gpus_idle,
+    timeline,
+)
 from dask_redist.bench.pipeline_cases import (
     PIPELINES,
     bare,
@@ -170,11 +178,15 @@ def _one_run(client, pipeline: str, case: Case, method: str, r: Result, opts: Op
     x = y = None
     try:
         if pipeline == "generated" and method != "bare":
-            x = generated_input(case, token, opts.kind)
+            x, held = generated_input(case, token, opts.kind), 0  # (made by the graph: nothing held)
         else:
             x = placed_array(client, case, token, opts.kind)
+            held = x.npartitions
             gpus_idle(client, opts.kind)
         context = nullcontext() if method == "tasks" else opts.enabled()
+        before = None
+        if opts.kind == "cupy" and not timed:  # (the warm-up: what each method needs of the GPU)
+            before = gpu_baseline(client, held)
         client.run_on_scheduler(_count_tasks, reset=True)
         with context:
             start = time.perf_counter()
@@ -187,6 +199,8 @@ def _one_run(client, pipeline: str, case: Case, method: str, r: Result, opts: Op
                 y = y.persist()
             computed(client, y, opts.kind)
             elapsed = time.perf_counter() - start
+        if before is not None:
+            r.peak_gpu_bytes = gpu_added(client, before)
         tasks = client.run_on_scheduler(_count_tasks)
         if method in ("with", "bare"):  # the collective's marks of this run, if it ran
             marks = [m for m in timeline(client, start) if m[0] >= 0]

@@ -8,10 +8,20 @@ def _ms(t: float | None) -> str:
     return "" if t is None else f"{t * 1e3:,.1f} ms"
 
 
+def _gpu_added(rows: list) -> str:
+    """The GPU memory each row's warm-up added on its busiest worker (``bench --gpu``), or "" without."""
+    from dask.utils import format_bytes
+
+    added = [max(r.peak_gpu_bytes.values()) if r is not None and r.peak_gpu_bytes else None for r in rows]
+    if all(a is None for a in added):
+        return ""
+    return " / ".join("-" if a is None else format_bytes(a) for a in added)
+
+
 def summary(results: list) -> list[dict]:
     """One row per pipeline and chunk count: without, with, what the rechunk adds, the bare
-    rechunk, Dask's floor and ``tasks``, ``fftn``'s transform in one call (``whole``), the tasks
-    each put on the scheduler."""
+    rechunk, Dask's floor and ``tasks``, ``fftn``'s transform in one call (``whole``), the GPU
+    memory the warm-ups added (CuPy chunks), the tasks each put on the scheduler."""
     by = {(r.case, r.method): r for r in results}
     rows = []
     for r in results:
@@ -47,6 +57,9 @@ def summary(results: list) -> list[dict]:
                 )
                 if r.gpu_ms is not None
                 else "",
+                "GPU mem + (without / with / bare)": _gpu_added(
+                    [by.get((r.case, "without")), r, by.get((case, "bare"))]
+                ),
                 "task count (without / with / tasks)": " / ".join(
                     str(by[(r.case, m)].tasks)
                     if (r.case, m) in by and by[(r.case, m)].tasks is not None
