@@ -678,9 +678,12 @@ def test_every_pipeline_on_cupy_chunks(gpu_client):
     for r in withs:  # (the collective or Dask's rechunk, as enable()'s cost model chose)
         assert r.note.startswith("enable() ran"), r
     assert all(row["checked"] == "equal" for row in p.summary(results))
-    for r in results:  # the GPU memory each method's warm-up added: about its peak (CuPy's pool keeps it)
+    workers = set(gpu_client.scheduler_info()["workers"])
+    for r in results:  # the GPU memory each method's warm-up added on each worker (CuPy's pool keeps it)
         if r.method in ("without", "with", "bare"):
-            assert r.peak_gpu_bytes and max(r.peak_gpu_bytes.values()) > 0, r
+            assert r.peak_gpu_bytes is not None and set(r.peak_gpu_bytes) == workers, r
+    (elementwise,) = [r for r in results if r.case.startswith("elementwise") and r.method == "without"]
+    assert max(elementwise.peak_gpu_bytes.values()) >= 8 * 2**20  # (its outputs, 8 MiB, at least)
     assert all(row["GPU mem + (without / with / bare)"].count("B") == 3 for row in p.summary(results))
 
 
