@@ -648,6 +648,9 @@ def test_the_pipeline_summary_relates_the_rows_and_gives_the_gpu_time():
     assert s["GPU mem + (without / with / bare)"] == "3.00 GiB / - / 2.00 GiB"  # (the busiest worker's)
     (cpu,) = p.summary(rows[1:2] + [row(case, "bare", [0.06])])  # none measured (NumPy): empty
     assert cpu["GPU mem + (without / with / bare)"] == "", cpu
+    rows[2].gpu_cached_bytes = {"w": 0, "v": 2**29}  # (every row: the busiest worker's, and its cached)
+    assert rows[2].row()["GPU mem +"] == "2.00 GiB (512.00 MiB of it cached free)"
+    assert rows[0].row()["GPU mem +"] == "3.00 GiB" and rows[1].row()["GPU mem +"] == ""
     md = p.markdown(rows, {"date": "d", "machine": "m", "workers": 1}, "dask-redist bench --pipeline")
     assert md.startswith("Command: `dask-redist bench --pipeline`") and "| elementwise | slab 8.00 GiB" in md
     assert "reshape ms 5.00" in md  # every row's note: the engine's last run
@@ -682,6 +685,7 @@ def test_every_pipeline_on_cupy_chunks(gpu_client):
     for r in results:  # the GPU memory each method's warm-up added on each worker (CuPy's pool keeps it)
         if r.method in ("without", "with", "bare"):
             assert r.peak_gpu_bytes is not None and set(r.peak_gpu_bytes) == workers, r
+            assert set(r.gpu_cached_bytes) == workers and min(r.gpu_cached_bytes.values()) >= 0, r
     (elementwise,) = [r for r in results if r.case.startswith("elementwise") and r.method == "without"]
     assert max(elementwise.peak_gpu_bytes.values()) >= 8 * 2**20  # (its outputs, 8 MiB, at least)
     assert all(row["GPU mem + (without / with / bare)"].count("B") == 3 for row in p.summary(results))

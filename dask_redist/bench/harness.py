@@ -40,6 +40,7 @@ class Result:
     correct: bool | None = None
     error: str | None = None
     peak_gpu_bytes: dict | None = None  # per worker: GPU memory the warm-up run added
+    gpu_cached_bytes: dict | None = None  # per worker: of that, free blocks CuPy's pool kept after it
     ceiling_s: float | None = None  # the case's bytes crossing GPUs at the peer-copy rate
     engine_stats: dict | None = (
         None  # the engine's statistics per worker (cufftmp: the last run's stage/reshape/unstage ms)
@@ -89,9 +90,19 @@ class Result:
             "x floor": f"{self.median / self.floor_s:.2f}" if self.times and self.floor_s else "",
             "checked": {True: "equal", False: "WRONG", None: "-"}[self.correct],
             "of ceiling": f"{self.ceiling_s / self.median:.0%}" if self.times and self.ceiling_s else "",
-            "GPU mem +": format_bytes(max(self.peak_gpu_bytes.values())) if self.peak_gpu_bytes else "",
+            "GPU mem +": _gpu_added_text(self.peak_gpu_bytes, self.gpu_cached_bytes),
             "note": (self.error or self.note or self._engine_note())[:160],
         }
+
+
+def _gpu_added_text(added: dict | None, cached: dict | None) -> str:
+    """The busiest worker's GPU memory added (`gpu_added`), and how much of it CuPy's pool kept as
+    free blocks after the run, where any."""
+    if not added:
+        return ""
+    w = max(added, key=added.get)
+    kept = (cached or {}).get(w, 0)
+    return format_bytes(added[w]) + (f" ({format_bytes(kept)} of it cached free)" if kept > 0 else "")
 
 
 def _seconds(t: float) -> str:
@@ -190,11 +201,21 @@ def gpu_baseline(client, keys: int) -> dict:
     return client.run(_gpu_used, True)
 
 
-def gpu_added(client, before: dict) -> dict:
-    """Per worker, the GPU bytes in use now beyond ``before`` (`gpu_baseline`): CuPy's pool keeps
-    the blocks a run freed, so about what the run needed at its peak."""
+def _gpu_cached() -> int:
+    """Bytes of free blocks CuPy's default pool keeps on this worker's GPU."""
+    import cupy
+
+    return int(cupy.get_default_memory_pool().free_bytes())
+
+
+def gpu_added(client, r: Result, before: dict) -> None:
+    """Set ``r``'s GPU bytes in use now beyond ``before`` (`gpu_baseline`), per worker: CuPy's pool
+    keeps the blocks a run freed, so about what the run needed at its peak; and of them, the free
+    blocks the pool keeps (memory the run needed once, which later allocations of other sizes
+    may not reuse)."""
     after = client.run(_gpu_used)
-    return {w: after[w] - before.get(w, 0) for w in after}
+    r.peak_gpu_bytes = {w: after[w] - before.get(w, 0) for w in after}
+    r.gpu_cached_bytes = client.run(_gpu_cached)
 
 
 def run_case(
@@ -289,7 +310,7 @@ def _timed_run(client, case: Case, r: Result, rep: int, kind: str) -> None:
             computed(client, y, kind)
             elapsed = time.perf_counter() - start
         if before is not None:
-            r.peak_gpu_bytes = gpu_added(client, before)
+            gpu_added(client, r, before)
         if r.method.startswith("redist-") or r.method == "enabled":  # (marks before start: an earlier run's)
             r.timeline = [m for m in timeline(client, start) if m[0] >= 0] or None
         if r.method == "enabled":
@@ -297,7 +318,7 @@ def _timed_run(client, case: Case, r: Result, rep: int, kind: str) -> None:
         ok = check(y, case, seed)
     except Exception as e:
         r.error = f"{type(e).__name__}: {e}".splitlines()[0]
-        r.peak_gpu_bytes = None  # of a run that failed: not comparable
+        r.peak_gpu_bytes = r.gpu_cached_bytes = None  # of a run that failed: not comparable
         return
     finally:
         del x, y

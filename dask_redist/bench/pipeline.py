@@ -200,7 +200,7 @@ def _one_run(client, pipeline: str, case: Case, method: str, r: Result, opts: Op
             computed(client, y, opts.kind)
             elapsed = time.perf_counter() - start
         if before is not None:
-            r.peak_gpu_bytes = gpu_added(client, before)
+            gpu_added(client, r, before)
         tasks = client.run_on_scheduler(_count_tasks)
         if method in ("with", "bare"):  # the collective's marks of this run, if it ran
             marks = [m for m in timeline(client, start) if m[0] >= 0]
