@@ -39,7 +39,8 @@ from dask.utils import parse_bytes
 
 from dask_redist.bench.cases import Case
 from dask_redist.bench.floor import floor_row
-from dask_redist.bench.harness import Result, computed, engine_stats, gpus_idle, timeline
+from dask_redist.bench.gpu_state import gpus_idle
+from dask_redist.bench.harness import Result, computed, engine_stats, timeline
 from dask_redist.compat import worker_info
 
 CPU_METHODS = ("redist-fft", "redist-fft-enabled", "four-step", "four-step-collective", "floor")

@@ -26,6 +26,7 @@ from dask.utils import format_bytes
 
 from dask_redist.bench.cases import METHODS, Case, check, contiguous, placed_array, worker_addresses
 from dask_redist.bench.floor import floor_row
+from dask_redist.bench.gpu_state import added_text, gpu_added, gpu_baseline, gpus_idle
 from dask_redist.compat import worker_info
 
 
@@ -90,19 +91,9 @@ class Result:
             "x floor": f"{self.median / self.floor_s:.2f}" if self.times and self.floor_s else "",
             "checked": {True: "equal", False: "WRONG", None: "-"}[self.correct],
             "of ceiling": f"{self.ceiling_s / self.median:.0%}" if self.times and self.ceiling_s else "",
-            "GPU mem +": _gpu_added_text(self.peak_gpu_bytes, self.gpu_cached_bytes),
+            "GPU mem +": added_text(self.peak_gpu_bytes, self.gpu_cached_bytes),
             "note": (self.error or self.note or self._engine_note())[:160],
         }
-
-
-def _gpu_added_text(added: dict | None, cached: dict | None) -> str:
-    """The busiest worker's GPU memory added (`gpu_added`), and how much of it CuPy's pool kept as
-    free blocks after the run, where any."""
-    if not added:
-        return ""
-    w = max(added, key=added.get)
-    kept = (cached or {}).get(w, 0)
-    return format_bytes(added[w]) + (f" ({format_bytes(kept)} of it cached free)" if kept > 0 else "")
 
 
 def _seconds(t: float) -> str:
@@ -139,34 +130,6 @@ def crossing_bytes(case: Case, nworkers: int, placement=contiguous) -> int:
     return int(traffic.max(initial=0))
 
 
-def _settle(client, keys: int, timeout: float = 10) -> None:
-    """Wait until the scheduler holds only ``keys`` tasks: earlier results are released everywhere."""
-    deadline = time.monotonic() + timeout
-    while client.run_on_scheduler(_task_count) > keys and time.monotonic() < deadline:
-        time.sleep(0.05)
-
-
-def _task_count(dask_scheduler) -> int:
-    return len(dask_scheduler.tasks)
-
-
-def _gpu_idle() -> None:
-    """Wait for this worker's GPU to finish what it was given. A CuPy input's chunks are returned
-    by their tasks while the kernels computing them still run (the bench's formula over a large
-    input: long enough to count); a method that waits for its inputs (the collective does) would pay for them in its
-    time, and one that does not (Dask's rechunk queues its copies and returns) would not."""
-    import cupy
-
-    cupy.cuda.Device().synchronize()
-
-
-def gpus_idle(client, kind: str) -> None:
-    """With CuPy chunks (``kind``), wait until every worker's GPU has finished what it was given
-    (`_gpu_idle`); nothing with NumPy's."""
-    if kind == "cupy":
-        client.run(_gpu_idle)
-
-
 def computed(client, y, kind: str) -> None:
     """``wait(y)``, and for CuPy chunks until every worker's GPU has finished them too: a task
     returns its chunk while the kernels computing it may still run (Dask's blockwise steps queue
@@ -180,42 +143,6 @@ def computed(client, y, kind: str) -> None:
     if failed := next((f for f in futures if f.status == "error"), None):
         failed.result()
     gpus_idle(client, kind)
-
-
-def _gpu_used(reset: bool = False) -> int:
-    """Bytes in use on this worker's GPU; ``reset`` first hands CuPy's cached free blocks back."""
-    import cupy
-
-    if reset:
-        cupy.cuda.Device().synchronize()
-        cupy.get_default_memory_pool().free_all_blocks()
-    free, total = cupy.cuda.runtime.memGetInfo()
-    return int(total - free)
-
-
-def gpu_baseline(client, keys: int) -> dict:
-    """Per worker, the GPU bytes in use once the scheduler holds only ``keys`` tasks (the run's
-    input) and CuPy's cached free blocks are handed back: what `gpu_added` counts from. Taken
-    before a warm-up run only: the timed runs would pay for fresh allocations."""
-    _settle(client, keys)
-    return client.run(_gpu_used, True)
-
-
-def _gpu_cached() -> int:
-    """Bytes of free blocks CuPy's default pool keeps on this worker's GPU."""
-    import cupy
-
-    return int(cupy.get_default_memory_pool().free_bytes())
-
-
-def gpu_added(client, r: Result, before: dict) -> None:
-    """Set ``r``'s GPU bytes in use now beyond ``before`` (`gpu_baseline`), per worker: CuPy's pool
-    keeps the blocks a run freed, so about what the run needed at its peak; and of them, the free
-    blocks the pool keeps (memory the run needed once, which later allocations of other sizes
-    may not reuse)."""
-    after = client.run(_gpu_used)
-    r.peak_gpu_bytes = {w: after[w] - before.get(w, 0) for w in after}
-    r.gpu_cached_bytes = client.run(_gpu_cached)
 
 
 def run_case(

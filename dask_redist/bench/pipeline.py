@@ -60,15 +60,8 @@ from distributed.diagnostics.plugin import SchedulerPlugin
 from dask_redist.bench.cases import Case, check, placed_array, worker_addresses
 from dask_redist.bench.fft import whole_fftn_on_a_worker
 from dask_redist.bench.floor import floor_row
-from dask_redist.bench.harness import (
-    Result,
-    computed,
-    engine_stats,
-    gpu_added,
-    gpu_baseline,
-    gpus_idle,
-    timeline,
-)
+from dask_redist.bench.gpu_state import gpu_added, gpu_baseline, gpus_idle
+from dask_redist.bench.harness import Result, computed, engine_stats, timeline
 from dask_redist.bench.pipeline_cases import (
     PIPELINES,
     bare,
