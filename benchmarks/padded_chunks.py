@@ -14,9 +14,10 @@ axis 1 of a slab before the rechunk (the `fft` pipeline's ``without``).
 from __future__ import annotations
 
 import sys
-import time
 
 import numpy as np
+
+from fft_consumer_work import fastest  # (this folder: run as a script)
 
 from dask_redist.bench.cases import slab_case
 
@@ -27,13 +28,8 @@ CONSUMERS = {
 }
 
 
-def fastest(f, block, reps: int) -> float:
-    best = float("inf")
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        f(block)
-        best = min(best, time.perf_counter() - t0)
-    return best * 1e3
+def _no_sync() -> None:  # (NumPy: nothing queued)
+    pass
 
 
 def padded(shape, dtype, pad: int):
@@ -50,11 +46,11 @@ def main(reps: int = 15) -> None:
         for dtype in (np.complex128, np.float64):
             slab = np.ones((case.old[0][0], n1, n2), dtype=dtype)
             print(f"\n{nchunks} chunks, a chunk {after} {np.dtype(dtype).name}")
-            along_1 = fastest(lambda b: np.fft.fft(b, axis=1), slab, reps)
+            along_1 = fastest(lambda b: np.fft.fft(b, axis=1), slab, reps, _no_sync)
             print(f"fft along axis 1 of a slab {slab.shape}: {along_1:.2f}")
             print("consumer | C order | pad 1 | pad 4 | pad 8")
             for name, f in CONSUMERS.items():
-                times = [fastest(f, padded(after, dtype, pad), reps) for pad in (0, 1, 4, 8)]
+                times = [fastest(f, padded(after, dtype, pad), reps, _no_sync) for pad in (0, 1, 4, 8)]
                 print(f"{name} | " + " | ".join(f"{t:.2f}" for t in times))
 
 

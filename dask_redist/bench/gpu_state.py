@@ -55,21 +55,21 @@ def gpu_baseline(client, keys: int) -> dict:
     return client.run(_gpu_used, True)
 
 
-def _gpu_cached() -> int:
-    """Bytes of free blocks CuPy's default pool keeps on this worker's GPU."""
+def _gpu_used_and_cached() -> tuple[int, int]:
+    """Bytes in use on this worker's GPU, and of them the free blocks CuPy's default pool keeps."""
     import cupy
 
-    return int(cupy.get_default_memory_pool().free_bytes())
+    return _gpu_used(), int(cupy.get_default_memory_pool().free_bytes())
 
 
 def gpu_added(client, r, before: dict) -> None:
-    """Set ``r``'s (a `dask_redist.bench.harness.Result`) GPU bytes in use now beyond ``before`` (`gpu_baseline`), per worker: CuPy's pool
-    keeps the blocks a run freed, so about what the run needed at its peak; and of them, the free
-    blocks the pool keeps (memory the run needed once, which later allocations of other sizes
-    may not reuse)."""
-    after = client.run(_gpu_used)
-    r.peak_gpu_bytes = {w: after[w] - before.get(w, 0) for w in after}
-    r.gpu_cached_bytes = client.run(_gpu_cached)
+    """Set on ``r`` (a `dask_redist.bench.harness.Result`), per worker, the GPU bytes in use now
+    beyond ``before`` (`gpu_baseline`): CuPy's pool keeps the blocks a run freed, so about what the
+    run needed at its peak; and of them, the free blocks the pool keeps (memory the run needed
+    once, which later allocations of other sizes may not reuse). One call to the workers."""
+    now = client.run(_gpu_used_and_cached)
+    r.peak_gpu_bytes = {w: used - before.get(w, 0) for w, (used, _) in now.items()}
+    r.gpu_cached_bytes = {w: cached for w, (_, cached) in now.items()}
 
 
 def added_text(added: dict | None, cached: dict | None) -> str:

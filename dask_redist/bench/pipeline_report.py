@@ -10,12 +10,10 @@ def _ms(t: float | None) -> str:
 
 def _gpu_added(rows: list) -> str:
     """The GPU memory each row's warm-up added on its busiest worker (``bench --gpu``), or "" without."""
-    from dask.utils import format_bytes
+    from dask_redist.bench.gpu_state import added_text
 
-    added = [max(r.peak_gpu_bytes.values()) if r is not None and r.peak_gpu_bytes else None for r in rows]
-    if all(a is None for a in added):
-        return ""
-    return " / ".join("-" if a is None else format_bytes(a) for a in added)
+    added = [added_text(r.peak_gpu_bytes, None) if r is not None else "" for r in rows]
+    return " / ".join(a or "-" for a in added) if any(added) else ""
 
 
 def summary(results: list) -> list[dict]:
