@@ -25,7 +25,7 @@ from dask_redist.core.wire import Packed
 from dask_redist.config import Settings
 from dask_redist.engines import get_engine
 from dask_redist.engines.dask import box_transfers_of
-from dask_redist.errors import RedistError, RedistTimeoutError
+from dask_redist.errors import RedistConsistencyError, RedistError, RedistTimeoutError
 from dask_redist.planning import RechunkSpec, make_plan
 
 
@@ -159,6 +159,44 @@ def test_abort_releases_a_waiting_unpack_at_once():
     t.join(5)
     assert time.monotonic() - start < 2
     assert "rank 1 failed" in str(got["error"])
+
+
+@pytest.mark.parametrize(
+    ("failure", "reason", "expected"),
+    [
+        ("error", "rank 0 refused the run", "held"),  # the scheduler reports this rank's own error
+        ("error", "rank 0 refused the run (gave up after 3 restarts)", RedistError),
+        ("restart", "rank 0 refused the run", RedistConsistencyError),
+    ],
+)
+def test_a_held_failure_waits_for_the_schedulers_abort(failure, reason, expected):
+    """A rank's own failure is held, not applied, until the scheduler's abort: its unpack tasks
+    wait (the scheduler may restart the run instead), then raise the abort's error, which is the
+    held one where the scheduler reports it, and caused by it otherwise."""
+    data = np.arange(100.0).reshape(10, 10)
+    run = make_runs(data, ((5, 5), (10,)), ((10,), (5, 5)), 2, timeout=60)[0]
+    held = RedistError("rank 0 refused the run")
+    run.hold(held)
+    got = {}
+
+    def unpack():
+        try:
+            take_output(run, 0)
+        except RedistError as e:
+            got["error"] = e
+
+    t = threading.Thread(target=unpack)
+    t.start()
+    time.sleep(0.2)
+    assert t.is_alive() and run.state != "failed"
+    run.aborted(failure, reason, gone=["w1"])
+    t.join(5)
+    error = got["error"]
+    assert str(error) == reason and run.gone == ("w1",)
+    if expected == "held":
+        assert error.__cause__ is held and type(error) is RedistError
+    else:
+        assert type(error) is expected and error.__cause__ is run.error and run.error.__cause__ is held
 
 
 def test_every_unpack_of_a_failed_run_raises_a_traceback_of_its_own():

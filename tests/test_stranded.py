@@ -174,11 +174,33 @@ def _defer_a_restart(dask_scheduler, reason: str) -> str:
     return token
 
 
-def test_a_survivor_refusing_a_run_that_a_worker_left_restarts_it(client):
+def _hear_failures_late(dask_scheduler, delay: float | None) -> None:
+    """The scheduler takes a rank's failure report ``delay`` seconds late (None: at once again)."""
+    import asyncio
+
+    from dask_redist.core.messages import Failed
+
+    plugin = dask_scheduler.plugins["redist"]
+    if delay is None:
+        dask_scheduler.handlers[Failed.op] = plugin.failed
+        return
+
+    async def late(**kwargs):
+        await asyncio.sleep(delay)
+        return plugin.failed(**kwargs)
+
+    dask_scheduler.handlers[Failed.op] = late
+
+
+@pytest.mark.parametrize("late", [None, 1.0])
+def test_a_survivor_refusing_a_run_that_a_worker_left_restarts_it(client, late):
     """The GPU soak at 2 PEs, engine cufftmp (seed 57): a worker was killed while the barrier task
     of run 1 was still processing, so its restart waited; the survivor, told its world lost a PE,
     refused run 1 ("NVSHMEM is unusable in this worker") and the scheduler failed the rechunk with
-    that error. A failure of a run that a worker left is that worker's doing: the rechunk restarts."""
+    that error. A failure of a run that a worker left is that worker's doing: the rechunk restarts.
+
+    The refusing rank's unpack tasks wait for the scheduler's answer to its report, however
+    late: raising its error before then failed the user's computation (CI, once in many runs)."""
     from engines import unusable_gate
 
     a = np.arange(32 * 32.0).reshape(32, 32)
@@ -186,6 +208,7 @@ def test_a_survivor_refusing_a_run_that_a_worker_left_restarts_it(client):
     with dask_redist.enable(engine="engines:UnusableWorldEngine", timeouts={"collective": "60s"}):
         y = x.rechunk((32, 8)).persist()
         wait_for_active_run(client, 30, "run 1 never started")
+        client.run_on_scheduler(_hear_failures_late, delay=late)
         token = client.run_on_scheduler(_defer_a_restart, reason="worker tcp://gone:1 left during run 1")
         with open(unusable_gate(token), "w"):
             pass
@@ -193,5 +216,6 @@ def test_a_survivor_refusing_a_run_that_a_worker_left_restarts_it(client):
             np.testing.assert_array_equal(y.compute(), a)
         finally:
             os.remove(unusable_gate(token))
+            client.run_on_scheduler(_hear_failures_late, delay=None)
     last = scheduler_history(client)[-1]
     assert last["run"] == 2 and last["outcome"] == "done", last

@@ -27,7 +27,13 @@ import numpy as np
 from dask_redist.core.assemble import Assembly
 from dask_redist.core.spec import RunSpec
 from dask_redist.core.wire import Packed, unpack_views
-from dask_redist.errors import RedistConsistencyError, RedistError, RedistTimeoutError
+from dask_redist.errors import (
+    FAILURES,
+    RedistConsistencyError,
+    RedistError,
+    RedistTimeoutError,
+    failure_of,
+)
 from dask_redist.planning import Plan, Transfers
 
 
@@ -46,6 +52,7 @@ class WorkerRun:
         self.error: BaseException | None = None
         self.failed_at: float | None = None  # time.monotonic() of the abort
         self.gone: tuple[str, ...] = ()  # ranks the scheduler saw leave, as of the abort
+        self.held: RedistError | None = None  # this rank's own failure, until the abort (`hold`)
         #: set by an engine whose ranks must make matching calls (``completes_aborted_runs``)
         self.completes_when_aborted = False
         self.outputs: dict[int, Any] = {}
@@ -91,6 +98,24 @@ class WorkerRun:
             self.outputs = {}
             self._cond.notify_all()
         self._finished_now()
+
+    def hold(self, error: RedistError) -> None:
+        """This rank's own failure, reported to the scheduler and not applied yet: the scheduler may
+        answer it with a restart, and this rank's unpack tasks must not fail the user's
+        computation before that. The scheduler's abort applies it (`aborted`)."""
+        self.held = error
+
+    def aborted(self, failure: str, reason: str, gone=()) -> None:
+        """The scheduler's abort: fail with ``failure``'s error (`dask_redist.errors.FAILURES`)
+        saying ``reason``. Where that is this rank's own held failure, that error itself (its
+        traceback and cause); else one caused by it."""
+        held = self.held
+        if held is not None and failure_of(held) == failure and str(held) == reason:
+            error = held
+        else:
+            error = FAILURES[failure](reason)
+            error.__cause__ = held
+        self.fail(error, gone)
 
     def must_stop(self) -> bool:
         """Aborted, and not to be completed: its engine needs no completion, or a rank is gone

@@ -32,9 +32,7 @@ from dask_redist.engines.choice import passed_over_from_now_on, untrusts_world
 from dask_redist.engines.registry import description
 from dask_redist.errors import (
     EngineUnavailableError,
-    RedistConsistencyError,
     RedistError,
-    RedistTimeoutError,
     failure_of,
 )
 from dask_redist.runtime.transport import CommsTransport
@@ -232,15 +230,15 @@ class RunExecutor:
     def fail(self, run: WorkerRun, error: RedistError) -> None:
         """Have the scheduler abort ``run`` on every rank, this one included.
 
-        An error the scheduler may answer with a restart (stale state; an engine
-        that could not start, under ``engine: auto``; a timeout, where the peer
-        waited for turns out to have left) is not applied here first: this rank's
-        unpack tasks would then fail the user's computation before the restart
-        releases them. The scheduler's abort follows the report; if the report
-        cannot be made, the error is applied here.
+        The error is held (`WorkerRun.hold`), not applied here first: the scheduler may answer
+        any failure with a restart (stale state; an engine that could not start, under
+        ``engine: auto``; a timeout, where the peer waited for turns out to have left; any
+        failure of a run that a worker left), and this rank's unpack tasks would then fail the
+        user's computation before the restart releases them. The scheduler's abort follows the
+        report; if the report cannot be made, or the scheduler no longer runs ``run``, the error
+        is applied here.
         """
-        if not isinstance(error, (RedistConsistencyError, EngineUnavailableError, RedistTimeoutError)):
-            run.fail(error)
+        run.hold(error)
         self._report(run, error)
 
     def _abandoned(self, run: WorkerRun) -> None:
@@ -259,9 +257,11 @@ class RunExecutor:
                 failed = m.Failed(
                     run.spec.token, run.run_id, self.worker.address, str(error), failure_of(error)
                 )
-                await failed.call(self.worker.scheduler)
+                taken = await failed.call(self.worker.scheduler)
             except Exception:  # the scheduler may be gone; the other ranks time out on their own
                 logger.exception("could not report the failure of %s", run.name())
+                taken = False
+            if not taken:
                 run.fail(error)
 
         asyncio.run_coroutine_threadsafe(report(), self.worker.loop.asyncio_loop)

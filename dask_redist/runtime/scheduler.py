@@ -267,21 +267,21 @@ class RedistSchedulerPlugin(SchedulerPlugin):
         return {**self.engines.state(), "workers": sorted(self.scheduler.workers), "holders": holders}
 
     @log_errors
-    def failed(self, token: str, run_id: int, address: str, message: str, failure: str) -> None:
+    def failed(self, token: str, run_id: int, address: str, message: str, failure: str) -> bool:
         """A rank's run failed (``failure``: see `dask_redist.errors.FAILURES`): restart it, on the
         next engine if its own could not start under ``auto``, or abort it. A failure of a run that
         a worker left (its restart waits for the barrier task, or the rank's failure came first)
         is that worker's doing: the restart finishes the rechunk (on ``dask`` where the engine's
         world lost it: a survivor of an NVSHMEM world says so as it refuses the run), never the
-        user's error."""
+        user's error. Returns whether the report was taken (an abort of the run follows)."""
         run = self.rechunks.active(token, run_id)
         if run is None:  # an old run's late report, or no such rechunk
-            return
+            return False
         if address not in run.spec.workers or failure not in FAILURES:  # not a rank of this run: refused
             logger.debug(
                 "ignored a failure report for %s from %s (failure %r)", run.spec.name(), address, failure
             )
-            return
+            return False
         logger.warning("%s failed on %s: %s", run.spec.name(), address, message)
         unavailable = failure == "unavailable"
         why = message if unavailable else f"{run.spec.name()} failed on {address}"
@@ -297,6 +297,7 @@ class RedistSchedulerPlugin(SchedulerPlugin):
             self._abort_unless_a_rank_leaves(run.spec, message)
         else:
             self.rechunks.abort(token, message, failure=failure)
+        return True
 
     def _abort_unless_a_rank_leaves(self, spec: RunSpec, message: str) -> None:
         """Abort run ``spec`` for a rank's timeout, once its ranks answered, or the silent ones had

@@ -251,7 +251,7 @@ class WorkerState:
             run = self.runs.get(token)
             self.early.ended(token, run_id)
         if run is not None and run.run_id == run_id and failure in FAILURES:
-            run.fail(FAILURES[failure](reason), gone=[w for w in gone if isinstance(w, str)])
+            run.aborted(failure, reason, gone=[w for w in gone if isinstance(w, str)])
 
     def handle_gone(self, worker: str) -> None:
         """``worker`` left: a run already aborted that it was a rank of cannot be completed any more
