@@ -203,7 +203,7 @@ def test_a_survivor_refusing_a_run_that_a_worker_left_restarts_it(client, late):
     late: raising its error before then failed the user's computation (CI, once in many runs)."""
     from engines import unusable_gate
 
-    a = np.arange(32 * 32.0).reshape(32, 32)
+    a = np.arange(32 * 32.0).reshape(32, 32) + (late or 0)  # (a rechunk of its own each time)
     x = da.from_array(a, chunks=(8, 32)).persist()
     with dask_redist.enable(engine="engines:UnusableWorldEngine", timeouts={"collective": "60s"}):
         y = x.rechunk((32, 8)).persist()
