@@ -95,6 +95,21 @@ def take_output(run: WorkerRun, index: int, timeout: float = 60):
     return out.build() if isinstance(out, Assembly) else out
 
 
+def unpack_on_a_thread(run: WorkerRun, index: int) -> tuple[threading.Thread, dict]:
+    """`take_output` on a thread of its own, started; the dict gets its ``"error"``, if any."""
+    got = {}
+
+    def unpack():
+        try:
+            take_output(run, index)
+        except RedistError as e:
+            got["error"] = e
+
+    t = threading.Thread(target=unpack)
+    t.start()
+    return t, got
+
+
 def collect(runs, data, new):
     spec = runs[0].spec
     for flat, idx in enumerate(np.ndindex(*[len(c) for c in new])):
@@ -143,16 +158,7 @@ def test_abort_releases_a_waiting_unpack_at_once():
     data = np.arange(100.0).reshape(10, 10)
     runs = make_runs(data, ((5, 5), (10,)), ((10,), (5, 5)), 2, timeout=60)
     run = runs[0]
-    got = {}
-
-    def unpack():
-        try:
-            take_output(run, 0)
-        except RedistError as e:
-            got["error"] = e
-
-    t = threading.Thread(target=unpack)
-    t.start()
+    t, got = unpack_on_a_thread(run, 0)
     time.sleep(0.1)
     start = time.monotonic()
     run.fail(RedistError("rank 1 failed in phase 'send'"))
@@ -177,16 +183,7 @@ def test_a_held_failure_waits_for_the_schedulers_abort(failure, reason, expected
     run = make_runs(data, ((5, 5), (10,)), ((10,), (5, 5)), 2, timeout=60)[0]
     held = RedistError("rank 0 refused the run")
     run.hold(held)
-    got = {}
-
-    def unpack():
-        try:
-            take_output(run, 0)
-        except RedistError as e:
-            got["error"] = e
-
-    t = threading.Thread(target=unpack)
-    t.start()
+    t, got = unpack_on_a_thread(run, 0)
     time.sleep(0.2)
     assert t.is_alive() and run.state != "failed"
     run.aborted(failure, reason, gone=["w1"])
