@@ -650,6 +650,11 @@ def test_the_pipeline_summary_relates_the_rows_and_gives_the_gpu_time():
     assert cpu["GPU mem + (without / with / bare)"] == "", cpu
     rows[2].gpu_cached_bytes = {"w": 0, "v": 2**29}  # (every row: the busiest worker's, and its cached)
     assert rows[2].row()["GPU mem +"] == "2.00 GiB (512.00 MiB of it cached free)"
+    rows[2].gpu_array_peak_bytes = {"w": 2**30, "v": 3 * 2**29}
+    assert (
+        rows[2].row()["GPU mem +"]
+        == "2.00 GiB (512.00 MiB of it cached free; CuPy arrays at most 1.50 GiB more)"
+    )
     assert rows[0].row()["GPU mem +"] == "3.00 GiB" and rows[1].row()["GPU mem +"] == ""
     md = p.markdown(rows, {"date": "d", "machine": "m", "workers": 1}, "dask-redist bench --pipeline")
     assert md.startswith("Command: `dask-redist bench --pipeline`") and "| elementwise | slab 8.00 GiB" in md
@@ -686,9 +691,36 @@ def test_every_pipeline_on_cupy_chunks(gpu_client):
         if r.method in ("without", "with", "bare"):
             assert r.peak_gpu_bytes is not None and set(r.peak_gpu_bytes) == workers, r
             assert set(r.gpu_cached_bytes) == workers and min(r.gpu_cached_bytes.values()) >= 0, r
+            assert set(r.gpu_array_peak_bytes) == workers, r
     (elementwise,) = [r for r in results if r.case.startswith("elementwise") and r.method == "without"]
     assert max(elementwise.peak_gpu_bytes.values()) >= 8 * 2**20  # (its outputs, 8 MiB, at least)
+    assert max(elementwise.gpu_array_peak_bytes.values()) >= 8 * 2**20  # (held as the watch stopped)
     assert all(row["GPU mem + (without / with / bare)"].count("B") == 3 for row in p.summary(results))
+
+
+def test_a_peak_watch_keeps_the_highest_reading_until_stopped():
+    """`gpu_state.PeakWatch` (what a warm-up's CuPy arrays held at most, on a GPU): the highest of
+    readings taken on its own thread, the last one at `stop`; after that it reads nothing more."""
+    from dask_redist.bench.gpu_state import PeakWatch
+
+    held, reads = [5], []
+
+    def read():
+        reads.append(sum(held))
+        return reads[-1]
+
+    watch = PeakWatch(read, every=0.001)
+    assert watch.first == 5
+    held.append(100)  # a peak the watch must see while it lasts
+    deadline = time.monotonic() + 10
+    while watch.peak < 105 and time.monotonic() < deadline:
+        time.sleep(0.001)
+    held[1:] = [20]
+    assert watch.stop() == 105 and reads[-1] == 25
+    n = len(reads)
+    time.sleep(0.02)
+    assert len(reads) == n  # stopped
+    assert PeakWatch(read, limit=0.0).stop() == 25  # (a watch past its limit still reads at stop)
 
 
 def test_a_rows_note_says_how_much_of_the_peers_memory_its_ranks_mapped():

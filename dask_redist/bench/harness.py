@@ -26,7 +26,7 @@ from dask.utils import format_bytes
 
 from dask_redist.bench.cases import METHODS, Case, check, contiguous, placed_array, worker_addresses
 from dask_redist.bench.floor import floor_row
-from dask_redist.bench.gpu_state import added_text, gpu_added, gpu_baseline, gpus_idle
+from dask_redist.bench.gpu_state import added_text, gpu_memory_of, gpus_idle
 from dask_redist.compat import worker_info
 
 
@@ -42,6 +42,7 @@ class Result:
     error: str | None = None
     peak_gpu_bytes: dict | None = None  # per worker: GPU memory the warm-up run added
     gpu_cached_bytes: dict | None = None  # per worker: of that, free blocks CuPy's pool kept after it
+    gpu_array_peak_bytes: dict | None = None  # per worker: the most its CuPy arrays held at once, input aside
     ceiling_s: float | None = None  # the case's bytes crossing GPUs at the peer-copy rate
     engine_stats: dict | None = (
         None  # the engine's statistics per worker (cufftmp: the last run's stage/reshape/unstage ms)
@@ -91,7 +92,7 @@ class Result:
             "x floor": f"{self.median / self.floor_s:.2f}" if self.times and self.floor_s else "",
             "checked": {True: "equal", False: "WRONG", None: "-"}[self.correct],
             "of ceiling": f"{self.ceiling_s / self.median:.0%}" if self.times and self.ceiling_s else "",
-            "GPU mem +": added_text(self.peak_gpu_bytes, self.gpu_cached_bytes),
+            "GPU mem +": added_text(self.peak_gpu_bytes, self.gpu_cached_bytes, self.gpu_array_peak_bytes),
             "note": (self.error or self.note or self._engine_note())[:160],
         }
 
@@ -228,16 +229,12 @@ def _timed_run(client, case: Case, r: Result, rep: int, kind: str) -> None:
         gpus_idle(client, kind)  # the input's kernels are done before the timer starts
         # GPU memory is measured on the warm-up run: freeing CuPy's cached blocks
         # first would make the timed runs pay for fresh allocations
-        before = None
-        if kind == "cupy" and rep == 0:
-            before = gpu_baseline(client, math.prod(map(len, case.old)))  # (only this input held)
-        with ctx:
+        held = math.prod(map(len, case.old)) if kind == "cupy" and rep == 0 else None  # (the input)
+        with ctx, gpu_memory_of(client, r, held):
             start = time.perf_counter()
             y = x.rechunk(case.new, method=dask_method).persist()
             computed(client, y, kind)
             elapsed = time.perf_counter() - start
-        if before is not None:
-            gpu_added(client, r, before)
         if r.method.startswith("redist-") or r.method == "enabled":  # (marks before start: an earlier run's)
             r.timeline = [m for m in timeline(client, start) if m[0] >= 0] or None
         if r.method == "enabled":
@@ -245,7 +242,7 @@ def _timed_run(client, case: Case, r: Result, rep: int, kind: str) -> None:
         ok = check(y, case, seed)
     except Exception as e:
         r.error = f"{type(e).__name__}: {e}".splitlines()[0]
-        r.peak_gpu_bytes = r.gpu_cached_bytes = None  # of a run that failed: not comparable
+        r.peak_gpu_bytes = r.gpu_cached_bytes = r.gpu_array_peak_bytes = None  # (not comparable)
         return
     finally:
         del x, y

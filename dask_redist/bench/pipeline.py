@@ -60,7 +60,7 @@ from distributed.diagnostics.plugin import SchedulerPlugin
 from dask_redist.bench.cases import Case, check, placed_array, worker_addresses
 from dask_redist.bench.fft import whole_fftn_on_a_worker
 from dask_redist.bench.floor import floor_row
-from dask_redist.bench.gpu_state import gpu_added, gpu_baseline, gpus_idle
+from dask_redist.bench.gpu_state import gpu_memory_of, gpus_idle
 from dask_redist.bench.harness import Result, computed, engine_stats, timeline
 from dask_redist.bench.pipeline_cases import (
     PIPELINES,
@@ -177,11 +177,11 @@ def _one_run(client, pipeline: str, case: Case, method: str, r: Result, opts: Op
             held = x.npartitions
             gpus_idle(client, opts.kind)
         context = nullcontext() if method == "tasks" else opts.enabled()
-        before = None
-        if opts.kind == "cupy" and not timed:  # (the warm-up: what each method needs of the GPU)
-            before = gpu_baseline(client, held)
+        measured = (
+            held if opts.kind == "cupy" and not timed else None
+        )  # (the warm-up: what each method needs of the GPU)
         client.run_on_scheduler(_count_tasks, reset=True)
-        with context:
+        with context, gpu_memory_of(client, r, measured):
             start = time.perf_counter()
             if method == "bare":
                 y = bare(pipeline, case, x).persist()
@@ -192,8 +192,6 @@ def _one_run(client, pipeline: str, case: Case, method: str, r: Result, opts: Op
                 y = y.persist()
             computed(client, y, opts.kind)
             elapsed = time.perf_counter() - start
-        if before is not None:
-            gpu_added(client, r, before)
         tasks = client.run_on_scheduler(_count_tasks)
         if method in ("with", "bare"):  # the collective's marks of this run, if it ran
             marks = [m for m in timeline(client, start) if m[0] >= 0]
