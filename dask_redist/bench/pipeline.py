@@ -177,9 +177,8 @@ def _one_run(client, pipeline: str, case: Case, method: str, r: Result, opts: Op
             held = x.npartitions
             gpus_idle(client, opts.kind)
         context = nullcontext() if method == "tasks" else opts.enabled()
-        measured = (
-            held if opts.kind == "cupy" and not timed else None
-        )  # (the warm-up: what each method needs of the GPU)
+        # the warm-up's GPU memory: what each method needs of the GPU
+        measured = held if opts.kind == "cupy" and not timed else None
         client.run_on_scheduler(_count_tasks, reset=True)
         with context, gpu_memory_of(client, r, measured):
             start = time.perf_counter()

@@ -155,7 +155,9 @@ class BarrierReply(TypedDict, total=False):
 
 @dataclass(frozen=True)
 class Failed(Message):
-    """Run ``run_id`` of ``token`` failed on ``address`` (``failure``: `dask_redist.errors.FAILURES`)."""
+    """Run ``run_id`` of ``token`` failed on ``address`` (``failure``: `dask_redist.errors.FAILURES`).
+    The reply: whether the scheduler took it (an abort of the run follows; the rank holds its
+    error until then), False for a run it no longer runs."""
 
     op: ClassVar[str] = "redist_failed"
     token: str
