@@ -11,9 +11,9 @@ per run: the time, the memory before and the peak added, in MiB.
 
 from __future__ import annotations
 
+import math
 import os
 import sys
-import threading
 import time
 from functools import partial
 
@@ -22,6 +22,7 @@ from distributed import Client, LocalCluster, wait
 
 import dask_redist
 from dask_redist.bench.cases import placed_array
+from dask_redist.bench.gpu_state import PeakWatch
 from dask_redist.bench.pipeline_cases import build, pipeline_case
 
 
@@ -31,23 +32,13 @@ def peak_added(procs, run) -> tuple[float, int, int]:
     def rss() -> int:
         return sum(p.memory_info().rss for p in procs)
 
-    before = rss()
-    peak, done = [before], threading.Event()
-
-    def sample() -> None:
-        while not done.is_set():
-            peak[0] = max(peak[0], rss())
-            time.sleep(0.005)
-
-    sampler = threading.Thread(target=sample)
-    sampler.start()
+    watch = PeakWatch(rss, every=0.005, limit=math.inf)
     start = time.perf_counter()
     try:
         run()
     finally:
-        done.set()
-        sampler.join()
-    return time.perf_counter() - start, before, peak[0] - before
+        peak = watch.stop()
+    return time.perf_counter() - start, watch.first, peak - watch.first
 
 
 def computed(pipeline: str, case, x, token: int, rechunk: bool) -> None:
