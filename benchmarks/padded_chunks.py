@@ -5,9 +5,11 @@
 After the `fft` pipeline's rechunk (256 MiB complex128 cube, 16 chunks) an output chunk is
 (256, 16, 256), C order: along axis 0 its elements lie 64 KiB apart, a power of two, so a
 transform along that axis reads them through the same few cache sets. A chunk built as a view
-of a (256, 16, 256 + pad) array spreads them. This times, for NumPy, the fastest of REPS
+of a (256, 16, 256 + pad) array spreads them; so does one whose axes lie in memory in the
+senders' order, (16, 256, 256), axis 1 outermost ("senders'"), where the unpack copies each
+sender's piece as runs of its last axis. This times, for NumPy, the fastest of REPS
 (default 15) of what the pipelines' consumers do (a transform along axis 0, squaring, a mean
-over axis 0) on the C-ordered chunk and on padded views, in ms, beside the transform along
+over axis 0), and the unpack's copy of the senders' pieces into the chunk, on the C-ordered chunk, on padded views and in the senders' order, in ms, beside the transform along
 axis 1 of a slab before the rechunk (the `fft` pipeline's ``without``).
 """
 
@@ -38,6 +40,22 @@ def padded(shape, dtype, pad: int):
     return whole[..., : shape[-1]]
 
 
+def senders_order(shape, dtype):
+    """An array of ``shape`` whose axes 1 and 0 are swapped in memory: axis 1 outermost."""
+    return np.ones((shape[1], shape[0], *shape[2:]), dtype=dtype).swapaxes(0, 1)
+
+
+def assembling(chunk, pieces):
+    """The unpack's copy: each sender's piece into its rows of axis 0 of ``chunk``."""
+
+    def run(_) -> None:
+        rows = pieces[0].shape[0]
+        for i, piece in enumerate(pieces):
+            chunk[i * rows : (i + 1) * rows] = piece
+
+    return run
+
+
 def main(reps: int = 15) -> None:
     for nchunks in (16, 64):
         case = slab_case("256MiB", nchunks, "complex128")
@@ -48,10 +66,15 @@ def main(reps: int = 15) -> None:
             print(f"\n{nchunks} chunks, a chunk {after} {np.dtype(dtype).name}")
             along_1 = fastest(lambda b: np.fft.fft(b, axis=1), slab, reps, _no_sync)
             print(f"fft along axis 1 of a slab {slab.shape}: {along_1:.2f}")
-            print("consumer | C order | pad 1 | pad 4 | pad 8")
+            print("consumer | C order | pad 1 | pad 4 | pad 8 | senders'")
+            chunks = [padded(after, dtype, pad) for pad in (0, 1, 4, 8)]
+            chunks.append(senders_order(after, dtype))
             for name, f in CONSUMERS.items():
-                times = [fastest(f, padded(after, dtype, pad), reps, _no_sync) for pad in (0, 1, 4, 8)]
+                times = [fastest(f, chunk, reps, _no_sync) for chunk in chunks]
                 print(f"{name} | " + " | ".join(f"{t:.2f}" for t in times))
+            pieces = [np.ones((case.old[0][0], *after[1:]), dtype=dtype)] * (n0 // case.old[0][0])
+            times = [fastest(assembling(chunk, pieces), None, reps, _no_sync) for chunk in chunks]
+            print("the unpack's copy | " + " | ".join(f"{t:.2f}" for t in times))
 
 
 if __name__ == "__main__":
