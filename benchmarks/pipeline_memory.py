@@ -5,8 +5,11 @@
 A `LocalCluster` of 2 worker processes of 1 thread, the `dask` engine. For each round (default
 2), the bench's pipeline (default ``weather`` of 512MiB at 1024 chunks, `bench.pipeline_cases`)
 without the rechunk, then with it, each on a freshly placed input: the workers' resident memory
-summed, sampled every 5 ms, its peak above what it was before ``persist()``. Prints one line
-per run: the time, the memory before and the peak added, in MiB.
+summed, sampled every 5 ms, its peak above what it was before ``persist()``; and what the
+arrays held at once, the busiest worker's `tracemalloc` peak above what it traced before (NumPy
+reports its arrays' memory to `tracemalloc`: no allocator's cache, as the GPU bench's "CuPy arrays
+at most"). Prints one line per run: the time, the memory before, the peak added, and the arrays'
+peak added, in MiB.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import math
 import os
 import sys
 import time
+import tracemalloc
 from functools import partial
 
 import psutil
@@ -41,6 +45,18 @@ def peak_added(procs, run) -> tuple[float, int, int]:
     return time.perf_counter() - start, watch.first, peak - watch.first
 
 
+def _traced_from_now() -> int:
+    """(On a worker) restart `tracemalloc`'s peak; the bytes it traces now."""
+    if not tracemalloc.is_tracing():
+        tracemalloc.start()
+    tracemalloc.reset_peak()
+    return tracemalloc.get_traced_memory()[0]
+
+
+def _traced_peak() -> int:
+    return tracemalloc.get_traced_memory()[1]
+
+
 def computed(pipeline: str, case, x, token: int, rechunk: bool) -> None:
     """The pipeline's output persisted under `dask_redist.enable` (the ``dask`` engine), then let go."""
     with dask_redist.enable(engine="dask"):
@@ -57,10 +73,13 @@ def main(pipeline: str = "weather", size: str = "512MiB", nchunks: int = 1024, r
                 x = placed_array(client, case, token)
                 time.sleep(1)  # (the placement's own memory settled)
 
+                traced = client.run(_traced_from_now)
                 took, before, added = peak_added(procs, partial(computed, pipeline, case, x, token, rechunk))
+                arrays = max(peak - traced[w] for w, peak in client.run(_traced_peak).items())
                 name = "with" if rechunk else "without"
                 print(
                     f"{name:8s} {took:6.2f} s  before {before / 2**20:6.0f} MiB  peak +{added / 2**20:6.0f} MiB"
+                    f"  arrays +{arrays / 2**20:6.0f} MiB"
                 )
                 del x
                 time.sleep(2)
