@@ -49,7 +49,8 @@ What is relied on, and where:
   and `METHOD_FROM_ANNOTATION` (`record_explicit_methods`): the layers of
   ``tasks`` and ``p2p`` look the same whether dask chose the method or the caller did; the
   other rechunks it returns under a name of the collective's own (graph.names), for which
-  ``distributed.shuffle._rechunk.P2PRechunkLayer``'s fields are copied (`p2p_layer_renamed`);
+  ``distributed.shuffle._rechunk.P2PRechunkLayer`` is subclassed (graph.p2p) and its fields
+  copied (`p2p_layer_fields`);
 * ``Array.__dask_optimize__`` is dask's ``GlobalMethod`` returning the config's
   ``array_optimize``, read on the client when a collection becomes the expression that is
   submitted (``dask._expr.HLGExpr.from_collection``): while dask-redist is enabled it is
@@ -68,6 +69,7 @@ import sys
 import threading
 
 from dask._task_spec import Alias, DataNode, GraphNode, Task, TaskRef, convert_legacy_task
+from distributed.shuffle._rechunk import P2PRechunkLayer, rechunk_name
 
 #: dask/distributed versions the test suite ran on (see the module docstring).
 TESTED_DASK = ("2026.7.1", "2026.8.0")
@@ -87,6 +89,7 @@ __all__ = [
     "Alias",
     "DataNode",
     "GraphNode",
+    "P2PRechunkLayer",
     "P2P_PREFIX",
     "RECHUNK_PREFIXES",
     "TESTED_DASK",
@@ -104,7 +107,7 @@ __all__ = [
     "meta_of",
     "original_rechunk",
     "original_rechunk_step",
-    "p2p_layer_renamed",
+    "p2p_layer_fields",
     "plan_dask_rechunk",
     "read_array_optimize_through",
     "record_explicit_methods",
@@ -350,18 +353,14 @@ _original_old_to_new = getattr(sys.modules.get("dask.array.rechunk"), "old_to_ne
 _original_optimize = _array_dict().get("__dask_optimize__")  # (the descriptor, not what it returns)
 
 
-def p2p_layer_renamed(layer, name: str):
-    """A copy of distributed's ``P2PRechunkLayer`` ``layer`` with output name ``name`` (a
-    `P2P_PREFIX` name): its token, which names its output, transfer and barrier keys, is the rest of
-    ``name``. None where ``layer`` is no such layer."""
-    try:
-        from distributed.shuffle._rechunk import P2PRechunkLayer, rechunk_name
-    except ImportError:  # pragma: no cover - distributed is a dependency
-        return None
+def p2p_layer_fields(layer, name: str) -> dict | None:
+    """The fields of distributed's ``P2PRechunkLayer`` ``layer`` for a copy with output name ``name``
+    (a `P2P_PREFIX` name): its token, which names its output, transfer and barrier keys, is the rest
+    of ``name``. None where ``layer`` is no such layer."""
     token = name.removeprefix(P2P_PREFIX)
     if not isinstance(layer, P2PRechunkLayer) or rechunk_name(token) != name:
         return None
-    return P2PRechunkLayer(
+    return dict(
         name=name,
         token=token,
         chunks=layer.chunks,

@@ -13,6 +13,7 @@ from conftest import runs_since, scheduler_history
 from dask.graph_manipulation import bind, checkpoint, clone, wait_on
 
 import dask_redist
+from dask_redist.graph.p2p import OwnP2PRechunkLayer
 
 N, CHUNKS, NEW = 4096, 64, 128
 
@@ -105,3 +106,41 @@ def test_a_clone_of_dask_redist_rechunk_is_a_collective_of_its_own(client):
         np.testing.assert_array_equal(result, a)
     tokens = {run["token"] for run in runs_since(client, before)}
     assert len(tokens) == 3  # three rechunks, none waiting on another's run
+
+
+def p2p_rechunked(seed: int):
+    """A 3-d rechunk for which Dask picks its p2p method on a distributed cluster (while enabled,
+    named by `graph.names` and a `graph.p2p.OwnP2PRechunkLayer`), and its NumPy input."""
+    a = np.random.default_rng(seed).random((32, 24, 16))
+    y = (da.from_array(a, chunks=(2, 24, 16)) + 1).rechunk((32, 3, 4))
+    assert isinstance(y.dask.layers[y.name], OwnP2PRechunkLayer)
+    return a, y
+
+
+def test_clones_and_binds_of_a_p2p_rechunk_compute_its_values(client):
+    """distributed's p2p rechunk layer does not clone (its tasks keep the original's keys: dask
+    alone fails with "lost dependencies" or "Cannot fuse tasks with multiple outputs"); while
+    enabled, its clone is Dask's tasks rechunk under the cloned keys."""
+
+    @dask.delayed(pure=False)
+    def blocker():
+        return 1
+
+    with dask_redist.enable(engine="dask", min_bytes=0):
+        a, y = p2p_rechunked(1)
+        cloned = clone(y)
+        assert not own_keys(y) & own_keys(cloned)
+        consumed = clone(y - 1)  # (a consumer fused with the cloned rechunk)
+        bound = bind(y * 3, blocker())
+        ys, cs, ds, bs = dask.compute(y, cloned, consumed, bound)
+    for got, want in [(ys, a + 1), (cs, a + 1), (ds, a), (bs, (a + 1) * 3)]:
+        np.testing.assert_allclose(got, want)
+
+
+def test_a_culled_p2p_rechunk_keeps_its_clone(client):
+    with dask_redist.enable(engine="dask", min_bytes=0):
+        a, y = p2p_rechunked(2)
+        layer = y.dask.layers[y.name]
+        culled, _ = layer.cull({(y.name, 0, 0, 0)}, layer.get_output_keys())
+        assert isinstance(culled, OwnP2PRechunkLayer) and culled.keepmap.sum() == 1
+        np.testing.assert_allclose(clone(y)[:, :3, :4].compute(), a[:, :3, :4] + 1)

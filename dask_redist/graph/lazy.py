@@ -69,11 +69,7 @@ class LazyRechunkStep(Layer):
     @property
     def _dict(self) -> dict:
         if self._cached is None:
-            meta = np.empty((0,) * len(self.old), dtype=self.dtype)
-            stand_in = Array(
-                HighLevelGraph.from_collections(self.input_name, {}, ()), self.input_name, self.old, meta=meta
-            )
-            step = original_rechunk_step(stand_in, self.new)
+            step = dask_step(self.input_name, self.old, self.new, self.dtype)
             if step.name != self.dask_name:  # pragma: no cover - only if dask changed how it names steps
                 raise RuntimeError(
                     f"dask named a rechunk step {step.name}, expected {self.dask_name}: see dask_redist.compat"
@@ -106,6 +102,14 @@ class ClonedRechunkStep(MaterializedLayer):
     graph rewrite learns them here and the collective can take the clone too."""
 
     chunks_input: tuple = ()
+
+
+def dask_step(input_name: str, old, new, dtype) -> Array:
+    """Dask's own step of its ``tasks`` rechunk from ``old`` to ``new`` chunks of the array named
+    ``input_name`` (built on a stand-in of it: its tasks refer to the input's keys only)."""
+    meta = np.empty((0,) * len(old), dtype=dtype)
+    stand_in = Array(HighLevelGraph.from_collections(input_name, {}, ()), input_name, old, meta=meta)
+    return original_rechunk_step(stand_in, new)
 
 
 def clone_tasks(tasks: dict, keys, seed, bind_to=None) -> tuple[dict, bool]:

@@ -17,9 +17,10 @@ from dask.array import Array
 from dask.base import tokenize
 from dask.highlevelgraph import HighLevelGraph, MaterializedLayer
 
-from dask_redist.compat import P2P_PREFIX, RECHUNK_PREFIXES, meta_of, p2p_layer_renamed
+from dask_redist.compat import P2P_PREFIX, RECHUNK_PREFIXES, meta_of, p2p_layer_fields
 from dask_redist.config import ConfigError, Settings
 from dask_redist.graph.lazy import LazyRechunkStep, renamed_tasks
+from dask_redist.graph.p2p import OwnP2PRechunkLayer
 
 MERGE_PREFIX = "rechunk-merge-"
 OWN = "redist-"
@@ -38,9 +39,9 @@ def new_name(name: str, settings: Settings) -> str:
 def _renamed_layer(layer, old: str, new: str):
     if isinstance(layer, LazyRechunkStep):
         return layer.renamed(new)
-    renamed = p2p_layer_renamed(layer, new)
-    if renamed is not None:
-        return renamed
+    fields = p2p_layer_fields(layer, new)
+    if fields is not None:
+        return OwnP2PRechunkLayer(**fields)
     return MaterializedLayer(renamed_tasks(layer, old, new))
 
 
