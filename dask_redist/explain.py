@@ -17,7 +17,7 @@ from dask_redist.config import DASK_RECHUNK, Settings
 from dask_redist.engines import Request, description
 from dask_redist.engines.choice import choose_engine
 from dask_redist.fft import describe as fft_describe
-from dask_redist.graph.decide import decide, find_rechunks, held_by_dask, memory_limits
+from dask_redist.graph.decide import decide, find_rechunks, held_by_dask, is_rechunk_layer, memory_limits
 from dask_redist.graph.names import is_own
 from dask_redist.graph.optimize import fused_neighbours
 from dask_redist.planning import make_plan
@@ -250,7 +250,7 @@ def _made_tasks(graph) -> list[tuple]:
 
     out = []
     for name, layer in graph.layers.items():
-        if not isinstance(layer, MaterializedLayer) or name.startswith(RECHUNK_PREFIXES):
+        if not isinstance(layer, MaterializedLayer) or is_rechunk_layer(name, layer):
             continue
         names = {k[0] for k in layer if isinstance(k, tuple) and str(k[0]).startswith(RECHUNK_PREFIXES)}
         if names:

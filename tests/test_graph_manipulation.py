@@ -120,7 +120,7 @@ def p2p_rechunked(seed: int):
 def test_clones_and_binds_of_a_p2p_rechunk_compute_its_values(client):
     """distributed's p2p rechunk layer does not clone (its tasks keep the original's keys: dask
     alone fails with "lost dependencies" or "Cannot fuse tasks with multiple outputs"); while
-    enabled, its clone is Dask's tasks rechunk under the cloned keys."""
+    enabled, its clone is Dask's tasks rechunk under the cloned keys, which the collective takes."""
 
     @dask.delayed(pure=False)
     def blocker():
@@ -132,7 +132,9 @@ def test_clones_and_binds_of_a_p2p_rechunk_compute_its_values(client):
         assert not own_keys(y) & own_keys(cloned)
         consumed = clone(y - 1)  # (a consumer fused with the cloned rechunk)
         bound = bind(y * 3, blocker())
+        before = scheduler_history(client)
         ys, cs, ds, bs = dask.compute(y, cloned, consumed, bound)
+        assert len({run["token"] for run in runs_since(client, before)}) == 4
     for got, want in [(ys, a + 1), (cs, a + 1), (ds, a), (bs, (a + 1) * 3)]:
         np.testing.assert_allclose(got, want)
 

@@ -21,6 +21,7 @@ from dask_redist.compat import (
 from dask_redist.config import Settings
 from dask_redist.core.spec import CollectiveSpec, CollectiveTask
 from dask_redist.graph.layer import CollectiveLayer
+from dask_redist.graph.lazy import ClonedRechunkStep
 from dask_redist.graph.names import is_own
 from dask_redist.planning import PlanError, RechunkSpec
 from dask_redist.planning.cost import verdict
@@ -32,8 +33,12 @@ from dask_redist.planning.memory import beyond_memory, pause_fraction
 EXPLICIT = "asked for by dask_redist.rechunk"
 
 
-def is_rechunk_layer(name: str) -> bool:
-    return isinstance(name, str) and name.startswith(RECHUNK_PREFIXES)
+def is_rechunk_layer(name: str, layer=None) -> bool:
+    """Is ``name`` a layer of Dask's rechunk: by its name, or a clone of one (``layer``, a
+    `ClonedRechunkStep`: ``clone_key`` names a p2p rechunk's clone ``rechunk-<token>``)?"""
+    return isinstance(name, str) and (
+        name.startswith(RECHUNK_PREFIXES) or isinstance(layer, ClonedRechunkStep)
+    )
 
 
 @dataclass(frozen=True)
@@ -67,23 +72,26 @@ def find_rechunks(hlg: HighLevelGraph, requested: set[str] = frozenset()) -> lis
     dependents = hlg.dependents
     deps = hlg.dependencies
 
+    def rechunk(name) -> bool:
+        return is_rechunk_layer(name, hlg.layers.get(name))
+
     def absorbed(name):  # an intermediate step of a longer chain
         after = dependents.get(name, set())
         return (
             len(after) == 1
-            and is_rechunk_layer(next(iter(after)))
+            and rechunk(next(iter(after)))
             and name not in requested
             and bool(deps.get(name))  # (a layer of data, e.g. a persisted rechunk's, is a source)
         )
 
     chains = []
     for name, layer in hlg.layers.items():
-        if not is_rechunk_layer(name) or absorbed(name) or isinstance(layer, CollectiveLayer):
+        if not rechunk(name) or absorbed(name) or isinstance(layer, CollectiveLayer):
             continue  # (a collective already: dask_redist.rechunk's output keeps its rechunk name)
         chain, current = [name], name
         while len(deps.get(current, ())) == 1:
             (previous,) = deps[current]
-            if is_rechunk_layer(previous) and absorbed(previous):
+            if rechunk(previous) and absorbed(previous):
                 chain.insert(0, previous)
                 current = previous
             else:

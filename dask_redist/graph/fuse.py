@@ -130,7 +130,7 @@ def _per_chunk(hlg: HighLevelGraph, name: str, members: dict, below: set, index:
         or name in taken
         or layer.annotations
         or name.startswith(RECHUNK_PREFIXES)
-        or type(layer).__name__ in ("CollectiveLayer", "LazyRechunkStep")
+        or type(layer).__name__ in ("CollectiveLayer", "LazyRechunkStep", "ClonedRechunkStep")
         or len(layer) != len(index)
     ):
         return None

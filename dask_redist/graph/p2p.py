@@ -8,17 +8,16 @@ a consumer is fused with it; in Dask alone too, dask#12455), and its shuffle's t
 the run, would be the original's. `OwnP2PRechunkLayer.clone` is Dask's ``tasks`` rechunk of the
 cloned input (`graph.lazy.dask_step`) under the cloned keys, its references cloned too
 (`graph.lazy.clone_tasks`): the original's values, computed alone or beside it. ``clone_key``
-names it ``rechunk-<token>``, which is no name of Dask's rechunk layers: the rewrite leaves it to
-Dask's tasks.
+names it ``rechunk-<token>``, no name of Dask's rechunk layers: as a `graph.lazy.ClonedRechunkStep`
+with the input's chunks the rewrite knows it for one, and the collective takes it like any other.
 """
 
 from __future__ import annotations
 
 import numpy as np
-from dask.highlevelgraph import MaterializedLayer
 
 from dask_redist.compat import P2PRechunkLayer, p2p_layer_fields
-from dask_redist.graph.lazy import clone_tasks, dask_step, renamed_tasks
+from dask_redist.graph.lazy import ClonedRechunkStep, clone_tasks, dask_step, renamed_tasks
 
 
 class OwnP2PRechunkLayer(P2PRechunkLayer):
@@ -28,10 +27,11 @@ class OwnP2PRechunkLayer(P2PRechunkLayer):
     def _cull(self, keepmap: np.ndarray) -> OwnP2PRechunkLayer:
         return OwnP2PRechunkLayer(**{**p2p_layer_fields(self, self.name), "keepmap": keepmap})
 
-    def clone(self, keys: set, seed, bind_to=None) -> tuple[MaterializedLayer, bool]:
-        step = dask_step(
-            self.name_input, self.chunks_input, self.chunks, np.float64
-        )  # (no dtype in its tasks)
+    def clone(self, keys: set, seed, bind_to=None) -> tuple[ClonedRechunkStep, bool]:
+        # (any dtype: none of the step's tasks holds it)
+        step = dask_step(self.name_input, self.chunks_input, self.chunks, np.float64)
         tasks = renamed_tasks(step.dask.layers[step.name], step.name, self.name)
         cloned, bound = clone_tasks(tasks, keys, seed, bind_to)
-        return MaterializedLayer(cloned, annotations=self.annotations), bound
+        layer = ClonedRechunkStep(cloned, self.annotations, self.collection_annotations)
+        layer.chunks_input = self.chunks_input
+        return layer, bound
