@@ -24,7 +24,7 @@ from dask_redist.core.messages import ForgetWorld
 from dask_redist.config import Settings, check_known, flatten, restore_defaults
 from dask_redist.core.assemble import converted
 from dask_redist.engines import check_settings
-from dask_redist.errors import NotEligibleError, RedistError
+from dask_redist.errors import NotEligibleError, RedistError, a_kind_of
 from dask_redist.graph.lazy import lazy_rechunk_step
 from dask_redist.graph.names import own_name
 from dask_redist.graph.decide import decide, find_rechunks
@@ -203,6 +203,8 @@ def rechunk(x, chunks="auto", *, threshold=None, block_size_limit=None, balance=
 
     Raises
     ------
+    TypeError
+        ``x`` is no dask array (the message says how to make one).
     NotEligibleError
         Only where the collective cannot run, with the reason: object dtypes, unknown (NaN)
         chunk sizes, a chunk type outside ``redist.chunk-types``. It runs where
@@ -216,12 +218,24 @@ def rechunk(x, chunks="auto", *, threshold=None, block_size_limit=None, balance=
     return collective_rechunk(x, chunks, threshold, block_size_limit, balance, options)
 
 
+def _not_a_dask_array(x) -> str:
+    if hasattr(x, "chunk") and hasattr(x, "dims"):  # (an xarray object)
+        how = "rechunk it with its .chunk(...) under dask_redist.enable()"
+    elif hasattr(x, "shape") and hasattr(x, "dtype"):
+        how = "make it one first: dask.array.from_array(a, chunks=...)"
+    else:
+        how = "this holds no array"
+    return f"dask_redist.rechunk takes a dask array, got {a_kind_of(x)}: {how}"
+
+
 def collective_rechunk(x, chunks, threshold, block_size_limit, balance, options: dict, explicit: bool = True):
     """`rechunk`; ``explicit=False``: also `NotEligibleError` where ``redist.min-bytes`` keeps Dask's
     rechunk (``dask_redist.fft``'s passes, which follow the cost model), and ``explain()`` lists it
     under the FFT only."""
     from dask.array import Array
 
+    if not isinstance(x, Array):
+        raise TypeError(_not_a_dask_array(x))
     if any(isinstance(c, float) and c != c for axis in x.chunks for c in axis):
         raise NotEligibleError("chunk sizes are unknown (NaN); call x.compute_chunk_sizes() first")
     y = original_rechunk(x, chunks, threshold, block_size_limit, balance, "tasks")  # (not a caller's method=)

@@ -61,3 +61,14 @@ def failure_of(error: RedistError) -> str:
 
 class NotEligibleError(ValueError):
     """An array cannot be rechunked by the collective; the message says why."""
+
+
+def type_name(x) -> str:
+    """``x``'s type for a message: ``numpy.ndarray``, ``xarray.DataArray``, ``int``."""
+    return f"{type(x).__module__.split('.')[0]}.{type(x).__qualname__}".removeprefix("builtins.")
+
+
+def a_kind_of(x) -> str:
+    """``x``'s type with its article, for a message: ``a numpy.ndarray``, ``an int``."""
+    name = type_name(x)
+    return f"{'an' if name[0] in 'aeiox' else 'a'} {name}"

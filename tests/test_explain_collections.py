@@ -49,6 +49,7 @@ def test_a_delayed_built_on_a_rechunk_says_dasks_rechunk_runs_and_why(client):
         (np.ones(3), "a numpy.ndarray holds no dask graph, so nothing is rechunked"),
         ([1, "a"], "explain() found no dask collection in this list"),
         (None, "a NoneType holds no dask graph"),
+        (3, "an int holds no dask graph"),
     ],
 )
 def test_anything_else_gets_one_sentence(thing, says):

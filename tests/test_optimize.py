@@ -204,6 +204,25 @@ def test_explicit_rechunk_refuses_object_dtype():
         dask_redist.rechunk(x, 2)
 
 
+@pytest.mark.parametrize(
+    "thing, says",
+    [
+        (np.ones((4, 4)), "got a numpy.ndarray: make it one first: dask.array.from_array"),
+        (7, "got an int: this holds no array"),
+    ],
+)
+def test_explicit_rechunk_of_no_dask_array_says_what_it_got(thing, says):
+    with pytest.raises(TypeError, match="dask_redist.rechunk takes a dask array") as raised:
+        dask_redist.rechunk(thing, 2)
+    assert says in str(raised.value)
+
+
+def test_explicit_rechunk_of_an_xarray_object_points_at_its_chunk_method():
+    xr = pytest.importorskip("xarray")
+    with pytest.raises(TypeError, match=r"got an xarray.DataArray: rechunk it with its .chunk\(...\)"):
+        dask_redist.rechunk(xr.DataArray(np.ones((4, 4))), 2)
+
+
 def test_explicit_rechunk_with_same_chunks_is_a_no_op():
     x = da.ones((10, 10), chunks=5)
     assert dask_redist.rechunk(x, 5) is x
