@@ -32,7 +32,8 @@ from dask.blockwise import optimize_blockwise
 from dask.core import flatten
 from dask.highlevelgraph import HighLevelGraph
 
-from dask_redist.compat import RECHUNK_PREFIXES, Task, convert_legacy_task
+from dask_redist.compat import Task, convert_legacy_task
+from dask_redist.graph.decide import is_rechunk_layer
 
 
 @dataclass(frozen=True)
@@ -129,8 +130,8 @@ def _per_chunk(hlg: HighLevelGraph, name: str, members: dict, below: set, index:
         or any(d in below and d not in members for d in deps)  # (computed from other chunks)
         or name in taken
         or layer.annotations
-        or name.startswith(RECHUNK_PREFIXES)
-        or type(layer).__name__ in ("CollectiveLayer", "LazyRechunkStep", "ClonedRechunkStep")
+        or is_rechunk_layer(name, layer)
+        or type(layer).__name__ in ("CollectiveLayer", "LazyRechunkStep")
         or len(layer) != len(index)
     ):
         return None

@@ -89,19 +89,25 @@ class LazyRechunkStep(Layer):
     def clone(self, keys: set, seed, bind_to=None) -> tuple[MaterializedLayer, bool]:
         """``dask.graph_manipulation``'s clone of this step (`clone_tasks`): Dask's tasks under the
         cloned keys, its annotations kept."""
-        tasks, bound = clone_tasks(self._dict, keys, seed, bind_to)
-        layer = ClonedRechunkStep(tasks, self.annotations, self.collection_annotations)
-        layer.chunks_input = self.old
-        return layer, bound
+        return ClonedRechunkStep.of(self, self._dict, self.old, keys, seed, bind_to)
 
 
 class ClonedRechunkStep(MaterializedLayer):
-    """A clone of a `LazyRechunkStep` (`LazyRechunkStep.clone`): Dask's tasks under the cloned
-    keys, and the step's input chunks, ``chunks_input`` (read as a p2p layer's are,
-    `graph.optimize.input_chunks`): the cloned input layer has lost its annotations, so the
-    graph rewrite learns them here and the collective can take the clone too."""
+    """A clone of a rechunk step (`LazyRechunkStep.clone`, `graph.p2p.OwnP2PRechunkLayer.clone`):
+    Dask's tasks under the cloned keys, and the step's input chunks, ``chunks_input`` (read as a
+    p2p layer's are, `graph.optimize.input_chunks`): the cloned input layer has lost its
+    annotations, so the graph rewrite learns them here and the collective can take the clone too."""
 
     chunks_input: tuple = ()
+
+    @classmethod
+    def of(cls, layer, tasks: dict, chunks_input, keys, seed, bind_to=None) -> tuple[ClonedRechunkStep, bool]:
+        """The clone of ``layer``, a rechunk step from ``chunks_input`` whose tasks are ``tasks``
+        (`clone_tasks`), its annotations kept; and whether any task was bound to ``bind_to``."""
+        cloned, bound = clone_tasks(tasks, keys, seed, bind_to)
+        step = cls(cloned, layer.annotations, layer.collection_annotations)
+        step.chunks_input = chunks_input
+        return step, bound
 
 
 def dask_step(input_name: str, old, new, dtype) -> Array:

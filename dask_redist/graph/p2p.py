@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from dask_redist.compat import P2PRechunkLayer, p2p_layer_fields
-from dask_redist.graph.lazy import ClonedRechunkStep, clone_tasks, dask_step, renamed_tasks
+from dask_redist.graph.lazy import ClonedRechunkStep, dask_step, renamed_tasks
 
 
 class OwnP2PRechunkLayer(P2PRechunkLayer):
@@ -31,7 +31,4 @@ class OwnP2PRechunkLayer(P2PRechunkLayer):
         # (any dtype: none of the step's tasks holds it)
         step = dask_step(self.name_input, self.chunks_input, self.chunks, np.float64)
         tasks = renamed_tasks(step.dask.layers[step.name], step.name, self.name)
-        cloned, bound = clone_tasks(tasks, keys, seed, bind_to)
-        layer = ClonedRechunkStep(cloned, self.annotations, self.collection_annotations)
-        layer.chunks_input = self.chunks_input
-        return layer, bound
+        return ClonedRechunkStep.of(self, tasks, self.chunks_input, keys, seed, bind_to)
