@@ -24,7 +24,7 @@ from dask_redist.core.messages import ForgetWorld
 from dask_redist.config import Settings, check_known, flatten, restore_defaults
 from dask_redist.core.assemble import converted
 from dask_redist.engines import check_settings
-from dask_redist.errors import NotEligibleError, RedistError, a_kind_of
+from dask_redist.errors import NotEligibleError, RedistError, a_kind_of, is_xarray
 from dask_redist.graph.lazy import lazy_rechunk_step
 from dask_redist.graph.names import own_name
 from dask_redist.graph.decide import decide, find_rechunks
@@ -219,7 +219,7 @@ def rechunk(x, chunks="auto", *, threshold=None, block_size_limit=None, balance=
 
 
 def _not_a_dask_array(x) -> str:
-    if hasattr(x, "chunk") and hasattr(x, "dims"):  # (an xarray object)
+    if is_xarray(x):
         how = "rechunk it with its .chunk(...) under dask_redist.enable()"
     elif hasattr(x, "shape") and hasattr(x, "dtype"):
         how = "make it one first: dask.array.from_array(a, chunks=...)"

@@ -68,6 +68,11 @@ def type_name(x) -> str:
     return f"{type(x).__module__.split('.')[0]}.{type(x).__qualname__}".removeprefix("builtins.")
 
 
+def is_xarray(x) -> bool:
+    """Is ``x`` an xarray object (a ``DataArray`` or ``Dataset``), without importing xarray?"""
+    return hasattr(x, "chunk") and hasattr(x, "dims")
+
+
 def a_kind_of(x) -> str:
     """``x``'s type with its article, for a message: ``a numpy.ndarray``, ``an int``."""
     name = type_name(x)

@@ -15,7 +15,7 @@ import numpy as np
 from dask_redist.compat import default_client, worker_info
 from dask_redist.config import DASK_RECHUNK, Settings
 from dask_redist.engines import Request, description
-from dask_redist.errors import a_kind_of, type_name
+from dask_redist.errors import a_kind_of, is_xarray, type_name
 from dask_redist.engines.choice import choose_engine
 from dask_redist.fft import describe as fft_describe
 from dask_redist.graph.decide import decide, find_rechunks, held_by_dask, is_rechunk_layer, memory_limits
@@ -286,7 +286,7 @@ def collections(x) -> list | str:
         if found:
             return found
         return f"explain() found no dask collection in this {type(x).__name__}: nothing is rechunked"
-    if hasattr(x, "chunk") and hasattr(x, "dims"):  # (an xarray object of in-memory data)
+    if is_xarray(x):  # (of in-memory data: it held no dask collection)
         return f"this {type_name(x)} holds no dask arrays, so nothing is rechunked: .chunk(...) makes its data dask arrays"
     return (
         f"explain() takes a dask collection (a dask array, an xarray object backed by dask, a Delayed) or a "
