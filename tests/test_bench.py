@@ -693,8 +693,10 @@ def test_every_pipeline_on_cupy_chunks(gpu_client):
             assert set(r.gpu_cached_bytes) == workers and min(r.gpu_cached_bytes.values()) >= 0, r
             assert set(r.gpu_array_peak_bytes) == workers, r
     (elementwise,) = [r for r in results if r.case.startswith("elementwise") and r.method == "without"]
-    assert max(elementwise.peak_gpu_bytes.values()) >= 8 * 2**20  # (its outputs, 8 MiB, at least)
-    assert max(elementwise.gpu_array_peak_bytes.values()) >= 8 * 2**20  # (held as the watch stopped)
+    # the pool grew (by whole blocks: what it kept from the input may serve some of the outputs),
+    # and the arrays held as the watch stopped are at least the outputs, each worker its share
+    assert max(elementwise.peak_gpu_bytes.values()) > 0
+    assert max(elementwise.gpu_array_peak_bytes.values()) >= elementwise.nbytes // len(workers)
     assert all(row["GPU mem + (without / with / bare)"].count("B") == 3 for row in p.summary(results))
 
 
