@@ -17,7 +17,7 @@ import pytest
 import conftest
 from conftest import scheduler_history
 from gpu_helpers import case, engine_health, kill_one_worker, worker_pid
-from distributed import wait
+from distributed import futures_of, wait
 
 import dask_redist
 from dask_redist.bench import Case, check, contiguous, engine_stats, placed_array
@@ -367,6 +367,9 @@ def test_a_cancel_mid_run_is_completed_dry_and_costs_no_worker(gpu_client):
         y = x.rechunk(c.new).persist()
         deadline = time.monotonic() + 120
         while not gpu_client.run(_held, workers=[slow])[slow]:
+            for f in futures_of(y):  # (its input could not be made: that error, not a timeout)
+                if f.status == "error":
+                    f.result()
             assert time.monotonic() < deadline, (
                 f"the run never queued its second round: {scheduler_history(gpu_client)[-1:]}"
             )
