@@ -61,6 +61,26 @@ def test_a_placement_that_is_not_box_shaped_copies_chunk_to_chunk(shared):
     assert all(layout.startswith("peers") for layout in got), got
 
 
+def test_rechunks_after_an_fft_still_copy_chunk_to_chunk(shared):
+    """An FFT's leg in writes into the transform's operand, memory of the symmetric heap, which
+    CUDA IPC cannot export: that leg takes the heap's rounds, right, and the world's rechunks after
+    it still copy chunk to chunk (the refusal was the leg's own, not the world's)."""
+    import cupy
+
+    import dask_redist.fft as F
+
+    a = np.random.default_rng(5).standard_normal((64, 48, 40)) + 0j
+    meta = cupy.empty((0, 0, 0), dtype=a.dtype)
+    x = da.from_array(a, chunks=(16, 48, 40)).map_blocks(cupy.asarray, meta=meta, dtype=a.dtype)
+    expected = np.fft.fftn(a)
+    np.testing.assert_allclose(
+        F.fftn(x).compute().get(), expected, rtol=1e-10, atol=1e-10 * np.abs(expected).max()
+    )
+    paths = {s["last fft's path"] for s in engine_stats(shared, "cufftmp").values()}
+    assert paths == {"cuFFTMp, the leg in into its operand"}, paths
+    assert set(layouts_of_a_run(shared, CASES[0], 12)) == {"peers (one GPU: chunk to chunk through CUDA IPC)"}
+
+
 def test_switched_off_or_in_4_d_the_heaps_rounds_run(shared):
     off = layouts_of_a_run(shared, CASES[1], 5, nvshmem={"shared-gpu-copies": False})
     assert not any(layout.startswith("peers") for layout in off), off

@@ -240,6 +240,19 @@ def test_a_rank_that_cannot_export_sends_every_rank_to_the_heaps_rounds_before_a
     assert all(not ipc.opened for ipc in ipcs)
 
 
+def test_outputs_an_fft_gave_that_cannot_be_exported_send_this_run_alone_to_the_heaps_rounds():
+    """An FFT's leg in writes into the transform's operand (``run.into``), memory of the symmetric
+    heap, which has no CUDA IPC handle: that run takes the heap's rounds, and the world's later
+    rechunks, whose outputs CuPy allocates, keep this path (the refusal is not lasting)."""
+    runs, outputs, memory = _slabs(2)
+    for run, own in zip(runs, outputs):
+        run.into = dict(own)
+    ipcs = [Ipc(0, 64, fail="export"), Ipc(1, 64, fail="export")]
+    results, copies = run_all(runs, outputs, ipcs, memory)
+    assert all(isinstance(r, peers.Refused) and "CUDA IPC" in r.why for r in results), results
+    assert not any(r.lasting for r in results) and not copies
+
+
 def test_an_input_chunk_not_c_contiguous_sends_this_run_alone_to_the_heaps_rounds():
     runs, outputs, memory = _slabs(2)
     next(iter(runs[1].inputs.values())).flags.c_contiguous = False

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 from collections import namedtuple
+from dataclasses import replace
 
 import numpy as np
 
@@ -112,6 +113,10 @@ def run_peers(
             mine = export(outputs, ipc) if contiguous else Refused("an input chunk is not C-contiguous")
         except Exception as e:  # noqa: BLE001 - told to every rank: the arena's rounds then
             mine = Refused(f"{type(e).__name__}: {e}", lasting=True)
+        if isinstance(mine, Refused) and getattr(run, "into", None):
+            # outputs given by an FFT's leg (its operand, on the symmetric heap, which has no CUDA
+            # IPC handle): this run's own, not the chunks of this world's later runs
+            mine = replace(mine, lasting=False)
     steps("export")
     everyone = gather(run, group, mine)
     steps("all-gather chunks")
