@@ -20,7 +20,11 @@ here=$(cd "$(dirname "$0")" && pwd)
 root=$(git -C "$here" rev-parse --show-toplevel); cd "$root"
 grep -qx '/.gpu/' .git/info/exclude 2>/dev/null || echo '/.gpu/' >> .git/info/exclude
 cache=${REDIST_GPU_CACHE:-/tmp/redist-gpu-cache}
-py=${PYTHON312:-$(command -v python3.12)}
+py=${PYTHON312:-python3.12}
+if ! "$py" --version > /dev/null 2>&1; then  # (a pyenv shim of a version not selected here fails)
+  py=$(ls -d "${PYENV_ROOT:-$HOME/.pyenv}"/versions/3.12*/bin/python3.12 2>/dev/null | tail -1)
+  [ -n "$py" ] || { echo "no Python 3.12 found: set PYTHON312 to one" >&2; exit 1; }
+fi
 part_mb=${PART_MB:-56}
 xzopts=${XZ_OPTS:--6}; xzdir=$cache/xz${XZ_OPTS:+-${XZ_OPTS//[^0-9a-z]/}}
 mkdir -p "$cache/wheels" "$xzdir"
