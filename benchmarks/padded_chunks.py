@@ -9,7 +9,9 @@ of a (256, 16, 256 + pad) array spreads them; so does one whose axes lie in memo
 senders' order, (16, 256, 256), axis 1 outermost ("senders'"), where the unpack copies each
 sender's piece as runs of its last axis. This times, for NumPy, the fastest of REPS
 (default 15) of what the pipelines' consumers do (a transform along axis 0, squaring, a mean
-over axis 0), and the unpack's copy of the senders' pieces into the chunk, on the C-ordered chunk, on padded views and in the senders' order, in ms, beside the transform along
+over axis 0; the transform again with its output copied into C order, since NumPy's transform
+and ufuncs keep their input's order), whether each output is C-ordered on the senders' chunk,
+and the unpack's copy of the senders' pieces into the chunk, on the C-ordered chunk, on padded views and in the senders' order, in ms, beside the transform along
 axis 1 of a slab before the rechunk (the `fft` pipeline's ``without``).
 """
 
@@ -25,6 +27,8 @@ from dask_redist.bench.cases import slab_case
 
 CONSUMERS = {
     "fft along axis 0": lambda b: np.fft.fft(b, axis=0),
+    # (the user's output C-ordered again, where the consumer kept its input's order)
+    "fft along axis 0, then C order": lambda b: np.ascontiguousarray(np.fft.fft(b, axis=0)),
     "b ** 2": lambda b: b**2,
     "mean over axis 0": lambda b: b.mean(axis=0),
 }
@@ -71,7 +75,8 @@ def main(reps: int = 15) -> None:
             chunks.append(senders_order(after, dtype))
             for name, f in CONSUMERS.items():
                 times = [fastest(f, chunk, reps, _no_sync) for chunk in chunks]
-                print(f"{name} | " + " | ".join(f"{t:.2f}" for t in times))
+                kept = "" if f(chunks[-1]).flags.c_contiguous else " (senders': not C-ordered)"
+                print(f"{name} | " + " | ".join(f"{t:.2f}" for t in times) + kept)
             pieces = [np.ones((case.old[0][0], *after[1:]), dtype=dtype)] * (n0 // case.old[0][0])
             times = [fastest(assembling(chunk, pieces), None, reps, _no_sync) for chunk in chunks]
             print("the unpack's copy | " + " | ".join(f"{t:.2f}" for t in times))
