@@ -27,13 +27,18 @@
 #       H200, 16 GB elsewhere (on CPU at 128 MiB its `without` took 47 s a run; its workers' log in $dir)
 #     room: what decides the branch fft-room (docs/gpu-testing.md): the 2-PE `fftn` row at 8 GiB,
 #       then `elementwise` in the same cluster; three FFT geometries at 2 PEs in one cluster
+#   bash tools/gpu/benches.sh run WHAT...      the same, in this call, its logs, .md and .json
+#     straight into $OUT: a call cut off at its limit or at the session's last device second
+#     still brings back the rows done (each log has them as they end)
 #   bash tools/gpu/benches.sh wait [SECONDS]   until they have ended (or SECONDS have passed)
 #   bash tools/gpu/benches.sh collect          the last lines of each log, everything as $OUT/benches.tgz
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 source tools/gpu/detached.sh
 source tools/gpu/env.sh
-dir=/tmp/redist-benches; mkdir -p "$dir"
+dir=/tmp/redist-benches
+[ "${1:-}" = run ] && dir=${OUT:?run writes into \$OUT}
+mkdir -p "$dir"
 running() { launched "$dir"; }
 bench() {  # name args...: one bench, its log in $dir/name.log
   local name=$1; shift
@@ -46,9 +51,10 @@ pes() {  # the workers of K PEs on the GPU: one LocalCUDACluster worker, else K 
   if [ "$1" = 1 ]; then echo "--workers 1"; else echo "--workers $1 --pes-per-gpu $1"; fi
 }
 case ${1:-} in
-  start)
-    shift; what=${*:-fft rechunk}
-    tree=$(copy_tree benches); script="cd $tree; export PYTHONPATH=$tree; "
+  start|run)
+    mode=$1; shift; what=${*:-fft rechunk}
+    script="export PYTHONPATH=$PWD; "
+    [ "$mode" = start ] && { tree=$(copy_tree benches); script="cd $tree; export PYTHONPATH=$tree; "; }
     for w in $what; do case $w in
       fft) for k in 1 2; do
           script+="NVSHMEM_SYMMETRIC_SIZE=40G $(bench gpu-fft-pes$k --fft --gpu $(pes $k) --size 8GiB --chunks 8 64 256 1024)"
@@ -100,6 +106,7 @@ case ${1:-} in
         done ;;
       *) echo "unknown: $w"; exit 2 ;;
     esac; done
+    if [ "$mode" = run ]; then bash -c "$script"; exit; fi
     launch "$dir" benches "$script"
     echo "benches started: $what" ;;
   wait) wait_while "${2:-}" ;;
@@ -107,5 +114,5 @@ case ${1:-} in
     running && echo "(still running)"
     for log in "$dir"/*.log; do [ -f "$log" ] && { echo "== $(basename "$log")"; grep -vE '^[0-9-]+ [0-9:,]+ - |^\s*$|[Ww]arn' "$log" | tail -15; }; done
     pack benches "$dir" ;;
-  *) sed -n 2,24p "$0"; exit 2 ;;
+  *) sed -n 2,33p "$0"; exit 2 ;;
 esac
