@@ -14,16 +14,9 @@ import dask.array as da
 import numpy as np
 import pytest
 from conftest import runs_since, scheduler_history
-
-import dask_redist
+from test_fuse import enabled  # noqa: F401 (a fixture: the collective on every rechunk, however small)
 
 pytestmark = pytest.mark.filterwarnings("ignore:Sending large graph:UserWarning")
-
-
-@pytest.fixture
-def enabled():
-    with dask_redist.enable(engine="dask", min_bytes=0):  # (the cost model would keep small ones for Dask)
-        yield
 
 
 def chunks_of(rng, n: int) -> tuple[int, ...]:
@@ -71,8 +64,9 @@ def graph(seed: int):
     return v, want, steps, changed
 
 
+@pytest.mark.usefixtures("enabled")
 @pytest.mark.parametrize("seed", range(30))
-def test_random_graphs_of_rechunks_and_other_steps_equal_numpy(client, enabled, seed):
+def test_random_graphs_of_rechunks_and_other_steps_equal_numpy(client, seed):
     y, want, steps, changed = graph(seed)
     before = scheduler_history(client)
     twice = seed % 3 == 0  # (the output used by a second step too)
@@ -99,8 +93,9 @@ def rechunk_form(rng, shape: tuple[int, ...]):
     return {0: int(rng.integers(1, shape[0] + 1)), len(shape) - 1: -1}
 
 
+@pytest.mark.usefixtures("enabled")
 @pytest.mark.parametrize("seed", range(20))
-def test_rechunks_written_every_way_over_dtypes_then_a_step_equal_numpy(client, enabled, seed):
+def test_rechunks_written_every_way_over_dtypes_then_a_step_equal_numpy(client, seed):
     rng = np.random.default_rng(seed)
     shape = tuple(int(rng.integers(2, 18)) for _ in range(3))
     dtype = str(rng.choice(["float64", "int16", "complex64", "bool"]))

@@ -53,8 +53,8 @@ pes() {  # the workers of K PEs on the GPU: one LocalCUDACluster worker, else K 
 case ${1:-} in
   start|run)
     mode=$1; shift; what=${*:-fft rechunk}
-    script="export PYTHONPATH=$PWD; "
-    [ "$mode" = start ] && { tree=$(copy_tree benches); script="cd $tree; export PYTHONPATH=$tree; "; }
+    tree=$PWD; [ "$mode" = start ] && tree=$(copy_tree benches)  # (run: in this call, from here)
+    script="cd $tree; export PYTHONPATH=$tree; "
     for w in $what; do case $w in
       fft) for k in 1 2; do
           script+="NVSHMEM_SYMMETRIC_SIZE=40G $(bench gpu-fft-pes$k --fft --gpu $(pes $k) --size 8GiB --chunks 8 64 256 1024)"
