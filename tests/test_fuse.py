@@ -363,3 +363,24 @@ def test_an_anomaly_runs_inside_the_unpack_tasks_and_a_total_keeps_its_tasks(cli
     np.testing.assert_allclose(total.compute(), a - a.sum())
     assert dask_redist.explain(total).entries[0].fused == ""
     assert tasks_of(client, total)["rechunk"] == 6
+
+
+def _asks_its_worker(block):
+    """A consumer that uses distributed's task helpers: its worker, a client, and a task of its own
+    submitted from a seceded thread."""
+    from distributed import get_client, get_worker, worker_client
+
+    assert get_worker().address in get_client().nthreads()
+    with worker_client() as c:  # (secedes: the thread's task key and start time must be set)
+        two = c.submit(sum, [1, 1], pure=False).result()
+    return block * two
+
+
+def test_a_fused_consumer_runs_as_its_own_task_would(client, enabled, persisted):
+    """`get_worker`, `get_client` and `worker_client` work in a consumer fused into the unpack
+    tasks as in a task of its own (2026-12-06: "No worker found")."""
+    a, x = persisted
+    y = x.rechunk((48, 4, 6)).map_blocks(_asks_its_worker, meta=a[:0, :0, :0])
+    assert dask_redist.explain(y).entries[0].fused == f"unpack tasks compute {y.name}"
+    np.testing.assert_allclose(y.compute(), 2 * a)
+    assert not worker_leftovers(client)

@@ -150,7 +150,7 @@ def barrier_and_unpacks(spec: CollectiveSpec, stage_keys: list, consumers: list 
             spec.token,
             flat,
             barrier_ref,
-            DataNode(None, (consumer, chunk_key, others)),
+            DataNode(None, (consumer, chunk_key, others, key)),
             *map(TaskRef, others),
         )
     return dsk

@@ -15,13 +15,16 @@ scheduler preload register the same.
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 
 from distributed import get_worker
 from distributed.protocol.pickle import dumps
+from distributed.utils import run_in_executor_with_context, set_thread_state
 
 from dask_redist.config import Settings
 from dask_redist.core.spec import CollectiveSpec, Staged
+from dask_redist.engines import exchange
 from dask_redist.errors import RedistError
 from dask_redist.runtime.scheduler import RedistSchedulerPlugin
 from dask_redist.runtime.transport import call_on_loop
@@ -52,17 +55,51 @@ async def unpack(token: str, index: int, run_id: int):
 
 async def unpack_into(token: str, index: int, run_id: int, consumer: tuple, *others):
     """``unpack``, then the consumer task fused into it (`graph.fuse`) on the chunk: ``consumer``
-    is (the task, the chunk's key in it, the keys of ``others``, its other inputs). CuPy chunks'
-    consumers run on the event loop (they queue kernels); others in the worker's thread pool."""
+    is (the task, the chunk's key in it, the keys of ``others``, its other inputs, this task's
+    key). CuPy chunks' consumers run on the event loop (they queue kernels); others in the
+    worker's thread pool, as a task of their own would (`_as_a_task`)."""
     worker = _worker()
-    chunk = await get_state(worker).unpack(token, index, run_id)
-    if chunk is None:  # (a stale run: this result goes nowhere)
+    task, chunk_key, keys, key = consumer
+    # (the chunk only in ``held``, which `_consume` empties: nothing here holds it once it is read)
+    held = [dict(zip(keys, others)), await get_state(worker).unpack(token, index, run_id)]
+    if held[-1] is None:  # (a stale run: this result goes nowhere)
         return None
-    task, chunk_key, keys = consumer
-    values = {chunk_key: chunk, **dict(zip(keys, others))}
-    if type(chunk).__module__.startswith("cupy"):
+    if type(held[-1]).__module__.startswith("cupy"):
+        return _consume(task, chunk_key, held)
+    return await run_in_executor_with_context(
+        worker.executors["default"], _as_a_task, worker, key, _consume, task, chunk_key, held
+    )
+
+
+def _as_a_task(worker, key, function, *args):
+    """``function(*args)`` in a thread of the worker's pool, with the state distributed gives the
+    thread of task ``key`` (`distributed.worker._run_task`; the context, with `get_worker`, is the
+    caller's: `distributed.utils.run_in_executor_with_context`): so that ``get_client``,
+    ``worker_client`` and ``secede`` work in a fused consumer as in a task of its own."""
+    ident = threading.get_ident()
+    with worker.active_threads_lock:
+        worker.active_threads[ident] = key
+    try:
+        with set_thread_state(start_time=time.time(), execution_state=worker.execution_state, key=key):
+            return function(*args)
+    finally:
+        with worker.active_threads_lock:
+            worker.active_threads.pop(ident, None)
+
+
+def _consume(task, chunk_key, held: list):
+    """The consumer ``task`` on the chunk and other inputs in ``held`` (emptied); then the chunk's
+    memory, where the engine took it from the kept buffers (`engines.exchange.output_allocator`)
+    and nothing holds it any more (the result no view of it), kept for the next run."""
+    chunk, others = held.pop(), held.pop()
+    lease = exchange.kept_buffers.lease(chunk)
+    values = {chunk_key: chunk, **others}
+    del chunk, others
+    try:
         return task(values)
-    return await asyncio.get_running_loop().run_in_executor(worker.executors["default"], task, values)
+    finally:
+        del values
+        exchange.kept_buffers.give_back_if_alone(lease)
 
 
 def _worker():
