@@ -55,7 +55,10 @@ def test_the_graph_is_dasks_whether_read_or_not(data):
     steps = [layer for layer in lazy.dask.layers.values() if isinstance(layer, LazyRechunkStep)]
     assert all(not s.is_materialized() for s in steps) and (steps or lazy is x or old == new)
     assert _graph(lazy) == _graph(plain)
+    for layer in lazy.dask.layers.values():  # (every task keyed as it says: an alias too)
+        assert all(k == t.key for k, t in dict(layer).items())
     np.testing.assert_array_equal(lazy.compute(scheduler="sync"), np.ones(shape))
+    np.testing.assert_array_equal((lazy + 1).compute(scheduler="sync"), np.full(shape, 2.0))
 
 
 def test_a_p2p_rechunks_prechunking_step_is_lazy_and_the_same(client):
@@ -89,6 +92,27 @@ def test_the_collective_never_builds_dasks_tasks(client, monkeypatch):
         z = x.rechunk((60, 3))
         np.testing.assert_array_equal(z.compute(), a)
     assert built
+
+
+def test_a_step_after_a_rechunk_left_to_dask_runs(client):
+    """A rechunk left to Dask while enabled (below ``min-bytes``, unknown chunk sizes, object
+    dtype), an output chunk of it one input chunk as it is (an alias of it), then a step: Dask's
+    fusion of the two found the alias still keyed as Dask had named it (2026-12-06: "Cannot
+    fuse tasks with multiple outputs")."""
+    a = np.arange(240.0).reshape(20, 12)
+    with dask_redist.enable(min_bytes="1GiB"):
+        x = da.from_array(a, chunks=(5, 12))
+        small = x.rechunk((5, 3)) + 1
+        unknown = x[x[:, 0] % 2 == 0].rechunk({1: 3}) + 1
+        objects = (
+            da.from_array(a.astype(object), chunks=(5, 12))
+            .rechunk((5, 3))
+            .map_blocks(lambda b: b * 2, dtype=object)
+        )
+        for scheduler in ("sync", None):
+            np.testing.assert_array_equal(small.compute(scheduler=scheduler), a + 1)
+            np.testing.assert_array_equal(unknown.compute(scheduler=scheduler), a[a[:, 0] % 2 == 0] + 1)
+            np.testing.assert_array_equal(objects.compute(scheduler=scheduler).astype(float), a * 2)
 
 
 def test_a_read_step_is_materialized_and_pickles_without_its_tasks():

@@ -23,7 +23,7 @@ from dask.array import Array
 from dask.base import clone_key, tokenize
 from dask.highlevelgraph import HighLevelGraph, Layer, MaterializedLayer
 
-from dask_redist.compat import Task, TaskRef, original_rechunk_step
+from dask_redist.compat import Alias, Task, TaskRef, original_rechunk_step
 
 
 class LazyRechunkStep(Layer):
@@ -153,7 +153,9 @@ def renamed_tasks(tasks, old: str, new: str) -> dict:
     for key, task in dict(tasks).items():
         if isinstance(key, tuple) and key[0] == old:
             key = (new, *key[1:])
-            task = task.substitute({}, key=key)
+            # (dask's `Alias.substitute` keeps its key where nothing is substituted: an output
+            # chunk that is one input chunk as it is, an alias of it)
+            task = Alias(key, task.target) if isinstance(task, Alias) else task.substitute({}, key=key)
         out[key] = task
     return out
 
