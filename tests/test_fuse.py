@@ -384,3 +384,28 @@ def test_a_fused_consumer_runs_as_its_own_task_would(client, enabled, persisted)
     assert dask_redist.explain(y).entries[0].fused == f"unpack tasks compute {y.name}"
     np.testing.assert_allclose(y.compute(), 2 * a)
     assert not worker_leftovers(client)
+
+
+def _fails_once(block, mark=None, block_info=None):
+    """``block + 1``, failing the first time it meets chunk (0, 3) (``mark``: a file, once failed)."""
+    import os
+
+    if block_info[0]["chunk-location"] == (0, 3) and not os.path.exists(mark):
+        open(mark, "w").close()
+        raise RuntimeError("a failure that a retry gets past")
+    return block + 1
+
+
+def test_a_fused_consumer_that_fails_once_is_retried(client, enabled, tmp_path):
+    """A step fused into the unpack tasks fails once, under ``retries``: the retry takes its chunk
+    again (2026-12-06: "output chunk 3 is not here ... or already taken")."""
+    a = np.arange(1200.0).reshape(40, 30)
+    mark = str(tmp_path / "failed")
+    y = da.from_array(a, chunks=(10, 30)).rechunk((40, 5)).map_blocks(_fails_once, mark=mark, dtype=float)
+    assert dask_redist.explain(y).entries[0].fused.endswith(f"unpack tasks compute {y.name}")
+    np.testing.assert_array_equal(client.compute(y, retries=2).result(timeout=60), a + 1)
+    assert (tmp_path / "failed").exists()
+    assert not worker_leftovers(client)
+    (tmp_path / "failed").unlink()
+    with pytest.raises(RuntimeError, match="a failure that a retry gets past"):
+        client.compute(y).result(timeout=60)  # (no retries: the user's error, as Dask's)

@@ -262,6 +262,13 @@ class WorkerRun:
                     f"{int(self.plan.out_ranks.ravel()[index])}, or already taken)"
                 ) from None
 
+    def put_back(self, index: int, chunk) -> None:
+        """Output chunk ``index`` (`pop_output`) is here again: its unpack task failed in the step
+        fused into it, and a retry of that task takes the chunk again (not once the run failed)."""
+        with self._cond:
+            if self.state != "failed":
+                self.outputs[index] = chunk
+
     # -- helpers for engines ----------------------------------------------------------
 
     def assemblies(self, received: dict[int, list], allocate=None) -> dict[int, Assembly]:

@@ -15,6 +15,7 @@ scheduler preload register the same.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import time
 
@@ -60,15 +61,23 @@ async def unpack_into(token: str, index: int, run_id: int, consumer: tuple, *oth
     worker's thread pool, as a task of their own would (`_as_a_task`)."""
     worker = _worker()
     task, chunk_key, keys, key = consumer
+    values = dict(zip(keys, others))
     # (the chunk only in ``held``, which `_consume` empties: nothing here holds it once it is read)
-    held = [dict(zip(keys, others)), await get_state(worker).unpack(token, index, run_id)]
-    if held[-1] is None:  # (a stale run: this result goes nowhere)
+    held = [await get_state(worker).unpack(token, index, run_id)]
+    if held[0] is None:  # (a stale run: this result goes nowhere)
         return None
-    if type(held[-1]).__module__.startswith("cupy"):
-        return _consume(task, chunk_key, held)
-    return await run_in_executor_with_context(
-        worker.executors["default"], _as_a_task, worker, key, _consume, task, chunk_key, held
-    )
+    try:
+        if type(held[0]).__module__.startswith("cupy"):
+            return _consume(task, chunk_key, values, held)
+        return await run_in_executor_with_context(
+            worker.executors["default"], _as_a_task, worker, key, _consume, task, chunk_key, values, held
+        )
+    except BaseException:
+        # (the step failed, or this task was cancelled before it ran: the chunk stays for a
+        # retry of this task, as a task's input would)
+        with contextlib.suppress(IndexError):
+            get_state(worker).put_back(token, index, run_id, held.pop())
+        raise
 
 
 def _as_a_task(worker, key, function, *args):
@@ -87,16 +96,20 @@ def _as_a_task(worker, key, function, *args):
             worker.active_threads.pop(ident, None)
 
 
-def _consume(task, chunk_key, held: list):
-    """The consumer ``task`` on the chunk and other inputs in ``held`` (emptied); then the chunk's
-    memory, where the engine took it from the kept buffers (`engines.exchange.output_allocator`)
-    and nothing holds it any more (the result no view of it), kept for the next run."""
-    chunk, others = held.pop(), held.pop()
+def _consume(task, chunk_key, others: dict, held: list):
+    """The consumer ``task`` on the chunk in ``held`` (emptied; given back where the task fails)
+    and its ``others`` inputs; then the chunk's memory, where the engine took it from the kept
+    buffers (`engines.exchange.output_allocator`) and nothing holds it any more (the result no
+    view of it), kept for the next run."""
+    chunk = held.pop()
     lease = exchange.kept_buffers.lease(chunk)
-    values = {chunk_key: chunk, **others}
-    del chunk, others
+    values = {**others, chunk_key: chunk}
+    del chunk
     try:
         return task(values)
+    except BaseException:
+        held.append(values[chunk_key])  # (for a retry: `unpack_into`)
+        raise
     finally:
         del values
         exchange.kept_buffers.give_back_if_alone(lease)

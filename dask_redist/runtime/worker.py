@@ -178,6 +178,14 @@ class WorkerState:
             return await asyncio.to_thread(out.build)  # a large copy: off the event loop
         return out.build()
 
+    def put_back(self, token: str, index: int, run_id: int, chunk) -> None:
+        """Output chunk ``index`` of run ``run_id`` again, for a retry of its unpack task (the step
+        fused into it failed: `runtime.tasks.unpack_into`); nothing where the run is gone."""
+        with self._lock:
+            run = self.runs.get(token)
+        if run is not None and run.run_id == run_id:
+            run.put_back(index, chunk)
+
     # -- messages from the scheduler and peers (event loop) --------------------------------
 
     def handle_start(self, run: RunSpec) -> None:
