@@ -34,6 +34,11 @@ def test_a_buffer_is_given_back_only_once_nothing_holds_it():
     lent = pool.array((8,), np.int8)
     del lent  # (lent and dropped without being given back: freed as any array, not kept)
     assert pool.nbytes == 0
+    big = pool.take(4 * 2**20)
+    pool.give_back([big])
+    small = pool.array((2**10,), np.float64)  # (8 KiB: the 4 MiB buffer is too large for it)
+    assert small.base is not big and pool.nbytes == 4 * 2**20
+    assert pool.array((2**19,), np.float64).base is big  # (4 MiB)
 
 
 def _kept_buffers(dask_worker=None) -> list:

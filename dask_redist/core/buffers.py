@@ -37,6 +37,11 @@ def _references(holder: list) -> tuple[int, np.ndarray]:
 _ALONE = _references([np.empty(0, dtype=np.uint8)])[0]
 
 
+def _rounded(nbytes: int) -> int:
+    """``nbytes`` rounded up to a MiB: the sizes of the buffers made."""
+    return -(-nbytes // 2**20) * 2**20
+
+
 class KeptBuffers:
     """Host buffers kept for the next run (at most ``keep`` bytes free at once).
 
@@ -53,21 +58,24 @@ class KeptBuffers:
         self._lent: weakref.WeakValueDictionary[int, np.ndarray] = weakref.WeakValueDictionary()
         self._lock = threading.Lock()
 
-    def take(self, nbytes: int) -> np.ndarray:
+    def take(self, nbytes: int, most: int | None = None) -> np.ndarray:
+        """A buffer of at least ``nbytes`` (and at most ``most``, where given, if a kept one)."""
         with self._lock:
-            fits = [i for i, b in enumerate(self._free) if b.nbytes >= nbytes]
+            fits = [i for i, b in enumerate(self._free) if nbytes <= b.nbytes <= (most or b.nbytes)]
             if fits:
                 buffer = self._free.pop(min(fits, key=lambda i: self._free[i].nbytes))
             else:
-                buffer = np.empty(-(-nbytes // 2**20) * 2**20, dtype=np.uint8)
+                buffer = np.empty(_rounded(nbytes), dtype=np.uint8)
             self._lent[id(buffer)] = buffer
             return buffer
 
     def array(self, shape: tuple[int, ...], dtype) -> np.ndarray:
-        """An uninitialized C-ordered array over a buffer of `take` (its ``base``)."""
+        """An uninitialized C-ordered array over a buffer of `take` (its ``base``) of at most an
+        eighth more than it needs: a result that is a view of it holds the whole buffer, and Dask
+        counts the view's bytes only."""
         dtype = np.dtype(dtype)
         nbytes = math.prod(shape) * dtype.itemsize
-        return self.take(nbytes)[:nbytes].view(dtype).reshape(shape)
+        return self.take(nbytes, _rounded(nbytes + nbytes // 8))[:nbytes].view(dtype).reshape(shape)
 
     def give_back(self, views: list, keep: bool = True) -> None:
         """The buffers of ``views`` (others' views are passed over) are free again: kept, the
