@@ -1,7 +1,8 @@
 """Output chunks that a fused consumer reads: in kept buffers (B, `engines.exchange.output_allocator`)
 or in fresh memory (A, as before), the bench's own pipeline runs alternating in one cluster.
 
-Each repetition runs, in turn, ``without``, ``with`` under A, ``with`` under B and ``bare``
+Each repetition runs, in turn, ``without``, ``with`` under A and under B (each first every other
+repetition) and ``bare``
 (`dask_redist.bench.pipeline`: each run has an input of its own, and each is checked). The script
 prints the medians, what the rechunk adds under each side against issue 40's CPU limit
 (1.1 x bare + 10 ms), and B / A pair by pair.
@@ -59,7 +60,7 @@ def main() -> None:
                 case = bp.pipeline_case(pipeline, a.size, n)
                 rows = {m: bp._row(case, pipeline, m) for m in ("without", "A", "B", "bare")}
                 for rep in range(a.reps + 1):
-                    for m in ("without", "A", "B", "bare"):
+                    for m in ("without", *("AB" if rep % 2 else "BA"), "bare"):  # (A and B take turns first)
                         if m in "AB":
                             client.run(mode, m)
                         method = m if m in ("without", "bare") else "with"
