@@ -2,7 +2,7 @@
 
 A: every message up to ``redist.memory-budget`` (one 67 MiB message per peer at 256 MiB, 16
 slabs), packed into fresh memory; B: messages at most the TCP shard size, packed into kept
-buffers (`dask_redist.core.buffers.KeptBuffers`). Each run gets an input of its own (no key is
+buffers (`dask_redist.core.wire.SendBuffers`). Each run gets an input of its own (no key is
 reused), and reports its wall time, "start sent" to the last "executed", the CPU time of both
 worker processes over the run (robust to other work on the machine: a slow first touch of
 memory shows as CPU time, waiting for a core does not), and per worker the wall and thread CPU
@@ -45,16 +45,16 @@ def install(dask_worker=None):
     ex.pack = timed(ex.pack, "pack")  # (the packing of `exchange.send_pieces`)
     de.DaskEngine._cut_outputs = staticmethod(timed(de.DaskEngine._cut_outputs, "_cut_outputs"))
     transport.CommsTransport.send = timed(transport.CommsTransport.send, "transport.send")
-    ex._real = (ex.wire_limit, ex.kept_buffers)
+    ex._real = (ex.wire_limit, ex._send_buffers)
 
 
 def mode(which, dask_worker=None):
     import dask_redist.engines.exchange as ex
 
     if which == "A":  # as before: no limit but the budget, fresh buffers
-        ex.wire_limit, ex.kept_buffers = (lambda transport, dst: None), ex.KeptBuffers(0)
+        ex.wire_limit, ex._send_buffers = (lambda transport, dst: None), ex.SendBuffers(0)
     else:
-        ex.wire_limit, ex.kept_buffers = ex._real
+        ex.wire_limit, ex._send_buffers = ex._real
 
 
 def take(dask_worker=None):

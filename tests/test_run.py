@@ -342,11 +342,11 @@ def test_over_a_copying_wire_messages_fit_its_limit_and_packed_buffers_serve_the
     into a new buffer: messages stay within the wire's limit. The buffers pieces were packed into
     are packed into again by the next run, not fresh memory (docs/benchmarks.md, "Where the CPU
     runs' slow mode came from")."""
-    from dask_redist.core.buffers import KeptBuffers
+    from dask_redist.core.wire import SendBuffers
     from dask_redist.engines import exchange as engine_module
 
-    pool = KeptBuffers(keep=2**30)
-    monkeypatch.setattr(engine_module, "kept_buffers", pool)
+    pool = SendBuffers(keep=2**30)
+    monkeypatch.setattr(engine_module, "_send_buffers", pool)
     data = np.arange(64 * 64, dtype=np.float64).reshape(64, 64)
     old, new = ((8,) * 8, (64,)), ((64,), (32, 32))  # 4 strided pieces of 2 KiB to the peer: packed
     runs = make_runs(data, old, new, 2, budget=2**20)
@@ -378,11 +378,11 @@ def test_over_a_copying_wire_messages_fit_its_limit_and_packed_buffers_serve_the
 def test_without_a_wire_limit_the_budget_alone_sizes_messages_and_nothing_is_kept(monkeypatch):
     """Where the wire hands the buffer itself to the peer (inproc; `Loopback` here copies, but
     says no limit), a packed buffer is never packed into again."""
-    from dask_redist.core.buffers import KeptBuffers
+    from dask_redist.core.wire import SendBuffers
     from dask_redist.engines import exchange as engine_module
 
-    pool = KeptBuffers(keep=2**30)
-    monkeypatch.setattr(engine_module, "kept_buffers", pool)
+    pool = SendBuffers(keep=2**30)
+    monkeypatch.setattr(engine_module, "_send_buffers", pool)
     data = np.arange(64 * 64, dtype=np.float64).reshape(64, 64)
     runs = make_runs(data, ((32, 32), (64,)), ((64,), (8,) * 8), 2, budget=2**20)
     assert execute_all(runs) == {}

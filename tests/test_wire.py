@@ -7,8 +7,7 @@ from distributed.protocol import deserialize, serialize
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dask_redist.core.buffers import KeptBuffers
-from dask_redist.core.wire import AS_IS_BYTES, as_is, batches, pack, unpack_views
+from dask_redist.core.wire import AS_IS_BYTES, SendBuffers, as_is, batches, pack, unpack_views
 
 
 @given(
@@ -44,8 +43,8 @@ def test_a_large_contiguous_piece_travels_as_it_is():
             np.testing.assert_array_equal(view, piece)
 
 
-def test_kept_buffers_are_reused_and_kept_within_their_bound():
-    pool = KeptBuffers(keep=3 * 2**20)
+def test_send_buffers_are_reused_and_kept_within_their_bound():
+    pool = SendBuffers(keep=3 * 2**20)
     first = pool.take(2**20 + 5)
     assert first.nbytes == 2 * 2**20  # (rounded up to a MiB)
     pool.give_back([first[: 2**20 + 5]])  # (what was packed: a view of it)
@@ -80,9 +79,9 @@ def test_explain_counts_the_messages_the_tcp_comm_limits():
     assert "(up to 4 message(s) per peer, all sent at once)" in line, line
 
 
-def test_a_worker_keeps_buffers_within_a_share_of_its_memory_limit():
+def test_a_worker_keeps_send_buffers_within_a_share_of_its_memory_limit():
     """The packed buffers kept from run to run are memory Dask does not manage: at most a
-    sixteenth of the worker's memory limit (and at most `BUFFERS_KEPT`), set when the
+    sixteenth of the worker's memory limit (and at most `SEND_BUFFERS_KEPT`), set when the
     collective's worker plugin starts; what is kept already shrinks to a new bound."""
     from conftest import local_cluster
     from distributed import Client
@@ -91,20 +90,20 @@ def test_a_worker_keeps_buffers_within_a_share_of_its_memory_limit():
     from dask_redist.engines import exchange
 
     def kept(dask_worker=None):
-        return exchange.kept_buffers.keep
+        return exchange._send_buffers.keep
 
     with local_cluster(1, threads_per_worker=1, memory_limit="512MiB") as cluster, Client(cluster) as client:
         ensure_scheduler_plugin(client)
         client.wait_for_workers(1)
         assert list(client.run(kept).values()) == [32 * 2**20]
-    pool = KeptBuffers(exchange.BUFFERS_KEPT)
+    pool = SendBuffers(exchange.SEND_BUFFERS_KEPT)
     buffers = [pool.take(2**20) for _ in range(3)]
     pool.give_back(buffers)
     assert pool.nbytes == 3 * 2**20
     pool.bound(2 * 2**20)
     assert pool.nbytes == 2 * 2**20
     try:
-        assert exchange.bound_kept_buffers(2**40) == exchange.BUFFERS_KEPT
-        assert exchange.bound_kept_buffers(2**30) == 2**26
+        assert exchange.bound_send_buffers(2**40) == exchange.SEND_BUFFERS_KEPT
+        assert exchange.bound_send_buffers(2**30) == 2**26
     finally:
-        assert exchange.bound_kept_buffers(None) == exchange.BUFFERS_KEPT
+        assert exchange.bound_send_buffers(None) == exchange.SEND_BUFFERS_KEPT

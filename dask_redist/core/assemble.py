@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 
@@ -76,9 +76,6 @@ class Assembly:
     like: Any  # an array of the right namespace, for allocation
     parts: list[tuple[Sequence[int], Sequence[int], Any]]
     shared: bool = False
-    allocate: Callable[[tuple[int, ...]], Any] | None = (
-        None  # ``allocate(shape)``: `empty` like ``like`` where None
-    )
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -101,7 +98,7 @@ class Assembly:
         if not self.copies:
             return self.parts[0][2]
         shape = self.shape
-        out = empty(self.like, shape, self.dtype) if self.allocate is None else self.allocate(shape)
+        out = empty(self.like, shape, self.dtype)
         covered = 0
         for lo, hi, a in self.parts:  # (math.prod, not np.prod: per part of every chunk)
             out[tuple(slice(l - o, u - o) for l, u, o in zip(lo, hi, self.lower))] = a

@@ -271,16 +271,15 @@ class WorkerRun:
 
     # -- helpers for engines ----------------------------------------------------------
 
-    def assemblies(self, received: dict[int, list], allocate=None) -> dict[int, Assembly]:
-        """Output chunks of this rank as pieces, from the received pieces by source rank
-        (``allocate``: `Assembly.allocate`)."""
+    def assemblies(self, received: dict[int, list]) -> dict[int, Assembly]:
+        """Output chunks of this rank as pieces, from the received pieces by source rank."""
         spec = self.spec.collective
         recv = self.plan.receives(self.rank)
         like = self.like_array(received)
         out: dict[int, Assembly] = {}
         for flat in self.plan.owned(self.rank):
             lo, hi = spec.rechunk.new_box(flat)
-            out[flat] = Assembly(lo, hi, spec.dtype, like, [], allocate=allocate)
+            out[flat] = Assembly(lo, hi, spec.dtype, like, [])
         position = {s: 0 for s in received}
         for i in range(len(recv)):
             s = int(recv.src[i])

@@ -13,13 +13,11 @@ over its bytes and as much new memory, for a message saved where messages are fe
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
-
-if TYPE_CHECKING:
-    from dask_redist.core.buffers import KeptBuffers
 
 ALIGN = 16  # pieces start on 16-byte boundaries inside a packed buffer
 #: Contiguous pieces of at least this many bytes travel as they are, not packed (`batches`).
@@ -53,7 +51,7 @@ def packed_offsets(nbytes: np.ndarray) -> np.ndarray:
     return np.concatenate([[0], np.cumsum(padded_sizes(nbytes))]).astype(np.int64)
 
 
-def pack(arrays: list, nbytes: np.ndarray, pool: KeptBuffers | None = None):
+def pack(arrays: list, nbytes: np.ndarray, pool: SendBuffers | None = None):
     """One contiguous uint8 buffer holding ``arrays`` (in their array namespace): a view of the
     one array there is where it is contiguous, else a copy (NumPy: into a buffer of ``pool``)."""
     if len(arrays) == 1 and arrays[0].flags.c_contiguous:
@@ -101,3 +99,62 @@ def batches(nbytes: np.ndarray, budget: int, alone: np.ndarray | None = None) ->
 def as_is(arrays: list, nbytes: np.ndarray) -> np.ndarray:
     """Which of ``arrays`` travel as they are (`AS_IS_BYTES`): large and contiguous."""
     return (nbytes >= AS_IS_BYTES) & np.array([a.flags.c_contiguous for a in arrays], dtype=bool)
+
+
+class SendBuffers:
+    """Host buffers that pieces are packed into, kept for the next run (at most ``keep`` bytes).
+
+    A buffer of fresh pages costs far more to fill than one filled before where freed memory goes
+    back to the host: in a VM with virtio-balloon free page reporting, memory freed for about two
+    seconds is handed back, and touching it again costs the host's page faults (the CPU machine:
+    128 MiB in 37 ms when recently freed, 350-440 ms when freed 3 s before). A worker's large
+    arrays are ``mmap``-ed and unmapped on ``free`` (the nanny sets ``MALLOC_TRIM_THRESHOLD_``), so
+    every run's packed buffers were fresh pages, fast or slow by how long ago the last run freed
+    its own: docs/benchmarks.md ("Where the CPU runs' slow mode came from").
+
+    `take` hands out a buffer of at least the size asked (the smallest kept one that fits, else a
+    new one, rounded up to a MiB); `give_back` takes what was packed into them back once its bytes
+    are on the wire (``keep=False``: forgotten, where a failed send may still be reading them).
+    """
+
+    def __init__(self, keep: int):
+        self.keep = keep
+        self._free: list[np.ndarray] = []
+        self._lent: dict[int, np.ndarray] = {}
+        self._lock = threading.Lock()
+
+    def take(self, nbytes: int) -> np.ndarray:
+        with self._lock:
+            fits = [i for i, b in enumerate(self._free) if b.nbytes >= nbytes]
+            if fits:
+                buffer = self._free.pop(min(fits, key=lambda i: self._free[i].nbytes))
+            else:
+                buffer = np.empty(-(-nbytes // 2**20) * 2**20, dtype=np.uint8)
+            self._lent[id(buffer)] = buffer
+            return buffer
+
+    def give_back(self, views: list, keep: bool = True) -> None:
+        """The buffers of ``views`` (others' views are passed over) are free again: kept, the
+        largest first, up to ``keep`` bytes with those kept already."""
+        with self._lock:
+            owners = [v if getattr(v, "base", None) is None else v.base for v in views]
+            back = [b for b in (self._lent.pop(id(o), None) for o in owners) if b is not None]
+            if not keep:
+                return
+            kept, total = [], 0
+            for b in sorted(self._free + back, key=lambda b: -b.nbytes):
+                if total + b.nbytes <= self.keep:
+                    kept.append(b)
+                    total += b.nbytes
+            self._free = kept
+
+    def bound(self, keep: int) -> None:
+        """Keep at most ``keep`` bytes from now on, what is kept already included."""
+        self.keep = keep
+        self.give_back([])
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes kept now."""
+        with self._lock:
+            return sum(b.nbytes for b in self._free)

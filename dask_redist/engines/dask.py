@@ -30,7 +30,7 @@ import numpy as np
 from dask_redist.core.assemble import Assembly, empty
 from dask_redist.core.wire import tcp_shard_size
 from dask_redist.engines.description import EngineDescription, Request
-from dask_redist.engines.exchange import in_order, output_allocator, receives, send_pieces, sends
+from dask_redist.engines.exchange import in_order, receives, send_pieces, sends
 from dask_redist.engines.protocol import Engine
 from dask_redist.errors import RedistError
 from dask_redist.planning import Transfers
@@ -106,11 +106,11 @@ def _part_views(blocks, recv: Transfers, parts):
         yield kk, lo, e, blocks[i][tuple(slice(x, x + n) for x, n in zip(b, e))]
 
 
-def _output_assemblies(owned, corners, blocks, recv: Transfers, parts, dtype, like, allocate) -> dict:
+def _output_assemblies(owned, corners, blocks, recv: Transfers, parts, dtype, like) -> dict:
     """Output chunks as `Assembly`s of views into the blocks that cross them (every chunk covered)."""
     _covered(owned, corners, parts)
     out = {
-        f: Assembly(tuple(lo), tuple(hi), dtype, like, [], shared=True, allocate=allocate)
+        f: Assembly(tuple(lo), tuple(hi), dtype, like, [], shared=True)
         for f, (lo, hi) in zip(owned, corners.tolist())
     }
     for kk, lo, e, view in _part_views(blocks, recv, parts):
@@ -118,11 +118,10 @@ def _output_assemblies(owned, corners, blocks, recv: Transfers, parts, dtype, li
     return out
 
 
-def _assemble_outputs(owned, corners, blocks, recv: Transfers, parts, allocate) -> dict:
-    """Output chunks allocated (``allocate(shape)``) and filled from the blocks that cross them
-    (every chunk covered)."""
+def _assemble_outputs(owned, corners, blocks, recv: Transfers, parts, dtype, like) -> dict:
+    """Output chunks allocated and filled from the blocks that cross them (every chunk covered)."""
     _covered(owned, corners, parts)
-    out = [allocate(tuple((corners[k, 1] - corners[k, 0]).tolist())) for k in range(len(owned))]
+    out = [empty(like, tuple((corners[k, 1] - corners[k, 0]).tolist()), dtype) for k in range(len(owned))]
     lowers = corners[:, 0].tolist()
     for kk, lo, e, view in _part_views(blocks, recv, parts):
         out[kk][tuple(slice(x - c, x - c + n) for x, c, n in zip(lo, lowers[kk], e))] = view
@@ -170,15 +169,10 @@ class DaskEngine(Engine):
         run.inputs = {}
         recv = receives(run, blocks)
         received = run.wait_received(recv)
-        allocate = output_allocator(run, run.like_array(received))
-        run.finish(
-            run.assemblies(received, allocate)
-            if blocks is None
-            else self._cut_outputs(run, recv, received, allocate)
-        )
+        run.finish(run.assemblies(received) if blocks is None else self._cut_outputs(run, recv, received))
 
     @staticmethod
-    def _cut_outputs(run, recv: Transfers, received: dict[int, list], allocate) -> dict:
+    def _cut_outputs(run, recv: Transfers, received: dict[int, list]) -> dict:
         """The output chunks of this rank from the blocks ``received`` (input chunks cut to its
         output box): copied straight into the output chunks where blocks and chunks cross at
         most `DIRECT_MAX_PARTS` times (by the unpack tasks where the chunks are large:
@@ -194,9 +188,8 @@ class DaskEngine(Engine):
             lazy = (
                 np.prod(corners[:, 1] - corners[:, 0], axis=1).mean() * spec.dtype.itemsize >= LAZY_MIN_BYTES
             )
-            if lazy:
-                return _output_assemblies(owned, corners, blocks, recv, parts, spec.dtype, like, allocate)
-            return _assemble_outputs(owned, corners, blocks, recv, parts, allocate)
+            assemble = _output_assemblies if lazy else _assemble_outputs
+            return assemble(owned, corners, blocks, recv, parts, spec.dtype, like)
         lower, upper = tuple(corners[:, 0].min(axis=0).tolist()), tuple(corners[:, 1].max(axis=0).tolist())
         box = empty(like, tuple(u - l for l, u in zip(lower, upper)), spec.dtype)
         for i, a in enumerate(blocks):
@@ -204,7 +197,5 @@ class DaskEngine(Engine):
         out = {}
         for f, (lo, hi) in zip(owned, corners.tolist()):
             view = box[tuple(slice(l - o, h - o) for l, h, o in zip(lo, hi, lower))]
-            out[f] = Assembly(
-                tuple(lo), tuple(hi), spec.dtype, like, [(lo, hi, view)], shared=True, allocate=allocate
-            )
+            out[f] = Assembly(tuple(lo), tuple(hi), spec.dtype, like, [(lo, hi, view)], shared=True)
         return out

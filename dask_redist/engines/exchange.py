@@ -9,41 +9,32 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
-from functools import partial
 
 import numpy as np
 
-from dask_redist.core.assemble import cut, empty
-from dask_redist.core.buffers import KeptBuffers
-from dask_redist.core.wire import Packed, as_is, batches, pack, padded_sizes
+from dask_redist.core.assemble import cut
+from dask_redist.core.wire import Packed, SendBuffers, as_is, batches, pack, padded_sizes
 from dask_redist.planning import Transfers
 
-#: Host buffers kept for the next run, per worker process (`dask_redist.core.buffers.KeptBuffers`):
-#: packed buffers, and output chunks a fused consumer reads (`output_allocator`). Filling fresh
-#: pages cost up to ten times as much on the CPU machine, as it varied from run to run
+#: Packed buffers kept for the next run, per worker process (`dask_redist.core.wire.SendBuffers`):
+#: filling fresh pages cost up to ten times as much on the CPU machine, as it varied from run to run
 #: (docs/benchmarks.md, "Where the CPU runs' slow mode came from").
-BUFFERS_KEPT = 256 * 2**20
+SEND_BUFFERS_KEPT = 256 * 2**20
 #: ... and at most this part of the worker's memory limit (the kept buffers are memory Dask does not manage)
-BUFFERS_SHARE = 1 / 16
-kept_buffers = KeptBuffers(BUFFERS_KEPT)
+SEND_BUFFERS_SHARE = 1 / 16
+_send_buffers = SendBuffers(SEND_BUFFERS_KEPT)
 
 
-def bound_kept_buffers(memory_limit: int | None) -> int:
-    """Keep at most `BUFFERS_KEPT` bytes of buffers in this process, and at most
-    `BUFFERS_SHARE` of ``memory_limit`` (the worker's; None or 0: none); the bound."""
-    keep = BUFFERS_KEPT if not memory_limit else min(BUFFERS_KEPT, int(memory_limit * BUFFERS_SHARE))
-    kept_buffers.bound(keep)
+def bound_send_buffers(memory_limit: int | None) -> int:
+    """Keep at most `SEND_BUFFERS_KEPT` bytes of packed buffers in this process, and at most
+    `SEND_BUFFERS_SHARE` of ``memory_limit`` (the worker's; None or 0: none); the bound."""
+    keep = (
+        SEND_BUFFERS_KEPT
+        if not memory_limit
+        else min(SEND_BUFFERS_KEPT, int(memory_limit * SEND_BUFFERS_SHARE))
+    )
+    _send_buffers.bound(keep)
     return keep
-
-
-def output_allocator(run, like):
-    """How this rank allocates its output chunks (``allocate(shape)``): where a fused consumer reads
-    them (``spec.consumer``: the unpack task gives them back, `runtime.tasks.unpack_into`) and they
-    are NumPy, over `kept_buffers`; else uninitialized like ``like``."""
-    spec = run.spec.collective
-    if spec.consumer and type(like) is np.ndarray:
-        return partial(kept_buffers.array, dtype=spec.dtype)
-    return lambda shape: empty(like, shape, spec.dtype)
 
 
 def sends(run, transfers: Transfers | None = None) -> Transfers:
@@ -123,7 +114,7 @@ def send_pieces(run, transport, mine: Transfers) -> None:
     Where the wire copies the bytes (`Transport.wire_limit`: Dask's TCP comms) a message is also
     at most the size above which the comm would split it into shards that the receiver copies
     back together into a new buffer, and NumPy pieces are packed into buffers kept from run to
-    run (`BUFFERS_KEPT`)."""
+    run (`SEND_BUFFERS_KEPT`)."""
     budget = run.spec.collective.settings.memory_budget
     run.set_phase("send")
     outgoing = []
@@ -133,7 +124,7 @@ def send_pieces(run, transport, mine: Transfers) -> None:
             run.receive(run.rank, 0, arrays)
             continue
         limit = wire_limit(transport, dst)
-        pool = None if limit is None else kept_buffers
+        pool = None if limit is None else _send_buffers
         cap = budget if limit is None else min(budget, limit)
         outgoing += [
             (dst, first, Packed(stop - first, pack(arrays[first:stop], t.nbytes[first:stop], pool)))
@@ -145,9 +136,9 @@ def send_pieces(run, transport, mine: Transfers) -> None:
     try:
         transport.send(outgoing)
     except BaseException:
-        kept_buffers.give_back(buffers, keep=False)  # (a send still under way may read them)
+        _send_buffers.give_back(buffers, keep=False)  # (a send still under way may read them)
         raise
-    kept_buffers.give_back(buffers)
+    _send_buffers.give_back(buffers)
 
 
 def wire_limit(transport, dst: int) -> int | None:

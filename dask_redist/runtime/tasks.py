@@ -15,7 +15,6 @@ scheduler preload register the same.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import threading
 import time
 
@@ -25,7 +24,6 @@ from distributed.utils import run_in_executor_with_context, set_thread_state
 
 from dask_redist.config import Settings
 from dask_redist.core.spec import CollectiveSpec, Staged
-from dask_redist.engines import exchange
 from dask_redist.errors import RedistError
 from dask_redist.runtime.scheduler import RedistSchedulerPlugin
 from dask_redist.runtime.transport import call_on_loop
@@ -61,22 +59,20 @@ async def unpack_into(token: str, index: int, run_id: int, consumer: tuple, *oth
     worker's thread pool, as a task of their own would (`_as_a_task`)."""
     worker = _worker()
     task, chunk_key, keys, key = consumer
-    values = dict(zip(keys, others))
-    # (the chunk only in ``held``, which `_consume` empties: nothing here holds it once it is read)
-    held = [await get_state(worker).unpack(token, index, run_id)]
-    if held[0] is None:  # (a stale run: this result goes nowhere)
+    chunk = await get_state(worker).unpack(token, index, run_id)
+    if chunk is None:  # (a stale run: this result goes nowhere)
         return None
+    values = {chunk_key: chunk, **dict(zip(keys, others))}
     try:
-        if type(held[0]).__module__.startswith("cupy"):
-            return _consume(task, chunk_key, values, held)
+        if type(chunk).__module__.startswith("cupy"):
+            return task(values)
         return await run_in_executor_with_context(
-            worker.executors["default"], _as_a_task, worker, key, _consume, task, chunk_key, values, held
+            worker.executors["default"], _as_a_task, worker, key, task, values
         )
     except BaseException:
-        # (the step failed, or this task was cancelled before it ran: the chunk stays for a
-        # retry of this task, as a task's input would)
-        with contextlib.suppress(IndexError):
-            get_state(worker).put_back(token, index, run_id, held.pop())
+        # (the step failed, or this task was cancelled: the chunk stays for a retry of this task,
+        # as a task's input would)
+        get_state(worker).put_back(token, index, run_id, chunk)
         raise
 
 
@@ -94,25 +90,6 @@ def _as_a_task(worker, key, function, *args):
     finally:
         with worker.active_threads_lock:
             worker.active_threads.pop(ident, None)
-
-
-def _consume(task, chunk_key, others: dict, held: list):
-    """The consumer ``task`` on the chunk in ``held`` (emptied; given back where the task fails)
-    and its ``others`` inputs; then the chunk's memory, where the engine took it from the kept
-    buffers (`engines.exchange.output_allocator`) and nothing holds it any more (the result no
-    view of it), kept for the next run."""
-    chunk = held.pop()
-    lease = exchange.kept_buffers.lease(chunk)
-    values = {**others, chunk_key: chunk}
-    del chunk
-    try:
-        return task(values)
-    except BaseException:
-        held.append(values[chunk_key])  # (for a retry: `unpack_into`)
-        raise
-    finally:
-        del values
-        exchange.kept_buffers.give_back_if_alone(lease)
 
 
 def _worker():

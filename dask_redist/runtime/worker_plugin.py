@@ -10,7 +10,7 @@ from distributed.diagnostics.plugin import WorkerPlugin
 
 from dask_redist.core import messages as m
 from dask_redist.core.spec import stage_token
-from dask_redist.engines.exchange import bound_kept_buffers
+from dask_redist.engines.exchange import bound_send_buffers
 from dask_redist.runtime.transport import flush
 from dask_redist.runtime.worker import WorkerState
 
@@ -37,7 +37,7 @@ class RedistWorkerPlugin(WorkerPlugin):
 
     def setup(self, worker):
         self._worker = worker
-        bound_kept_buffers(getattr(getattr(worker, "memory_manager", None), "memory_limit", None))
+        bound_send_buffers(getattr(getattr(worker, "memory_manager", None), "memory_limit", None))
         state = self._state = get_state(worker)
         worker.handlers[m.Pieces.op] = state.handle_receive
         worker.handlers[m.Capabilities.op] = state.handle_capabilities
