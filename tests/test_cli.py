@@ -9,6 +9,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 
 import pytest
 from rich.console import Console
@@ -153,6 +154,16 @@ def _warn_on_the_worker(text):
     logging.getLogger("dask_redist.runtime").warning(text)
 
 
+async def _stall_on_the_worker():
+    """The worker's event loop blocked for 0.5 s (a coroutine that sleeps without awaiting:
+    distributed notes it past ``admin.tick.limit``), and an INFO record that is not such a note."""
+    import logging
+    import time
+
+    logging.getLogger("distributed.worker").info("an ordinary record")
+    time.sleep(0.5)
+
+
 def test_a_local_clusters_workers_write_their_warnings_to_the_log_file_themselves(tmp_path):
     """Records forwarded to the scheduler are lost with a worker's broken stream: the workers of a
     cluster started here append theirs to the command's log file themselves, once each."""
@@ -167,6 +178,23 @@ def test_a_local_clusters_workers_write_their_warnings_to_the_log_file_themselve
     writers = sorted(r.split(" - ")[1].split(" (")[0] for r in records)  # ("worker 0 (pid) dask_redist...")
     assert writers == [f"worker {name}" for name in names], records
     assert all("dask_redist.runtime - WARNING - a worker's own warning" in r for r in records), records
+
+
+def test_a_local_clusters_workers_log_their_event_loops_stalls(tmp_path, monkeypatch):
+    """A worker's loop that does not answer loses its connection (2026-12-06, one H200: a worker's
+    connection closed with nothing in the log): its own "Event loop was unresponsive" notes
+    (INFO) go to the log file, its other INFO records do not."""
+    from dask_redist.cli import clusters, output, parser
+
+    monkeypatch.setenv("DASK_DISTRIBUTED__ADMIN__TICK__LIMIT", "200ms")  # (read by the worker processes)
+    log = tmp_path / "bench.log"
+    args = parser().parse_args(["bench", "--workers", "1"])
+    with output.logs_to_file(str(log)), clusters.client_for(args) as client:
+        client.run(_stall_on_the_worker)
+        time.sleep(1)  # (the next tick notes it)
+    mine = [r for r in log.read_text().splitlines() if r.split(" - ")[1].startswith("worker 0 (")]
+    assert any("Event loop was unresponsive in Worker" in r for r in mine), mine
+    assert not any("an ordinary record" in r for r in mine), mine
 
 
 def test_more_gpu_workers_than_gpus_is_refused_with_what_to_do(monkeypatch):

@@ -44,12 +44,19 @@ def current_log_file() -> str | None:
     return handler.file.name if handler else None
 
 
+def _warnings_and_stalls(record: logging.LogRecord) -> bool:
+    """Warnings and worse, and distributed's notes of an event loop that did not answer (INFO): a
+    worker's loop blocked for long enough loses its connection to the scheduler (its comms'
+    ``TCP_USER_TIMEOUT``, ``distributed.comm.timeouts.tcp``)."""
+    return record.levelno >= logging.WARNING or record.getMessage().startswith("Event loop was unresponsive")
+
+
 class WorkerLogFile(WorkerPlugin):
-    """A worker plugin for the workers of a cluster started here: their records of `LOGGERS`, warnings
-    and worse, appended to the command's log file by the worker itself. Forwarded records travel the
-    worker's stream to the scheduler, so a worker whose stream broke could not say why (2026-12-06,
-    one H100: a worker closed with "worker-handle-scheduler-connection-broken" and the log had
-    nothing of its own)."""
+    """A worker plugin for the workers of a cluster started here: their records of `LOGGERS`
+    (`_warnings_and_stalls`), appended to the command's log file by the worker itself. Forwarded
+    records travel the worker's stream to the scheduler, so a worker whose stream broke could not
+    say why (2026-12-06, one H100: a worker closed with "worker-handle-scheduler-connection-broken"
+    and the log had nothing of its own; one H200, at 20:39: the same, with no warning before it)."""
 
     name = "dask-redist-log-file"
 
@@ -58,7 +65,8 @@ class WorkerLogFile(WorkerPlugin):
         self.handler: _FileLog | None = None
 
     def setup(self, worker) -> None:
-        self.handler = _FileLog(self.path, logging.WARNING, who=f"worker {worker.name} ({os.getpid()}) ")
+        self.handler = _FileLog(self.path, logging.INFO, who=f"worker {worker.name} ({os.getpid()}) ")
+        self.handler.addFilter(_warnings_and_stalls)
         for name in LOGGERS:
             logging.getLogger(name).addHandler(self.handler)
 
