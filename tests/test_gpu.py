@@ -502,3 +502,28 @@ def test_a_pipeline_around_a_rechunk_is_fused_and_equals_numpy(gpu_client):
     assert len(runs) == 2 and all(r["engine"] == "cufftmp" and r["outcome"] == "done" for r in runs), runs
     assert held.pop("pow") == 8 and held.pop("redist-barrier") == 1, held
     assert held.pop("redist-stage") <= len(gpu_client.nthreads()), held
+
+
+def _asks_its_worker(block):
+    """A CuPy step that blocks as a task may: a task of its own submitted from a seceded thread
+    (on the worker's event loop, where fused CuPy consumers ran before, this cannot work)."""
+    from distributed import get_client, get_worker, worker_client
+
+    assert get_worker().address in get_client().nthreads()
+    with worker_client() as c:
+        two = c.submit(sum, [1, 1], pure=False).result()
+    return block * two
+
+
+def test_a_fused_cupy_consumer_runs_as_its_own_task_would(gpu_client):
+    """A CuPy step fused into the unpack tasks runs in the worker's thread pool, with a task's
+    state: ``worker_client`` and a blocking ``result()`` work there."""
+    import cupy
+
+    a = np.random.default_rng(12).standard_normal((64, 48, 32))
+    x = da.from_array(a, chunks=(8, 48, 32)).map_blocks(cupy.asarray, meta=cupy.empty((0, 0, 0))).persist()
+    wait(x)
+    with dask_redist.enable(engine="cufftmp", min_bytes=0):
+        y = x.rechunk((64, 6, 32)).map_blocks(_asks_its_worker, meta=cupy.empty((0, 0, 0)))
+        assert dask_redist.explain(y).entries[0].fused == f"unpack tasks compute {y.name}"
+        np.testing.assert_allclose(y.compute().get(), 2 * a)

@@ -55,8 +55,9 @@ async def unpack(token: str, index: int, run_id: int):
 async def unpack_into(token: str, index: int, run_id: int, consumer: tuple, *others):
     """``unpack``, then the consumer task fused into it (`graph.fuse`) on the chunk: ``consumer``
     is (the task, the chunk's key in it, the keys of ``others``, its other inputs, this task's
-    key). CuPy chunks' consumers run on the event loop (they queue kernels); others in the
-    worker's thread pool, as a task of their own would (`_as_a_task`)."""
+    key). The consumer runs in the worker's thread pool, as a task of its own would
+    (`_as_a_task`), CuPy's too: a step that blocks (a copy to the host, a lock, a client's
+    ``result()``) must not stall the event loop the run and the worker's comms need."""
     worker = _worker()
     task, chunk_key, keys, key = consumer
     chunk = await get_state(worker).unpack(token, index, run_id)
@@ -64,8 +65,6 @@ async def unpack_into(token: str, index: int, run_id: int, consumer: tuple, *oth
         return None
     values = {chunk_key: chunk, **dict(zip(keys, others))}
     try:
-        if type(chunk).__module__.startswith("cupy"):
-            return task(values)
         return await run_in_executor_with_context(
             worker.executors["default"], _as_a_task, worker, key, task, values
         )
