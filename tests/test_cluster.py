@@ -268,6 +268,19 @@ def test_chunks_that_lie_about_their_shape_fail_clearly(client, enabled):
         x.rechunk((8, 2)).compute()
 
 
+def test_chunks_of_another_dtype_than_the_array_says_keep_their_values(client, enabled):
+    """Chunks whose dtype is not the array's (a ``map_blocks`` or ``from_delayed`` given another
+    ``dtype=``) are converted to the array's: pieces that crossed to another worker were the
+    chunks' bytes read as the array's dtype (int64 bits as float64: 5e-324, ...), no error."""
+    a = np.arange(8 * 6).reshape(8, 6)
+    x = da.from_array(a.astype(float), chunks=(2, 6)).map_blocks(lambda b: b.astype("i8"), dtype="f8")
+    out = x.rechunk((8, 2)).compute()
+    assert out.dtype == np.float64
+    np.testing.assert_array_equal(out, a)
+    smaller = da.from_array(a.astype(float), chunks=(2, 6)).map_blocks(lambda b: b.astype("f4"), dtype="f8")
+    np.testing.assert_array_equal(smaller.rechunk((8, 2)).compute(), a)  # (was: cannot reshape array)
+
+
 def test_chunks_of_another_type_fail_clearly(client, enabled):
     x = da.ones((8, 8), chunks=4)
     # metadata says NumPy, but the chunks are masked arrays

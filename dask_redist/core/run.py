@@ -133,6 +133,22 @@ class WorkerRun:
             self.phase = "started"
             return True
 
+    def inputs_as_declared(self) -> None:
+        """Input chunks whose dtype is not the array's (a ``map_blocks`` or ``from_delayed`` given
+        another ``dtype=``) converted to the array's: the engines move a chunk's bytes and read them
+        as the array's dtype, so pieces that crossed to another rank were the chunk's bytes
+        reinterpreted (int64 read as float64), while those kept here were converted on the copy.
+        (Not for a distributed FFT's run, whose geometry names the dtype it takes.)"""
+        dtype = self.spec.collective.dtype
+        if self.spec.collective.fft is not None:
+            return
+        with self._cond:
+            if self.state != "running":  # (an abort empties the inputs)
+                return
+            other = {i: a for i, a in self.inputs.items() if a.dtype != dtype}
+            if other:
+                self.inputs = {**self.inputs, **{i: a.astype(dtype) for i, a in other.items()}}
+
     def set_phase(self, phase: str) -> None:
         """Enter ``phase``; raises the abort's error unless the run is being completed (`must_stop`)."""
         self.phase = phase

@@ -162,6 +162,7 @@ class RunExecutor:
             watch.daemon = True
             watch.start()
         try:
+            run.inputs_as_declared()
             engine.execute(run, CommsTransport(self.worker, run))
             self._mark("executed")
         except BaseException as e:  # noqa: B036 - every failure must reach the other ranks
