@@ -281,6 +281,34 @@ def test_chunks_of_another_dtype_than_the_array_says_keep_their_values(client, e
     np.testing.assert_array_equal(smaller.rechunk((8, 2)).compute(), a)  # (was: cannot reshape array)
 
 
+async def _add_resource(amount, dask_worker=None):
+    await dask_worker.set_resources(SCRATCH=amount)
+
+
+def test_outputs_restricted_to_some_workers_land_there(client, enabled):
+    """``persist(workers=[w])`` and ``compute(resources=...)`` that only some workers meet: every
+    output chunk is owned by a worker allowed to run its task (its unpack task was pinned to the
+    plan's owner and waited in ``no-worker`` for good)."""
+    a = np.arange(40 * 30.0).reshape(40, 30)
+    x = da.from_array(a, chunks=(5, 30))
+    w0, *others = sorted(client.scheduler_info()["workers"])
+    before = len(scheduler_history(client))
+    y = client.persist(x.rechunk((40, 3)), workers=[w0])
+    wait(y, timeout=60)
+    assert {w for where in client.who_has(y).values() for w in where} == {w0}
+    np.testing.assert_array_equal(y.compute(), a)
+    client.run(_add_resource, 1, workers=[others[0]])
+    try:
+        z = client.compute(x.rechunk((40, 5)) * 2, resources={"SCRATCH": 1})
+        np.testing.assert_array_equal(z.result(timeout=60), 2 * a)
+    finally:
+        client.run(_add_resource, 0, workers=[others[0]])
+    runs = scheduler_history(client)[before:]
+    assert len(runs) == 2 and all(r["outcome"] == "done" for r in runs), runs
+    del y, z
+    assert not worker_leftovers(client)
+
+
 def test_chunks_of_another_type_fail_clearly(client, enabled):
     x = da.ones((8, 8), chunks=4)
     # metadata says NumPy, but the chunks are masked arrays

@@ -25,7 +25,7 @@ from planning_helpers import (
 )
 
 from dask_redist.planning.geometry import flat_index
-from dask_redist.planning.owners import BALANCE_TOLERANCE
+from dask_redist.planning.owners import BALANCE_TOLERANCE, restricted_owners
 from dask_redist.planning.plan import (
     PlanError,
     RechunkSpec,
@@ -403,3 +403,36 @@ def test_one_rank_owns_every_new_chunk_without_a_choice(spec):
     assert plan.owner_strategy == "one rank" and plan.chosen_with is None
     assert plan.out_ranks.shape == spec.new_grid and not plan.out_ranks.any()
     assert plan.moved_bytes == 0 and plan.nbytes == int(chunk_nbytes(spec.new, spec.itemsize).sum())
+
+
+@FAST
+@given(plans(partial=True), st.data())
+def test_restricted_owners_are_allowed_and_keep_the_rest(plan, data):
+    """Owners a restriction forbids move to a rank it allows (workers=, resources=); the others stay."""
+    n = plan.out_ranks.size
+    allowed = np.array(
+        data.draw(
+            st.lists(
+                st.lists(st.booleans(), min_size=plan.nranks, max_size=plan.nranks), min_size=n, max_size=n
+            )
+        ),
+        dtype=bool,
+    ).reshape(n, plan.nranks)
+    owners = plan.out_ranks.ravel()
+    sizes = chunk_nbytes(plan.spec.new, plan.spec.itemsize).ravel()
+    if not allowed.any(axis=1).all():
+        with pytest.raises(PlanError, match="no rank may own new chunks"):
+            restricted_owners(owners, allowed, sizes)
+        return
+    got = restricted_owners(owners, allowed, sizes)
+    assert allowed[np.arange(n), got].all()
+    ok = allowed[np.arange(n), owners]
+    np.testing.assert_array_equal(got[ok], owners[ok])
+
+
+def test_restricted_owners_share_the_moved_chunks_by_load():
+    """Every chunk restricted to ranks 1 and 2 of 3: rank 0's chunks go to the less loaded of them."""
+    owners = np.array([0, 0, 0, 0, 1, 2])
+    allowed = np.array([[False, True, True]] * 6)
+    got = restricted_owners(owners, allowed, np.full(6, 8))
+    assert sorted(np.bincount(got, minlength=3).tolist()) == [0, 3, 3]

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Iterator
 
 import numpy as np
 
-from dask_redist.planning.geometry import Chunks, RechunkSpec, chunk_nbytes, rank_extents
+from dask_redist.planning.geometry import Chunks, PlanError, RechunkSpec, chunk_nbytes, rank_extents
 
 if TYPE_CHECKING:
     from dask_redist.planning.local import Local
@@ -165,3 +165,24 @@ def choose_owners(spec: RechunkSpec, local: Local, needed: np.ndarray, nranks: i
     near.sort(key=lambda s: (not s[2].boxes, s[1], s[0]))
     winner = near[0][2]
     return winner.owners, winner.name
+
+
+def restricted_owners(owners: np.ndarray, allowed: np.ndarray, sizes: np.ndarray) -> np.ndarray:
+    """``owners`` (each new chunk's rank, flat) with every chunk whose owner ``allowed`` (chunks x
+    ranks, bool) forbids moved to the least loaded rank it allows, biggest chunks first: the
+    workers, hosts or resources a user restricted the rechunk's outputs to. A chunk that no rank
+    may own raises `PlanError`."""
+    owners = np.array(owners, dtype=np.int64)
+    bad = np.flatnonzero(~allowed[np.arange(len(owners)), owners])
+    if not len(bad):
+        return owners
+    if nowhere := np.flatnonzero(~allowed[bad].any(axis=1)).tolist():
+        raise PlanError(f"no rank may own new chunks {bad[nowhere].tolist()[:8]} (their restrictions)")
+    kept = np.ones(len(owners), dtype=bool)
+    kept[bad] = False
+    load = np.bincount(owners[kept], weights=sizes[kept], minlength=allowed.shape[1])
+    for j in bad[np.argsort(-sizes[bad], kind="stable")].tolist():
+        choices = np.flatnonzero(allowed[j])
+        owners[j] = r = choices[np.argmin(load[choices])]
+        load[r] += sizes[j]
+    return owners

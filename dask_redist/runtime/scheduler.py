@@ -45,8 +45,10 @@ from dask_redist.errors import FAILURES
 from dask_redist.runtime import collective, ordering
 from dask_redist.runtime.eager import EagerStarts
 from dask_redist.runtime.lifecycle import Rechunks
+from dask_redist.planning import PlanError
 from dask_redist.planning.memory import over_memory, pause_fraction
 from dask_redist.runtime.rechunks import barrier_is_current, ranks_of
+from dask_redist.runtime.restrictions import allowed_owners, restricted_plan
 from dask_redist.runtime.rendezvous import Rendezvous, ask_each
 
 logger = logging.getLogger("dask_redist")
@@ -170,6 +172,11 @@ class RedistSchedulerPlugin(SchedulerPlugin):
             engine, spec.settings, ranks
         )  # (a worker leaving while we plan breaks that world)
         plan = await self._plan(spec, in_ranks, len(ranks), needed)
+        if (allowed := allowed_owners(self.scheduler, spec, needed, ranks)) is not None:
+            try:
+                plan = restricted_plan(spec, plan, allowed, ranks)
+            except PlanError as e:
+                return m.BarrierReply(status="error", fatal=True, message=str(e))
         self.rechunks.timeline["planned"] = time.time()
         limits = [getattr(self.scheduler.workers.get(w), "memory_limit", 0) or 0 for w in ranks]
         if chunk_type == "numpy" and (too_big := over_memory(plan, ranks, limits, pause_fraction())):
