@@ -30,7 +30,14 @@ from dask_redist.graph.names import own_name
 from dask_redist.graph.decide import decide, find_rechunks
 from dask_redist.graph.optimize import CollectiveOptimizer, rewrite
 from dask_redist import submissions
-from dask_redist.cluster import client_to_ask, refuse_unrunnable, refuse_unrunnable_on, status, world_engine
+from dask_redist.cluster import (
+    answered,
+    client_to_ask,
+    refuse_unrunnable,
+    refuse_unrunnable_on,
+    status,
+    world_engine,
+)
 
 
 def _overrides(options: dict) -> dict:
@@ -262,7 +269,7 @@ def collective_rechunk(x, chunks, threshold, block_size_limit, balance, options:
     return Array(graph, y.name, y.chunks, meta=meta)
 
 
-def bootstrap(client=None, *, restart_broken: bool = False, engine: str | None = None) -> dict:
+def bootstrap(client=None, *, restart_broken: bool = False, engine: str | None = None):
     """Start an engine's world on every worker now (NVSHMEM's, for ``cufftmp``), instead of at
     its first rechunk.
 
@@ -291,7 +298,8 @@ def bootstrap(client=None, *, restart_broken: bool = False, engine: str | None =
     Returns
     -------
     dict
-        Each worker's statistics of the engine (``bootstrap_s``: seconds its bootstrap took).
+        Each worker's statistics of the engine (``bootstrap_s``: seconds its bootstrap took). With
+        an asynchronous Client (called on its event loop), an awaitable of it.
 
     Raises
     ------
@@ -301,9 +309,15 @@ def bootstrap(client=None, *, restart_broken: bool = False, engine: str | None =
     ValueError
         ``engine`` has no world, or none is named and not exactly one engine has one.
     """
-    from distributed import default_client, wait
+    from distributed import default_client
 
     client = client or default_client()
+    return answered(client, _bootstrap, client, restart_broken, engine)
+
+
+def _bootstrap(client, restart_broken: bool, engine: str | None) -> dict:
+    from distributed import wait
+
     d = world_engine(Settings.from_config(), engine)
     before = status(client)
     alive = set(worker_info(client))
