@@ -12,6 +12,7 @@ import dask
 import numpy as np
 
 from dask_redist.compat import (
+    is_expression,
     worker_info,
     keep_annotations_current,
     meta_of,
@@ -214,7 +215,8 @@ def rechunk(x, chunks="auto", *, threshold=None, block_size_limit=None, balance=
         ``x`` is no dask array (the message says how to make one).
     NotEligibleError
         Only where the collective cannot run, with the reason: object dtypes, unknown (NaN)
-        chunk sizes, a chunk type outside ``redist.chunk-types``. It runs where
+        chunk sizes, a chunk type outside ``redist.chunk-types``, an array of dask's expression
+        mode (``array.query-planning: True``: ``x.rechunk`` under `enable` runs the collective there). It runs where
         ``redist.min-bytes`` (the cost model, by default) would keep Dask's rechunk, and
         ``explain()`` says so.
     EngineUnavailableError
@@ -235,6 +237,13 @@ def _not_a_dask_array(x) -> str:
     return f"dask_redist.rechunk takes a dask array, got {a_kind_of(x)}: {how}"
 
 
+#: Why `rechunk` refuses an array of dask's expression mode, and what to do instead.
+EXPRESSION_MODE = (
+    "dask_redist.rechunk does not support dask's array query planning (array.query-planning: True) yet: "
+    "use x.rechunk(...) under dask_redist.enable(), which runs the collective in that mode too"
+)
+
+
 def collective_rechunk(x, chunks, threshold, block_size_limit, balance, options: dict, explicit: bool = True):
     """`rechunk`; ``explicit=False``: also `NotEligibleError` where ``redist.min-bytes`` keeps Dask's
     rechunk (``dask_redist.fft``'s passes, which follow the cost model), and ``explain()`` lists it
@@ -243,6 +252,8 @@ def collective_rechunk(x, chunks, threshold, block_size_limit, balance, options:
 
     if not isinstance(x, Array):
         raise TypeError(_not_a_dask_array(x))
+    if is_expression(x):
+        raise NotEligibleError(EXPRESSION_MODE)
     if any(isinstance(c, float) and c != c for axis in x.chunks for c in axis):
         raise NotEligibleError("chunk sizes are unknown (NaN); call x.compute_chunk_sizes() first")
     y = original_rechunk(x, chunks, threshold, block_size_limit, balance, "tasks")  # (not a caller's method=)
