@@ -12,6 +12,7 @@ import dask
 import numpy as np
 
 from dask_redist.compat import (
+    is_expression,
     worker_info,
     keep_annotations_current,
     meta_of,
@@ -30,7 +31,14 @@ from dask_redist.graph.names import own_name
 from dask_redist.graph.decide import decide, find_rechunks
 from dask_redist.graph.optimize import CollectiveOptimizer, rewrite
 from dask_redist import submissions
-from dask_redist.cluster import client_to_ask, refuse_unrunnable, refuse_unrunnable_on, status, world_engine
+from dask_redist.cluster import (
+    answered,
+    client_to_ask,
+    refuse_unrunnable,
+    refuse_unrunnable_on,
+    status,
+    world_engine,
+)
 
 
 def _overrides(options: dict) -> dict:
@@ -207,7 +215,8 @@ def rechunk(x, chunks="auto", *, threshold=None, block_size_limit=None, balance=
         ``x`` is no dask array (the message says how to make one).
     NotEligibleError
         Only where the collective cannot run, with the reason: object dtypes, unknown (NaN)
-        chunk sizes, a chunk type outside ``redist.chunk-types``. It runs where
+        chunk sizes, a chunk type outside ``redist.chunk-types``, an array of dask's expression
+        mode (``array.query-planning: True``: ``x.rechunk`` under `enable` runs the collective there). It runs where
         ``redist.min-bytes`` (the cost model, by default) would keep Dask's rechunk, and
         ``explain()`` says so.
     EngineUnavailableError
@@ -228,6 +237,13 @@ def _not_a_dask_array(x) -> str:
     return f"dask_redist.rechunk takes a dask array, got {a_kind_of(x)}: {how}"
 
 
+#: Why `rechunk` refuses an array of dask's expression mode, and what to do instead.
+EXPRESSION_MODE = (
+    "dask_redist.rechunk does not support dask's array query planning (array.query-planning: True) yet: "
+    "use x.rechunk(...) under dask_redist.enable(), which runs the collective in that mode too"
+)
+
+
 def collective_rechunk(x, chunks, threshold, block_size_limit, balance, options: dict, explicit: bool = True):
     """`rechunk`; ``explicit=False``: also `NotEligibleError` where ``redist.min-bytes`` keeps Dask's
     rechunk (``dask_redist.fft``'s passes, which follow the cost model), and ``explain()`` lists it
@@ -236,6 +252,8 @@ def collective_rechunk(x, chunks, threshold, block_size_limit, balance, options:
 
     if not isinstance(x, Array):
         raise TypeError(_not_a_dask_array(x))
+    if is_expression(x):
+        raise NotEligibleError(EXPRESSION_MODE)
     if any(isinstance(c, float) and c != c for axis in x.chunks for c in axis):
         raise NotEligibleError("chunk sizes are unknown (NaN); call x.compute_chunk_sizes() first")
     y = original_rechunk(x, chunks, threshold, block_size_limit, balance, "tasks")  # (not a caller's method=)
@@ -262,7 +280,7 @@ def collective_rechunk(x, chunks, threshold, block_size_limit, balance, options:
     return Array(graph, y.name, y.chunks, meta=meta)
 
 
-def bootstrap(client=None, *, restart_broken: bool = False, engine: str | None = None) -> dict:
+def bootstrap(client=None, *, restart_broken: bool = False, engine: str | None = None):
     """Start an engine's world on every worker now (NVSHMEM's, for ``cufftmp``), instead of at
     its first rechunk.
 
@@ -291,7 +309,8 @@ def bootstrap(client=None, *, restart_broken: bool = False, engine: str | None =
     Returns
     -------
     dict
-        Each worker's statistics of the engine (``bootstrap_s``: seconds its bootstrap took).
+        Each worker's statistics of the engine (``bootstrap_s``: seconds its bootstrap took). With
+        an asynchronous Client (called on its event loop), an awaitable of it.
 
     Raises
     ------
@@ -301,9 +320,15 @@ def bootstrap(client=None, *, restart_broken: bool = False, engine: str | None =
     ValueError
         ``engine`` has no world, or none is named and not exactly one engine has one.
     """
-    from distributed import default_client, wait
+    from distributed import default_client
 
     client = client or default_client()
+    return answered(client, _bootstrap, client, restart_broken, engine)
+
+
+def _bootstrap(client, restart_broken: bool, engine: str | None) -> dict:
+    from distributed import wait
+
     d = world_engine(Settings.from_config(), engine)
     before = status(client)
     alive = set(worker_info(client))

@@ -1,6 +1,6 @@
 """What the API asks of a running cluster: the workers' engines (`engines_state`), the refusal of
-an engine they cannot run (`refuse_unrunnable`), which engine would run a rechunk (`engine_for`), the scheduler plugin (`ensure_scheduler_plugin`)
-and `status`."""
+an engine they cannot run (`refuse_unrunnable`), which engine would run a rechunk (`engine_for`), the scheduler plugin (`ensure_scheduler_plugin`),
+`status`, and the public functions' answer to an asynchronous Client (`answered`)."""
 
 from __future__ import annotations
 
@@ -69,6 +69,18 @@ def _hosts(capabilities: dict, workers) -> str:
     return f"; workers on {len(hosts)} hosts ({', '.join(hosts)})" if len(hosts) > 1 else ""
 
 
+def answered(client, func, *args, **kwargs):
+    """``func(*args, **kwargs)``, which asks ``client``'s cluster through its blocking methods; where
+    ``client`` is asynchronous (``Client(asynchronous=True)``, and this is its event loop), an
+    awaitable of it instead, as distributed's own methods answer there: ``func`` runs in a thread,
+    where the Client's methods block that thread while the event loop, free, serves them."""
+    if client is not None and getattr(client, "asynchronous", False):
+        import asyncio
+
+        return asyncio.to_thread(func, *args, **kwargs)
+    return func(*args, **kwargs)
+
+
 def client_to_ask(settings: Settings):
     """The default Client, where the engine named in ``redist.engine`` must be asked of its workers
     before a submission (`refuse_unrunnable`); else None: no Client, ``auto``, or an engine that
@@ -106,7 +118,7 @@ def refuse_unrunnable_on(client, specs, settings: Settings) -> None:
             raise EngineUnavailableError(problem)
 
 
-def status(client=None) -> Status:
+def status(client=None):
     """What the collective has done and holds on a cluster (asks the scheduler once).
 
     Parameters
@@ -117,7 +129,8 @@ def status(client=None) -> Status:
     Returns
     -------
     dask_redist.report.Status
-        Printed (or shown in Jupyter) as tables with times as durations; a dict of the
+        With an asynchronous Client (``Client(asynchronous=True)``, called on its event loop), an
+        awaitable of it: ``await dask_redist.status()``. Printed (or shown in Jupyter) as tables with times as durations; a dict of the
         scheduler's answer, times in it as recorded (epoch seconds): ``history``: the runs
         finished (engine, why, bytes, seconds, outcome), oldest first (the scheduler keeps the
         latest 200); ``active``: runs in flight; ``timeline``: the scheduler's marks of the
@@ -135,9 +148,13 @@ def status(client=None) -> Status:
     """
     from distributed import default_client
 
+    client = client or default_client()
+    return answered(client, _status, client)
+
+
+def _status(client) -> Status:
     from dask_redist.runtime.scheduler import STATUS_TIMEOUT_S
 
-    client = client or default_client()
     ensure_scheduler_plugin(client)
     limit = STATUS_TIMEOUT_S + 20  # the scheduler gives each worker STATUS_TIMEOUT_S; its own answer is quick
     try:

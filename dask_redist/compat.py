@@ -170,6 +170,11 @@ def array_expr():
     return ArrayExpr, Rechunk, TasksRechunk
 
 
+def is_expression(x) -> bool:
+    """Is ``x`` a dask array of dask's expression mode (``array.query-planning: True``)?"""
+    return type(x).__module__.startswith("dask.array._array_expr")
+
+
 def with_operand(expr_class, name: str, default=None) -> tuple[list, dict]:
     """``(_parameters, _defaults)`` of a subclass of the expression class ``expr_class`` that
     takes one operand more, ``name`` (dask's expressions declare their operands so)."""

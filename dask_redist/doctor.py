@@ -13,7 +13,7 @@ import dataclasses
 import html
 from dataclasses import dataclass
 
-from dask_redist.cluster import engine_for
+from dask_redist.cluster import answered, engine_for
 from dask_redist.config import Settings
 from dask_redist.engines import Request, description, descriptions
 from dask_redist.engines.registry import capabilities
@@ -99,9 +99,13 @@ def _chunks(chunk_type: str) -> str:
     return "CuPy chunks" if chunk_type == "cupy" else "NumPy chunks"
 
 
-def doctor(client, settings: Settings | None = None) -> Diagnosis:
-    """Check every worker of ``client``'s cluster for every engine (blocks each worker for a moment)."""
-    settings = settings or Settings.from_config()
+def doctor(client, settings: Settings | None = None):
+    """Check every worker of ``client``'s cluster for every engine (blocks each worker for a moment):
+    a `Diagnosis`; with an asynchronous Client (called on its event loop), an awaitable of it."""
+    return answered(client, _doctor, client, settings or Settings.from_config())
+
+
+def _doctor(client, settings: Settings) -> Diagnosis:
     reports = client.run(worker_reports, dict(settings.engines))
     workers = sorted(reports)
     engines = descriptions(settings)

@@ -299,7 +299,7 @@ def _listed(item) -> list:
     return [] if isinstance(found, str) else found
 
 
-def explain(x, *, nworkers: int | None = None, settings: Settings | None = None) -> Explanation:
+def explain(x, *, nworkers: int | None = None, settings: Settings | None = None):
     """For every rechunk in ``x``'s graph: what runs (the collective, on which engine, or Dask's
     rechunk), why, and the engine, mapping, bytes moved, padding and rounds.
 
@@ -316,8 +316,17 @@ def explain(x, *, nworkers: int | None = None, settings: Settings | None = None)
     Returns
     -------
     Explanation
-        One `Entry` per rechunk (and ``dask_redist.fft``'s transforms), printed as a table.
+        One `Entry` per rechunk (and ``dask_redist.fft``'s transforms), printed as a table. Where
+        the default Client is asynchronous (called on its event loop), an awaitable of it:
+        ``await dask_redist.explain(y)``.
     """
+    from dask_redist.cluster import answered
+
+    client = default_client()
+    return answered(client, _explain, x, client, nworkers, settings)
+
+
+def _explain(x, client, nworkers: int | None, settings: Settings | None) -> Explanation:
     import dask
 
     from dask_redist.graph.optimize import CollectiveOptimizer
@@ -327,7 +336,6 @@ def explain(x, *, nworkers: int | None = None, settings: Settings | None = None)
     found = collections(x)
     if isinstance(found, str):
         return Explanation((), enabled, nworkers or 0, note=found)
-    client = default_client()
     workers = worker_info(client) if client is not None else None
     if nworkers is None:
         nworkers = len(workers) if workers is not None else 2

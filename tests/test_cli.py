@@ -251,3 +251,65 @@ def test_workers_sharing_gpus_that_do_not_fit_are_refused_by_the_same_rule(monke
         ValueError, match="--workers 5 with --gpu start 2 per GPU.* --workers 4, or --pes-per-gpu 3"
     ):
         SharedGPUCluster(5, 2)
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["demo", "--size", "abc"], "argument --size: 'abc' is not a size"),
+        (["demo", "--size", "0"], "argument --size: '0' is not above 0 bytes"),
+        (["demo", "--chunks", "0"], "argument --chunks: must be 1 or more, got 0"),
+        (["demo", "--chunks", "-3"], "argument --chunks: must be 1 or more, got -3"),
+        (["demo", "--reps", "x"], "argument --reps: 'x' is not a whole number"),
+        (
+            ["demo", "--scheduler", "notanaddress"],
+            "argument --scheduler: 'notanaddress' is not a scheduler address",
+        ),
+        (["doctor", "--wait-workers", "-1"], "argument --wait-workers: -1 is not above 0"),
+        (["doctor", "--workers", "0"], "argument --workers: must be 1 or more"),
+        (["doctor", "--protocol", "nope"], "argument --protocol: unknown address scheme 'nope'"),
+        (["bench", "--dtype", "notadtype"], "argument --dtype: 'notadtype' is not a NumPy dtype"),
+        (["bench", "--dtype", "float64", "object"], "argument --dtype: 'object' is not a numeric dtype"),
+        (["bench", "--size", "1MiB", "abc"], "argument --size: 'abc' is not a size"),
+        (["bench", "--chunks", "4", "0"], "argument --chunks: must be 1 or more, got 0"),
+        (["bench", "--methods", "nope", "tasks"], "argument --methods: 'nope': bench runs redist-dask"),
+        (["bench", "--fft", "--methods", "p2p"], "argument --methods: 'p2p': bench --fft runs redist-fft"),
+        (["bench", "--scale", "--budget", "0"], "argument --budget: 0 is not above 0"),
+        (["soak", "--max-bytes", "lots"], "argument --max-bytes: 'lots' is not a size"),
+        (["soak", "--steps", "0"], "argument --steps: must be 1 or more, got 0"),
+    ],
+)
+def test_bad_arguments_are_usage_errors_not_tracebacks_or_runs(capsys, argv, message):
+    """A bad value is argparse's one-line usage error (exit 2): it was a traceback (--size abc,
+    --dtype notadtype, --scheduler notanaddress) or ran anyway (--chunks 0, --methods nope)."""
+    with pytest.raises(SystemExit) as exit:
+        cli.main(argv)
+    err = capsys.readouterr().err
+    assert exit.value.code == 2 and err.startswith("usage: dask-redist " + argv[0]), err
+    assert (
+        err.strip().splitlines()[-1] == f"dask-redist {argv[0]}: error: " + err.split("error: ")[-1].strip()
+    )
+    assert message in err and "Traceback" not in err, err
+
+
+def test_good_arguments_still_parse():
+    args = cli.parser().parse_args(
+        ["bench", "--size", "1MiB", "2e6", "--dtype", "float32", "complex64", "--chunks", "4"]
+        + ["--methods", "redist-dask", "tasks-ucx", "enabled", "floor", "--scheduler", "tcp://127.0.0.1:8786"]
+    )
+    args.check(args)  # (no usage error)
+    assert args.size == ["1MiB", "2e6"] and args.dtype == ["float32", "complex64"] and args.chunks == [4]
+    args = cli.parser().parse_args(["bench", "--fft", "--methods", "redist-fft", "four-step"])
+    args.check(args)
+
+
+def test_an_unreachable_scheduler_is_one_line_and_a_nonzero_exit(tmp_path):
+    with socket.socket() as s:  # (a port nothing listens on)
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    argv = ["doctor", "--scheduler", f"tcp://127.0.0.1:{port}", "--wait-workers", "1"]
+    with pytest.raises(SystemExit) as exit:
+        cli.main(argv + ["--log-file", str(tmp_path / "log")])
+    message = str(exit.value.code)
+    assert message.startswith(f"dask-redist: could not reach a scheduler at tcp://127.0.0.1:{port} within 1s")
+    assert "\n" not in message and "check the address" in message

@@ -154,7 +154,6 @@ def test_rfftn_keeps_the_real_axis_in_the_first_pass():
     [
         ({"norm": "unitary"}, "norm must be"),
         ({"axes": (0, 3)}, "axes: axis 3 is out of bounds"),
-        ({"axes": ()}, "axes is empty"),
         ({"s": (4, 4), "axes": (0,)}, "s and axes have different lengths"),
         ({"s": (0,), "axes": (0,)}, "s: invalid number of data points"),
         ({"chunks": ((5,), (6,))}, "chunks: "),
@@ -164,6 +163,40 @@ def test_bad_arguments_are_named(kwargs, match):
     x = da.zeros((8, 6), chunks=4, dtype=complex)
     with pytest.raises(ValueError, match=match):
         F.fftn(x, **kwargs)
+
+
+@pytest.mark.parametrize("name", ["fftn", "ifftn", "fft2", "ifft2", "rfftn", "irfftn", "rfft2", "irfft2"])
+@pytest.mark.parametrize("kwargs", [{"axes": ()}, {"s": ()}, {"s": (), "axes": ()}])
+@pytest.mark.parametrize("dtype", ["float32", "int64", "complex128"])
+def test_no_axis_to_transform_is_what_numpy_does(name, kwargs, dtype):
+    """``axes=()`` / ``s=()``: NumPy returns the input as it is (fftn, ifftn: same dtype, no
+    complex) or raises (rfftn, irfftn: IndexError; fft2's two axes and ``s=()``: ValueError)."""
+    import warnings
+
+    a = np.arange(12).reshape(3, 4).astype(dtype)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # (s without axes, from both)
+        try:
+            expected = getattr(np.fft, name)(a, **kwargs)
+        except Exception as e:
+            with pytest.raises(type(e)):
+                getattr(F, name)(da.from_array(a, chunks=2), **kwargs)
+            return
+        x = da.from_array(a, chunks=2)
+        got = getattr(F, name)(x, **kwargs)
+    assert got is x and got.dtype == expected.dtype
+    np.testing.assert_array_equal(got.compute(scheduler="sync"), expected)
+
+
+def test_no_axis_to_transform_keeps_chunks_asked_for_and_0d_arrays():
+    x = da.from_array(np.arange(12.0).reshape(3, 4), chunks=2)
+    assert F.fftn(x, axes=(), chunks=(3, 4)).chunks == ((3,), (4,))
+    zero_d = np.array(2.0)
+    np.testing.assert_array_equal(F.fftn(zero_d).compute(scheduler="sync"), np.fft.fftn(zero_d))
+    with pytest.raises(IndexError):  # (as NumPy's, an AxisError)
+        F.fft(zero_d)
+    with pytest.raises(IndexError):
+        F.rfftn(zero_d)
 
 
 def test_unknown_chunk_sizes_are_refused():

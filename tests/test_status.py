@@ -81,3 +81,41 @@ def test_the_plugins_are_registered_once_per_client_and_scheduler(cluster, monke
         assert len(calls) == 1
         monkeypatch.setitem(c._scheduler_identity, "id", "Scheduler-another")
         assert dask_redist.status(c)["workers"] and len(calls) == 2
+
+
+def test_status_explain_doctor_and_bootstrap_are_awaited_with_an_asynchronous_client():
+    """With ``Client(asynchronous=True)`` the functions that ask the cluster answer as distributed's
+    own methods do there: an awaitable (they raised TypeError on the coroutine client.sync gave)."""
+    import asyncio
+    import inspect
+
+    from distributed import Client, LocalCluster
+
+    a = np.arange(64 * 48.0).reshape(64, 48)
+    x = da.from_array(a, chunks=(8, 48))
+
+    async def main():
+        async with (
+            LocalCluster(
+                n_workers=2, threads_per_worker=1, processes=False, asynchronous=True, dashboard_address=None
+            ) as c,
+            Client(c, asynchronous=True) as client,
+        ):
+            with dask_redist.enable(engine="dask"):
+                np.testing.assert_array_equal(await client.compute(x.rechunk((64, 6))), a)
+                explained = dask_redist.explain(x.rechunk((64, 6)))
+                assert inspect.isawaitable(explained)
+                explained = await explained
+                assert explained[0].runs == "collective" and explained.nworkers == 2, str(explained)
+            s = dask_redist.status()
+            assert inspect.isawaitable(s)
+            s = await s
+            assert isinstance(s, Status) and s["history"][-1]["outcome"] == "done" and len(s["workers"]) == 2
+            diagnosis = await dask_redist.doctor(client)
+            assert len(diagnosis.workers) == 2
+            started = dask_redist.bootstrap(client, engine="dask")  # (it has no world: raised when awaited)
+            assert inspect.isawaitable(started)
+            with pytest.raises(ValueError, match="no world"):
+                await started
+
+    asyncio.run(main())

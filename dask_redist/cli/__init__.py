@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from dask_redist.cli import arguments as types
 from dask_redist.cli.bench import bench
 from dask_redist.cli.clusters import cluster_args
 from dask_redist.cli.commands import demo, doctor, soak
@@ -22,6 +23,8 @@ terminal, or are Markdown where the output is not one (a file, a pipe, a CI log)
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = parser().parse_args(argv)
+    if (check := getattr(args, "check", None)) is not None:
+        check(args)  # (argparse's usage error, exit 2, where what the options ask together cannot run)
     args.argv = argv[1:]
     if not hasattr(args, "log_file"):  # (no cluster: nothing logs)
         return args.func(args)
@@ -47,21 +50,32 @@ def parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("demo", help="rechunk through the collective next to dask's own rechunk")
     cluster_args(p)
-    p.add_argument("--size", default="256MiB", help="array size (default 256MiB)")
-    p.add_argument("--chunks", type=int, default=16, help="slabs before and after (default 16)")
+    p.add_argument("--size", type=types.size, default="256MiB", help="array size (default 256MiB)")
+    p.add_argument("--chunks", type=types.at_least(1), default=16, help="slabs before and after (default 16)")
     p.add_argument(
-        "--reps", type=int, default=3, help="timed runs of each method, after one warm-up (default 3)"
+        "--reps",
+        type=types.at_least(1),
+        default=3,
+        help="timed runs of each method, after one warm-up (default 3)",
     )
     p.set_defaults(func=demo)
 
     p = sub.add_parser("bench", help="time every method on placed inputs; write Markdown and JSON")
     cluster_args(p)
-    p.add_argument("--size", nargs="+", help="array sizes, e.g. 256MiB 1GiB (default 1GiB)")
+    p.add_argument("--size", nargs="+", type=types.size, help="array sizes, e.g. 256MiB 1GiB (default 1GiB)")
     p.add_argument(
-        "--chunks", nargs="+", type=int, default=[16, 64], help="chunks before and after (default 16 64)"
+        "--chunks",
+        nargs="+",
+        type=types.at_least(1),
+        default=[16, 64],
+        help="chunks before and after (default 16 64)",
     )
     p.add_argument(
-        "--dtype", nargs="+", default=["float64"], help="NumPy dtypes of the arrays (default float64)"
+        "--dtype",
+        nargs="+",
+        type=types.dtype,
+        default=["float64"],
+        help="NumPy dtypes of the arrays (default float64)",
     )
     p.add_argument(
         "--cases",
@@ -86,7 +100,10 @@ def parser() -> argparse.ArgumentParser:
         "--append", action="store_true", help="keep the results already in --out/--name, replace re-run ones"
     )
     p.add_argument(
-        "--reps", type=int, default=3, help="timed runs of each method, after one warm-up (default 3)"
+        "--reps",
+        type=types.at_least(1),
+        default=3,
+        help="timed runs of each method, after one warm-up (default 3)",
     )
     p.add_argument(
         "--interleave",
@@ -110,7 +127,7 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--rewrite-chunks",
-        type=int,
+        type=types.at_least(1),
         default=10_000,
         help="--micro: chunks of the rewritten rechunk (default 10000)",
     )
@@ -119,11 +136,13 @@ def parser() -> argparse.ArgumentParser:
         action="store_true",
         help="the scale model: planning and bookkeeping of one run, no cluster",
     )
-    p.add_argument("--ranks", nargs="+", type=int, default=[2, 16, 256, 1024], help="--scale: rank counts")
+    p.add_argument(
+        "--ranks", nargs="+", type=types.at_least(1), default=[2, 16, 256, 1024], help="--scale: rank counts"
+    )
     p.add_argument(
         "--scale-chunks",
         nargs="+",
-        type=int,
+        type=types.at_least(1),
         default=[1_000, 10_000, 100_000, 1_000_000],
         help="--scale: chunk counts (default 1000 10000 100000 1000000)",
     )
@@ -135,7 +154,10 @@ def parser() -> argparse.ArgumentParser:
         help="--scale: the rechunk shapes (default all)",
     )
     p.add_argument(
-        "--budget", type=float, default=10.0, help="--scale: a part slower than this (s) stops growing"
+        "--budget",
+        type=types.positive_float,
+        default=10.0,
+        help="--scale: a part slower than this (s) stops growing",
     )
     p.add_argument(
         "--fft", action="store_true", help="dask_redist.fft.fftn against the four-step path (bench.fft)"
@@ -161,7 +183,7 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--tasks-up-to",
-        type=int,
+        type=types.at_least(0),
         metavar="CHUNKS",
         help="--pipeline: time Dask's tasks rechunk only at chunk counts up to this (0: never; default: always)",
     )
@@ -170,23 +192,28 @@ def parser() -> argparse.ArgumentParser:
         choices=["auto", *engines],
         help="--pipeline: redist.engine of the enable() the pipelines run under (default: as configured)",
     )
-    p.set_defaults(func=bench)
+    p.set_defaults(func=bench, check=_checked(p, lambda args: types.methods_problem(args, engines)))
 
     p = sub.add_parser(
         "soak", help="random rechunks, cancels, re-submits, two clients, kills; invariants after each"
     )
     cluster_args(p, workers=3)
     p.add_argument(
-        "--minutes", type=float, default=20.0, help="how long (default 20; whole cycles of every step kind)"
+        "--minutes",
+        type=types.positive_float,
+        default=20.0,
+        help="how long (default 20; whole cycles of every step kind)",
     )
-    p.add_argument("--steps", type=int, help="this many steps instead of --minutes")
+    p.add_argument("--steps", type=types.at_least(1), help="this many steps instead of --minutes")
     p.add_argument(
         "--seed",
         type=int,
         default=0,
         help="seed of the random steps: the same seed, the same steps (default 0)",
     )
-    p.add_argument("--max-bytes", default="1MiB", help="largest array of a step (default 1MiB)")
+    p.add_argument(
+        "--max-bytes", type=types.size, default="1MiB", help="largest array of a step (default 1MiB)"
+    )
     p.add_argument("--numpy", action="store_true", help="with --gpu: NumPy chunks on the dask-cuda workers")
     p.add_argument("--engine", choices=["auto", *engines], help="redist.engine for every rechunk")
     p.add_argument(
@@ -203,6 +230,17 @@ def parser() -> argparse.ArgumentParser:
     p.set_defaults(func=doctor)
 
     return parser
+
+
+def _checked(p: argparse.ArgumentParser, problem):
+    """A check of ``p``'s parsed arguments: ``problem(args)`` (a sentence, or None) as ``p``'s usage
+    error (exit 2)."""
+
+    def check(args) -> None:
+        if why := problem(args):
+            p.error(why)
+
+    return check
 
 
 if __name__ == "__main__":  # pragma: no cover

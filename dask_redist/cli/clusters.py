@@ -6,6 +6,8 @@ import argparse
 import contextlib
 import logging
 
+from dask_redist.cli import arguments as types
+
 
 #: How long a task that no worker of a cluster started here can run waits before it fails.
 NO_WORKERS_TIMEOUT = "2 minutes"
@@ -33,7 +35,7 @@ def client_for(args):
     if args.scheduler:
         try:
             connected = Client(args.scheduler, timeout=args.wait_workers)
-        except OSError as e:  # (TimeoutError too)
+        except (OSError, ValueError) as e:  # (TimeoutError too; ValueError: an address it cannot read)
             raise SystemExit(
                 f"dask-redist: could not reach a scheduler at {args.scheduler} within {args.wait_workers:g}s "
                 f"({type(e).__name__}: {e}); check the address (e.g. tcp://host:8786) and that it is running"
@@ -154,37 +156,43 @@ def too_many_workers(workers: int) -> None:
 
 
 def cluster_args(p: argparse.ArgumentParser, workers: int = 2):
-    p.add_argument("--scheduler", help="address of a running scheduler (default: start a local cluster)")
+    p.add_argument(
+        "--scheduler",
+        type=types.scheduler_address,
+        help="address of a running scheduler, e.g. tcp://host:8786 (default: start a local cluster)",
+    )
     p.add_argument(
         "--wait-workers",
-        type=float,
+        type=types.positive_float,
         default=60.0,
         metavar="SECONDS",
         help="with --scheduler: how long to wait for the scheduler, then for its first worker (default 60)",
     )
     p.add_argument(
         "--workers",
-        type=int,
+        type=types.at_least(1),
         help=f"workers of the local cluster (default {workers}; with --gpu, one per visible GPU, times --pes-per-gpu)",
     )
     p.set_defaults(cpu_workers=workers)
-    p.add_argument("--threads", type=int, default=1, help="threads per worker of the local CPU cluster")
+    p.add_argument(
+        "--threads", type=types.at_least(1), default=1, help="threads per worker of the local CPU cluster"
+    )
     p.add_argument("--gpu", action="store_true", help="LocalCUDACluster and CuPy chunks")
     p.add_argument(
         "--pes-per-gpu",
-        type=int,
+        type=types.at_least(1),
         metavar="N",
         help="with --gpu: start --workers `dask cuda worker` processes, N sharing each GPU (one NVSHMEM PE each): "
         "values, faults and restarts as on separate GPUs, but not their speed",
     )
     p.add_argument(
         "--pseudo-hosts",
-        type=int,
+        type=types.at_least(1),
         metavar="N",
         help="with --pes-per-gpu: split the workers into N pseudo-hosts in order (DASK_REDIST__HOST=hostA, "
         "hostB, ...): one machine taking the branches of N hosts (docs/scale.md)",
     )
-    p.add_argument("--protocol", default="tcp", help="tcp or ucx (local cluster)")
+    p.add_argument("--protocol", type=types.protocol, default="tcp", help="tcp or ucx (local cluster)")
     p.add_argument(
         "--log-file",
         metavar="PATH",

@@ -61,6 +61,8 @@ def transform(a, kind: str, inverse: bool, s=None, axes=None, norm=None, chunks=
             x = transform(x, step_kind, inverse, step_s, step_axes, norm, chunks if last else None)
         return x
     op = normalize(x.shape, kind, inverse, s, axes, norm)
+    if not op.axes:  # (NumPy returns its input as it is, dtype and all)
+        return x if chunks is None else x.rechunk(_out_chunks(op, chunks, x.dtype))
     out_chunks = _out_chunks(op, chunks, local.result_dtype(op.function, x.dtype))
     problem, placement = gpu.where(x, op)
     if problem is None:

@@ -23,6 +23,7 @@ import dask
 import numpy as np
 from dask.base import tokenize
 
+from dask_redist.compat import is_expression
 from dask_redist.config import ConfigError, Settings
 from dask_redist.fft.plan import FFTOp
 from dask_redist.planning.fft import DTYPES
@@ -91,6 +92,8 @@ def where(x, op: FFTOp) -> tuple[str | None, Placement | None]:
     rest = f"collective rechunks and {'cupy' if cupy else 'numpy'}.fft on every chunk"
     if not cupy:
         return f"NumPy chunks: {rest}", None
+    if is_expression(x):  # (its graph is built from layers)
+        return f"dask's expression mode (array.query-planning: True): {rest}", None
     if not enabled():
         return f"the GPU path is off ({KEY}: false): {rest}", None
     from dask_redist.compat import default_client

@@ -10,12 +10,13 @@ rechunk, ``map_blocks(fft)``), built for them.
 
 from __future__ import annotations
 
+import math
 from functools import partial
 
 import numpy as np
 from dask.base import tokenize
 
-from dask_redist.compat import default_client
+from dask_redist.compat import default_client, is_expression
 from dask_redist.errors import NotEligibleError
 from dask_redist.fft.plan import FFTOp, Pass, pass_chunks, passes, transformed_chunks
 
@@ -59,6 +60,9 @@ def rechunk(x, chunks) -> tuple[object, str]:
         return x.rechunk(chunks), "rechunk under enable(): collective where eligible (its own entry says)"
     if default_client() is None:
         return x.rechunk(chunks), "Dask's rechunk (no distributed Client: the collective needs one)"
+    if is_expression(x):  # (dask_redist.rechunk refuses it; dask's p2p there raises NotImplementedError)
+        why = "Dask's tasks rechunk (dask's expression mode: the collective runs under enable() there)"
+        return x.rechunk(chunks, method="tasks"), why
     from dask_redist.api import collective_rechunk
     from dask_redist.graph.anywhere import collective_or_dask
 
@@ -99,7 +103,7 @@ def build(x, op: FFTOp, chunks=None, why: str = "") -> tuple[object, dict]:
     """``op`` on the dask array ``x`` by passes; the result (rechunked to ``chunks`` if given)
     and what ran, for ``explain``."""
     steps, how = passes(op, x.numblocks)
-    parts = max(1, x.npartitions)
+    parts = max(1, math.prod(x.numblocks))
     record = {"op": op.describe(), "path": "local", "why": why, "passes": how, "steps": []}
     for p in steps:
         target = pass_chunks(x.chunks, p, parts)
@@ -115,6 +119,9 @@ def build(x, op: FFTOp, chunks=None, why: str = "") -> tuple[object, dict]:
 
 
 def annotate(x, record: dict) -> None:
-    """Record what ran on ``x``'s layer (a dict: later steps appended to it show too)."""
+    """Record what ran on ``x``'s layer (a dict: later steps appended to it show too); not in
+    expression mode, whose arrays have no layers (and ``explain`` lists no FFT there)."""
+    if is_expression(x):
+        return
     layer = x.dask.layers[x.name]
     layer.collection_annotations = {**(layer.collection_annotations or {}), ANNOTATION: record}

@@ -55,8 +55,10 @@ class FFTOp:
 def _axis(axis, ndim: int, name: str) -> int:
     if isinstance(axis, bool) or not isinstance(axis, (int, np.integer)):
         raise TypeError(f"{name} must hold integers, got {axis!r}")
-    if not -ndim <= axis < ndim:
-        raise ValueError(f"{name}: axis {axis} is out of bounds for an array of dimension {ndim}")
+    if not -ndim <= axis < ndim:  # (NumPy's AxisError: a ValueError and an IndexError)
+        raise np.exceptions.AxisError(
+            f"{name}: axis {axis} is out of bounds for an array of dimension {ndim}"
+        )
     return int(axis) % ndim
 
 
@@ -67,17 +69,20 @@ def normalize(shape, kind: str, inverse: bool, s=None, axes=None, norm=None) -> 
     As NumPy: ``axes`` defaults to the last ``len(s)`` axes (or all), ``s`` to the input's
     lengths (``irfftn``: ``2 * (m - 1)`` on the last axis), ``-1`` in ``s`` keeps the input's
     length. An axis may not be repeated here: `repeated_axes` splits such a call in steps.
+    No axis to transform (``axes=()``, ``s=()``, a 0-d array): ``fftn``/``ifftn`` transform
+    nothing (`FFTOp.axes` empty: NumPy returns the input), ``rfftn``/``irfftn`` raise IndexError,
+    as NumPy does.
     """
     shape = tuple(int(n) for n in shape)
     if norm not in NORMS:
         raise ValueError(f'norm must be None, "backward", "ortho" or "forward", got {norm!r}')
-    if not shape:
-        raise ValueError("a 0-d array has no axis to transform")
     if axes is None:
         axes = range(len(shape)) if s is None else range(len(shape) - len(s), len(shape))
     axes = tuple(_axis(a, len(shape), "axes") for a in axes)
-    if not axes:
-        raise ValueError("axes is empty: there is no axis to transform")
+    if not axes and kind != "c2c":  # (NumPy: IndexError, from its last axis)
+        raise IndexError(
+            f"{FUNCTIONS[(kind, inverse)]} needs an axis to transform (its last one is halved): axes is empty"
+        )
     if len(set(axes)) != len(axes):
         raise ValueError(f"axes must not repeat an axis, got {list(axes)}")
     shapeless = s is None
