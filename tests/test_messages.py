@@ -347,3 +347,34 @@ def test_the_result_of_a_run_s_last_unpack_is_written_at_once():
     last = asyncio.run(state.unpack(run.spec.token, 1, run.run_id))
     assert float(last.sum()) == 2
     assert state.take_flush() is True and state.take_flush() is False
+
+
+def _worker_using(process: int, managed: int = 0, limit: int = 300 * 2**20, pause=0.8):
+    """A worker whose process uses ``process`` bytes, ``managed`` of them Dask's (spillable)."""
+    return SimpleNamespace(
+        address=WORKERS[0],
+        memory_manager=SimpleNamespace(memory_limit=limit, memory_pause_fraction=pause),
+        monitor=SimpleNamespace(get_process_memory=lambda: process),
+        state=SimpleNamespace(nbytes=managed),
+    )
+
+
+def test_a_stage_task_that_would_pause_its_worker_for_good_fails_and_keeps_nothing():
+    """Staged chunks that put the memory Dask cannot spill over the pause threshold would pause
+    the worker before its last stage tasks, and the barrier would never run (a rechunk restarted
+    under memory pressure waited for good): the stage task fails with the numbers instead."""
+    mib, token = 2**20, "s" * 32
+    chunk = np.zeros(8 * mib // 8)
+    state = WorkerState(_worker_using(process=246 * mib))  # 6 MiB over 80% of 300 MiB, 8 staged
+    with pytest.raises(RedistError, match=r"staged input chunks \(8.00 MiB\).*over 80% of its memory limit"):
+        state.stage(token, (0,), [0], [chunk.shape], [chunk])
+    assert state.staging.counts()["staged chunks"] == 0 and state.staging.nbytes == 0
+    # what Dask can spill does not count; nor a worker over the threshold by more than it staged
+    for worker in (
+        _worker_using(246 * mib, managed=20 * mib),
+        _worker_using(260 * mib),
+        _worker_using(246 * mib, pause=False),
+    ):
+        state = WorkerState(worker)
+        state.stage(token, (0,), [0], [chunk.shape], [chunk])
+        assert state.staging.nbytes == chunk.nbytes

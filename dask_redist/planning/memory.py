@@ -3,7 +3,9 @@
 Asked twice, of the same rule: on the client, of the whole rechunk against the workers' total
 (`beyond_memory`: Dask's rechunk is kept), and at the barrier, of each rank of the planned run
 (`over_memory`: the run fails naming the worker). The threshold is distributed's pause fraction
-(`pause_fraction`).
+(`pause_fraction`). And on each worker as it stages, of the memory it actually uses
+(`staging_beyond_pause`): a worker paused by staged chunks, which Dask cannot spill, stays paused
+before the barrier, where nothing times out.
 """
 
 from __future__ import annotations
@@ -64,3 +66,24 @@ def over_memory(plan: Plan, ranks: list[str], limits: list[int], fraction: float
                 "dask_redist.disable())"
             )
     return None
+
+
+def staging_beyond_pause(process: int, managed: int, staged: int, limit: int | None, fraction) -> str | None:
+    """Why a worker that stages more would pause for good, or None: its memory that Dask cannot
+    spill (``process`` less ``managed``, bytes) is over ``fraction`` (distributed's pause fraction;
+    False: never pauses) of its memory ``limit``, and the chunks staged on it (``staged``), which Dask
+    cannot spill either, are what puts it there. Paused, it would not run the stage tasks left, so
+    the barrier would never run."""
+    if not limit or not fraction:
+        return None
+    unspillable = process - managed
+    over = unspillable - fraction * limit
+    if over <= 0 or staged < over:
+        return None
+    return (
+        f"its staged input chunks ({format_bytes(staged)}) put the memory Dask cannot spill on this worker "
+        f"({format_bytes(unspillable)}) over {fraction:.0%} of its memory limit ({format_bytes(limit)}, "
+        "distributed.worker.memory.pause): it would pause before the barrier, for good, since the "
+        "collective cannot spill its staged chunks. Use more workers or more memory per worker, or "
+        "keep dask's rechunk for this array (redist.min-bytes, dask_redist.disable())"
+    )

@@ -11,6 +11,8 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+import numpy as np
+
 
 class StagingStore:
     """Staged chunks by (token, flat chunk index), and which stage key staged them."""
@@ -19,11 +21,14 @@ class StagingStore:
         self._lock = threading.Lock()
         self._chunks: dict[tuple[str, int], Any] = {}
         self._by_key: dict[tuple[str, tuple], list[int]] = {}  # (token, stage key tail) -> chunk indices
+        self.nbytes = 0  # of every chunk staged here in host memory (NumPy's; not CuPy's)
 
     def put(self, token: str, tail: tuple, chunks: dict[int, Any]) -> None:
         with self._lock:
             for index, chunk in chunks.items():
+                self._forget((token, index))
                 self._chunks[(token, index)] = chunk
+                self.nbytes += _host_bytes(chunk)
             self._by_key[(token, tuple(tail))] = list(chunks)
 
     def get(self, token: str, indices) -> dict[int, Any]:
@@ -46,13 +51,24 @@ class StagingStore:
     def _drop(self, key: tuple) -> None:
         """Forget the chunks staged under stage key ``key`` = (token, tail); under the lock."""
         for index in self._by_key.pop(key, ()):
-            self._chunks.pop((key[0], index), None)
+            self._forget((key[0], index))
+
+    def _forget(self, key: tuple) -> None:
+        """Forget staged chunk ``key`` = (token, index), if held; under the lock."""
+        if (chunk := self._chunks.pop(key, None)) is not None:
+            self.nbytes -= _host_bytes(chunk)
 
     def clear(self) -> None:
         with self._lock:
             self._chunks.clear()
             self._by_key.clear()
+            self.nbytes = 0
 
     def counts(self) -> dict[str, int]:
         with self._lock:
             return {"staged chunks": len(self._chunks), "stage keys": len(self._by_key)}
+
+
+def _host_bytes(chunk) -> int:
+    """The bytes of ``chunk`` in host memory: a NumPy chunk's, none of a CuPy chunk's."""
+    return int(chunk.nbytes) if isinstance(chunk, np.ndarray) else 0

@@ -29,6 +29,7 @@ from dask_redist.core.wire import Packed
 from dask_redist.engines import loaded_engines
 from dask_redist.engines.registry import capabilities
 from dask_redist.errors import FAILURES, RedistConsistencyError, RedistError
+from dask_redist.planning.memory import staging_beyond_pause
 from dask_redist.runtime.collective import RunExecutor
 from dask_redist.runtime.early import EarlyPieces
 from dask_redist.runtime.staging import StagingStore
@@ -90,6 +91,9 @@ class WorkerState:
                 )
             markers.append(Staged(self.address, int(chunk.nbytes), chunk_type, int(index), tuple(tail)))
         self.staging.put(token, tail, {int(i): c for i, c in zip(indices, chunks)})
+        if problem := self._staged_beyond_pause():
+            self.staging.drop(token, tail)
+            raise RedistError(f"rechunk {token[:8]}, stage task {tail} on {self.address}: {problem}")
         self.mark("first stage", first=True)
         types = {marker.chunk_type for marker in markers}
         kind = types.pop() if len(types) == 1 else "mixed" if types else ""  # ("": nothing staged)
@@ -97,6 +101,20 @@ class WorkerState:
         with self._lock:
             self._stage_done[(STAGE_PREFIX + token, *tail)] = done
         return markers
+
+    def _staged_beyond_pause(self) -> str | None:
+        """Why this worker, with what it has staged, would pause for good (`staging_beyond_pause`)."""
+        manager = getattr(self.worker, "memory_manager", None)
+        if manager is None or not manager.memory_limit or not manager.memory_pause_fraction:
+            return None
+        process = self.worker.monitor.get_process_memory()
+        return staging_beyond_pause(
+            process,
+            self.worker.state.nbytes,
+            self.staging.nbytes,
+            manager.memory_limit,
+            manager.memory_pause_fraction,
+        )
 
     def stage_finished(self, key, in_memory: bool) -> None:
         """Stage task ``key`` left the executing state: where its result is in memory, its
