@@ -17,11 +17,12 @@ from dask_redist.planning.geometry import chunk_nbytes
 from dask_redist.planning.owners import restricted_owners
 
 
-def allowed_owners(scheduler, spec: CollectiveSpec, needed: np.ndarray, ranks: list[str]):
+def allowed_owners(scheduler, keys: list, needed: np.ndarray, ranks: list[str]):
     """Which of ``ranks`` may own each output chunk (chunks x ranks, bool): those the scheduler may
-    run its unpack task on (`SchedulerState.valid_workers`); None where no wanted output is
-    restricted. A loose restriction (``allow_other_workers``) that no rank meets allows any."""
-    tasks, keys, rows = scheduler.tasks, spec.output_keys(), {}
+    run its unpack task on (`SchedulerState.valid_workers`; ``keys``: the unpack tasks', in flat
+    order); None where no wanted output is restricted. A loose restriction
+    (``allow_other_workers``) that no rank meets allows any."""
+    tasks, rows = scheduler.tasks, {}
     for flat in np.flatnonzero(needed.ravel()).tolist():
         ts = tasks.get(keys[flat])
         if ts is None or not (ts.worker_restrictions or ts.host_restrictions or ts.resource_restrictions):

@@ -149,12 +149,9 @@ class RedistSchedulerPlugin(SchedulerPlugin):
         for tail, h in homes:
             self.rechunks.stage_home.setdefault((spec.stage_name, *tail), workers[h])
         ranks, in_ranks = ranks_of(workers, holders, self.scheduler.workers)
-        tasks = self.scheduler.tasks
+        tasks, keys = self.scheduler.tasks, spec.output_keys()
         # outputs of this graph only: an output key resubmitted with another grouping belongs to another barrier
-        wanted = (
-            k in tasks and tasks[k].state != "memory" and ts in tasks[k].dependencies
-            for k in spec.output_keys()
-        )
+        wanted = (k in tasks and tasks[k].state != "memory" and ts in tasks[k].dependencies for k in keys)
         needed = np.fromiter(wanted, dtype=bool)
         if not needed.any():  # every output was released (a cancel) or is in memory already
             self.rechunks.history.append(
@@ -172,7 +169,7 @@ class RedistSchedulerPlugin(SchedulerPlugin):
             engine, spec.settings, ranks
         )  # (a worker leaving while we plan breaks that world)
         plan = await self._plan(spec, in_ranks, len(ranks), needed)
-        if (allowed := allowed_owners(self.scheduler, spec, needed, ranks)) is not None:
+        if (allowed := allowed_owners(self.scheduler, keys, needed, ranks)) is not None:
             try:
                 plan = restricted_plan(spec, plan, allowed, ranks)
             except PlanError as e:

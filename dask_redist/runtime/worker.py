@@ -105,8 +105,13 @@ class WorkerState:
     def _staged_beyond_pause(self) -> str | None:
         """Why this worker, with what it has staged, would pause for good (`staging_beyond_pause`)."""
         manager = getattr(self.worker, "memory_manager", None)
-        if manager is None or not manager.memory_limit or not manager.memory_pause_fraction:
-            return None
+        if (
+            not self.staging.nbytes
+            or manager is None
+            or not manager.memory_limit
+            or not manager.memory_pause_fraction
+        ):
+            return None  # (nothing staged in host memory: the process's memory is not read)
         process = self.worker.monitor.get_process_memory()
         return staging_beyond_pause(
             process,
