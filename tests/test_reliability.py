@@ -724,6 +724,28 @@ def test_a_run_aborted_before_it_started_is_not_abandoned():
     thread.close()
 
 
+def test_closing_fails_the_run_executing_before_waiting_for_its_thread():
+    """A worker closing fails the run its collective thread is executing, so that the run's
+    waits end and the thread exits: closing does not sit out the join's timeout."""
+    from dask_redist.runtime.collective import CollectiveThread
+
+    started, exited = threading.Event(), threading.Event()
+
+    def execute(run):
+        run.phase = "exchange"
+        started.set()
+        while not run.must_stop():  # a wait that ends with the run, as the engines' do
+            time.sleep(0.01)
+        exited.set()
+
+    thread = CollectiveThread(execute, "test")
+    run = FakeRun(1)
+    thread.submit(run)
+    assert started.wait(10)
+    thread.close(timeout=60)
+    assert exited.is_set() and run.state == "failed" and "closing" in str(run.error)
+
+
 class FakeRun:
     """What CollectiveThread reads of a WorkerRun (its ``must_stop`` is the real one)."""
 

@@ -114,15 +114,21 @@ class CollectiveThread:
                     self._current = None
 
     def close(self, timeout: float = 10) -> None:
+        """Fail the queued runs and the one executing (so that its waits end), then wait up to
+        ``timeout`` seconds for the thread: longer only where it is inside a call that cannot be
+        interrupted, which it leaves behind (a daemon)."""
         with self._cond:
             self._closed = True
             pending = [r for _, _, r in self._heap]
             self._heap.clear()
+            current, thread = self._current, self._thread
             self._cond.notify_all()
+        if current is not None and current.state not in ("done", "failed"):
+            pending.append(current)
         for run in pending:
             run.fail(RedistError(f"{run.name()}: worker is closing"))
-        if self._thread is not None:
-            self._thread.join(timeout)
+        if thread is not None:
+            thread.join(timeout)
 
 
 class RunExecutor:

@@ -337,7 +337,8 @@ class WorkerState:
         }
 
     def close(self) -> None:
-        self.executor.close()
+        """Fail every run (their waits end), then stop the collective thread. Blocks up to the
+        thread's join: call it off the event loop."""
         with self._lock:
             runs = list(self.runs.values())
             self.runs.clear()
@@ -346,6 +347,7 @@ class WorkerState:
         self.staging.clear()
         for run in runs:
             run.fail(RedistError(f"{run.name()}: worker {self.address} closed"))
+        self.executor.close()
 
 
 async def _finished(run: WorkerRun) -> None:

@@ -3,6 +3,7 @@ tasks' transitions by `RedistWorkerPlugin`, which the scheduler plugin registers
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import weakref
 
@@ -72,5 +73,5 @@ class RedistWorkerPlugin(WorkerPlugin):
         if start == "cancelled" and finish in ("memory", "error", "released", "missing", "rescheduled"):
             state.staging.drop(token, tuple(key[1:]))
 
-    def teardown(self, worker):
-        get_state(worker).close()
+    async def teardown(self, worker):
+        await asyncio.to_thread(get_state(worker).close)  # (joins the collective thread)
