@@ -7,6 +7,7 @@ Faults are injected with the test engines in tests/engines.py.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import signal
 import threading
@@ -425,6 +426,28 @@ def test_status_answers_while_a_worker_is_stopped():
         assert took < 30 and "no answer" in state["unanswered"][stopped], state["unanswered"]
         assert list(state["workers"]) == [w for w in pids if w != stopped]
         assert dask_redist.status(client)["unanswered"] == {}
+
+
+def test_status_just_after_a_worker_is_killed_names_it_and_logs_no_error():
+    """A worker killed (SIGKILL) and not yet removed by the scheduler is named in the answer; the
+    scheduler logs no error for it (the question went through `Scheduler.broadcast`, which logs
+    one for each worker it cannot reach)."""
+    records = []
+    handler = logging.Handler(logging.ERROR)
+    handler.emit = records.append
+    with local_cluster(2, threads_per_worker=1) as cluster, Client(cluster) as client:
+        dask_redist.status(client)
+        pids = client.run(os.getpid)
+        killed = sorted(pids)[0]
+        logging.getLogger("distributed.scheduler").addHandler(handler)
+        try:
+            os.kill(pids[killed], signal.SIGKILL)
+            state = dask_redist.status(client)
+        finally:
+            logging.getLogger("distributed.scheduler").removeHandler(handler)
+        assert killed not in state["workers"]
+        assert killed in state["unanswered"] or killed not in client.scheduler_info()["workers"]
+    assert [r.getMessage() for r in records] == []
 
 
 class StageKeys(SchedulerPlugin):

@@ -55,20 +55,23 @@ class Rendezvous:
 async def ask_each(scheduler, msg: dict, workers, timeout: float) -> dict:
     """Each worker's answer to ``msg``, asked at once. A worker that fails, or gives no answer
     within ``timeout`` (stopped, or its event loop blocked), gets a string saying so instead of
-    holding up the rest: `Scheduler.broadcast` waits for every worker, and one stopped with
-    SIGSTOP held ``dask_redist.status`` until it was resumed."""
+    holding up the rest: a worker stopped with SIGSTOP held ``dask_redist.status`` until it was
+    resumed when the workers were asked all in one call."""
 
     async def one(worker: str):
         # not asyncio.wait_for: it returns only once the cancelled call has unwound, and a call
         # to a worker whose process is frozen need not unwind promptly
-        call = asyncio.ensure_future(scheduler.broadcast(msg=msg, workers=[worker]))
+        # (and not `Scheduler.broadcast`, which logs an error for a worker just killed, which
+        # the answer already says)
+        op, kwargs = msg["op"], {k: v for k, v in msg.items() if k != "op"}
+        call = asyncio.ensure_future(getattr(scheduler.rpc(worker), op)(**kwargs))
         done, _ = await asyncio.wait([call], timeout=timeout)
         if not done:
             call.cancel()
             call.add_done_callback(_retrieve)
             return f"no answer within {timeout:g}s (the worker is stopped or busy)"
         try:
-            return call.result().get(worker)
+            return call.result()
         except Exception as e:  # (it left, or the handler failed)
             return f"{type(e).__name__}: {e}"
 
