@@ -1,5 +1,6 @@
 """The soak, short: every kind of step (a plain rechunk, a cancel then the same again, a re-submit
-while the last one is released, two clients at once, a worker killed mid-rechunk) over random
+while the last one is released, two clients at once, a worker killed mid-rechunk, a rechunk fused
+with the steps around it, a worker killed in half of those) over random
 geometries and dtypes, with the invariants of `dask_redist.bench.soak` checked after each step.
 
 A cluster of its own: steps kill workers. ``REDIST_SOAK_STEPS`` and ``REDIST_SOAK_SEED`` make it

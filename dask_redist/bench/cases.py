@@ -244,8 +244,9 @@ def _check_block(block, dtype, seed, global_shape, block_info=None):
     return np.array([ok]).reshape((1,) * block.ndim)
 
 
-def check(y: da.Array, case: Case, seed: int) -> bool:
-    flags = y.map_blocks(
+def flags(y: da.Array, case: Case, seed: int) -> da.Array:
+    """One flag per chunk of ``y``: does it equal the case's formula? (A blockwise step.)"""
+    return y.map_blocks(
         _check_block,
         case.dtype,
         seed,
@@ -254,7 +255,10 @@ def check(y: da.Array, case: Case, seed: int) -> bool:
         chunks=(1,) * y.ndim,
         meta=np.empty((0,) * y.ndim, bool),
     )
-    return bool(flags.all().compute())
+
+
+def check(y: da.Array, case: Case, seed: int) -> bool:
+    return bool(flags(y, case, seed).all().compute())
 
 
 #: dtypes of the soak's random cases

@@ -12,17 +12,18 @@ import signal
 import time
 
 from dask.core import flatten
+from distributed import Future
 
 from dask_redist.bench.watch import within
 from dask_redist.compat import worker_info
 
 
 def until_submitted(client, y, limit: float) -> str | None:
-    """Until the scheduler holds the graph of ``y``: ``persist`` sends it on the client's stream,
+    """Until the scheduler holds the graph of ``y`` (a collection, or a Future): ``persist`` sends it on the client's stream,
     while a kill goes by another comm and could overtake it. A rechunk whose graph reaches the
     scheduler only after a worker died was submitted after the death (on an engine the user
     forced, a world that lost a PE then refuses it with the remedy): not a kill during a rechunk."""
-    key = next(iter(flatten(y.__dask_keys__())))
+    key = y.key if isinstance(y, Future) else next(iter(flatten(y.__dask_keys__())))
     deadline = time.monotonic() + limit
     while not client.run_on_scheduler(_holds, key):
         if time.monotonic() > deadline:

@@ -1,5 +1,6 @@
-"""The soak: a session's worth of rechunks, with cancels, re-submits, two clients at once and
-workers killed now and then; every invariant checked after every step.
+"""The soak: a session's worth of rechunks, with cancels, re-submits, two clients at once,
+workers killed now and then and rechunks between other steps (fused with them); every invariant
+checked after every step.
 
 A user's cancel or re-run must never cost the workers (issue 15). Single tests check one
 fault each; the soak draws a seeded sequence of steps (every kind in each cycle, in a
@@ -35,17 +36,17 @@ import contextlib
 import math
 import threading
 import time
-from dataclasses import dataclass, field
 from typing import Callable
 
 import numpy as np
 
 from dask_redist.bench import kills
-from dask_redist.bench.cases import Case, check, generated, random_case
+from dask_redist.bench.cases import Case, check, flags, generated, random_case
+from dask_redist.bench.soak_report import SoakReport, Step
 from dask_redist.bench.watch import StackDumps, stacks, within
 from dask_redist.compat import worker_info
 
-STEPS = ("rechunk", "cancel", "again", "clients", "kill")
+STEPS = ("rechunk", "cancel", "again", "clients", "kill", "pipeline")
 #: Words in a worker's log that a user would take for a failure.
 PROBLEMS = ("Traceback", "Exception", "Compute Failed", "KeyError")
 #: Seconds any one wait of a step may take before the step counts as hung.
@@ -54,39 +55,6 @@ WAIT_S = 120.0
 ASK_S = 60.0
 #: Seconds a step may run past ``redist.timeouts.collective`` before it is reported as stalled.
 STALL_GRACE_S = 30.0
-
-
-@dataclass
-class Step:
-    index: int
-    kind: str
-    case: str
-    seconds: float = 0.0
-    problems: list[str] = field(default_factory=list)
-    cancelled_by_dask: int = 0  # re-submits Dask cancelled right after a cancel (not a problem)
-    engines: list[str] = field(default_factory=list)  # the engine of each collective run the step ended
-    memory_delta: int = 0  # bytes the workers alive before and after the step grew by, together
-    killed: list[str] = field(default_factory=list)  # the worker the step killed
-    exited: list[str] = field(
-        default_factory=list
-    )  # GPU peers of a killed worker that exited or were restarted
-
-    def line(self) -> str:
-        """One line for the soak's progress: what ran, on which engines, how long, its problems."""
-        engines = ",".join(sorted(set(self.engines))) or "-"
-        outcome = "; ".join(self.problems) if self.problems else "ok"
-        return f"step {self.index:4d} {self.kind:8s} {self.seconds:7.2f}s  engines {engines:13s} {self.case}: {outcome}"
-
-
-@dataclass
-class SoakReport:
-    seed: int
-    steps: list[Step] = field(default_factory=list)
-    memory: dict[str, list[int]] = field(default_factory=dict)  # worker -> process memory after each step
-
-    @property
-    def problems(self) -> list[str]:
-        return [f"step {s.index} ({s.kind}, {s.case}): {p}" for s in self.steps for p in s.problems]
 
 
 class Soak:
@@ -246,21 +214,42 @@ class Soak:
 
     def _kill(self, case: Case, step: Step) -> None:
         """A worker killed (SIGKILL, its nanny starts another) at a random moment of a rechunk."""
+        seed = int(self.rng.integers(1 << 16))
+        y = generated(case, seed, self.kind).rechunk(case.new).persist()
+        with self._a_kill_during(y, step):
+            self._wait_and_check(y, case, step, seed)
+
+    def _pipeline(self, case: Case, step: Step) -> None:
+        """A blockwise step, the rechunk and a blockwise step after it (the check) in one graph,
+        so that the collective runs them in its stage and unpack tasks (issue 40); in every other
+        such step a worker is killed at a random moment (the restarted run reruns them)."""
+        seed = int(self.rng.integers(1 << 16))
+        x = generated(case, seed, self.kind)
+        same = x.map_blocks(_same, dtype=x.dtype, meta=x._meta)
+        every = flags(same.rechunk(case.new), case, seed).all()
+        result = self.client.compute(every)
+        with self._a_kill_during(result, step) if self.rng.random() < 0.5 else contextlib.nullcontext():
+            if not result.result(timeout=WAIT_S):
+                step.problems.append("values differ")
+
+    @contextlib.contextmanager
+    def _a_kill_during(self, y, step: Step):
+        """Kill a worker once the scheduler holds the graph of ``y``, after a random moment; on
+        the way out, wait for its replacement (also where the body failed: the next steps need
+        the cluster and, on GPUs, its world back)."""
         workers = sorted(worker_info(self.client))
         if len(workers) < 2:
             step.problems.append("a kill needs two workers")
+            yield
             return
         victim = workers[int(self.rng.integers(len(workers)))]
-        seed = int(self.rng.integers(1 << 16))
-        x = generated(case, seed, self.kind)
-        y = x.rechunk(case.new).persist()
         late = kills.until_submitted(self.client, y, WAIT_S)
         time.sleep(float(self.rng.uniform(0, 0.3)))
         kills.kill(self.client, victim)
         step.killed.append(victim)
         try:
-            self._wait_and_check(y, case, step, seed)
-        finally:  # (a failed rechunk too: the next steps need the cluster and its world back)
+            yield
+        finally:
             lost = kills.wait_for_replacement(self.client, victim, len(workers), 3 * WAIT_S)
             step.problems += [p for p in (late, lost) if p]
             if self.gpu:
@@ -357,6 +346,11 @@ class Soak:
             new += [f"{source}: {m}" for _, m in lines if m not in seen and any(p in m for p in PROBLEMS)]
             seen.update(m for _, m in lines)
         return new
+
+
+def _same(block):
+    """A blockwise step that keeps the values (a copy: a new chunk, as a user's step makes)."""
+    return block.copy()
 
 
 HELD = ("staged chunks", "stage keys", "early pieces", "stage events")  # (counts in a worker's status)

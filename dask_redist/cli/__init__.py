@@ -195,7 +195,8 @@ def parser() -> argparse.ArgumentParser:
     p.set_defaults(func=bench, check=_checked(p, lambda args: types.methods_problem(args, engines)))
 
     p = sub.add_parser(
-        "soak", help="random rechunks, cancels, re-submits, two clients, kills; invariants after each"
+        "soak",
+        help="random rechunks, cancels, re-submits, two clients, kills, pipelines; invariants after each",
     )
     cluster_args(p, workers=3)
     p.add_argument(
