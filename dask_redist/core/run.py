@@ -20,6 +20,7 @@ from __future__ import annotations
 import copy
 import threading
 import time
+import traceback
 from typing import Any
 
 import numpy as np
@@ -84,8 +85,10 @@ class WorkerRun:
                 self._cond.notify_all()
 
     def fail(self, error: BaseException, gone=()) -> None:
-        """Abort the run: every wait on it raises ``error`` from now on. ``gone``: ranks that left
-        (a later abort of the same run may add to them)."""
+        """Abort the run: every wait on it raises ``error`` from now on (kept without its frames'
+        locals: `without_locals`). ``gone``: ranks that left (a later abort of the same run may add
+        to them)."""
+        without_locals(error)
         with self._cond:
             self.gone = tuple(sorted(set(self.gone) | set(gone)))
             if self.state == "failed":
@@ -102,8 +105,9 @@ class WorkerRun:
     def hold(self, error: RedistError) -> None:
         """This rank's own failure, reported to the scheduler and not applied yet: the scheduler may
         answer it with a restart, and this rank's unpack tasks must not fail the user's
-        computation before that. The scheduler's abort applies it (`aborted`)."""
-        self.held = error
+        computation before that. The scheduler's abort applies it (`aborted`). Kept without its
+        frames' locals (`without_locals`)."""
+        self.held = without_locals(error)
 
     def aborted(self, failure: str, reason: str, gone=()) -> None:
         """The scheduler's abort: fail with ``failure``'s error (`dask_redist.errors.FAILURES`)
@@ -318,3 +322,23 @@ class WorkerRun:
 
             return cupy.empty(0, dtype=self.spec.collective.dtype)
         return np.empty(0, dtype=self.spec.collective.dtype)
+
+
+def without_locals(error: BaseException | None) -> BaseException | None:
+    """``error``, its frames cleared of their local variables, and those of its causes and contexts
+    (the traceback's lines stay). A failed run keeps its error as long as the worker keeps the run
+    (until the scheduler forgets the rechunk, or runs it again), and the frames of the engine's
+    failure hold what it was moving: the packed buffers of a send, the pieces cut from the inputs
+    (views keeping the input chunks), the message being written. Memory Dask does not manage, which
+    kept a worker paused after a failed run (docs/reliability.md). A frame still executing (where
+    the error is being handled) is left as it is."""
+    seen: set[int] = set()
+    pending = [error]
+    while pending:
+        e = pending.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        traceback.clear_frames(e.__traceback__)
+        pending += [e.__cause__, e.__context__]
+    return error

@@ -26,7 +26,7 @@ import time
 from typing import Callable
 
 from dask_redist.core import messages as m
-from dask_redist.core.run import WorkerRun
+from dask_redist.core.run import WorkerRun, without_locals
 from dask_redist.engines import get_engine
 from dask_redist.engines.choice import passed_over_from_now_on, untrusts_world
 from dask_redist.engines.registry import description
@@ -172,6 +172,7 @@ class RunExecutor:
             engine.execute(run, CommsTransport(self.worker, run))
             self._mark("executed")
         except BaseException as e:  # noqa: B036 - every failure must reach the other ranks
+            without_locals(e)  # (what the engine's frames held, its packed buffers and pieces, goes now)
             if run.state == "failed":  # aborted from outside; the scheduler knows
                 return
             if not isinstance(e, RedistError):

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from concurrent import futures
 from collections import defaultdict
 from typing import Callable
 
@@ -24,16 +25,32 @@ from dask_redist.core.wire import tcp_shard_size
 from dask_redist.errors import RedistConsistencyError, RedistTimeoutError
 
 
-def call_on_loop(worker, coro_fn, timeout: float, what: str):
-    """Run ``coro_fn()`` on ``worker``'s event loop from another thread, within ``timeout`` seconds."""
+#: Seconds between two looks at ``stop`` while `call_on_loop` waits.
+STOP_POLL_S = 0.1
+
+
+def call_on_loop(
+    worker, coro_fn, timeout: float, what: str, stop: Callable[[], BaseException | None] | None = None
+):
+    """Run ``coro_fn()`` on ``worker``'s event loop from another thread, within ``timeout`` seconds.
+
+    ``stop``: asked every `STOP_POLL_S` while it waits; an error it returns cancels the call on the
+    loop and is raised (a run aborted meanwhile: its sends are not waited out)."""
 
     async def bounded():
         return await asyncio.wait_for(coro_fn(), timeout)
 
+    future = asyncio.run_coroutine_threadsafe(bounded(), worker.loop.asyncio_loop)
+    while stop is not None and not futures.wait([future], STOP_POLL_S).done:
+        if (error := stop()) is not None:
+            future.cancel()
+            raise error
     try:
-        return asyncio.run_coroutine_threadsafe(bounded(), worker.loop.asyncio_loop).result()
+        return future.result()
     except asyncio.TimeoutError:
         raise RedistTimeoutError(f"{what} timed out after {timeout:g}s") from None
+    finally:
+        del future  # (else a cycle: the future, its error, the error's frames, this one, the future)
 
 
 class CommsTransport:
@@ -69,13 +86,22 @@ class CommsTransport:
         async def send_all():
             await asyncio.gather(*(to_peer(d, items) for d, items in by_dst.items()))
 
+        def aborted() -> BaseException | None:  # (the abort's error: the peers' replies are not waited for)
+            return run.failure() if run.must_stop() else None
+
         try:
-            call_on_loop(worker, send_all, run.timeout, f"{run.name()} phase 'send'")
+            call_on_loop(worker, send_all, run.timeout, f"{run.name()} phase 'send'", stop=aborted)
         except RedistTimeoutError as e:
+            if run.must_stop():  # (the abort's own error)
+                raise
             peers = ", ".join(f"{d} ({run.spec.workers[d]})" for d in sorted(unsent))
             raise RedistTimeoutError(
                 f"{e}: ranks {peers} did not take their pieces (stopped or busy?)"
             ) from None
+        finally:
+            # the packed buffers go with the send: a failure's frames, kept with the failed run,
+            # still reach the closures above (a frame holds its function), and so this dict
+            by_dst.clear()
 
     def wire_limit(self, dst: int) -> int | None:
         """Over TCP (and TLS): the comm's shard size (`dask_redist.core.wire.tcp_shard_size`). None
