@@ -221,14 +221,16 @@ class Soak:
 
     def _pipeline(self, case: Case, step: Step) -> None:
         """A blockwise step, the rechunk and a blockwise step after it (the check) in one graph,
-        so that the collective runs them in its stage and unpack tasks (issue 40); in every other
-        such step a worker is killed at a random moment (the restarted run reruns them)."""
+        so that the collective runs them in its stage and unpack tasks (issue 40); where the soak
+        kills, in every other such step a worker is killed at a random moment (the restarted run
+        reruns them)."""
         seed = int(self.rng.integers(1 << 16))
         x = generated(case, seed, self.kind)
         same = x.map_blocks(_same, dtype=x.dtype, meta=x._meta)
         every = flags(same.rechunk(case.new), case, seed).all()
         result = self.client.compute(every)
-        with self._a_kill_during(result, step) if self.rng.random() < 0.5 else contextlib.nullcontext():
+        kill = "kill" in self.kinds and self.rng.random() < 0.5
+        with self._a_kill_during(result, step) if kill else contextlib.nullcontext():
             if not result.result(timeout=WAIT_S):
                 step.problems.append("values differ")
 

@@ -23,7 +23,7 @@ steps=${*:-versions doctor world gpu bench}
 gpus=${REDIST_TEST_GPUS:-2}; pes=${REDIST_TEST_PES:-1}
 shared() { [ "$1" -gt 1 ] && echo "--pes-per-gpu $1"; }  # workers sharing each GPU, for the CLI
 soak() {  # name workers pes minutes: a soak with kills where there are peers
-  local kinds="rechunk cancel again clients"; [ "$2" -gt 1 ] && kinds="$kinds kill"
+  local kinds="rechunk cancel again clients pipeline"; [ "$2" -gt 1 ] && kinds="$kinds kill"
   step "$1" python3 -m dask_redist.cli soak --gpu --workers "$2" $(shared "$3") --engine cufftmp \
     --minutes "$4" --max-bytes 64MiB --seed "${REDIST_SOAK_SEED:-1}" --kinds $kinds
 }

@@ -128,6 +128,6 @@ for s in ${*:-facts cluster tests}; do case $s in
       export NVSHMEM_REMOTE_TRANSPORT=${REDIST_PSEUDO_TRANSPORT-ucx} NVSHMEM_SYMMETRIC_SIZE=8G
       step soak-hosts2 590 python3 -m dask_redist.cli soak --gpu --workers 4 --pes-per-gpu 4 --pseudo-hosts 2 \
         --engine auto --minutes "${REDIST_SOAK_MINUTES:-5}" --max-bytes 64MiB --seed "${REDIST_SOAK_SEED:-44}" \
-        --kinds rechunk cancel again clients kill ) ;;
+        --kinds rechunk cancel again clients kill pipeline ) ;;
 esac; done
 cat "$summary"
