@@ -33,6 +33,7 @@ from dask_redist.graph.decide import (
     decide,
     find_rechunks,
     held_by_dask,
+    held_in_memory,
     memory_limits,
 )
 from dask_redist.graph.fuse import fusable_consumers, fuse_blockwise
@@ -84,6 +85,7 @@ def rewrite(
 ) -> tuple[HighLevelGraph, list[Decision]]:
     """Replace every eligible rechunk chain in ``hlg`` (or the ``only`` ones) by a collective layer."""
     requested: set = set()
+    held: set = set()  # (outputs the scheduler holds in memory: no consumer fused into them)
     if only is not None:
         decisions = only
     else:
@@ -95,6 +97,7 @@ def rewrite(
         decisions = [held_by_dask(scheduler, d) for d in decisions]
         if settings.fuse:
             decisions += built_collectives(hlg)
+            held = {d.chain.output for d in decisions if held_in_memory(scheduler, d)}
     if not any(d.collective for d in decisions):
         return hlg, decisions
     if only is None and settings.fuse:
@@ -102,7 +105,8 @@ def rewrite(
     layers, deps = dict(hlg.layers), {k: set(v) for k, v in hlg.dependencies.items()}
     # layers no unpack tasks may compute: another collective's input (its stage tasks run it), and
     # a consumer some collective's unpack tasks compute already (one of two rechunks it adds up)
-    taken = {d.chain.source for d in decisions if d.collective}
+    # and an output the scheduler holds in memory (then nothing is fused into its unpack tasks)
+    taken = {d.chain.source for d in decisions if d.collective} | held
     for i, d in enumerate(decisions):
         if d.collective:
             fuse = only is None and settings.fuse
