@@ -88,8 +88,10 @@ def test_a_persisted_output_is_used_not_moved_again(client, enabled, persisted):
     # chunks it holds; a consumer fused into the unpack tasks ran the whole rechunk again
     a, x = persisted
     y = (2 * x).rechunk((48, 4, 6))
+    assert "unpack tasks compute" in dask_redist.explain(y + 1).entries[0].fused
     y_held = y.persist()
     wait(y_held)
+    assert "unpack tasks compute" not in dask_redist.explain(y + 1).entries[0].fused  # (as it runs)
     before = scheduler_history(client)
     np.testing.assert_allclose((y + 1).compute(), 2 * a + 1)
     np.testing.assert_allclose(y.sum(axis=0).compute(), (2 * a).sum(axis=0))

@@ -42,15 +42,16 @@ from dask_redist.graph.stages import inlined_inputs, scheduler_in_process, stage
 from dask_redist.runtime import ordering
 
 
-def fused_neighbours(hlg: HighLevelGraph, decisions: list[Decision], keys) -> list[str]:
+def fused_neighbours(hlg: HighLevelGraph, decisions: list[Decision], keys, held=frozenset()) -> list[str]:
     """What each collective of ``decisions`` runs besides the rechunk (`graph.fuse`), as `rewrite`
-    fuses them in a graph asked for ``keys`` (the same layers kept apart); "" where nothing."""
+    fuses them in a graph asked for ``keys`` (the same layers kept apart; no consumer of an output
+    of ``held``, in memory on the scheduler); "" where nothing."""
     fusing = [d.collective and d.spec.settings.fuse for d in decisions]
     if not any(fusing):
         return [""] * len(decisions)
     requested = {k[0] if isinstance(k, tuple) else k for k in flatten(keys)}
     hlg = fuse_blockwise(hlg, keys)
-    taken = {d.chain.source for d in decisions if d.collective}
+    taken = {d.chain.source for d in decisions if d.collective} | set(held)
     out = []
     for d, fuse in zip(decisions, fusing):
         parts = []
