@@ -64,6 +64,7 @@ What is relied on, and where:
 
 from __future__ import annotations
 
+import inspect
 import math
 import sys
 import threading
@@ -356,6 +357,10 @@ _original_rechunk = _original("rechunk")
 _original_rechunk_function = getattr(sys.modules.get("dask.array.rechunk"), "rechunk", None)
 _original_old_to_new = getattr(sys.modules.get("dask.array.rechunk"), "old_to_new", None)
 _original_optimize = _array_dict().get("__dask_optimize__")  # (the descriptor, not what it returns)
+_WRAPPED = ((_rechunk, _original_rechunk), (_compute_chunk_sizes, _original_compute_chunk_sizes))
+for _ours, _dasks in (*_WRAPPED, (_rechunk_function, _original_rechunk_function)):
+    if _dasks is not None:  # (while enabled, help(x.rechunk) and a notebook's x.rechunk? show Dask's)
+        _ours.__doc__, _ours.__signature__ = _dasks.__doc__, inspect.signature(_dasks)
 
 
 def p2p_layer_fields(layer, name: str) -> dict | None:

@@ -88,7 +88,9 @@ def check_known(keys) -> None:
     known = flatten(DEFAULTS["redist"])
     # (engines of one's own are registered under redist.engines: any name goes there)
     free = ("redist.engines.", "redist.cost-model.")
-    if not (rest := [k for k in keys if k not in known and not k.startswith(free)]):
+    # (those two sections set whole, null or empty too: `cost-model: null` is no model; checked when read)
+    whole = {f[:-1] for f in free}
+    if not (rest := [k for k in keys if k not in known and k not in whole and not k.startswith(free)]):
         return  # (the engines' sections are looked up only where needed: that reads every package's metadata)
     own = tuple(f"redist.{name}." for name in engine_names(keys) if f"redist.{name}" not in known)
     if unknown := sorted(k for k in rest if not k.startswith(own)):

@@ -19,7 +19,7 @@ from dask_redist.errors import a_kind_of, is_xarray, type_name
 from dask_redist.engines.choice import choose_engine
 from dask_redist.fft import describe as fft_describe
 from dask_redist.graph.decide import decide, find_rechunks, held_by_dask, is_rechunk_layer, memory_limits
-from dask_redist.graph.names import is_own
+from dask_redist.graph.decide import held_in_memory
 from dask_redist.graph.optimize import fused_neighbours
 from dask_redist.planning import make_plan
 
@@ -216,9 +216,10 @@ def _decisions(
         return out
     graph = x.__dask_graph__()
     decisions = [decide(graph, chain, settings, memory=memory) for chain in find_rechunks(graph, _names(x))]
-    if client is not None and any(d.collective and not is_own(d.chain.output) for d in decisions):
-        decisions = client.run_on_scheduler(_held_by_dask, decisions)
-    fused = fused_neighbours(graph, decisions, x.__dask_keys__())
+    held = set()  # (outputs the scheduler holds in memory: nothing is fused into them)
+    if client is not None and any(d.collective for d in decisions):
+        decisions, held = client.run_on_scheduler(_held_by_dask, decisions)
+    fused = fused_neighbours(graph, decisions, x.__dask_keys__(), held)
     out = [(d.chain.output, d.method, d.spec, d.reason, False, f) for d, f in zip(decisions, fused)]
     for name, layer in graph.layers.items():  # (dask_redist.rechunk's: decided when it was called)
         if (d := getattr(layer, "decision", None)) is not None:
@@ -226,11 +227,13 @@ def _decisions(
     return out + _made_tasks(graph)
 
 
-def _held_by_dask(decisions: list, dask_scheduler=None) -> list:
+def _held_by_dask(decisions: list, dask_scheduler=None) -> tuple[list, set]:
     """``decisions`` as the rewrite on the scheduler takes them: Dask's rechunk where the scheduler
     holds a collective's output keys (Dask's names: built before ``enable()``) with Dask's tasks
-    behind them (`graph.decide.held_by_dask`). Run on the scheduler."""
-    return [held_by_dask(dask_scheduler, d) for d in decisions]
+    behind them (`graph.decide.held_by_dask`); and the outputs it holds in memory, into which
+    nothing is fused (`graph.decide.held_in_memory`). Run on the scheduler."""
+    decisions = [held_by_dask(dask_scheduler, d) for d in decisions]
+    return decisions, {d.chain.output for d in decisions if held_in_memory(dask_scheduler, d)}
 
 
 #: Why a rechunk that a collection holds as plain tasks keeps Dask's rechunk.

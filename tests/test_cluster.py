@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 
 import dask_redist
 from dask_redist.graph.optimize import CollectiveOptimizer
+from dask_redist.runtime.worker_plugin import RedistWorkerPlugin
 
 
 @pytest.fixture
@@ -794,3 +795,49 @@ def test_a_repeated_rechunk_reuses_its_plan(client, enabled, monkeypatch):
     assert planned.count("plan_run") == 1
     np.testing.assert_array_equal(x.rechunk((61, 6))[:, :12].compute(), data[:, :12])
     assert planned.count("plan_run") == 2
+
+
+class _SlowToSetUp(RedistWorkerPlugin):
+    """The worker plugin, its setup a moment late: its stream handlers come after that."""
+
+    async def setup(self, worker):
+        import asyncio
+
+        await asyncio.sleep(1.5)
+        super().setup(worker)
+
+
+def _forget_on_every_worker(dask_scheduler=None):
+    from dask_redist.core import messages as m
+
+    plugin = dask_scheduler.plugins["redist"]
+    plugin.rechunks.send(list(dask_scheduler.workers), m.Forget("no-such-rechunk"))
+
+
+def test_a_message_sent_while_the_worker_plugin_is_added_waits_for_it():
+    """Registered by the first stage task of a session, the scheduler plugin adds the worker plugin
+    to every worker over a comm of its own, while what it sends them goes on their streams: a
+    rechunk cancelled at once sent `Forget` first, and a worker whose stream gets an op it has no
+    handler for closes its connection and dies (KeyError: 'redist-forget' in its log)."""
+    from distributed import Client
+
+    from dask_redist.runtime.scheduler import RedistSchedulerPlugin
+
+    with local_cluster(2, threads_per_worker=1) as cluster, Client(cluster) as c:
+        before = {w: i["id"] for w, i in c.scheduler_info()["workers"].items()}
+        registering = threading.Thread(
+            target=c.register_plugin, args=(RedistSchedulerPlugin(worker_plugin=_SlowToSetUp()),)
+        )
+        registering.start()
+        deadline = time.monotonic() + 10
+        while not c.run_on_scheduler(_has_plugin):
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        c.run_on_scheduler(_forget_on_every_worker)  # (while the workers' setup sleeps)
+        registering.join(30)
+        time.sleep(0.5)
+        assert {w: i["id"] for w, i in c.scheduler_info()["workers"].items()} == before
+        a = data_for((16, 16), "float64", seed=13)
+        with dask_redist.enable(engine="dask", min_bytes=0):
+            np.testing.assert_array_equal(da.from_array(a, chunks=(4, 16)).rechunk((16, 4)).compute(), a)
+        assert dask_redist.status(c)["history"][-1]["outcome"] == "done"

@@ -313,3 +313,26 @@ def test_the_old_name_of_dask_rechunks_line_is_still_read(tmp_path):
     merged = dask.config.merge(DEFAULTS, dask.config.collect([str(path)], env={}))
     (got,) = [m for m in models(Settings.from_config(merged["redist"]).cost_model) if m.name == "numpy-2"]
     assert got.dask_rechunk == (0.5, 0.25, 0.0)
+
+
+@pytest.mark.parametrize("value", [None, {}])
+def test_no_cost_model_set_as_documented_keeps_the_collective(value):
+    """``redist.cost-model: null`` (docs/configuration.md: no model, ``auto`` keeps the collective
+    everywhere) set through dask's config or ``enable()``; it was refused as an unknown option."""
+    import dask_redist
+
+    rechunk = spec(slab_case("1MiB", 2))  # (the packaged model keeps it for Dask: above)
+    for scope in (
+        lambda: dask.config.set({"redist.cost-model": value}),
+        lambda: dask_redist.enable(cost_model=value),
+    ):
+        with scope():
+            settings = Settings.from_config()
+            assert settings.cost_model == ()
+            made, why = collective_spec(
+                "x", "y", rechunk.old, rechunk.new, np.dtype("float64"), "numpy.ndarray", settings, 2
+            )
+            assert made is not None, why
+    with pytest.raises(ConfigError, match="redist.engines must map engine names"):
+        with dask.config.set({"redist.engines": None}):
+            Settings.from_config()

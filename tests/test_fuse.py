@@ -10,7 +10,7 @@ import dask
 import dask.array as da
 import numpy as np
 import pytest
-from conftest import scheduler_history, worker_leftovers
+from conftest import runs_since, scheduler_history, worker_leftovers
 from dask.utils import key_split
 from distributed import wait
 from test_reliability import _in_phase, kill_one_worker, own_cluster  # noqa: F401 (a fixture)
@@ -81,6 +81,23 @@ def test_an_output_used_twice_or_requested_keeps_its_unpack_tasks(client, enable
     np.testing.assert_allclose(z_held.compute(), 2 * a + 1)
     assert client.run_on_scheduler(_prefixes)["rechunk"] == 6
     del y_held, z_held
+
+
+def test_a_persisted_output_is_used_not_moved_again(client, enabled, persisted):
+    # y persisted, then computed on from y itself (not the persisted copy): Dask computes from the
+    # chunks it holds; a consumer fused into the unpack tasks ran the whole rechunk again
+    a, x = persisted
+    y = (2 * x).rechunk((48, 4, 6))
+    assert "unpack tasks compute" in dask_redist.explain(y + 1).entries[0].fused
+    y_held = y.persist()
+    wait(y_held)
+    assert "unpack tasks compute" not in dask_redist.explain(y + 1).entries[0].fused  # (as it runs)
+    before = scheduler_history(client)
+    np.testing.assert_allclose((y + 1).compute(), 2 * a + 1)
+    np.testing.assert_allclose(y.sum(axis=0).compute(), (2 * a).sum(axis=0))
+    np.testing.assert_allclose((y - y.mean(axis=0)).compute(), 2 * a - (2 * a).mean(axis=0))
+    assert runs_since(client, before) == []
+    del y_held
 
 
 def test_an_annotated_consumer_keeps_its_tasks(client, enabled, persisted):

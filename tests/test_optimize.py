@@ -428,3 +428,19 @@ def test_gc_paused_restores_the_collector_as_it_was():
         assert not gc.isenabled()  # (held off by someone else: left so)
     finally:
         gc.enable()
+
+
+def test_while_enabled_help_shows_dasks_rechunk():
+    """``x.rechunk``, ``da.rechunk`` and ``x.compute_chunk_sizes`` are wrapped while enabled; their
+    help (a notebook's ``x.rechunk?``, ``inspect.signature``) is still Dask's, not ``(self, *args,
+    **kwargs)`` without a docstring."""
+    import inspect
+
+    def shown():
+        functions = (da.Array.rechunk, da.rechunk, da.Array.compute_chunk_sizes)
+        return [(inspect.signature(f), f.__doc__) for f in functions]
+
+    off = shown()
+    assert all(doc for _, doc in off)
+    with dask_redist.enable():
+        assert shown() == off

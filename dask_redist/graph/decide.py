@@ -287,6 +287,17 @@ def held_by_dask(scheduler, d: Decision) -> Decision:
     return Decision(d.chain, None, HELD_BY_DASK, d.method)
 
 
+def held_in_memory(scheduler, d: Decision) -> bool:
+    """Does ``scheduler`` hold every output chunk of a collective ``d`` in memory (persisted, or
+    held by another computation)? Then the rewrite fuses no consumer into its unpack tasks, so
+    that the consumers are computed from those chunks, as Dask does, not by running the rechunk
+    again (its unpack tasks would compute a fused consumer from scratch)."""
+    if scheduler is None or not d.collective:
+        return False
+    group = scheduler.task_groups.get(d.chain.output)
+    return group is not None and group.states.get("memory", 0) == len(d.spec.output_keys())
+
+
 def memory_limits(limits) -> tuple[list[int], float]:
     """(the workers' memory ``limits``, None read as 0: none, distributed's pause fraction), for `decide`."""
     return [int(m or 0) for m in limits], pause_fraction()

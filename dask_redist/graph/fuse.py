@@ -18,7 +18,8 @@ neighbours into the collective's own tasks:
 
 What must keep its own tasks does: an output or a step used outside the fused part (``z -
 z.sum()``: the total needs every chunk first), a requested or annotated layer (workers,
-resources, retries), tasks that are not plain (aliases, Futures, collectives).
+resources, retries), tasks that are not plain (aliases, Futures, collectives); and nothing is
+fused into an output the scheduler holds in memory (persisted): its consumers use those chunks.
 """
 
 from __future__ import annotations
@@ -71,9 +72,10 @@ def fusable_consumers(
     a reduction over axes the rechunk leaves in one chunk, an anomaly ``z - z.mean(axis=0)``. The
     unpack tasks compute those that end in one layer (`_closed`), the latest such: every
     other layer of it, and the output, used only inside it and not ``requested``. None of them is
-    annotated, a rechunk or ``taken`` (another collective's input, or its consumer already).
+    annotated, a rechunk or ``taken`` (another collective's input, or its consumer already; with
+    the ``output`` taken, held in memory on the scheduler, nothing is fused).
     """
-    if output in requested:
+    if output in requested or output in taken:
         return None
     index = [key[1:] for key in output_keys]
     dependents = hlg.dependents  # (built anew on each access)

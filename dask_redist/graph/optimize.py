@@ -33,6 +33,7 @@ from dask_redist.graph.decide import (
     decide,
     find_rechunks,
     held_by_dask,
+    held_in_memory,
     memory_limits,
 )
 from dask_redist.graph.fuse import fusable_consumers, fuse_blockwise
@@ -41,15 +42,16 @@ from dask_redist.graph.stages import inlined_inputs, scheduler_in_process, stage
 from dask_redist.runtime import ordering
 
 
-def fused_neighbours(hlg: HighLevelGraph, decisions: list[Decision], keys) -> list[str]:
+def fused_neighbours(hlg: HighLevelGraph, decisions: list[Decision], keys, held=frozenset()) -> list[str]:
     """What each collective of ``decisions`` runs besides the rechunk (`graph.fuse`), as `rewrite`
-    fuses them in a graph asked for ``keys`` (the same layers kept apart); "" where nothing."""
+    fuses them in a graph asked for ``keys`` (the same layers kept apart; no consumer of an output
+    of ``held``, in memory on the scheduler); "" where nothing."""
     fusing = [d.collective and d.spec.settings.fuse for d in decisions]
     if not any(fusing):
         return [""] * len(decisions)
     requested = {k[0] if isinstance(k, tuple) else k for k in flatten(keys)}
     hlg = fuse_blockwise(hlg, keys)
-    taken = {d.chain.source for d in decisions if d.collective}
+    taken = {d.chain.source for d in decisions if d.collective} | set(held)
     out = []
     for d, fuse in zip(decisions, fusing):
         parts = []
@@ -84,6 +86,7 @@ def rewrite(
 ) -> tuple[HighLevelGraph, list[Decision]]:
     """Replace every eligible rechunk chain in ``hlg`` (or the ``only`` ones) by a collective layer."""
     requested: set = set()
+    held: set = set()  # (outputs the scheduler holds in memory: no consumer fused into them)
     if only is not None:
         decisions = only
     else:
@@ -95,6 +98,7 @@ def rewrite(
         decisions = [held_by_dask(scheduler, d) for d in decisions]
         if settings.fuse:
             decisions += built_collectives(hlg)
+            held = {d.chain.output for d in decisions if held_in_memory(scheduler, d)}
     if not any(d.collective for d in decisions):
         return hlg, decisions
     if only is None and settings.fuse:
@@ -102,7 +106,8 @@ def rewrite(
     layers, deps = dict(hlg.layers), {k: set(v) for k, v in hlg.dependencies.items()}
     # layers no unpack tasks may compute: another collective's input (its stage tasks run it), and
     # a consumer some collective's unpack tasks compute already (one of two rechunks it adds up)
-    taken = {d.chain.source for d in decisions if d.collective}
+    # and an output the scheduler holds in memory (then nothing is fused into its unpack tasks)
+    taken = {d.chain.source for d in decisions if d.collective} | held
     for i, d in enumerate(decisions):
         if d.collective:
             fuse = only is None and settings.fuse

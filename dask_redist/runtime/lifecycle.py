@@ -40,6 +40,7 @@ class Rechunks:
         self.history: deque = deque(maxlen=HISTORY_KEPT)
         self.timeline: dict[str, float] = {}  # wall-clock marks of the latest run, for diagnostics
         self._last_seq = 0  # (an int, not itertools.count: Python 3.14 cannot pickle that)
+        self._held: dict[str, list] = {}  # worker the worker plugin is being added to -> messages
 
     def _next_seq(self) -> int:
         """The next run's number in the one global order over all runs."""
@@ -100,11 +101,30 @@ class Rechunks:
         stream's batching interval (`send_now`)."""
         msg = message.to_dict()
         for w in workers:
-            if (comm := self.scheduler.stream_comms.get(w)) is not None:
-                try:
-                    send_now(comm, msg) if now else comm.send(msg)
-                except CommClosedError:
-                    logger.debug("%s: not sent to %s, which is leaving", message.op, w)
+            if w in self._held:  # (its stream's handler is not there yet: sent once it is)
+                self._held[w].append((msg, now))
+            else:
+                self._send(w, msg, now)
+
+    def _send(self, worker: str, msg: dict, now: bool) -> None:
+        if (comm := self.scheduler.stream_comms.get(worker)) is not None:
+            try:
+                send_now(comm, msg) if now else comm.send(msg)
+            except CommClosedError:
+                logger.debug("%s: not sent to %s, which is leaving", msg["op"], worker)
+
+    def hold(self, workers) -> None:
+        """Keep what is sent to ``workers`` until `release`: the worker plugin is being added to
+        them, over a comm of its own, so a message on their streams could come first, and a worker
+        whose stream gets an op it has no handler for closes its connection (and dies)."""
+        self._held = {w: [] for w in workers}
+
+    def release(self, plugged) -> None:
+        """Send what `hold` kept to the workers of ``plugged`` (which have the plugin now), in order."""
+        held, self._held = self._held, {}
+        for w in set(plugged) & set(held):
+            for msg, now in held[w]:
+                self._send(w, msg, now)
 
     def _deactivate(self, token: str, outcome: str) -> ActiveRun | None:
         rechunk = self.by_token.get(token)

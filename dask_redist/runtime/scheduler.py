@@ -102,7 +102,11 @@ class RedistSchedulerPlugin(SchedulerPlugin):
             plugin = dumps(self.worker_plugin)
             scheduler.worker_plugins[self.worker_plugin.name] = plugin
             msg = {"op": "plugin-add", "plugin": plugin, "name": self.worker_plugin.name}
-            await ask_each(scheduler, msg, scheduler.workers, Settings.from_config().barrier_timeout)
+            self.rechunks.hold(workers := list(scheduler.workers))  # (their streams' handlers come with it)
+            answers = await ask_each(scheduler, msg, workers, Settings.from_config().barrier_timeout)
+            self.rechunks.release(
+                w for w, a in answers.items() if isinstance(a, dict) and a.get("status") == "OK"
+            )
         self._ready.set()
 
     # -- handlers -------------------------------------------------------------------
