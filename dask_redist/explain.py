@@ -18,14 +18,8 @@ from dask_redist.engines import Request, description
 from dask_redist.errors import a_kind_of, is_xarray, type_name
 from dask_redist.engines.choice import choose_engine
 from dask_redist.fft import describe as fft_describe
-from dask_redist.graph.decide import (
-    decide,
-    find_rechunks,
-    held_by_dask,
-    held_in_memory,
-    is_rechunk_layer,
-    memory_limits,
-)
+from dask_redist.graph.decide import decide, find_rechunks, held_by_dask, is_rechunk_layer, memory_limits
+from dask_redist.graph.decide import held_in_memory
 from dask_redist.graph.optimize import fused_neighbours
 from dask_redist.planning import make_plan
 
