@@ -374,3 +374,15 @@ class Settings:
             fuse=check_bool("fuse", _get("fuse", config)),
             sections=_sections(config, engines),
         )
+
+
+def process_barrier_timeout() -> float:
+    """``redist.timeouts.barrier`` as this process's own config sets it, for the waits of a
+    worker or the scheduler that no rechunk's settings reach (registering the plugins, asking
+    every worker): the packaged default where that config does not check (a typo in a worker's
+    YAML file, a bad ``DASK_REDIST__*`` in its environment). The settings that matter travel
+    from the client; a worker's or the scheduler's own ``redist.*`` must not fail a rechunk."""
+    try:
+        return Settings.from_config().barrier_timeout
+    except ConfigError:
+        return Settings.barrier_timeout

@@ -313,3 +313,16 @@ def test_an_unreachable_scheduler_is_one_line_and_a_nonzero_exit(tmp_path):
     message = str(exit.value.code)
     assert message.startswith(f"dask-redist: could not reach a scheduler at tcp://127.0.0.1:{port} within 1s")
     assert "\n" not in message and "check the address" in message
+
+
+def test_scheduler_takes_a_scheduler_file(tmp_path):
+    """``--scheduler`` takes the file ``dask scheduler --scheduler-file`` writes (shared nodes, batch
+    jobs: the address is in it); it was refused as 'missing port number'."""
+    path = tmp_path / "sched.json"
+    path.write_text('{"type": "Scheduler", "address": "tcp://10.0.0.1:8786"}')
+    args = cli.parser().parse_args(["doctor", "--scheduler", str(path)])
+    assert args.scheduler == "tcp://10.0.0.1:8786"
+    path.write_text("{not json")
+    with pytest.raises(SystemExit) as exit:
+        cli.parser().parse_args(["doctor", "--scheduler", str(path)])
+    assert exit.value.code == 2

@@ -311,3 +311,27 @@ def test_a_persisted_rechunk_that_failed_keeps_its_error_after_disable(client):
     with pytest.raises(dask_redist.RedistError, match="injected failure on rank 0"):
         (y + 1).sum().compute()
     np.testing.assert_array_equal(x.rechunk((48, 6)).compute(), a)  # (another name: Dask's rechunk)
+
+
+def test_a_workers_own_bad_redist_setting_does_not_fail_a_rechunk():
+    """Settings are read on the client (docs/configuration.md): a worker whose own config holds a
+    ``redist.*`` key that does not check (a typo in its YAML, ``DASK_REDIST__RETRIES=many`` where
+    it was started) runs the rechunk with the client's. Its first stage task read the worker's
+    config to register the plugins and failed every rechunk with that ConfigError."""
+    import dask.array as da
+    import numpy as np
+    from distributed import Client
+
+    from conftest import local_cluster
+
+    def spoil():
+        dask.config.set({"redist.memory-budgit": 1, "redist.retries": "many"})
+
+    xn = np.arange(240 * 30, dtype=float).reshape(240, 30)
+    x = da.from_array(xn, chunks=(20, 30))
+    with local_cluster(2, threads_per_worker=1) as cluster, Client(cluster) as client:
+        client.run(spoil)
+        with dask_redist.enable(engine="dask", min_bytes=0):
+            got = ((x + 1).rechunk((240, 5)) * 2).compute()
+            np.testing.assert_array_equal(got, (xn + 1) * 2)
+            assert [r["outcome"] for r in dask_redist.status(client)["history"]] == ["done"]

@@ -64,9 +64,24 @@ def dtype(text: str) -> str:
 
 
 def scheduler_address(text: str) -> str:
-    """A scheduler's address as distributed's Client takes it: ``tcp://host:8786``, ``host:8786``."""
+    """A scheduler's address as distributed's Client takes it: ``tcp://host:8786``, ``host:8786``;
+    or the scheduler file ``dask scheduler --scheduler-file`` wrote (its ``address``), as the
+    workers of a shared node or a batch job are given it."""
+    import json
+    import os
+
     from distributed.comm.addressing import parse_address, parse_host_port
 
+    if os.path.isfile(text):
+        try:
+            with open(text) as f:
+                address = json.load(f)["address"]
+        except (OSError, ValueError, TypeError, KeyError) as e:
+            raise argparse.ArgumentTypeError(
+                f"{text!r} is not a scheduler file ({type(e).__name__}: {e}): "
+                "the JSON `dask scheduler --scheduler-file` writes"
+            ) from None
+        return scheduler_address(address)
     try:
         protocol, location = parse_address(text)
         if protocol in HOST_PORT_PROTOCOLS:

@@ -159,7 +159,7 @@ def cluster_args(p: argparse.ArgumentParser, workers: int = 2):
     p.add_argument(
         "--scheduler",
         type=types.scheduler_address,
-        help="address of a running scheduler, e.g. tcp://host:8786 (default: start a local cluster)",
+        help="address of a running scheduler, e.g. tcp://host:8786, or its scheduler file (dask scheduler --scheduler-file) (default: start a local cluster)",
     )
     p.add_argument(
         "--wait-workers",

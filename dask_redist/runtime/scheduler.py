@@ -36,7 +36,7 @@ from distributed.diagnostics.plugin import SchedulerPlugin
 from distributed.protocol.pickle import dumps
 from distributed.utils import log_errors, offload
 
-from dask_redist.config import Settings
+from dask_redist.config import Settings, process_barrier_timeout
 from dask_redist.core import messages as m
 from dask_redist.core.spec import BARRIER_PREFIX, BarrierTask, CollectiveSpec, RunSpec, stage_token
 from dask_redist.engines import Request
@@ -103,7 +103,7 @@ class RedistSchedulerPlugin(SchedulerPlugin):
             scheduler.worker_plugins[self.worker_plugin.name] = plugin
             msg = {"op": "plugin-add", "plugin": plugin, "name": self.worker_plugin.name}
             self.rechunks.hold(workers := list(scheduler.workers))  # (their streams' handlers come with it)
-            answers = await ask_each(scheduler, msg, workers, Settings.from_config().barrier_timeout)
+            answers = await ask_each(scheduler, msg, workers, process_barrier_timeout())
             self.rechunks.release(
                 w for w, a in answers.items() if isinstance(a, dict) and a.get("status") == "OK"
             )
@@ -252,7 +252,7 @@ class RedistSchedulerPlugin(SchedulerPlugin):
     async def _learn(self, workers: list[str], engines: dict[str, str]) -> None:
         """Ask ``workers`` which of ``engines`` (name -> path) they can run."""
         if workers:
-            timeout = Settings.from_config().barrier_timeout  # (probing imports CuPy and nvmath: seconds)
+            timeout = process_barrier_timeout()  # (probing imports CuPy and nvmath: seconds)
             answers = await ask_each(self.scheduler, m.Capabilities(engines).to_dict(), workers, timeout)
             self.engines.learn(answers)
 

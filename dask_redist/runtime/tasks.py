@@ -22,7 +22,7 @@ from distributed import get_worker
 from distributed.protocol.pickle import dumps
 from distributed.utils import run_in_executor_with_context, set_thread_state
 
-from dask_redist.config import Settings
+from dask_redist.config import process_barrier_timeout
 from dask_redist.core.spec import CollectiveSpec, Staged
 from dask_redist.errors import RedistError
 from dask_redist.runtime.scheduler import RedistSchedulerPlugin
@@ -116,12 +116,12 @@ async def register(scheduler) -> None:
 def ensure_plugins(worker, timeout: float | None = None) -> None:
     """Register the scheduler plugin (which registers the worker plugin) once per scheduler, and
     return once the worker plugin is on ``worker`` (``timeout``: this process's
-    ``redist.timeouts.barrier`` unless given). Workers of one process (``processes=False``)
+    ``redist.timeouts.barrier`` unless given, `process_barrier_timeout`). Workers of one process (``processes=False``)
     share the registration, not the worker plugin: each waits for its own."""
     address = worker.scheduler.address
     if address in _registered and RedistWorkerPlugin.name in worker.plugins:
         return
-    timeout = Settings.from_config().barrier_timeout if timeout is None else timeout
+    timeout = process_barrier_timeout() if timeout is None else timeout
 
     async def register_here():
         await register(worker.scheduler)
