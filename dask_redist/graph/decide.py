@@ -295,7 +295,7 @@ def held_in_memory(scheduler, d: Decision) -> bool:
     if scheduler is None or not d.collective:
         return False
     group = scheduler.task_groups.get(d.chain.output)
-    return group is not None and group.states.get("memory", 0) == len(d.spec.output_keys())
+    return group is not None and group.states.get("memory", 0) == math.prod(d.spec.rechunk.new_grid)
 
 
 def memory_limits(limits) -> tuple[list[int], float]:

@@ -58,12 +58,13 @@ async def ask_each(scheduler, msg: dict, workers, timeout: float) -> dict:
     holding up the rest: a worker stopped with SIGSTOP held ``dask_redist.status`` until it was
     resumed when the workers were asked all in one call."""
 
+    op, kwargs = msg["op"], {k: v for k, v in msg.items() if k != "op"}
+
     async def one(worker: str):
         # not asyncio.wait_for: it returns only once the cancelled call has unwound, and a call
         # to a worker whose process is frozen need not unwind promptly
         # (and not `Scheduler.broadcast`, which logs an error for a worker just killed, which
         # the answer already says)
-        op, kwargs = msg["op"], {k: v for k, v in msg.items() if k != "op"}
         call = asyncio.ensure_future(getattr(scheduler.rpc(worker), op)(**kwargs))
         done, _ = await asyncio.wait([call], timeout=timeout)
         if not done:

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from concurrent import futures
 from collections import defaultdict
+from concurrent import futures
 from typing import Callable
 
 from distributed.protocol import to_serialize
