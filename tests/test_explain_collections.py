@@ -78,3 +78,21 @@ def test_the_headline_leads_with_what_runs(client):
     assert kept.headline().startswith("Dask's p2p rechunk: rechunk-p2p-")
     assert first[0] == "dask_redist is not enabled: this is what enable() would do"
     assert first[1].startswith("Dask's ") and "dask planned" not in "\n".join(first)
+
+
+def test_a_datasets_rechunks_name_their_variables(client):
+    """A Dataset's rechunks are told apart by the variables they carry, not by dask's names only;
+    a coordinate rechunked with them is named too, and a DataArray by its name."""
+    ds = _dataset().assign_coords(c=(("x", "y"), da.ones((64, 64), chunks=(4, 64))))
+    ds = ds.chunk({"x": 64, "y": 4})
+    with dask_redist.enable(engine="dask"):
+        by_variable = {e.variables: e for e in dask_redist.explain(ds)}
+        of_b = {e.variables: e.output for e in dask_redist.explain(ds["b"] + 1)}
+    assert sorted(by_variable) == ["a", "b", "c"], by_variable
+    assert of_b == {"b": by_variable["b"].output, "c": by_variable["c"].output}
+    text = str(dask_redist.explain(ds[["a"]]))
+    assert [line.split() for line in text.splitlines() if "variables" in line] == [
+        ["variables", "a"],
+        ["variables", "c"],
+    ]
+    assert "<th>variables</th>" in dask_redist.explain(ds)._repr_html_()

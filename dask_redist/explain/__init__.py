@@ -11,7 +11,7 @@ from dask_redist.config import DASK_RECHUNK, Settings
 from dask_redist.engines import Request, description
 from dask_redist.engines.choice import choose_engine
 from dask_redist.explain.entries import Entry, Explanation, grid
-from dask_redist.explain.found import collections, decisions, expression
+from dask_redist.explain.found import collections, decisions, expression, variables
 from dask_redist.fft import describe as fft_describe
 from dask_redist.graph.decide import memory_limits
 from dask_redist.planning import make_plan
@@ -100,9 +100,10 @@ def _explain(x, client, nworkers: int | None, settings: Settings | None) -> Expl
     if workers is not None:  # (as the scheduler decides: from the workers' memory limits)
         memory = memory_limits(w.get("memory_limit") for w in workers.values())
     decided = {d[0]: d for c in found for d in decisions(c, settings, memory, client)}  # (shared ones once)
+    named = variables(found, decided)
     for output, method, spec, reason, explicit, fused in decided.values():
         if spec is None:
-            entries.append(Entry(output, method, DASK_RECHUNK, reason))
+            entries.append(Entry(output, method, DASK_RECHUNK, reason, variables=named.get(output, "")))
             continue
         runs = "collective"
         if client is None:
@@ -139,6 +140,7 @@ def _explain(x, client, nworkers: int | None, settings: Settings | None) -> Expl
                 placement=where,
                 fused=fused if runs == "collective" else "",
                 explicit=explicit,
+                variables=named.get(output, ""),
             )
         )
     ffts = tuple(

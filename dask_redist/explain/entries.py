@@ -41,6 +41,7 @@ class Entry:
     placement: str = ""
     fused: str = ""  # the neighbouring steps the collective's tasks compute (graph.fuse)
     explicit: bool = False  # asked for by dask_redist.rechunk: runs whether or not enabled
+    variables: str = ""  # the xarray variables whose data comes through it (`found.variables`)
 
     def headline(self) -> str:
         """What runs, first: the collective (on which engine), Dask's rechunk, or a refusal."""
@@ -53,6 +54,7 @@ class Entry:
     def as_dict(self) -> dict:
         return {
             "rechunk": self.output,
+            "variables": self.variables,
             "runs as": self.runs,
             "Dask's method": self.method,
             "why": self.reason,

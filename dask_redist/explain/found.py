@@ -137,3 +137,37 @@ def collections(x) -> list | str:
 def _listed(item) -> list:
     found = collections(item)
     return [] if isinstance(found, str) else found
+
+
+def variables(found: list, outputs) -> dict[str, str]:
+    """For each of ``outputs`` (rechunks' output names) that an xarray object in ``found`` makes:
+    the names of its variables (coordinates too) whose data comes through that rechunk, as a
+    user knows them (a Dataset's rechunks are otherwise told apart by dask's names only)."""
+    outputs = set(outputs)
+    named: dict[str, set] = {}
+    for c in found:
+        for name, variable in _named_variables(c):
+            for output in outputs & _layer_names(variable.data):
+                named.setdefault(output, set()).add(str(name))
+    return {output: ", ".join(sorted(names)) for output, names in named.items()}
+
+
+def _named_variables(x) -> list:
+    if not type(x).__module__.startswith("xarray."):  # (a Delayed answers any attribute)
+        return []
+    if hasattr(x, "data_vars"):  # (a Dataset)
+        return list(x.variables.items())
+    own = [(x.name, x.variable)] if x.name is not None else []
+    return own + list(x.coords.variables.items())
+
+
+def _layer_names(data) -> set:
+    """The names of the layers (of the expressions, in expression mode) that make ``data``."""
+    from dask.base import is_dask_collection
+
+    if not is_dask_collection(data):
+        return set()
+    expr = expression(data)
+    if expr is not None:
+        return {node._name for node in expr.walk()}
+    return set(data.__dask_graph__().layers)
