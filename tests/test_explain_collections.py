@@ -96,3 +96,16 @@ def test_a_datasets_rechunks_name_their_variables(client):
         ["variables", "c"],
     ]
     assert "<th>variables</th>" in dask_redist.explain(ds)._repr_html_()
+
+
+def test_without_a_client_it_says_what_a_client_would_run():
+    """Without a Client Dask's rechunk runs; the engine, mapping and placement lines are what the
+    collective would do with one, and the reason says so (not a cluster that is there)."""
+    x = da.ones((64, 64), chunks=(4, 64))
+    with dask_redist.enable(engine="dask"):
+        (entry,) = dask_redist.explain(x.rechunk((64, 4)), nworkers=3)
+    assert entry.runs == "dask-rechunk" and entry.engine == "dask"
+    assert entry.reason.endswith(
+        "what the collective would do with a Client of 3 workers that can run every engine"
+    )
+    assert entry.placement == "assumed: contiguous blocks over 3 workers"

@@ -108,7 +108,8 @@ def _explain(x, client, nworkers: int | None, settings: Settings | None) -> Expl
         runs = "collective"
         if client is None:
             reason, runs = (
-                "eligible, but no distributed Client: dask's rechunk runs on local schedulers",
+                "eligible, but no distributed Client: dask's rechunk runs on local schedulers; below, what "
+                f"the collective would do with a Client of {nworkers} workers that can run every engine",
                 DASK_RECHUNK,
             )
         elif not enabled and not explicit:
