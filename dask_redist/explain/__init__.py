@@ -30,10 +30,10 @@ def _holders(keys, dask_scheduler=None):
 
 def _placement(spec, client, nworkers: int) -> tuple[np.ndarray, str]:
     """Rank of each input chunk: where it is if persisted, else contiguous blocks over the workers."""
-    grid = spec.rechunk.old_grid
-    n = math.prod(grid)
+    old_grid = spec.rechunk.old_grid
+    n = math.prod(old_grid)
     if client is not None:
-        keys = [(spec.input_name, *i) for i in np.ndindex(*grid)]
+        keys = [(spec.input_name, *i) for i in np.ndindex(*old_grid)]
         where = client.run_on_scheduler(_holders, keys)
         if where is not None:
             workers = sorted(worker_info(client))

@@ -5,7 +5,14 @@ from __future__ import annotations
 
 from dask_redist.config import Settings
 from dask_redist.errors import a_kind_of, is_xarray, type_name
-from dask_redist.graph.decide import decide, find_rechunks, held_by_dask, held_in_memory, is_rechunk_layer
+from dask_redist.graph.decide import (
+    decide,
+    find_rechunks,
+    held_by_dask,
+    held_in_memory,
+    is_rechunk_layer,
+    kept_for_method,
+)
 from dask_redist.graph.optimize import fused_neighbours
 
 
@@ -13,7 +20,6 @@ def _kept_for_method(node) -> str | None:
     """Expression mode: why dask's ``Rechunk`` given a method (``method=`` or dask's config, one
     expression either way) stays (a `CollectiveRechunk` took it)."""
     from dask_redist.graph.expr import CollectiveRechunk
-    from dask_redist.graph.decide import kept_for_method
 
     return None if isinstance(node, CollectiveRechunk) else kept_for_method(node.method, None)
 
