@@ -383,8 +383,8 @@ class RedistSchedulerPlugin(SchedulerPlugin):
     def log_event(self, topic: str, msg) -> None:
         if topic == m.StageDone.op and isinstance(msg, dict):
             fields = {k: msg[k] for k in m.StageDone.__dataclass_fields__ if k in msg}
-            self.eager.staged(msg.get("worker"), m.StageDone(**fields))
-            self._start_early(fields["token"])
+            if self.eager.staged(msg.get("worker"), m.StageDone(**fields), self.scheduler.tasks):
+                self._start_early(fields["token"])
 
     def remove_worker(self, scheduler, worker: str, *, stimulus_id: str, **kwargs) -> None:
         self.engines.worker_left(worker, self.rechunks.under_way())
