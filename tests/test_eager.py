@@ -132,3 +132,26 @@ def test_an_event_for_a_stage_task_released_meanwhile_is_not_kept(state):
     event = {"worker": A, "token": TOKEN, "tail": [0], "indices": [0, 1], "chunk_type": "numpy"}
     plugin.log_event(m.StageDone.op, event)
     assert (key in plugin.eager._staged) == (state == "processing")
+
+
+def test_the_scheduler_keeps_no_stage_task_event_once_read(client):
+    """distributed keeps the last ``low-level-log-length`` events of every topic, and a stage task's
+    event carries the indices of its chunks (thousands, one stage task per worker: 145 kB an event
+    at 8192 chunks over 2 workers, kept for the session): the plugin drops them once read."""
+    import dask.array as da
+    import numpy as np
+    from distributed import wait
+
+    import dask_redist
+
+    x = da.random.default_rng(4).random((24, 12, 10), chunks=(2, 12, 10)).persist()
+    wait(x)
+    with dask_redist.enable(engine="dask", min_bytes=0):
+        y = x.rechunk((24, 2, 10)).persist()
+        wait(y)
+    np.testing.assert_array_equal(y.compute(), x.compute())
+    assert client.run_on_scheduler(_stage_done_events) == 0
+
+
+def _stage_done_events(dask_scheduler=None) -> int:
+    return len(dask_scheduler.get_events(m.StageDone.op))

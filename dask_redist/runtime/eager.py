@@ -86,3 +86,13 @@ class EagerStarts:
 def _log_failure(future: asyncio.Future) -> None:
     if not future.cancelled() and (e := future.exception()) is not None:
         logger.error("starting a run before its barrier task asked failed", exc_info=e)
+
+
+def forget_events(scheduler, topic: str) -> None:
+    """Drop the events of ``topic`` that ``scheduler`` keeps, once read: distributed keeps the last
+    ``distributed.admin.low-level-log-length`` of every topic for the session, and a stage task's
+    event carries the indices of its chunks (thousands, with one stage task per worker).
+    ``Scheduler._broker`` is private: where it is missing, they stay."""
+    truncate = getattr(getattr(scheduler, "_broker", None), "truncate", None)
+    if truncate is not None:
+        truncate(topic)
