@@ -203,7 +203,8 @@ class AllgatherReply(TypedDict, total=False):
 @dataclass(frozen=True)
 class Event(Message):
     """Not a call: an event on the worker's batched stream, its ``op`` the topic, taken by the
-    scheduler plugin's ``log_event`` (and kept in the scheduler's event log, like any event)."""
+    scheduler plugin's ``log_event``, which drops it from the scheduler's event log once read
+    (`dask_redist.runtime.eager.forget_events`)."""
 
     def send(self, worker) -> None:
         """From ``worker`` (a Worker; from any thread), behind what its stream already carries."""

@@ -32,9 +32,15 @@ class EagerStarts:
         self._staged: dict = {}  # stage key -> (worker, indices, chunk type)
         self._started: dict = {}  # token -> (barrier TaskState, future of the barrier's reply)
 
-    def staged(self, worker: str, event: m.StageDone) -> None:
+    def staged(self, worker: str, event: m.StageDone, tasks) -> bool:
+        """Keep what a stage task staged, unless its task (in ``tasks``, the scheduler's) is no
+        longer processing: released meanwhile (a cancel), its result is ignored and nothing would
+        drop the event."""
         key = (STAGE_PREFIX + event.token, *event.tail)
+        if (ts := tasks.get(key)) is None or ts.state != "processing":
+            return False
         self._staged[key] = (worker, list(event.indices), event.chunk_type)
+        return True
 
     def dropped(self, stage_key) -> None:
         """The stage key left memory (its chunks are dropped)."""
@@ -80,3 +86,13 @@ class EagerStarts:
 def _log_failure(future: asyncio.Future) -> None:
     if not future.cancelled() and (e := future.exception()) is not None:
         logger.error("starting a run before its barrier task asked failed", exc_info=e)
+
+
+def forget_events(scheduler, topic: str) -> None:
+    """Drop the events of ``topic`` that ``scheduler`` keeps, once read: distributed keeps the last
+    ``distributed.admin.low-level-log-length`` of every topic for the session, and a stage task's
+    event carries the indices of its chunks (thousands, with one stage task per worker).
+    ``Scheduler._broker`` is private: where it is missing, they stay."""
+    truncate = getattr(getattr(scheduler, "_broker", None), "truncate", None)
+    if truncate is not None:
+        truncate(topic)

@@ -43,7 +43,7 @@ from dask_redist.engines import Request
 from dask_redist.engines.choice import EngineSelector, fft_engines
 from dask_redist.errors import FAILURES
 from dask_redist.runtime import collective, ordering
-from dask_redist.runtime.eager import EagerStarts
+from dask_redist.runtime.eager import EagerStarts, forget_events
 from dask_redist.runtime.lifecycle import Rechunks
 from dask_redist.planning import PlanError
 from dask_redist.planning.memory import over_memory, pause_fraction
@@ -383,8 +383,9 @@ class RedistSchedulerPlugin(SchedulerPlugin):
     def log_event(self, topic: str, msg) -> None:
         if topic == m.StageDone.op and isinstance(msg, dict):
             fields = {k: msg[k] for k in m.StageDone.__dataclass_fields__ if k in msg}
-            self.eager.staged(msg.get("worker"), m.StageDone(**fields))
-            self._start_early(fields["token"])
+            if self.eager.staged(msg.get("worker"), m.StageDone(**fields), self.scheduler.tasks):
+                self._start_early(fields["token"])
+            forget_events(self.scheduler, topic)
 
     def remove_worker(self, scheduler, worker: str, *, stimulus_id: str, **kwargs) -> None:
         self.engines.worker_left(worker, self.rechunks.under_way())
