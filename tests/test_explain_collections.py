@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import dask_redist
+from conftest import runs_since, scheduler_history
 
 xr = pytest.importorskip("xarray")
 
@@ -27,6 +28,35 @@ def test_explain_takes_xarray_objects_delayed_and_lists(client):
         listed = dask_redist.explain([ds["a"].data, {"b": ds["b"]}, 3, ds["a"]])
         assert sorted(e.output for e in listed) == sorted(e.output for e in both)  # (each rechunk once)
         assert float(ds["a"].sum().compute()) == 64 * 64
+
+
+def test_a_list_is_explained_as_dask_compute_takes_it(client):
+    """``dask.compute(a, b)`` rewrites the graphs of a list's arrays as one: a rechunk both need
+    runs once, a consumer is fused into its unpack tasks only where nothing else needs its output,
+    and two rechunks sharing Dask's pre-chunking step run it as a collective of its own.
+    ``explain`` of the list says what that graph runs, as it does for a Dataset's variables."""
+    a = np.arange(64 * 48.0).reshape(64, 48)
+    b = np.arange(96 * 20 * 16.0).reshape(96, 20, 16)
+    with dask_redist.enable(engine="dask", min_bytes=0):
+        y = (da.from_array(a, chunks=(8, 48)) * 2).rechunk((64, 6))
+        (alone,) = dask_redist.explain((y**2).sum(axis=0))
+        assert "unpack tasks compute sum-" in alone.fused, alone
+        outs = [y + 1, (y**2).sum(axis=0)]
+        (together,) = dask_redist.explain(outs)
+        assert "unpack tasks" not in together.fused, together
+        x = xr.DataArray(b, dims=("t", "y", "x")).chunk({"t": 8})
+        two = [x.chunk({"t": -1, "y": 5, "x": 4}), x.chunk({"t": -1, "y": 1})]
+        explained = dask_redist.explain(two)
+        before = scheduler_history(client)
+        plus, total = dask.compute(*outs)
+        assert len(runs_since(client, before)) == 1
+        first, second = dask.compute(*two)
+    np.testing.assert_array_equal(plus, 2 * a + 1)
+    np.testing.assert_array_equal(total, ((2 * a) ** 2).sum(axis=0))
+    np.testing.assert_array_equal(first.values, b)
+    np.testing.assert_array_equal(second.values, b)
+    ran = runs_since(client, before)[1:]
+    assert len(explained) == len(ran) and all(e.runs == "collective" for e in explained), (explained, ran)
 
 
 def test_a_delayed_built_on_a_rechunk_says_dasks_rechunk_runs_and_why(client):

@@ -66,6 +66,31 @@ def fused_neighbours(hlg: HighLevelGraph, decisions: list[Decision], keys, held=
     return out
 
 
+class ComputedTogether:
+    """Collections ``dask.compute(*group)`` rewrites as one graph: their graphs merged, their keys
+    asked for together (a rechunk two of them need runs once, and no consumer is fused into it
+    that another needs the output beside), read by `explain` as one collection."""
+
+    def __init__(self, group: list):
+        self.group = group
+
+    def __dask_graph__(self) -> HighLevelGraph:
+        return HighLevelGraph.merge(*(c.__dask_graph__() for c in self.group))
+
+    def __dask_keys__(self) -> list:
+        return [c.__dask_keys__() for c in self.group]
+
+
+def computed_together(collections: list, expression=lambda c: None) -> list:
+    """``collections`` as ``dask.compute`` optimizes them: those of graphs (not ``expression``s)
+    with one ``__dask_optimize__`` as one `ComputedTogether`, the rest as they are."""
+    groups: dict = {}
+    for i, c in enumerate(collections):
+        together = expression(c) is None and isinstance(c.__dask_graph__(), HighLevelGraph)
+        groups.setdefault(getattr(c, "__dask_optimize__", None) if together else ("alone", i), []).append(c)
+    return [g[0] if len(g) == 1 else ComputedTogether(g) for g in groups.values()]
+
+
 #: `Decision.method` of a collective built before its graph reached the scheduler
 BUILT = "built as a collective"
 
