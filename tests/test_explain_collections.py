@@ -32,9 +32,9 @@ def test_explain_takes_xarray_objects_delayed_and_lists(client):
 
 def test_a_list_is_explained_as_dask_compute_takes_it(client):
     """``dask.compute(a, b)`` rewrites the graphs of a list's arrays as one: a rechunk both need
-    runs once, a consumer is fused into its unpack tasks only where nothing else needs its output,
-    and two rechunks sharing Dask's pre-chunking step run it as a collective of its own.
-    ``explain`` of the list says what that graph runs, as it does for a Dataset's variables."""
+    runs once, and a consumer is fused into its unpack tasks only where nothing else needs its
+    output. ``explain`` of the list says what that graph runs, as it does for a Dataset's
+    variables (two rechunks sharing Dask's pre-chunking step: two collectives, as run)."""
     a = np.arange(64 * 48.0).reshape(64, 48)
     b = np.arange(96 * 20 * 16.0).reshape(96, 20, 16)
     with dask_redist.enable(engine="dask", min_bytes=0):

@@ -68,18 +68,26 @@ class Decision:
 
 
 def find_rechunks(hlg: HighLevelGraph, requested: set[str] = frozenset()) -> list[RechunkChain]:
-    """Maximal chains of rechunk layers; a layer someone else needs ends a chain."""
+    """Maximal chains of rechunk layers; a layer someone else needs ends a chain. A step only
+    rechunks need (Dask's p2p pre-chunking of two rechunks of one array) is in each of their
+    chains: each is one collective from its source, not one more for the step."""
     dependents = hlg.dependents
     deps = hlg.dependencies
 
     def rechunk(name) -> bool:
         return is_rechunk_layer(name, hlg.layers.get(name))
 
-    def absorbed(name):  # an intermediate step of a longer chain
+    def step(name) -> bool:  # a rechunk layer whose chain goes on through its one input
+        return (
+            rechunk(name)
+            and len(deps.get(name, ())) == 1
+            and not isinstance(hlg.layers[name], CollectiveLayer)
+        )
+
+    def absorbed(name):  # an intermediate step of a longer chain (or of several)
         after = dependents.get(name, set())
         return (
-            len(after) == 1
-            and rechunk(next(iter(after)))
+            (len(after) == 1 and rechunk(next(iter(after))) or len(after) > 1 and all(map(step, after)))
             and name not in requested
             and bool(deps.get(name))  # (a layer of data, e.g. a persisted rechunk's, is a source)
         )

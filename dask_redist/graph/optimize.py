@@ -133,25 +133,34 @@ def rewrite(
     # a consumer some collective's unpack tasks compute already (one of two rechunks it adds up)
     # and an output the scheduler holds in memory (then nothing is fused into its unpack tasks)
     taken = {d.chain.source for d in decisions if d.collective} | held
+    kept = {name for d in decisions if not d.collective for name in d.chain.layers}  # (steps shared)
     for i, d in enumerate(decisions):
         if d.collective:
             fuse = only is None and settings.fuse
             decisions[i] = _replace_chain(
-                hlg, layers, deps, d, requested, taken if fuse else None, only is not None
+                hlg, layers, deps, d, requested, taken if fuse else None, only is not None, kept
             )
     return HighLevelGraph(layers, deps), decisions
 
 
 def _replace_chain(
-    hlg, layers: dict, deps: dict, d: Decision, requested: set, taken: set | None, explicit: bool = False
+    hlg,
+    layers: dict,
+    deps: dict,
+    d: Decision,
+    requested: set,
+    taken: set | None,
+    explicit: bool = False,
+    kept=frozenset(),
 ) -> Decision:
     """Put the collective of ``d`` in place of its chain in ``layers`` and ``deps`` (``hlg``'s, changed
     in place), fused with its neighbours unless ``taken`` is None (layers no unpack tasks may
     compute; the consumer it fuses is added); the decision, with the spec it ran. ``explicit``:
-    `dask_redist.rechunk`'s, whose layer keeps its decision for ``explain``."""
-    for name in d.chain.layers[:-1]:
-        del layers[name]
-        del deps[name]
+    `dask_redist.rechunk`'s, whose layer keeps its decision for ``explain``. ``kept``: steps of
+    chains that keep Dask's rechunk (a step two chains share stays for the other)."""
+    for name in set(d.chain.layers[:-1]) - set(kept):
+        layers.pop(name, None)  # (a step shared with another collective's chain: gone already)
+        deps.pop(name, None)
     out, source = d.chain.output, d.chain.source
     consumers = None if taken is None else fusable_consumers(hlg, out, d.spec.output_keys(), requested, taken)
     if consumers is not None:
