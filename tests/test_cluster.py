@@ -318,6 +318,16 @@ def test_chunks_of_another_type_fail_clearly(client, enabled):
         odd.rechunk((8, 2)).compute()
 
 
+def test_chunks_mapped_from_files_are_numpy_chunks(client, enabled, tmp_path):
+    """``da.from_npy_stack`` (``np.load(mmap_mode="r")``) gives ``numpy.memmap`` chunks under NumPy
+    metadata: NumPy arrays on a file, rechunked as Dask does (they failed the chunk-type check)."""
+    a = np.arange(16 * 12.0).reshape(16, 12)
+    da.to_npy_stack(str(tmp_path), da.from_array(a, chunks=(4, 12)), axis=0)
+    x = da.from_npy_stack(str(tmp_path))
+    np.testing.assert_array_equal(x.rechunk((16, 3)).compute(), a)
+    np.testing.assert_array_equal((x.rechunk((16, 3)) + 1).sum(axis=0).compute(), (a + 1).sum(axis=0))
+
+
 def test_cufftmp_asked_for_where_it_cannot_run_says_why(client):
     """redist.engine=cufftmp on workers without GPUs: refused at submission, in words about the
     cluster, not a bare import error (tests/test_unrunnable_engine.py); NumPy chunks of a dtype
