@@ -20,7 +20,7 @@ from dask_redist.engines.choice import choose_engine
 from dask_redist.fft import describe as fft_describe
 from dask_redist.graph.decide import decide, find_rechunks, held_by_dask, is_rechunk_layer, memory_limits
 from dask_redist.graph.decide import held_in_memory
-from dask_redist.graph.optimize import computed_together, fused_neighbours
+from dask_redist.graph.optimize import as_delayed_runs, computed_together, fused_neighbours
 from dask_redist.planning import make_plan
 
 
@@ -215,7 +215,9 @@ def _decisions(
                 out.append((node._name, node.method or "auto", spec, why, False, ""))
         return out
     graph = x.__dask_graph__()
-    decisions = [decide(graph, chain, settings, memory=memory) for chain in find_rechunks(graph, _names(x))]
+    decisions = as_delayed_runs(
+        x, [decide(graph, c, settings, memory=memory) for c in find_rechunks(graph, _names(x))]
+    )
     held = set()  # (outputs the scheduler holds in memory: nothing is fused into them)
     if client is not None and any(d.collective for d in decisions):
         decisions, held = client.run_on_scheduler(_held_by_dask, decisions)

@@ -73,6 +73,22 @@ def test_a_delayed_built_on_a_rechunk_says_dasks_rechunk_runs_and_why(client):
         assert delayed.compute() == 64 * 64
 
 
+def test_a_delayed_holding_the_arrays_rechunk_says_dasks_rechunk_runs(client):
+    """``to_delayed(optimize_graph=False)`` keeps the array's rechunk layers in a Delayed's graph,
+    which dask.delayed's optimizer computes, never the rewrite: explain says Dask's rechunk runs
+    (it said the collective)."""
+    a = np.arange(64 * 48.0).reshape(64, 48)
+    with dask_redist.enable(engine="dask", min_bytes=0):
+        y = da.from_array(a, chunks=(8, 48)).rechunk((64, 6))
+        block = y.to_delayed(optimize_graph=False)[0, 0]
+        (entry,) = dask_redist.explain(block)
+        before = scheduler_history(client)
+        np.testing.assert_array_equal(block.compute(), a[:, :6])
+        assert dask_redist.explain(y)[0].runs == "collective"
+    assert runs_since(client, before) == []
+    assert entry.runs == "dask-rechunk" and "Delayed" in entry.reason, entry
+
+
 @pytest.mark.parametrize(
     "thing, says",
     [

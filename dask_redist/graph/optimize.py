@@ -91,6 +91,24 @@ def computed_together(collections: list, expression=lambda c: None) -> list:
     return [g[0] if len(g) == 1 else ComputedTogether(g) for g in groups.values()]
 
 
+#: Why a rechunk in a Delayed's graph keeps Dask's rechunk (`as_delayed_runs`).
+IN_A_DELAYED = (
+    "this rechunk is in a Delayed's graph (array.to_delayed(optimize_graph=False)), which "
+    "dask.delayed's optimizer computes, never dask-redist's rewrite: Dask's rechunk runs. Compute "
+    "the array itself, or persist the rechunked array first and build on that"
+)
+
+
+def as_delayed_runs(x, decisions: list[Decision]) -> list[Decision]:
+    """``decisions`` of ``x``'s graph as they run: in a ``Delayed``'s graph (whose optimizer is
+    dask.delayed's, which does not call ``array_optimize``) every rechunk keeps Dask's."""
+    from dask.delayed import Delayed
+
+    if not isinstance(x, Delayed):
+        return decisions
+    return [replace(d, spec=None, reason=IN_A_DELAYED) if d.collective else d for d in decisions]
+
+
 #: `Decision.method` of a collective built before its graph reached the scheduler
 BUILT = "built as a collective"
 
