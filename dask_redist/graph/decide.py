@@ -188,7 +188,9 @@ def collective_spec(
         if not explicit:
             return None, below
         estimated = f"{EXPLICIT}; without it Dask's rechunk would run: {below}"
-    token = tokenize(output_name, settings)  # (other settings, other stage and barrier keys: a fresh run)
+    # (other settings, or another input (w = x.rechunk(a).rechunk(b), then w beside x.rechunk(a)):
+    # other stage and barrier keys, a fresh run)
+    token = tokenize(output_name, input_name, rechunk.old, settings)
     spec = CollectiveSpec(token, input_name, output_name, rechunk, dtype, settings, chunk_type)
     reason = (
         f"eligible; chunks converted to {chunk_type} when staged (redist.output-type)"
