@@ -144,6 +144,37 @@ def test_a_persisted_rechunk_rechunked_again_is_a_collective(client, enabled):
     assert runs_done(client) - before == 2
 
 
+def test_one_output_rechunked_from_another_input_gets_keys_of_its_own():
+    """``w = x.rechunk(a).rechunk(b)`` persisted runs one collective from ``x``; ``w`` asked for
+    again beside ``y = x.rechunk(a)`` is a collective from ``y``. Their stage and barrier keys
+    were the same (a token of the output alone): the scheduler failed the graph ("invalid entry
+    in coordinates array": the earlier grouping of ``x``'s chunks reused for ``y``'s) and the
+    computation was cancelled ("lost dependencies"). (Distributed still warns of ``w``'s own
+    keys, held in memory with the first collective's task behind them: a cluster of its own.)"""
+    from distributed import Client
+
+    a = data_for((96, 20, 16), "float64")
+    with local_cluster(2, processes=False) as cluster, Client(cluster) as c:
+        before = _warned_of_keys(c, "('redist-stage-", "'redist-barrier-")
+        with dask_redist.enable(engine="dask", min_bytes=0):
+            y = da.from_array(a, chunks=(8, 20, 16)).rechunk((48, 20, 4))
+            w = y.rechunk((96, 5, 4))
+            first = c.persist(w)
+            wait(first)
+            plus, again = dask.compute(w + 1, y)
+            np.testing.assert_array_equal(first.compute(), a)
+        np.testing.assert_array_equal(plus, a + 1)
+        np.testing.assert_array_equal(again, a)
+        assert _warned_of_keys(c, "('redist-stage-", "'redist-barrier-") == before
+
+
+def _warned_of_keys(client, *starts) -> int:
+    """How many of the scheduler logs' lines (the process's: every in-process scheduler's) warn
+    of a key given two tasks, a key starting with one of ``starts`` (all keys without)."""
+    lines = [m for _, m in client.get_scheduler_logs(n=10_000) if "Detected different `run_spec`" in m]
+    return sum(not starts or any(f"for key {s}" in m for s in starts) for m in lines)
+
+
 def test_sizes_from_compute_chunk_sizes(client, enabled):
     """The fix dask (and explain) suggests for unknown chunk sizes makes the rechunk a collective."""
     a = data_for((400, 6), "float64")
@@ -181,6 +212,7 @@ def test_a_resubmission_while_the_first_runs_keeps_its_tasks(client, enabled):
     """The same rechunk submitted again while the first submission is in flight, now with its
     input wanted too (so not inlined if it were new): its keys get the same tasks as before."""
     expected = data_for((48, 40), "float64", seed=5)
+    warned = _warned_of_keys(client)  # (the process's schedulers log to one place: count anew)
     x = da.from_array(expected, chunks=(4, 40)).map_blocks(lambda b: time.sleep(0.1) or b)
     first = x.rechunk((48, 4)).persist()
     got, again = dask.compute(x, x.rechunk((48, 4)))
@@ -188,8 +220,7 @@ def test_a_resubmission_while_the_first_runs_keeps_its_tasks(client, enabled):
     np.testing.assert_array_equal(got, expected)
     np.testing.assert_array_equal(again, expected)
     np.testing.assert_array_equal(first.compute(), expected)
-    logs = "\n".join(line for _, line in client.get_scheduler_logs(n=200))
-    assert "Detected different `run_spec`" not in logs, logs[-2000:]
+    assert _warned_of_keys(client) == warned
 
 
 def test_only_needed_outputs_are_moved(client, enabled):
@@ -316,6 +347,16 @@ def test_chunks_of_another_type_fail_clearly(client, enabled):
     odd = x.map_blocks(lambda b: np.ma.masked_array(b), dtype=float, meta=np.empty((0, 0)))
     with pytest.raises(TypeError, match="NumPy or CuPy"):
         odd.rechunk((8, 2)).compute()
+
+
+def test_chunks_mapped_from_files_are_numpy_chunks(client, enabled, tmp_path):
+    """``da.from_npy_stack`` (``np.load(mmap_mode="r")``) gives ``numpy.memmap`` chunks under NumPy
+    metadata: NumPy arrays on a file, rechunked as Dask does (they failed the chunk-type check)."""
+    a = np.arange(16 * 12.0).reshape(16, 12)
+    da.to_npy_stack(str(tmp_path), da.from_array(a, chunks=(4, 12)), axis=0)
+    x = da.from_npy_stack(str(tmp_path))
+    np.testing.assert_array_equal(x.rechunk((16, 3)).compute(), a)
+    np.testing.assert_array_equal((x.rechunk((16, 3)) + 1).sum(axis=0).compute(), (a + 1).sum(axis=0))
 
 
 def test_cufftmp_asked_for_where_it_cannot_run_says_why(client):

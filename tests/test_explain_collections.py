@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import dask_redist
+from conftest import runs_since, scheduler_history
 
 xr = pytest.importorskip("xarray")
 
@@ -29,6 +30,35 @@ def test_explain_takes_xarray_objects_delayed_and_lists(client):
         assert float(ds["a"].sum().compute()) == 64 * 64
 
 
+def test_a_list_is_explained_as_dask_compute_takes_it(client):
+    """``dask.compute(a, b)`` rewrites the graphs of a list's arrays as one: a rechunk both need
+    runs once, and a consumer is fused into its unpack tasks only where nothing else needs its
+    output. ``explain`` of the list says what that graph runs, as it does for a Dataset's
+    variables (two rechunks sharing Dask's pre-chunking step: two collectives, as run)."""
+    a = np.arange(64 * 48.0).reshape(64, 48)
+    b = np.arange(96 * 20 * 16.0).reshape(96, 20, 16)
+    with dask_redist.enable(engine="dask", min_bytes=0):
+        y = (da.from_array(a, chunks=(8, 48)) * 2).rechunk((64, 6))
+        (alone,) = dask_redist.explain((y**2).sum(axis=0))
+        assert "unpack tasks compute sum-" in alone.fused, alone
+        outs = [y + 1, (y**2).sum(axis=0)]
+        (together,) = dask_redist.explain(outs)
+        assert "unpack tasks" not in together.fused, together
+        x = xr.DataArray(b, dims=("t", "y", "x")).chunk({"t": 8})
+        two = [x.chunk({"t": -1, "y": 5, "x": 4}), x.chunk({"t": -1, "y": 1})]
+        explained = dask_redist.explain(two)
+        before = scheduler_history(client)
+        plus, total = dask.compute(*outs)
+        assert len(runs_since(client, before)) == 1
+        first, second = dask.compute(*two)
+    np.testing.assert_array_equal(plus, 2 * a + 1)
+    np.testing.assert_array_equal(total, ((2 * a) ** 2).sum(axis=0))
+    np.testing.assert_array_equal(first.values, b)
+    np.testing.assert_array_equal(second.values, b)
+    ran = runs_since(client, before)[1:]
+    assert len(explained) == len(ran) and all(e.runs == "collective" for e in explained), (explained, ran)
+
+
 def test_a_delayed_built_on_a_rechunk_says_dasks_rechunk_runs_and_why(client):
     """dask makes an array's graph tasks when a Delayed is built on it: no rewrite can find the
     rechunk there, and explain says so, with what to do instead."""
@@ -41,6 +71,22 @@ def test_a_delayed_built_on_a_rechunk_says_dasks_rechunk_runs_and_why(client):
         persisted = _dataset()["a"].data.persist()
         assert dask_redist.explain(dask.delayed(np.sum)(persisted)).entries == ()
         assert delayed.compute() == 64 * 64
+
+
+def test_a_delayed_holding_the_arrays_rechunk_says_dasks_rechunk_runs(client):
+    """``to_delayed(optimize_graph=False)`` keeps the array's rechunk layers in a Delayed's graph,
+    which dask.delayed's optimizer computes, never the rewrite: explain says Dask's rechunk runs
+    (it said the collective)."""
+    a = np.arange(64 * 48.0).reshape(64, 48)
+    with dask_redist.enable(engine="dask", min_bytes=0):
+        y = da.from_array(a, chunks=(8, 48)).rechunk((64, 6))
+        block = y.to_delayed(optimize_graph=False)[0, 0]
+        (entry,) = dask_redist.explain(block)
+        before = scheduler_history(client)
+        np.testing.assert_array_equal(block.compute(), a[:, :6])
+        assert dask_redist.explain(y)[0].runs == "collective"
+    assert runs_since(client, before) == []
+    assert entry.runs == "dask-rechunk" and "Delayed" in entry.reason, entry
 
 
 @pytest.mark.parametrize(

@@ -52,6 +52,36 @@ def test_an_intermediate_that_is_also_wanted_ends_the_chain():
     assert chain.source == x.name
 
 
+def test_an_intermediate_only_rechunks_need_joins_each_of_their_chains(client):
+    """Two rechunks of one intermediate rechunk that nothing else needs (Dask's p2p pre-chunking
+    step two rechunks of one array share; ``y = x.rechunk(a)`` with ``y.rechunk(b)`` and
+    ``y.rechunk(c)`` computed together) are two collectives from ``x``, not a third for ``y``
+    (which moved every byte once more); where one of them keeps Dask's rechunk, ``y`` stays."""
+    from conftest import runs_since, scheduler_history
+
+    a = np.arange(16 * 16.0).reshape(16, 16)
+    x = da.from_array(a, chunks=(4, 16))
+    y = x.rechunk((16, 4), method="tasks")
+    b, c = y.rechunk((8, 8), method="tasks"), y.rechunk((2, 16), method="tasks")
+    graph = dask.highlevelgraph.HighLevelGraph.merge(b.__dask_graph__(), c.__dask_graph__())
+    chains = find_rechunks(graph, {b.name, c.name})
+    assert sorted((ch.layers[0], ch.output) for ch in chains) == sorted([(y.name, b.name), (y.name, c.name)])
+    assert {ch.source for ch in chains} == {x.name}
+    new, decisions = rewrite(graph, [b.__dask_keys__(), c.__dask_keys__()], Settings(min_bytes=0))
+    assert all(d.collective for d in decisions) and y.name not in new.layers
+    with dask_redist.enable(engine="dask", min_bytes=0):
+        z = x.rechunk((16, 4))
+        before = scheduler_history(client)
+        got = dask.compute(z.rechunk((8, 8)), z.rechunk((2, 16)) + 1)
+        assert len(runs_since(client, before)) == 2
+        kept = z.rechunk((8, 8), method="p2p")  # (its method is respected: Dask's rechunk of z)
+        both = dask.compute(z.rechunk((2, 16)), kept)
+    np.testing.assert_array_equal(got[0], a)
+    np.testing.assert_array_equal(got[1], a + 1)
+    np.testing.assert_array_equal(both[0], a)
+    np.testing.assert_array_equal(both[1], a)
+
+
 @pytest.mark.parametrize("method", ["tasks", "p2p"])
 def test_a_rechunk_of_a_persisted_rechunk_is_found(method):
     """A persisted rechunk's layer holds data (no dependencies): the next rechunk starts from it."""

@@ -29,7 +29,11 @@ def chunk_type_of(x: Any) -> str:
 
 def converted(x: Any, to: str, what: str = "a chunk"):
     """``x`` as a ``to`` ("numpy" or "cupy") array, or as it is for "same" and for arrays of
-    other types (they fail the chunk-type check with their own name) (``redist.output-type``)."""
+    other types (they fail the chunk-type check with their own name) (``redist.output-type``).
+    A ``numpy.memmap`` (``np.load(mmap_mode=...)``'s, ``da.from_npy_stack``'s) is a NumPy array
+    on a file: a plain ``ndarray`` view of it (no copy)."""
+    if isinstance(x, np.memmap):
+        x = x.view(np.ndarray)
     chunk_type = chunk_type_of(x)
     if to == "same" or chunk_type == to or chunk_type not in ("numpy", "cupy"):
         return x

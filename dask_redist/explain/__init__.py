@@ -14,6 +14,7 @@ from dask_redist.explain.entries import Entry, Explanation, grid
 from dask_redist.explain.found import collections, decisions, expression, variables
 from dask_redist.fft import describe as fft_describe
 from dask_redist.graph.decide import memory_limits
+from dask_redist.graph.optimize import computed_together
 from dask_redist.planning import make_plan
 
 
@@ -62,7 +63,8 @@ def explain(x, *, nworkers: int | None = None, settings: Settings | None = None)
     ----------
     x : dask collection, or a list of them
         A dask array, an xarray object backed by dask, a Delayed (or a list, tuple or dict of
-        them) whose graphs hold the rechunks; anything else gets a one-sentence note.
+        them, explained as ``dask.compute`` of them rewrites their graphs: as one) whose graphs
+        hold the rechunks; anything else gets a one-sentence note.
     nworkers : int, optional
         The workers to plan for; None: the default Client's, or 2 without one.
     settings : Settings, optional
@@ -99,7 +101,8 @@ def _explain(x, client, nworkers: int | None, settings: Settings | None) -> Expl
     memory = None
     if workers is not None:  # (as the scheduler decides: from the workers' memory limits)
         memory = memory_limits(w.get("memory_limit") for w in workers.values())
-    decided = {d[0]: d for c in found for d in decisions(c, settings, memory, client)}  # (shared ones once)
+    together = computed_together(found, expression)  # (a list's arrays: one graph, as dask.compute's)
+    decided = {d[0]: d for c in together for d in decisions(c, settings, memory, client)}
     named = variables(found, decided)
     for output, method, spec, reason, explicit, fused in decided.values():
         if spec is None:

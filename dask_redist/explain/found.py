@@ -13,7 +13,7 @@ from dask_redist.graph.decide import (
     is_rechunk_layer,
     kept_for_method,
 )
-from dask_redist.graph.optimize import fused_neighbours
+from dask_redist.graph.optimize import as_delayed_runs, fused_neighbours
 
 
 def _kept_for_method(node) -> str | None:
@@ -58,7 +58,9 @@ def decisions(
                 out.append((node._name, node.method or "auto", spec, why, False, ""))
         return out
     graph = x.__dask_graph__()
-    decisions = [decide(graph, chain, settings, memory=memory) for chain in find_rechunks(graph, _names(x))]
+    decisions = as_delayed_runs(
+        x, [decide(graph, c, settings, memory=memory) for c in find_rechunks(graph, _names(x))]
+    )
     held = set()  # (outputs the scheduler holds in memory: nothing is fused into them)
     if client is not None and any(d.collective for d in decisions):
         decisions, held = client.run_on_scheduler(_held_by_dask, decisions)

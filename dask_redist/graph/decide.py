@@ -68,18 +68,26 @@ class Decision:
 
 
 def find_rechunks(hlg: HighLevelGraph, requested: set[str] = frozenset()) -> list[RechunkChain]:
-    """Maximal chains of rechunk layers; a layer someone else needs ends a chain."""
+    """Maximal chains of rechunk layers; a layer someone else needs ends a chain. A step only
+    rechunks need (Dask's p2p pre-chunking of two rechunks of one array) is in each of their
+    chains: each is one collective from its source, not one more for the step."""
     dependents = hlg.dependents
     deps = hlg.dependencies
 
     def rechunk(name) -> bool:
         return is_rechunk_layer(name, hlg.layers.get(name))
 
-    def absorbed(name):  # an intermediate step of a longer chain
+    def step(name) -> bool:  # a rechunk layer whose chain goes on through its one input
+        return (
+            rechunk(name)
+            and len(deps.get(name, ())) == 1
+            and not isinstance(hlg.layers[name], CollectiveLayer)
+        )
+
+    def absorbed(name):  # an intermediate step of a longer chain (or of several)
         after = dependents.get(name, set())
         return (
-            len(after) == 1
-            and rechunk(next(iter(after)))
+            (len(after) == 1 and rechunk(next(iter(after))) or len(after) > 1 and all(map(step, after)))
             and name not in requested
             and bool(deps.get(name))  # (a layer of data, e.g. a persisted rechunk's, is a source)
         )
@@ -180,7 +188,9 @@ def collective_spec(
         if not explicit:
             return None, below
         estimated = f"{EXPLICIT}; without it Dask's rechunk would run: {below}"
-    token = tokenize(output_name, settings)  # (other settings, other stage and barrier keys: a fresh run)
+    # (other settings, or another input (w = x.rechunk(a).rechunk(b), then w beside x.rechunk(a)):
+    # other stage and barrier keys, a fresh run)
+    token = tokenize(output_name, input_name, rechunk.old, settings)
     spec = CollectiveSpec(token, input_name, output_name, rechunk, dtype, settings, chunk_type)
     reason = (
         f"eligible; chunks converted to {chunk_type} when staged (redist.output-type)"

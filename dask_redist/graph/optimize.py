@@ -66,6 +66,49 @@ def fused_neighbours(hlg: HighLevelGraph, decisions: list[Decision], keys, held=
     return out
 
 
+class ComputedTogether:
+    """Collections ``dask.compute(*group)`` rewrites as one graph: their graphs merged, their keys
+    asked for together (a rechunk two of them need runs once, and no consumer is fused into it
+    that another needs the output beside), read by `explain` as one collection."""
+
+    def __init__(self, group: list):
+        self.group = group
+
+    def __dask_graph__(self) -> HighLevelGraph:
+        return HighLevelGraph.merge(*(c.__dask_graph__() for c in self.group))
+
+    def __dask_keys__(self) -> list:
+        return [c.__dask_keys__() for c in self.group]
+
+
+def computed_together(collections: list, expression=lambda c: None) -> list:
+    """``collections`` as ``dask.compute`` optimizes them: those of graphs (not ``expression``s)
+    with one ``__dask_optimize__`` as one `ComputedTogether`, the rest as they are."""
+    groups: dict = {}
+    for i, c in enumerate(collections):
+        together = expression(c) is None and isinstance(c.__dask_graph__(), HighLevelGraph)
+        groups.setdefault(getattr(c, "__dask_optimize__", None) if together else ("alone", i), []).append(c)
+    return [g[0] if len(g) == 1 else ComputedTogether(g) for g in groups.values()]
+
+
+#: Why a rechunk in a Delayed's graph keeps Dask's rechunk (`as_delayed_runs`).
+IN_A_DELAYED = (
+    "this rechunk is in a Delayed's graph (array.to_delayed(optimize_graph=False)), which "
+    "dask.delayed's optimizer computes, never dask-redist's rewrite: Dask's rechunk runs. Compute "
+    "the array itself, or persist the rechunked array first and build on that"
+)
+
+
+def as_delayed_runs(x, decisions: list[Decision]) -> list[Decision]:
+    """``decisions`` of ``x``'s graph as they run: in a ``Delayed``'s graph (whose optimizer is
+    dask.delayed's, which does not call ``array_optimize``) every rechunk keeps Dask's."""
+    from dask.delayed import Delayed
+
+    if not isinstance(x, Delayed):
+        return decisions
+    return [replace(d, spec=None, reason=IN_A_DELAYED) if d.collective else d for d in decisions]
+
+
 #: `Decision.method` of a collective built before its graph reached the scheduler
 BUILT = "built as a collective"
 
@@ -108,25 +151,34 @@ def rewrite(
     # a consumer some collective's unpack tasks compute already (one of two rechunks it adds up)
     # and an output the scheduler holds in memory (then nothing is fused into its unpack tasks)
     taken = {d.chain.source for d in decisions if d.collective} | held
+    kept = {name for d in decisions if not d.collective for name in d.chain.layers}  # (steps shared)
     for i, d in enumerate(decisions):
         if d.collective:
             fuse = only is None and settings.fuse
             decisions[i] = _replace_chain(
-                hlg, layers, deps, d, requested, taken if fuse else None, only is not None
+                hlg, layers, deps, d, requested, taken if fuse else None, only is not None, kept
             )
     return HighLevelGraph(layers, deps), decisions
 
 
 def _replace_chain(
-    hlg, layers: dict, deps: dict, d: Decision, requested: set, taken: set | None, explicit: bool = False
+    hlg,
+    layers: dict,
+    deps: dict,
+    d: Decision,
+    requested: set,
+    taken: set | None,
+    explicit: bool = False,
+    kept=frozenset(),
 ) -> Decision:
     """Put the collective of ``d`` in place of its chain in ``layers`` and ``deps`` (``hlg``'s, changed
     in place), fused with its neighbours unless ``taken`` is None (layers no unpack tasks may
     compute; the consumer it fuses is added); the decision, with the spec it ran. ``explicit``:
-    `dask_redist.rechunk`'s, whose layer keeps its decision for ``explain``."""
-    for name in d.chain.layers[:-1]:
-        del layers[name]
-        del deps[name]
+    `dask_redist.rechunk`'s, whose layer keeps its decision for ``explain``. ``kept``: steps of
+    chains that keep Dask's rechunk (a step two chains share stays for the other)."""
+    for name in set(d.chain.layers[:-1]) - set(kept):
+        layers.pop(name, None)  # (a step shared with another collective's chain: gone already)
+        deps.pop(name, None)
     out, source = d.chain.output, d.chain.source
     consumers = None if taken is None else fusable_consumers(hlg, out, d.spec.output_keys(), requested, taken)
     if consumers is not None:

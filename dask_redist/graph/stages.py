@@ -40,7 +40,9 @@ def inlined_inputs(
     inlines them itself.
     """
     name = chain.source
-    exclusive = name not in requested and hlg.dependents.get(name) == {chain.layers[0]}
+    exclusive = name not in requested and all(  # (nothing else needs them, nor a step shared)
+        hlg.dependents.get(n) == {after} for n, after in zip((name, *chain.layers), chain.layers)
+    )
     if not (exclusive or force) or hlg.layers[name].annotations:
         return None  # (wanted by something else, or annotated: workers, resources, retries... stay its own)
     rest = dict(hlg.layers[name])
