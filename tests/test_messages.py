@@ -274,8 +274,10 @@ def test_every_event_is_taken_by_the_scheduler_plugin():
     worker = SimpleNamespace(log_event=lambda topic, msg: sent.append((topic, msg)))
     m.StageDone("t" * 32, [3], [5, 6], "numpy").send(worker)
     (topic, msg), plugin = sent[0], plugin_with_an_active_run()
+    key = (STAGE_PREFIX + "t" * 32, 3)
+    plugin.scheduler.tasks[key] = SimpleNamespace(state="processing")  # (kept while its task runs)
     plugin.log_event(topic, {**msg, "worker": WORKERS[1]})
-    assert plugin.eager._staged == {(STAGE_PREFIX + "t" * 32, 3): (WORKERS[1], [5, 6], "numpy")}
+    assert plugin.eager._staged == {key: (WORKERS[1], [5, 6], "numpy")}
 
 
 def test_a_start_is_written_at_once_not_after_the_streams_interval():
