@@ -426,3 +426,62 @@ def test_a_fused_consumer_that_fails_once_is_retried(client, enabled, tmp_path):
     (tmp_path / "failed").unlink()
     with pytest.raises(RuntimeError, match="a failure that a retry gets past"):
         client.compute(y).result(timeout=60)  # (no retries: the user's error, as Dask's)
+
+
+def _fails_once_per_chunk(block, marks, block_info=None):
+    """``block + 1``, failing the first time it meets each chunk (``marks``: a folder, a file a
+    chunk once failed)."""
+    import os
+
+    mark = os.path.join(marks, "-".join(map(str, block_info[0]["chunk-location"])))
+    if not os.path.exists(mark):
+        open(mark, "w").close()
+        raise OSError("a failure that a retry gets past")
+    return block + 1
+
+
+def test_a_producer_under_retries_keeps_its_own_tasks(client, enabled, persisted, tmp_path):
+    """``compute(retries=2)``: Dask retries each chunk's task twice; a producer inlined into a
+    stage task of a dozen chunks had one budget for them all (2026-12-07: the user's OSError).
+    Under global retries the producer keeps its tasks; without, it runs inside the stage tasks."""
+    a, x = persisted
+    producer = x.map_blocks(_fails_once_per_chunk, str(tmp_path), dtype=float)
+    y = producer.rechunk((48, 4, 6)) * 2
+    np.testing.assert_allclose(client.compute(y, retries=2).result(timeout=60), (a + 1) * 2)
+    assert len(list(tmp_path.iterdir())) == x.npartitions  # (every chunk failed once)
+    assert not worker_leftovers(client)
+    with dask.annotate(retries=2):  # (global annotations at submission: the same)
+        y = x.map_blocks(_fails_once_per_chunk, str(tmp_path / "again"), dtype=float).rechunk((48, 4, 6))
+        (tmp_path / "again").mkdir()
+        held = client.persist(y)
+        np.testing.assert_allclose(held.compute(), a + 1)
+        del held
+    assert len(list((tmp_path / "again").iterdir())) == x.npartitions
+    y = x.map_blocks(_fails_once_per_chunk, str(tmp_path), dtype=float, name="inlined").rechunk((48, 4, 6))
+    assert dask_redist.explain(y).entries[0].fused == "stage tasks compute inlined"
+    assert "inlined" not in tasks_of(client, y)  # (no retries: the producer inside the stage tasks)
+    np.testing.assert_allclose(y.compute(), a + 1)
+
+
+def test_the_update_graph_handler_is_wrapped_once_and_shows_its_annotations():
+    import asyncio
+    import types
+
+    from dask_redist.runtime import submitted
+
+    seen = []
+
+    async def update_graph(client=None, annotations=None, **kwargs):
+        seen.append((submitted.annotations(), submitted.retried()))
+
+    scheduler = types.SimpleNamespace(stream_handlers={"update-graph": update_graph})
+    assert submitted.install(scheduler) and submitted.install(scheduler)
+    wrapped = scheduler.stream_handlers["update-graph"]
+    assert wrapped.redist_wrapped is update_graph  # (once)
+    asyncio.run(wrapped(client="c", annotations={"retries": 2}))
+    asyncio.run(wrapped(client="c"))
+    assert seen == [({"retries": 2}, True), ({}, False)]
+    assert submitted.annotations() is None and not submitted.retried()  # (outside a call)
+    assert not submitted.install(types.SimpleNamespace()) and not submitted.install(
+        types.SimpleNamespace(stream_handlers={})
+    )

@@ -39,7 +39,7 @@ from dask_redist.graph.decide import (
 from dask_redist.graph.fuse import fusable_consumers, fuse_blockwise
 from dask_redist.graph.layer import CollectiveLayer, collective_tasks
 from dask_redist.graph.stages import inlined_inputs, scheduler_in_process, stage_grouping
-from dask_redist.runtime import ordering
+from dask_redist.runtime import ordering, submitted
 
 
 def fused_neighbours(hlg: HighLevelGraph, decisions: list[Decision], keys, held=frozenset()) -> list[str]:
@@ -278,6 +278,8 @@ class CollectiveOptimizer:
     def __call__(self, dsk, keys, **kwargs):
         decisions = []
         if isinstance(dsk, HighLevelGraph) and running_on_scheduler():
+            if (scheduler := scheduler_in_process()) is not None:  # (the next graph's retries, seen)
+                submitted.install(scheduler)
             with gc_paused():
                 dsk, decisions = rewrite(dsk, keys, self.settings or Settings.from_config())
             if any(d.collective for d in decisions):

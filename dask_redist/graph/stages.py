@@ -18,6 +18,7 @@ from dask.highlevelgraph import HighLevelGraph
 
 from dask_redist.compat import DataNode, GraphNode, Task, building_graph, running_schedulers
 from dask_redist.core.spec import BARRIER_PREFIX, CollectiveSpec
+from dask_redist.runtime import submitted
 
 
 def _is_array(value) -> bool:
@@ -30,7 +31,9 @@ def inlined_inputs(
     """The tasks of the chain's input chunks, for its stage tasks to run themselves, the rest of
     their layer, and whether nothing else needs them; None where something else needs them
     (unless ``force``: an earlier submission of these keys inlined them), they are Futures
-    or aliases, or their layer is annotated. Chunks that are data (``da.from_array`` of a
+    or aliases, their layer is annotated, or the graph is submitted with ``retries``
+    (``compute(retries=2)``: `runtime.submitted`; unless ``force``), which Dask counts per
+    task: each chunk's task keeps its own. Chunks that are data (``da.from_array`` of a
     NumPy array embeds them) are carried by their stage tasks.
 
     A stage task after each input task is one more task per input chunk, and at a few
@@ -43,7 +46,7 @@ def inlined_inputs(
     exclusive = name not in requested and all(  # (nothing else needs them, nor a step shared)
         hlg.dependents.get(n) == {after} for n, after in zip((name, *chain.layers), chain.layers)
     )
-    if not (exclusive or force) or hlg.layers[name].annotations:
+    if not (exclusive or force) or hlg.layers[name].annotations or (submitted.retried() and not force):
         return None  # (wanted by something else, or annotated: workers, resources, retries... stay its own)
     rest = dict(hlg.layers[name])
     chunks = {}

@@ -42,7 +42,7 @@ from dask_redist.core.spec import BARRIER_PREFIX, BarrierTask, CollectiveSpec, R
 from dask_redist.engines import Request
 from dask_redist.engines.choice import EngineSelector, fft_engines
 from dask_redist.errors import FAILURES
-from dask_redist.runtime import collective, ordering
+from dask_redist.runtime import collective, ordering, submitted
 from dask_redist.runtime.eager import EagerStarts, forget_events
 from dask_redist.runtime.lifecycle import Rechunks
 from dask_redist.planning import PlanError
@@ -84,6 +84,7 @@ class RedistSchedulerPlugin(SchedulerPlugin):
         self.scheduler = self.rechunks.scheduler = scheduler
         self._ready = asyncio.Event()
         ordering.install()  # graphs lowered on the client (expression mode) are ordered here too
+        submitted.install(scheduler)  # compute(retries=...) keeps producers apart (graph.stages)
         scheduler.add_plugin(self, name=self.name)
         scheduler.handlers.update(
             {
