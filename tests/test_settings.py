@@ -242,6 +242,26 @@ def test_the_ranges_cover_every_integer_setting():
     assert ints == set(RANGES)
 
 
+def test_every_true_or_false_setting_is_checked_by_enable():
+    """docs/configuration.md: a value of the wrong type raises `ConfigError` naming the key, and
+    `enable()` checks the values at once; `redist.fft.gpu: "yes"` used to pass `enable()` and be
+    refused only when a transform was built (`redist.enabled` is the preload's own, checked there)."""
+    from dask_redist.config import DEFAULTS, flatten
+
+    keys = sorted(
+        k.removeprefix("redist.")
+        for k, v in flatten(DEFAULTS["redist"]).items()
+        if isinstance(v, bool) and k != "redist.enabled"
+    )
+    assert "fft.gpu" in keys and "fuse" in keys, keys
+    for key in keys:
+        *section, last = key.replace("-", "_").split(".")  # (at most two levels)
+        options = {section[0]: {last: "yes"}} if section else {last: "yes"}
+        with pytest.raises(dask_redist.ConfigError, match=rf"redist\.{key} must be true or false, got 'yes'"):
+            with dask_redist.enable(**options):
+                pass
+
+
 def test_the_cufftmp_engine_reads_and_checks_redist_nvshmem():
     """``redist.nvshmem.*`` keeps its keys, now the cufftmp engine's own section: read by it
     (`engine_settings`), checked by it when enabled, and the runtime's exit-when-stuck kept."""
