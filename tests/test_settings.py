@@ -86,6 +86,21 @@ def test_a_preload_that_cannot_enable_says_so(cluster):
     assert dask_redist.api._enabled == []
 
 
+def test_a_preload_given_an_enabled_that_is_not_true_or_false_says_so(cluster):
+    """``redist.enabled`` is true or false (docs/configuration.md); ``DASK_REDIST__ENABLED=maybe`` used
+    to turn the collective on without a word. The preload now says so and leaves it off."""
+    from distributed import Client
+
+    with dask.config.set({"distributed.client.preload": ["dask_redist.preload"], "redist.enabled": "maybe"}):
+        with pytest.warns(
+            RuntimeWarning,
+            match="could not turn the collective on: ConfigError: redist.enabled must be true or false, got 'maybe'",
+        ):
+            with Client(cluster, set_as_default=False):
+                assert not isinstance(dask.config.get("array_optimize", None), CollectiveOptimizer)
+    assert dask_redist.api._enabled == []
+
+
 def _bad_in_config(how: str, tmp_path):
     """A context in which ``redist.*`` holds a bad value, set ``how`` a user would."""
     if how == "dask.config.set":
