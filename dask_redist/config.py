@@ -355,6 +355,7 @@ class Settings:
                 f"redist.output-type must be one of {', '.join(OUTPUT_TYPES)}, got {output_type!r}"
             )
         budget = check_size("memory-budget", _get("memory-budget", config), low=1)
+        check_bool("fft.gpu", _get("fft.gpu", config))  # (read by dask_redist.fft: checked here too)
         return cls(
             engine=engine,
             engines=engines,

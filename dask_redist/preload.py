@@ -28,16 +28,19 @@ import warnings
 import dask
 
 from dask_redist.api import Enabled, disable, enable
+from dask_redist.checks import check_bool
 
 logger = logging.getLogger(__name__)
 _handles: dict[int, Enabled] = {}
 
 
 def _enable_for(client) -> None:
-    """`enable` for this Client; where that fails, a warning and an error in the log that say the
+    """`enable` for this Client, unless ``redist.enabled`` is false; where that fails (or
+    ``redist.enabled`` is not true or false), a warning and an error in the log that say the
     collective is off and why (distributed would only log "Failed to start preload")."""
     try:
-        _handles[id(client)] = enable()
+        if check_bool("enabled", dask.config.get("redist.enabled", True)):
+            _handles[id(client)] = enable()
     except Exception as e:
         message = (
             f"dask_redist.preload could not turn the collective on: {type(e).__name__}: {e}. "
@@ -51,7 +54,7 @@ async def dask_setup(dask_object) -> None:
     from distributed import Client, Scheduler
 
     if isinstance(dask_object, Client):
-        if dask.config.get("redist.enabled", True) and id(dask_object) not in _handles:
+        if id(dask_object) not in _handles:
             _enable_for(dask_object)
     elif isinstance(dask_object, Scheduler):
         from dask_redist.runtime.tasks import register

@@ -225,6 +225,8 @@ def test_the_local_cluster_has_one_worker_per_visible_gpu_unless_told(monkeypatc
 
 
 def test_gpu_without_the_gpu_packages_says_how_to_get_them(monkeypatch):
+    """How to get them as the docs install it: dask-redist is not on PyPI, so the message named
+    `pip install 'dask-redist[gpu]'`, which finds nothing; the clone's `pip install -e '.[gpu]'`."""
     import importlib.util
 
     from dask_redist.cli.clusters import gpu_packages
@@ -232,7 +234,7 @@ def test_gpu_without_the_gpu_packages_says_how_to_get_them(monkeypatch):
     installed = {"cupy"}
     monkeypatch.setattr(importlib.util, "find_spec", lambda m, *a: object() if m in installed else None)
     with pytest.raises(
-        SystemExit, match=r"and dask_cuda is not installed here: pip install 'dask-redist\[gpu\]'"
+        SystemExit, match=r"and dask_cuda is not installed here: pip install -e '\.\[gpu\]' in the clone"
     ):
         gpu_packages()
     installed.clear()

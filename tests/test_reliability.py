@@ -1092,3 +1092,16 @@ def _short_drain(dask_worker):
     from dask_redist.engines import rounds
 
     rounds.DRAIN_S = 0.5
+
+
+def test_bootstrap_without_cupy_says_what_it_needs(client):
+    """docs/quickstart.md's `dask_redist.bootstrap(client)` is for GPU workers; run where CuPy cannot be
+    imported (a CPU machine) it raised a bare ``ModuleNotFoundError: No module named 'cupy'`` from
+    inside the engine; now an `EngineUnavailableError` saying what bootstrap needs."""
+    import importlib.util
+
+    if importlib.util.find_spec("cupy") is not None:
+        pytest.skip("CuPy is installed here")
+    with pytest.raises(dask_redist.errors.EngineUnavailableError, match=r"CuPy.*\[gpu\] extra") as info:
+        dask_redist.bootstrap(client)
+    assert "cufftmp" in str(info.value) and "dask-redist doctor" in str(info.value), str(info.value)

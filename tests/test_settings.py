@@ -86,6 +86,21 @@ def test_a_preload_that_cannot_enable_says_so(cluster):
     assert dask_redist.api._enabled == []
 
 
+def test_a_preload_given_an_enabled_that_is_not_true_or_false_says_so(cluster):
+    """``redist.enabled`` is true or false (docs/configuration.md); ``DASK_REDIST__ENABLED=maybe`` used
+    to turn the collective on without a word. The preload now says so and leaves it off."""
+    from distributed import Client
+
+    with dask.config.set({"distributed.client.preload": ["dask_redist.preload"], "redist.enabled": "maybe"}):
+        with pytest.warns(
+            RuntimeWarning,
+            match="could not turn the collective on: ConfigError: redist.enabled must be true or false, got 'maybe'",
+        ):
+            with Client(cluster, set_as_default=False):
+                assert not isinstance(dask.config.get("array_optimize", None), CollectiveOptimizer)
+    assert dask_redist.api._enabled == []
+
+
 def _bad_in_config(how: str, tmp_path):
     """A context in which ``redist.*`` holds a bad value, set ``how`` a user would."""
     if how == "dask.config.set":
@@ -240,6 +255,26 @@ def test_the_ranges_cover_every_integer_setting():
         if isinstance(v, int) and not isinstance(v, bool) and not k.startswith("redist.cost-model.")
     }
     assert ints == set(RANGES)
+
+
+def test_every_true_or_false_setting_is_checked_by_enable():
+    """docs/configuration.md: a value of the wrong type raises `ConfigError` naming the key, and
+    `enable()` checks the values at once; `redist.fft.gpu: "yes"` used to pass `enable()` and be
+    refused only when a transform was built (`redist.enabled` is the preload's own, checked there)."""
+    from dask_redist.config import DEFAULTS, flatten
+
+    keys = sorted(
+        k.removeprefix("redist.")
+        for k, v in flatten(DEFAULTS["redist"]).items()
+        if isinstance(v, bool) and k != "redist.enabled"
+    )
+    assert "fft.gpu" in keys and "fuse" in keys, keys
+    for key in keys:
+        *section, last = key.replace("-", "_").split(".")  # (at most two levels)
+        options = {section[0]: {last: "yes"}} if section else {last: "yes"}
+        with pytest.raises(dask_redist.ConfigError, match=rf"redist\.{key} must be true or false, got 'yes'"):
+            with dask_redist.enable(**options):
+                pass
 
 
 def test_the_cufftmp_engine_reads_and_checks_redist_nvshmem():

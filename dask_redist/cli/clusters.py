@@ -129,8 +129,8 @@ def gpu_packages() -> None:
     if missing := [m for m in ("cupy", "dask_cuda") if importlib.util.find_spec(m) is None]:
         raise SystemExit(
             f"dask-redist: --gpu starts dask-cuda workers with CuPy chunks, and {' and '.join(missing)} "
-            f"{'is' if len(missing) == 1 else 'are'} not installed here: pip install 'dask-redist[gpu]' "
-            "(CUDA 13), or leave out --gpu"
+            f"{'is' if len(missing) == 1 else 'are'} not installed here: pip install -e '.[gpu]' in the clone "
+            "(CUDA 13; dask-redist is not on PyPI: docs/deployment.md#install), or leave out --gpu"
         )
 
 

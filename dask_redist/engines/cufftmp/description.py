@@ -14,6 +14,7 @@ import numpy as np
 from dask.utils import format_bytes
 
 from dask_redist.engines.cufftmp.host import host_dtype_problem
+from dask_redist.errors import EngineUnavailableError
 from dask_redist.engines.cufftmp.settings import CufftMpSettings
 from dask_redist.engines.description import EngineDescription, Request
 
@@ -149,8 +150,17 @@ class CufftMpDescription(EngineDescription):
         held), one chunk per task: every worker is a rank of the run wherever the chunks land."""
         import uuid
 
-        import cupy
         import dask.array as da
+
+        try:
+            import cupy
+        except ImportError as e:
+            raise EngineUnavailableError(
+                f"dask_redist.bootstrap starts the {self.name} engine's NVSHMEM world with a small CuPy "
+                f"rechunk, and CuPy cannot be imported here ({type(e).__name__}: {e}): it is for GPU workers, "
+                "with the [gpu] extra where the client and the workers run (docs/deployment.md#install); "
+                "`dask-redist doctor` shows what each worker can run"
+            ) from e
 
         def block(block_info=None):
             import cupy
