@@ -93,19 +93,9 @@ def test_a_stage_task_s_event_leaves_in_one_write_with_its_result(client):
     """The event goes on the worker's stream as the task's result does, in the same batch and
     just ahead of it: the scheduler starts the run on the pair without a stream interval between
     them (sent from the task, the event opened the interval that the result then waited out)."""
-    import dask.array as da
-    import numpy as np
     from conftest import worker_leftovers
-    from distributed import wait
 
-    import dask_redist
-
-    x = da.random.default_rng(3).random((24, 12, 10), chunks=(2, 12, 10)).persist()
-    wait(x)
-    with dask_redist.enable(engine="dask", min_bytes=0):
-        y = x.rechunk((24, 2, 10)).persist()
-        wait(y)
-    np.testing.assert_array_equal(y.compute(), x.compute())
+    _rechunk_a_persisted_input(seed=3)
     seen = 0
     for batches in client.run(_stream_batches).values():
         for batch in batches:
@@ -138,19 +128,24 @@ def test_the_scheduler_keeps_no_stage_task_event_once_read(client):
     """distributed keeps the last ``low-level-log-length`` events of every topic, and a stage task's
     event carries the indices of its chunks (thousands, one stage task per worker: 145 kB an event
     at 8192 chunks over 2 workers, kept for the session): the plugin drops them once read."""
+    _rechunk_a_persisted_input(seed=4)
+    assert client.run_on_scheduler(_stage_done_events) == 0
+
+
+def _rechunk_a_persisted_input(seed: int) -> None:
+    """A persisted input rechunked by the collective (one stage task per worker), checked."""
     import dask.array as da
     import numpy as np
     from distributed import wait
 
     import dask_redist
 
-    x = da.random.default_rng(4).random((24, 12, 10), chunks=(2, 12, 10)).persist()
+    x = da.random.default_rng(seed).random((24, 12, 10), chunks=(2, 12, 10)).persist()
     wait(x)
     with dask_redist.enable(engine="dask", min_bytes=0):
         y = x.rechunk((24, 2, 10)).persist()
         wait(y)
     np.testing.assert_array_equal(y.compute(), x.compute())
-    assert client.run_on_scheduler(_stage_done_events) == 0
 
 
 def _stage_done_events(dask_scheduler=None) -> int:
