@@ -11,10 +11,9 @@ from dask_redist.config import DASK_RECHUNK, Settings
 from dask_redist.engines import Request, description
 from dask_redist.engines.choice import choose_engine
 from dask_redist.explain.entries import Entry, Explanation, grid
-from dask_redist.explain.found import collections, decisions, expression, variables
+from dask_redist.explain.found import collections, computed_together, decisions, expression, variables
 from dask_redist.fft import describe as fft_describe
 from dask_redist.graph.decide import memory_limits
-from dask_redist.graph.optimize import computed_together
 from dask_redist.planning import make_plan
 
 

@@ -14,7 +14,6 @@ distributed that hook runs on the scheduler while the graph is materialized.
 from __future__ import annotations
 
 import gc
-import inspect
 import threading
 from contextlib import contextmanager
 from dataclasses import replace
@@ -65,58 +64,6 @@ def fused_neighbours(hlg: HighLevelGraph, decisions: list[Decision], keys, held=
             parts.append(f"unpack tasks compute {', '.join(consumers.names)}")
         out.append("; ".join(parts))
     return out
-
-
-class ComputedTogether:
-    """Collections ``dask.compute(*group)`` rewrites as one graph: their graphs merged, their keys
-    asked for together (a rechunk two of them need runs once, and no consumer is fused into it
-    that another needs the output beside), read by `explain` as one collection."""
-
-    def __init__(self, group: list):
-        self.group = group
-
-    def __dask_graph__(self) -> HighLevelGraph:
-        return HighLevelGraph.merge(*(c.__dask_graph__() for c in self.group))
-
-    def __dask_keys__(self) -> list:
-        return [c.__dask_keys__() for c in self.group]
-
-
-def computed_together(collections: list, expression=lambda c: None) -> list:
-    """``collections`` as ``dask.compute`` optimizes them: those of graphs (not ``expression``s)
-    with one ``__dask_optimize__`` as one `ComputedTogether`, the rest as they are."""
-    groups: dict = {}
-    for i, c in enumerate(collections):
-        together = expression(c) is None and isinstance(c.__dask_graph__(), HighLevelGraph)
-        groups.setdefault(_optimize_hook(c) if together else ("alone", i), []).append(c)
-    return [g[0] if len(g) == 1 else ComputedTogether(g) for g in groups.values()]
-
-
-def _optimize_hook(c):
-    """``c``'s ``__dask_optimize__`` as ``dask.compute`` groups by it, read without what reading it
-    on a dask array does while enabled (`dask_redist.api.snapshot`: the engine refused, the
-    submission recorded): on its class. xarray's is a property giving dask's array hook."""
-    if isinstance(inspect.getattr_static(c, "__dask_optimize__", None), property):
-        return getattr(c, "__dask_optimize__", None)
-    return getattr(type(c), "__dask_optimize__", None)
-
-
-#: Why a rechunk in a Delayed's graph keeps Dask's rechunk (`as_delayed_runs`).
-IN_A_DELAYED = (
-    "this rechunk is in a Delayed's graph (array.to_delayed(optimize_graph=False)), which "
-    "dask.delayed's optimizer computes, never dask-redist's rewrite: Dask's rechunk runs. Compute "
-    "the array itself, or persist the rechunked array first and build on that"
-)
-
-
-def as_delayed_runs(x, decisions: list[Decision]) -> list[Decision]:
-    """``decisions`` of ``x``'s graph as they run: in a ``Delayed``'s graph (whose optimizer is
-    dask.delayed's, which does not call ``array_optimize``) every rechunk keeps Dask's."""
-    from dask.delayed import Delayed
-
-    if not isinstance(x, Delayed):
-        return decisions
-    return [replace(d, spec=None, reason=IN_A_DELAYED) if d.collective else d for d in decisions]
 
 
 #: `Decision.method` of a collective built before its graph reached the scheduler
