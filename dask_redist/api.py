@@ -228,8 +228,12 @@ def rechunk(x, chunks="auto", *, threshold=None, block_size_limit=None, balance=
 
 
 def _not_a_dask_array(x) -> str:
+    from dask.delayed import Delayed
+
     if is_xarray(x):
         how = "rechunk it with its .chunk(...) under dask_redist.enable()"
+    elif isinstance(x, Delayed):  # (it answers any attribute: shape and dtype too)
+        how = "make it one first: dask.array.from_delayed(value, shape, dtype)"
     elif hasattr(x, "shape") and hasattr(x, "dtype"):
         how = "make it one first: dask.array.from_array(a, chunks=...)"
     else:

@@ -69,8 +69,9 @@ def type_name(x) -> str:
 
 
 def is_xarray(x) -> bool:
-    """Is ``x`` an xarray object (a ``DataArray`` or ``Dataset``), without importing xarray?"""
-    return hasattr(x, "chunk") and hasattr(x, "dims")
+    """Is ``x`` an xarray object (a ``DataArray`` or ``Dataset``), without importing xarray? Asked
+    of its type: a ``Delayed`` answers any attribute."""
+    return hasattr(type(x), "chunk") and hasattr(type(x), "dims")
 
 
 def a_kind_of(x) -> str:

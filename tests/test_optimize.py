@@ -239,6 +239,7 @@ def test_explicit_rechunk_refuses_object_dtype():
     [
         (np.ones((4, 4)), "got a numpy.ndarray: make it one first: dask.array.from_array"),
         (7, "got an int: this holds no array"),
+        (dask.delayed(sum)([1, 2]), "got a dask.Delayed: make it one first: dask.array.from_delayed"),
     ],
 )
 def test_explicit_rechunk_of_no_dask_array_says_what_it_got(thing, says):

@@ -167,7 +167,7 @@ def variables(found: list, outputs) -> dict[str, str]:
 
 
 def _named_variables(x) -> list:
-    if not type(x).__module__.startswith("xarray."):  # (a Delayed answers any attribute)
+    if not is_xarray(x):
         return []
     if hasattr(x, "data_vars"):  # (a Dataset)
         return list(x.variables.items())
