@@ -100,7 +100,7 @@ def _explain(x, client, nworkers: int | None, settings: Settings | None) -> Expl
     memory = None
     if workers is not None:  # (as the scheduler decides: from the workers' memory limits)
         memory = memory_limits(w.get("memory_limit") for w in workers.values())
-    together = computed_together(found, expression)  # (a list's arrays: one graph, as dask.compute's)
+    together = computed_together(found)  # (a list's arrays: one graph, as dask.compute's)
     decided = {d[0]: d for c in together for d in decisions(c, settings, memory, client)}
     named = variables(found, decided)
     for output, method, spec, reason, explicit, fused in decided.values():

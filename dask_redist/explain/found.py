@@ -202,8 +202,8 @@ class ComputedTogether:
         return [c.__dask_keys__() for c in self.group]
 
 
-def computed_together(collections: list, expression=lambda c: None) -> list:
-    """``collections`` as ``dask.compute`` optimizes them: those of graphs (not ``expression``s)
+def computed_together(collections: list) -> list:
+    """``collections`` as ``dask.compute`` optimizes them: those of graphs (not `expression`s)
     with one ``__dask_optimize__`` as one `ComputedTogether`, the rest as they are."""
     groups: dict = {}
     for i, c in enumerate(collections):
