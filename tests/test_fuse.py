@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import collections
 import time
+import traceback
 
 import dask
 import dask.array as da
@@ -485,3 +486,22 @@ def test_the_update_graph_handler_is_wrapped_once_and_shows_its_annotations():
     assert not submitted.install(types.SimpleNamespace()) and not submitted.install(
         types.SimpleNamespace(stream_handlers={})
     )
+
+
+def _fails(block):
+    raise ValueError("the step's own error")
+
+
+def test_a_fused_step_s_error_shows_the_step_s_frames_not_the_hand_off_s(client, enabled, persisted):
+    """A step fused into the unpack tasks raises: its traceback goes from the unpack task to the
+    step's own code, without the thread pool's hand-off between them (2026-12-07: five frames of
+    distributed's and ours, `_as_a_task` among them, before the user's)."""
+    a, x = persisted
+    y = x.rechunk((48, 4, 6)).map_blocks(_fails, dtype=float)
+    assert dask_redist.explain(y).entries[0].fused == f"unpack tasks compute {y.name}"
+    with pytest.raises(ValueError, match="the step's own error") as failed:
+        y.compute()
+    frames = [(f.filename, f.name) for f in traceback.extract_tb(failed.value.__traceback__)]
+    remote = frames[[name for _, name in frames].index("unpack_into") :]
+    assert [name for _, name in remote] == ["unpack_into", "_fails"], frames
+    assert not worker_leftovers(client)

@@ -15,6 +15,7 @@ scheduler preload register the same.
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 import time
 
@@ -68,11 +69,34 @@ async def unpack_into(token: str, index: int, run_id: int, consumer: tuple, *oth
         return await run_in_executor_with_context(
             worker.executors["default"], _as_a_task, worker, key, task, values
         )
-    except BaseException:
+    except BaseException as error:
         # (the step failed, or this task was cancelled: the chunk stays for a retry of this task,
         # as a task's input would)
         get_state(worker).put_back(token, index, run_id, chunk)
+        if isinstance(error, Exception):  # (the step's own error again, its frames from its code on)
+            raise error.with_traceback(_the_steps_frames(error.__traceback__))  # noqa: B904
         raise
+
+
+#: where the frames between this task and its fused step's code come from (the thread pool's
+#: hand-off, `_as_a_task`, dask's task spec), left out of a failed step's traceback as
+#: distributed leaves its own out of a task's (`distributed.utils.get_traceback`)
+_HAND_OFF = (
+    __file__,
+    os.path.join("distributed", "utils.py"),
+    os.path.join("distributed", "_concurrent_futures_thread.py"),
+    os.path.join("concurrent", "futures"),
+    os.path.join("dask", "_task_spec"),
+)
+
+
+def _the_steps_frames(tb):
+    """``tb`` from the first frame of the fused step's own code on (all of it where every frame is
+    a hand-off's): the user's error reads as that of a task of its own."""
+    first = tb
+    while first is not None and any(part in first.tb_frame.f_code.co_filename for part in _HAND_OFF):
+        first = first.tb_next
+    return first or tb
 
 
 def _as_a_task(worker, key, function, *args):
