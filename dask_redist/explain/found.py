@@ -90,7 +90,7 @@ def _held_by_dask(decisions: list, dask_scheduler=None) -> tuple[list, set]:
 #: Why a rechunk that a collection holds as plain tasks keeps Dask's rechunk.
 MADE_TASKS = (
     "this graph holds the rechunk as plain tasks, not as a rechunk layer: dask turned the array's graph "
-    "into tasks when a Delayed was built on it (dask.delayed(f)(array), to_zarr(compute=False)), before "
+    "into tasks when a Delayed was built on it (dask.delayed(f)(array), array.to_delayed(), to_zarr(compute=False)), before "
     "dask-redist could rewrite it, so Dask's rechunk runs. Persist the rechunked array first "
     "(y = x.rechunk(...).persist(), or ds.chunk(...).persist()) and build on that"
 )
