@@ -127,7 +127,7 @@ def _explain(x, client, nworkers: int | None, settings: Settings | None) -> Expl
             )
             runs = DASK_RECHUNK
         if in_memory and runs == "collective":
-            runs, reason = IN_MEMORY, f"{IN_MEMORY_WHY} ({reason})"
+            runs, reason = IN_MEMORY, f"{IN_MEMORY_WHY}; else it would run as a collective ({reason})"
         in_ranks, where = _placement(spec, client, nworkers)
         plan = make_plan(spec.rechunk, in_ranks, nworkers)
         engine, engine_why, refused = _engine(spec, client)
