@@ -62,6 +62,13 @@ class Enabled:
     def __exit__(self, *exc):
         disable(self)
 
+    def __repr__(self) -> str:
+        """What a notebook cell ending in ``dask_redist.enable(...)`` shows: the options, and
+        whether this handle is still on."""
+        options = ", ".join(f"{k.removeprefix('redist.')}={v!r}" for k, v in self.options.items())
+        state = "on" if self in _enabled else "ended (disable() since)"
+        return f"dask_redist.enable({options}): {state}"
+
 
 #: What is enabled, oldest first, and the one ``dask.config.set`` that applies all of it. Handles
 #: end in any order (a preload's Client closes while a later one lives), so the config is not

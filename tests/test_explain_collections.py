@@ -155,3 +155,27 @@ def test_without_a_client_it_says_what_a_client_would_run():
         "what the collective would do with a Client of 3 workers that can run every engine"
     )
     assert entry.placement == "assumed: contiguous blocks over 3 workers"
+
+
+def test_a_rechunk_whose_output_is_in_memory_is_explained_as_running_nothing(client):
+    """A notebook's ``p = ds.chunk(c).persist()`` and, later, the same ``ds.chunk(c)`` built
+    again for other work: its output keys are ``p``'s, in memory, so computing it runs no
+    collective; ``explain`` said ``runs as  collective``, with bytes to move."""
+    from distributed import wait
+
+    b = np.arange(48 * 20 * 6.0).reshape(48, 20, 6)
+    with dask_redist.enable(engine="dask", min_bytes=0):
+        x = xr.DataArray(b, dims=("t", "y", "x"), name="v").chunk({"t": 8})
+        p = x.chunk({"t": -1, "y": 5}).persist()
+        wait(p)
+        again = x.chunk({"t": -1, "y": 5})
+        (entry,) = dask_redist.explain([again.mean("t"), again.max("t")])
+        assert entry.runs.startswith("nothing") and "in memory" in entry.reason, entry
+        assert str(dask_redist.explain(again)).startswith("nothing runs, the output is in memory"), entry
+        (other,) = dask_redist.explain(x.chunk({"t": -1, "y": 4}))
+        assert other.runs == "collective", other
+        before = scheduler_history(client)
+        mean, top = dask.compute(again.mean("t"), again.max("t"))
+        assert runs_since(client, before) == []
+    np.testing.assert_array_equal(mean.values, b.mean(axis=0))
+    np.testing.assert_array_equal(top.values, b.max(axis=0))

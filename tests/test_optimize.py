@@ -319,6 +319,18 @@ def test_handles_end_in_any_order():
     )
 
 
+def test_an_enable_handle_says_what_it_set_and_whether_it_is_on():
+    """A notebook cell ending in ``dask_redist.enable(...)`` showed
+    ``<dask_redist.api.Enabled object at 0x7f...>``."""
+    handle = dask_redist.enable(min_bytes=0, timeouts={"collective": "20s"})
+    try:
+        assert repr(handle) == "dask_redist.enable(min-bytes=0, timeouts.collective='20s'): on"
+        assert repr(dask_redist.enable()) == "dask_redist.enable(): on"
+    finally:
+        dask_redist.disable()
+    assert repr(handle).endswith(": ended (disable() since)")
+
+
 def test_enable_rejects_options_it_does_not_know():
     with pytest.raises(ConfigError, match="did you mean redist.memory-budget"):
         dask_redist.enable(memory_bugdet="2GiB")

@@ -401,3 +401,30 @@ def test_the_comms_transport_limits_messages_over_tcp_only():
     run = SimpleNamespace(spec=SimpleNamespace(workers=workers))
     transport = CommsTransport(None, run)
     assert [transport.wire_limit(r) for r in range(4)] == [TCP.max_shard_size] * 2 + [None, None]
+
+
+@pytest.mark.parametrize("transposed", [False, True])
+def test_an_output_chunk_cut_from_one_input_chunk_keeps_no_view_of_it(transposed):
+    """An output chunk that is a small part of one input chunk of its own rank is a copy, as
+    Dask's ``getitem`` copies a selection of under half its array: a view kept the whole input
+    chunk in worker memory (Dask counts the view's bytes only) and, cut from a transposed chunk,
+    was strided where Dask's chunk is C-ordered, so NumPy's sums over it rounded otherwise (an
+    ``xr.dot`` after a collective rechunk differed from Dask's in the last bits). A piece that is
+    its whole input chunk is still handed on as it is."""
+    base = np.arange(40 * 30, dtype=np.float64).reshape(40, 30) * 0.1
+    data = base.T if transposed else base
+    rows, cols = data.shape
+    old = ((rows // 4,) * 4, (cols,))
+    in_ranks = np.array([[0], [1], [0], [1]])  # (each rank's outputs no one box: cut piece by piece)
+    for new, copied in [(((rows // 4,) * 4, (cols // 5,) * 5), True), (old, False)]:
+        runs = make_runs(data, old, new, 2, in_ranks=in_ranks)
+        for run in runs:  # (each input chunk an array of its own, as a worker's are)
+            run.inputs = {i: np.array(a, order="K") for i, a in run.inputs.items()}
+        inputs = [a for run in runs for a in run.inputs.values()]
+        assert execute_all(runs) == {}
+        for flat, idx in enumerate(np.ndindex(*[len(c) for c in new])):
+            got = take_output(runs[int(runs[0].spec.out_ranks[idx])], flat)
+            lo, hi = chunk_box(new, idx)
+            np.testing.assert_array_equal(got, data[tuple(slice(a, b) for a, b in zip(lo, hi))])
+            shares = any(np.shares_memory(got, a) for a in inputs)
+            assert (got.flags.c_contiguous and not shares) if copied else shares

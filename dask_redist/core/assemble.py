@@ -61,6 +61,18 @@ def parts_in(chunks: dict, box_of, box: Box) -> Iterator[tuple[int, Box, Any]]:
             yield flat, part, chunk[part.slices(bounds.lower)]
 
 
+def viewed_nbytes(a) -> int:
+    """The bytes of the memory ``a`` views: its own where it owns them, else its base's (an
+    array, or the buffer it was read from)."""
+    base = getattr(a, "base", None)
+    if base is None:
+        return a.nbytes
+    try:
+        return int(getattr(base, "nbytes", None) or memoryview(base).nbytes)
+    except TypeError:
+        return a.nbytes
+
+
 def empty(like, shape: Sequence[int], dtype):
     """An uninitialized C-ordered array in the same namespace (and device) as ``like``."""
     return np.empty_like(like, shape=tuple(shape), dtype=dtype, order="C")
@@ -71,7 +83,10 @@ class Assembly:
     """An output chunk still in pieces: ``parts`` are (lower, upper, array), global bounds.
 
     ``shared`` marks parts that are views into a larger received buffer: those are
-    always copied, so that an output chunk never pins a whole message in memory.
+    always copied, so that an output chunk never pins a whole message in memory. A single
+    part of this rank's own is copied too where it views at least twice its bytes (a small
+    part of an input chunk), as Dask's ``getitem`` copies such a selection: a view would keep
+    the whole input chunk alive, and be strided where Dask's chunk is C-ordered.
     """
 
     lower: tuple[int, ...]
@@ -91,14 +106,17 @@ class Assembly:
 
     @property
     def copies(self) -> bool:
-        """Whether `build` copies (False: one piece covering the chunk, returned as is)."""
+        """Whether `build` copies (False: one piece covering the chunk, not a small part of a
+        larger array, returned as is)."""
         if len(self.parts) != 1 or self.shared:
             return True
-        lo, hi, _ = self.parts[0]
-        return not (tuple(lo) == self.lower and tuple(hi) == self.upper)
+        lo, hi, a = self.parts[0]
+        if not (tuple(lo) == self.lower and tuple(hi) == self.upper):
+            return True
+        return a.nbytes > 0 and viewed_nbytes(a) >= 2 * a.nbytes
 
     def build(self):
-        """The chunk; a single piece covering it is returned without a copy."""
+        """The chunk; a single piece covering it is returned without a copy (`copies`)."""
         if not self.copies:
             return self.parts[0][2]
         shape = self.shape

@@ -10,11 +10,18 @@ from dask_redist.compat import default_client, worker_info
 from dask_redist.config import DASK_RECHUNK, Settings
 from dask_redist.engines import Request, description
 from dask_redist.engines.choice import choose_engine
-from dask_redist.explain.entries import Entry, Explanation, grid
+from dask_redist.explain.entries import IN_MEMORY, Entry, Explanation, grid
 from dask_redist.explain.found import collections, computed_together, decisions, expression, variables
 from dask_redist.fft import describe as fft_describe
 from dask_redist.graph.decide import memory_limits
 from dask_redist.planning import make_plan
+
+
+#: Why a rechunk whose output chunks the scheduler holds in memory does not run (`Entry.runs` IN_MEMORY).
+IN_MEMORY_WHY = (
+    "the scheduler holds every output chunk of this rechunk in memory (persisted, or held by another "
+    "computation): computing this uses them, and nothing runs again"
+)
 
 
 def _holders(keys, dask_scheduler=None):
@@ -103,7 +110,7 @@ def _explain(x, client, nworkers: int | None, settings: Settings | None) -> Expl
     together = computed_together(found)  # (a list's arrays: one graph, as dask.compute's)
     decided = {d[0]: d for c in together for d in decisions(c, settings, memory, client)}
     named = variables(found, decided)
-    for output, method, spec, reason, explicit, fused in decided.values():
+    for output, method, spec, reason, explicit, fused, in_memory in decided.values():
         if spec is None:
             entries.append(Entry(output, method, DASK_RECHUNK, reason, variables=named.get(output, "")))
             continue
@@ -119,6 +126,8 @@ def _explain(x, client, nworkers: int | None, settings: Settings | None) -> Expl
                 f"dask_redist is not enabled: dask's rechunk runs; enable() would run a collective ({reason})"
             )
             runs = DASK_RECHUNK
+        if in_memory and runs == "collective":
+            runs, reason = IN_MEMORY, f"{IN_MEMORY_WHY}; else it would run as a collective ({reason})"
         in_ranks, where = _placement(spec, client, nworkers)
         plan = make_plan(spec.rechunk, in_ranks, nworkers)
         engine, engine_why, refused = _engine(spec, client)

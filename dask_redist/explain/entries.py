@@ -21,13 +21,17 @@ def grid(chunks) -> str:
     return " x ".join(str(len(c)) for c in chunks)
 
 
+#: `Entry.runs` of a rechunk whose output the scheduler holds in memory: nothing runs
+IN_MEMORY = "nothing (output in memory)"
+
+
 @dataclass(frozen=True)
 class Entry:
     """One rechunk of the graph."""
 
     output: str
     method: str  # what dask planned
-    runs: str  # "collective", "dask-rechunk" (Dask's own rechunk: `DASK_RECHUNK`) or "refused ..."
+    runs: str  # "collective", "dask-rechunk" (Dask's own: `DASK_RECHUNK`), `IN_MEMORY` or "refused ..."
     reason: str
     chunks: str = ""
     engine: str = "-"  # the engine's name
@@ -47,6 +51,8 @@ class Entry:
         """What runs, first: the collective (on which engine), Dask's rechunk, or a refusal."""
         if self.runs == "collective":
             return f"the collective on {self.engine}, in place of Dask's {self.method} rechunk: {self.output}"
+        if self.runs == IN_MEMORY:
+            return f"nothing runs, the output is in memory: {self.output}"
         if self.runs.startswith("refused"):
             return f"refused at submission, {self.engine} cannot run it: {self.output}"
         return f"Dask's {self.method} rechunk: {self.output}"

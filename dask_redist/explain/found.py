@@ -34,8 +34,9 @@ def decisions(
     x, settings: Settings, memory=None, client=None
 ) -> list[tuple[str, str, object, str, bool, str]]:
     """(output name, what dask planned, CollectiveSpec or None, reason, asked for by
-    `dask_redist.rechunk`, what is fused) for every rechunk of ``x``; decided as the rewrite
-    decides on ``client``'s scheduler (`_held_by_dask` there)."""
+    `dask_redist.rechunk`, what is fused, whether the scheduler holds its output in memory) for
+    every rechunk of ``x``; decided as the rewrite decides on ``client``'s scheduler
+    (`_held_by_dask` there)."""
     expr = expression(x)
     if expr is not None:  # expression mode: the rechunks are expressions in the tree
         from dask.utils import typename
@@ -61,7 +62,7 @@ def decisions(
                         settings,
                         len(memory[0]) if memory else None,
                     )
-                out.append((node._name, node.method or "auto", spec, why, False, ""))
+                out.append((node._name, node.method or "auto", spec, why, False, "", False))
         return out
     graph = x.__dask_graph__()
     decisions = as_delayed_runs(
@@ -71,10 +72,13 @@ def decisions(
     if client is not None and any(d.collective for d in decisions):
         decisions, held = client.run_on_scheduler(_held_by_dask, decisions)
     fused = fused_neighbours(graph, decisions, x.__dask_keys__(), held)
-    out = [(d.chain.output, d.method, d.spec, d.reason, False, f) for d, f in zip(decisions, fused)]
+    out = [
+        (d.chain.output, d.method, d.spec, d.reason, False, f, d.chain.output in held)
+        for d, f in zip(decisions, fused)
+    ]
     for name, layer in graph.layers.items():  # (dask_redist.rechunk's: decided when it was called)
         if (d := getattr(layer, "decision", None)) is not None:
-            out.append((name, d.method, d.spec, d.reason, True, ""))
+            out.append((name, d.method, d.spec, d.reason, True, "", False))
     return out + _made_tasks(graph)
 
 
@@ -110,7 +114,7 @@ def _made_tasks(graph) -> list[tuple]:
         names = {k[0] for k in layer if isinstance(k, tuple) and str(k[0]).startswith(RECHUNK_PREFIXES)}
         if names:
             method = "p2p" if any(n.startswith(P2P_PREFIX) for n in names) else "tasks"
-            out.append((name, method, None, MADE_TASKS, False, ""))
+            out.append((name, method, None, MADE_TASKS, False, "", False))
     return out
 
 
