@@ -124,6 +124,26 @@ def test_generated_in_the_graph_is_staged_in_shares(client, enabled):
     assert tasks_of(client, y)["redist-stage"] <= threads
 
 
+@pytest.mark.parametrize("generate", ["default_rng", "RandomState"])
+def test_generated_then_a_step_is_one_task_a_chunk_as_dask_runs_it(client, enabled, generate):
+    # Dask fuses the generating task into its one dependent ((2 * g + 1) ** 2: one task a chunk);
+    # the stage tasks ran the step only, the generated chunks one task each before them
+    if generate == "default_rng":
+        g = da.random.default_rng(7).standard_normal((64, 16), chunks=(4, 16))
+    else:
+        g = da.random.RandomState(7).random_sample((64, 16), chunks=(4, 16))
+    expected = (2 * g.compute() + 1) ** 2
+    y = (2 * g + 1).rechunk((64, 2)) ** 2
+    np.testing.assert_allclose(y.compute(), expected)
+    held = tasks_of(client, y)
+    threads = sum(client.nthreads().values())
+    assert held.pop(y.name[: y.name.rindex("-")]) == 8, held
+    assert held.pop("redist-stage") <= threads and held.pop("redist-barrier") == 1, held
+    assert held == {}, held
+    (entry,) = dask_redist.explain(y).entries
+    assert entry.fused.startswith(f"stage tasks compute {g.name}, "), entry.fused
+
+
 STEPS_BEFORE = {
     "2x+1": lambda v: 2 * v + 1,
     "sin": lambda v: np.sin(v) if isinstance(v, np.ndarray) else da.sin(v),

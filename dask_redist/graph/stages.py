@@ -27,9 +27,10 @@ def _is_array(value) -> bool:
 
 def inlined_inputs(
     hlg: HighLevelGraph, chain, requested: set, grid, force: bool = False
-) -> tuple[dict, dict, bool] | None:
+) -> tuple[dict, dict, bool, tuple[str, ...]] | None:
     """The tasks of the chain's input chunks, for its stage tasks to run themselves, the rest of
-    their layer, and whether nothing else needs them; None where something else needs them
+    their layer, whether nothing else needs them, and the layers generating their inputs that
+    they run too (`_feeders`); None where something else needs them
     (unless ``force``: an earlier submission of these keys inlined them), they are Futures
     or aliases, their layer is annotated, or the graph is submitted with ``retries``
     (``compute(retries=2)``: `runtime.submitted`; unless ``force``), which Dask counts per
@@ -60,7 +61,44 @@ def inlined_inputs(
         chunks[key] = task
     if any(set(t.dependencies) & chunks.keys() for t in rest.values() if isinstance(t, GraphNode)):
         return None
-    return chunks, rest, exclusive
+    feeders = _feeders(hlg, name, chunks, requested)
+    for key, needs in _needs(chunks, feeders).items():  # (each chunk's task after what it needs)
+        chunks[key] = Task.fuse(*needs, chunks[key], key=key)
+    return chunks, rest, exclusive, tuple(feeders)
+
+
+def _feeders(hlg: HighLevelGraph, name: str, chunks: dict, requested: set) -> dict[str, dict]:
+    """The layers layer ``name``'s ``chunks`` depend on that generate data from nothing (random
+    numbers, ``arange``: each a task without dependencies), each task used by one chunk only, the
+    layer by nothing else, not requested nor annotated, by name: their tasks. Dask's low-level
+    fusion runs such a task inside its one dependent (``(2 * rng.standard_normal(...)) ** 2`` is
+    one task per chunk); the stage tasks run them too, or they were one task more per chunk."""
+    out = {}
+    for dep in sorted(hlg.dependencies.get(name, ()), key=str):
+        layer = hlg.layers[dep]
+        if dep in requested or layer.annotations or hlg.dependents.get(dep) != {name}:
+            continue
+        tasks = dict(layer)
+        if not all(
+            isinstance(t, (Task, DataNode)) and not t.dependencies and not t.block_fusion
+            for t in tasks.values()
+        ):
+            continue
+        users = [k for t in chunks.values() for k in t.dependencies if k in tasks]
+        if len(users) == len(set(users)) == len(tasks):
+            out[dep] = tasks
+    return out
+
+
+def _needs(chunks: dict, feeders: dict[str, dict]) -> dict:
+    """For each chunk's task that depends on ``feeders``' tasks: those tasks."""
+    found = {k: t for tasks in feeders.values() for k, t in tasks.items()}
+    out = {}
+    for key, task in chunks.items():
+        needs = [found[k] for k in task.dependencies if k in found]
+        if needs:
+            out[key] = needs
+    return out
 
 
 def scheduler_in_process():
