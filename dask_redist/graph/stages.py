@@ -69,7 +69,8 @@ def inlined_inputs(
 
 def _feeders(hlg: HighLevelGraph, name: str, chunks: dict, requested: set) -> dict[str, dict]:
     """The layers layer ``name``'s ``chunks`` depend on that generate data from nothing (random
-    numbers, ``arange``: each a task without dependencies), each task used by one chunk only, the
+    numbers, ``arange``: each a task without dependencies) or hold it (``da.from_array`` of a
+    NumPy array: the chunks themselves), each task used by one chunk only, the
     layer by nothing else, not requested nor annotated, by name: their tasks. Dask's low-level
     fusion runs such a task inside its one dependent (``(2 * rng.standard_normal(...)) ** 2`` is
     one task per chunk); the stage tasks run them too, or they were one task more per chunk."""
@@ -78,7 +79,7 @@ def _feeders(hlg: HighLevelGraph, name: str, chunks: dict, requested: set) -> di
         layer = hlg.layers[dep]
         if dep in requested or layer.annotations or hlg.dependents.get(dep) != {name}:
             continue
-        tasks = dict(layer)
+        tasks = {k: DataNode(k, t) if _is_array(t) else t for k, t in layer.items()}  # (from_array's data)
         if not all(
             isinstance(t, (Task, DataNode)) and not t.dependencies and not t.block_fusion
             for t in tasks.values()
