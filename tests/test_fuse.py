@@ -124,8 +124,8 @@ def test_generated_in_the_graph_is_staged_in_shares(client, enabled):
     assert tasks_of(client, y)["redist-stage"] <= threads
 
 
-@pytest.mark.parametrize("generate", ["default_rng", "RandomState", "from_array"])
-def test_generated_then_a_step_is_one_task_a_chunk_as_dask_runs_it(client, enabled, generate):
+@pytest.mark.parametrize("generate", ["default_rng", "RandomState", "from_array", "memmap"])
+def test_generated_then_a_step_is_one_task_a_chunk_as_dask_runs_it(client, enabled, generate, tmp_path):
     # Dask fuses the generating task (or the chunk from_array holds) into its one dependent
     # ((2 * g + 1) ** 2: one task a chunk); the stage tasks ran the step only, the generated
     # chunks one task each before them
@@ -133,8 +133,11 @@ def test_generated_then_a_step_is_one_task_a_chunk_as_dask_runs_it(client, enabl
         g = da.random.default_rng(7).standard_normal((64, 16), chunks=(4, 16))
     elif generate == "RandomState":
         g = da.random.RandomState(7).random_sample((64, 16), chunks=(4, 16))
-    else:  # (a NumPy array's chunks, held by the graph)
+    elif generate == "from_array":  # (a NumPy array's chunks, held by the graph)
         g = da.from_array(np.random.default_rng(7).standard_normal((64, 16)), chunks=(4, 16))
+    else:  # (each chunk read from one object, as from a zarr or HDF5 array)
+        np.save(tmp_path / "g.npy", np.random.default_rng(7).standard_normal((64, 16)))
+        g = da.from_array(np.load(tmp_path / "g.npy", mmap_mode="r"), chunks=(4, 16))
     expected = (2 * g.compute() + 1) ** 2
     y = (2 * g + 1).rechunk((64, 2)) ** 2
     np.testing.assert_allclose(y.compute(), expected)
@@ -142,9 +145,11 @@ def test_generated_then_a_step_is_one_task_a_chunk_as_dask_runs_it(client, enabl
     threads = sum(client.nthreads().values())
     assert held.pop(y.name[: y.name.rindex("-")]) == 8, held
     assert held.pop("redist-stage") <= threads and held.pop("redist-barrier") == 1, held
+    held.pop("original-array", None)  # (memmap: the one object every chunk is read from)
     assert held == {}, held
     (entry,) = dask_redist.explain(y).entries
-    assert entry.fused.startswith(f"stage tasks compute {g.name}, "), entry.fused
+    assert entry.fused.startswith("stage tasks compute "), entry.fused
+    assert generate == "memmap" or entry.fused.startswith(f"stage tasks compute {g.name}, "), entry.fused
 
 
 STEPS_BEFORE = {

@@ -159,7 +159,8 @@ def inlined_groups(tasks: dict, spec: CollectiveSpec) -> list[list[tuple[int, ..
     """Input chunks whose tasks the stage tasks run (`inlined_inputs`), grouped one stage task
     per worker thread: by the worker holding most of each chunk's own inputs where they are all
     in memory (a blockwise step over a persisted array), in even shares of C order where none
-    has inputs (generated in the graph); None (one stage task per chunk) otherwise."""
+    has inputs (generated in the graph) or all need the same ones (the object ``da.from_array``
+    reads from: a memmap, a zarr or HDF5 array); None (one stage task per chunk) otherwise."""
     scheduler = scheduler_in_process()
     if scheduler is None or not scheduler.workers:
         return None
@@ -167,7 +168,7 @@ def inlined_groups(tasks: dict, spec: CollectiveSpec) -> list[list[tuple[int, ..
     try:
         needs = [tasks[(name, *idx)].dependencies for idx in np.ndindex(*grid)]
         threads = {w: ws.nthreads or 1 for w, ws in scheduler.workers.items()}
-        if not any(needs):
+        if not any(needs) or len(needs) > 1 and len(set(needs)) == 1:
             return _shares([list(np.ndindex(*grid))], sum(threads.values()))
         if not all(needs):
             return None
