@@ -74,10 +74,10 @@ def _feeders(hlg: HighLevelGraph, name: str, chunks: dict, requested: set) -> di
     layer by nothing else, not requested nor annotated, by name: their tasks. Dask's low-level
     fusion runs such a task inside its one dependent (``(2 * rng.standard_normal(...)) ** 2`` is
     one task per chunk); the stage tasks run them too, or they were one task more per chunk."""
-    out = {}
+    out, dependents = {}, hlg.dependents  # (built anew on each access)
     for dep in sorted(hlg.dependencies.get(name, ()), key=str):
         layer = hlg.layers[dep]
-        if dep in requested or layer.annotations or hlg.dependents.get(dep) != {name}:
+        if dep in requested or layer.annotations or dependents.get(dep) != {name}:
             continue
         tasks = {k: DataNode(k, t) if _is_array(t) else t for k, t in layer.items()}  # (from_array's data)
         if not all(
