@@ -89,6 +89,19 @@ def test_a_delayed_holding_the_arrays_rechunk_says_dasks_rechunk_runs(client):
     assert entry.runs == "dask-rechunk" and "Delayed" in entry.reason, entry
 
 
+def test_an_array_optimized_on_the_client_says_so(client):
+    """``dask.optimize(y)`` on the client makes the rechunk Dask's tasks: explain said a Delayed
+    had been built on the array."""
+    a = np.arange(64 * 48.0).reshape(64, 48)
+    with dask_redist.enable(engine="dask", min_bytes=0):
+        y = (da.from_array(a, chunks=(8, 48)) + 1).rechunk((64, 6)) * 2
+        (optimized,) = dask.optimize(y)
+        (entry,) = dask_redist.explain(optimized)
+        np.testing.assert_array_equal(optimized.compute(), (a + 1) * 2)
+    assert entry.runs == "dask-rechunk" and "dask.optimize" in entry.reason, entry
+    assert "Delayed" not in entry.reason, entry
+
+
 @pytest.mark.parametrize(
     "thing, says",
     [

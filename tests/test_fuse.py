@@ -125,6 +125,34 @@ def test_generated_in_the_graph_is_staged_in_shares(client, enabled):
     assert tasks_of(client, y)["redist-stage"] <= threads
 
 
+@pytest.mark.parametrize("generate", ["default_rng", "RandomState", "from_array", "memmap"])
+def test_generated_then_a_step_is_one_task_a_chunk_as_dask_runs_it(client, enabled, generate, tmp_path):
+    # Dask fuses the generating task (or the chunk from_array holds) into its one dependent
+    # ((2 * g + 1) ** 2: one task a chunk); the stage tasks ran the step only, the generated
+    # chunks one task each before them
+    if generate == "default_rng":
+        g = da.random.default_rng(7).standard_normal((64, 16), chunks=(4, 16))
+    elif generate == "RandomState":
+        g = da.random.RandomState(7).random_sample((64, 16), chunks=(4, 16))
+    elif generate == "from_array":  # (a NumPy array's chunks, held by the graph)
+        g = da.from_array(np.random.default_rng(7).standard_normal((64, 16)), chunks=(4, 16))
+    else:  # (each chunk read from one object, as from a zarr or HDF5 array)
+        np.save(tmp_path / "g.npy", np.random.default_rng(7).standard_normal((64, 16)))
+        g = da.from_array(np.load(tmp_path / "g.npy", mmap_mode="r"), chunks=(4, 16))
+    expected = (2 * g.compute() + 1) ** 2
+    y = (2 * g + 1).rechunk((64, 2)) ** 2
+    np.testing.assert_allclose(y.compute(), expected)
+    held = tasks_of(client, y)
+    threads = sum(client.nthreads().values())
+    assert held.pop(y.name[: y.name.rindex("-")]) == 8, held
+    assert held.pop("redist-stage") <= threads and held.pop("redist-barrier") == 1, held
+    held.pop("original-array", None)  # (memmap: the one object every chunk is read from)
+    assert held == {}, held
+    (entry,) = dask_redist.explain(y).entries
+    assert entry.fused.startswith("stage tasks compute "), entry.fused
+    assert generate == "memmap" or entry.fused.startswith(f"stage tasks compute {g.name}, "), entry.fused
+
+
 STEPS_BEFORE = {
     "2x+1": lambda v: 2 * v + 1,
     "sin": lambda v: np.sin(v) if isinstance(v, np.ndarray) else da.sin(v),
@@ -274,7 +302,8 @@ def test_the_gpu_fft_s_neighbours_are_fused_into_its_collective(client):
     y = gpu.build(producer, normalize(producer.shape, "c2c", False, None, (1, 2), None), None) * 3
     new, decisions = rewrite(y.__dask_graph__(), [y.__dask_keys__()], Settings())
     (fft,) = [d for d in decisions if d.collective and d.spec.fft is not None]
-    assert fft.spec.consumer == y.name and set(new.layers) == {y.name, x.name}, (fft.spec, set(new.layers))
+    # (x's chunks, data in the graph, are carried by the stage tasks: `graph.stages._feeders`)
+    assert fft.spec.consumer == y.name and set(new.layers) == {y.name}, (fft.spec, set(new.layers))
     layer = new.layers[y.name]
     (barrier,) = [t for t in layer.values() if isinstance(t, BarrierTask)]
     assert barrier.spec.consumer == y.name and barrier.spec.fft is fft.spec.fft

@@ -845,7 +845,8 @@ def test_a_worker_dying_after_staging_has_its_stage_tasks_rerun(own_cluster):
     _, client = own_cluster
     a = data((48, 48), seed=6)
     x = da.from_array(a, chunks=(4, 48)).map_blocks(_slow_first_block, dtype=a.dtype)
-    with dask_redist.enable(engine="dask", retries=2):
+    # (a stage task per chunk: fused, the from_array chunks and the step run in one per thread)
+    with dask_redist.enable(engine="dask", retries=2, fuse=False):
         future = client.compute(x.rechunk((48, 4)))
         deadline = time.monotonic() + 30
         while len((state := client.run_on_scheduler(_stage_state))[0]) < 11:  # all but the slow chunk

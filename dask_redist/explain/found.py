@@ -79,7 +79,9 @@ def decisions(
     for name, layer in graph.layers.items():  # (dask_redist.rechunk's: decided when it was called)
         if (d := getattr(layer, "decision", None)) is not None:
             out.append((name, d.method, d.spec, d.reason, True, "", False))
-    return out + _made_tasks(graph)
+    from dask.delayed import Delayed
+
+    return out + _made_tasks(graph, frozenset() if isinstance(x, Delayed) else _names(x))
 
 
 def _held_by_dask(decisions: list, dask_scheduler=None) -> tuple[list, set]:
@@ -100,9 +102,19 @@ MADE_TASKS = (
 )
 
 
-def _made_tasks(graph) -> list[tuple]:
+#: Why a rechunk in an array optimized on the client (``dask.optimize``) keeps Dask's rechunk.
+OPTIMIZED = (
+    "this array's graph holds the rechunk as plain tasks, not as a rechunk layer: it was optimized on "
+    "the client ((y,) = dask.optimize(y)), where dask made the rechunk its own tasks before dask-redist "
+    "could rewrite it on the scheduler, so Dask's rechunk runs. Compute the array itself, not its "
+    "optimized copy, or use dask_redist.rechunk(x, chunks), whose graph is the collective's from the start"
+)
+
+
+def _made_tasks(graph, own=frozenset()) -> list[tuple]:
     """A `decisions` entry for each layer of ``graph`` holding a rechunk's tasks among others
-    (a Delayed's ``finalize`` layer): Dask's rechunk, made tasks before any rewrite."""
+    (a Delayed's ``finalize`` layer; a layer of ``own``, an array's own output layers: optimized
+    on the client): Dask's rechunk, made tasks before any rewrite."""
     from dask.highlevelgraph import MaterializedLayer
 
     from dask_redist.compat import P2P_PREFIX, RECHUNK_PREFIXES
@@ -114,7 +126,7 @@ def _made_tasks(graph) -> list[tuple]:
         names = {k[0] for k in layer if isinstance(k, tuple) and str(k[0]).startswith(RECHUNK_PREFIXES)}
         if names:
             method = "p2p" if any(n.startswith(P2P_PREFIX) for n in names) else "tasks"
-            out.append((name, method, None, MADE_TASKS, False, "", False))
+            out.append((name, method, None, OPTIMIZED if name in own else MADE_TASKS, False, "", False))
     return out
 
 

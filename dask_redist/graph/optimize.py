@@ -55,8 +55,8 @@ def fused_neighbours(hlg: HighLevelGraph, decisions: list[Decision], keys, held=
     out = []
     for d, fuse in zip(decisions, fusing):
         parts = []
-        if fuse and inlined_inputs(hlg, d.chain, requested, d.spec.rechunk.old_grid) is not None:
-            parts.append(f"stage tasks compute {d.chain.source}")
+        if fuse and (inputs := inlined_inputs(hlg, d.chain, requested, d.spec.rechunk.old_grid)):
+            parts.append(f"stage tasks compute {', '.join((*inputs[3], d.chain.source))}")
         if fuse and (
             consumers := fusable_consumers(hlg, d.chain.output, d.spec.output_keys(), requested, taken)
         ):
@@ -174,9 +174,12 @@ def _replace_chain(
         if inputs[1]:  # (what they depend on inside it stays)
             annotations = hlg.layers[source].collection_annotations
             layers[source] = MaterializedLayer(inputs[1], collection_annotations=annotations)
-        else:
+        else:  # (and the layers generating its inputs, which they run too: `inlined_inputs`)
             del layers[source]
             deps[out] = (deps[out] - {source}) | deps.pop(source)
+            for name in inputs[3]:
+                del layers[name]
+                deps[out] = (deps[out] - {name}) | deps.pop(name)
     return replace(d, spec=spec)
 
 

@@ -27,9 +27,10 @@ def _is_array(value) -> bool:
 
 def inlined_inputs(
     hlg: HighLevelGraph, chain, requested: set, grid, force: bool = False
-) -> tuple[dict, dict, bool] | None:
+) -> tuple[dict, dict, bool, tuple[str, ...]] | None:
     """The tasks of the chain's input chunks, for its stage tasks to run themselves, the rest of
-    their layer, and whether nothing else needs them; None where something else needs them
+    their layer, whether nothing else needs them, and the layers generating their inputs that
+    they run too (`_feeders`); None where something else needs them
     (unless ``force``: an earlier submission of these keys inlined them), they are Futures
     or aliases, their layer is annotated, or the graph is submitted with ``retries``
     (``compute(retries=2)``: `runtime.submitted`; unless ``force``), which Dask counts per
@@ -60,7 +61,45 @@ def inlined_inputs(
         chunks[key] = task
     if any(set(t.dependencies) & chunks.keys() for t in rest.values() if isinstance(t, GraphNode)):
         return None
-    return chunks, rest, exclusive
+    feeders = _feeders(hlg, name, chunks, requested)
+    for key, needs in _needs(chunks, feeders).items():  # (each chunk's task after what it needs)
+        chunks[key] = Task.fuse(*needs, chunks[key], key=key)
+    return chunks, rest, exclusive, tuple(feeders)
+
+
+def _feeders(hlg: HighLevelGraph, name: str, chunks: dict, requested: set) -> dict[str, dict]:
+    """The layers layer ``name``'s ``chunks`` depend on that generate data from nothing (random
+    numbers, ``arange``: each a task without dependencies) or hold it (``da.from_array`` of a
+    NumPy array: the chunks themselves), each task used by one chunk only, the
+    layer by nothing else, not requested nor annotated, by name: their tasks. Dask's low-level
+    fusion runs such a task inside its one dependent (``(2 * rng.standard_normal(...)) ** 2`` is
+    one task per chunk); the stage tasks run them too, or they were one task more per chunk."""
+    out, dependents = {}, hlg.dependents  # (built anew on each access)
+    for dep in sorted(hlg.dependencies.get(name, ()), key=str):
+        layer = hlg.layers[dep]
+        if dep in requested or layer.annotations or dependents.get(dep) != {name}:
+            continue
+        tasks = {k: DataNode(k, t) if _is_array(t) else t for k, t in layer.items()}  # (from_array's data)
+        if not all(
+            isinstance(t, (Task, DataNode)) and not t.dependencies and not t.block_fusion
+            for t in tasks.values()
+        ):
+            continue
+        users = [k for t in chunks.values() for k in t.dependencies if k in tasks]
+        if len(users) == len(set(users)) == len(tasks):
+            out[dep] = tasks
+    return out
+
+
+def _needs(chunks: dict, feeders: dict[str, dict]) -> dict:
+    """For each chunk's task that depends on ``feeders``' tasks: those tasks."""
+    found = {k: t for tasks in feeders.values() for k, t in tasks.items()}
+    out = {}
+    for key, task in chunks.items():
+        needs = [found[k] for k in task.dependencies if k in found]
+        if needs:
+            out[key] = needs
+    return out
 
 
 def scheduler_in_process():
@@ -120,7 +159,8 @@ def inlined_groups(tasks: dict, spec: CollectiveSpec) -> list[list[tuple[int, ..
     """Input chunks whose tasks the stage tasks run (`inlined_inputs`), grouped one stage task
     per worker thread: by the worker holding most of each chunk's own inputs where they are all
     in memory (a blockwise step over a persisted array), in even shares of C order where none
-    has inputs (generated in the graph); None (one stage task per chunk) otherwise."""
+    has inputs (generated in the graph) or all need the same ones (the object ``da.from_array``
+    reads from: a memmap, a zarr or HDF5 array); None (one stage task per chunk) otherwise."""
     scheduler = scheduler_in_process()
     if scheduler is None or not scheduler.workers:
         return None
@@ -128,7 +168,7 @@ def inlined_groups(tasks: dict, spec: CollectiveSpec) -> list[list[tuple[int, ..
     try:
         needs = [tasks[(name, *idx)].dependencies for idx in np.ndindex(*grid)]
         threads = {w: ws.nthreads or 1 for w, ws in scheduler.workers.items()}
-        if not any(needs):
+        if not any(needs) or len(needs) > 1 and len(set(needs)) == 1:
             return _shares([list(np.ndindex(*grid))], sum(threads.values()))
         if not all(needs):
             return None
