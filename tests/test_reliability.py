@@ -513,6 +513,8 @@ def test_larger_than_worker_memory_keeps_dasks_rechunk_or_fails_clearly(cluster)
             wait(y)  # (in memory: staged where it is, by one stage task)
             with pytest.raises(RedistError, match="memory limit"):
                 y.rechunk((1024, 64, 16)).sum().compute()
+            last = scheduler_history(client)[-1]  # (it was empty: no run ended, none started)
+            assert last["outcome"] == "failed" and "memory limit" in last["why"], last
 
 
 def test_fortran_ordered_and_sliced_chunks(client):
