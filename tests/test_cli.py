@@ -267,6 +267,10 @@ def test_workers_sharing_gpus_that_do_not_fit_are_refused_by_the_same_rule(monke
             ["demo", "--scheduler", "notanaddress"],
             "argument --scheduler: 'notanaddress' is not a scheduler address",
         ),
+        (
+            ["doctor", "--scheduler", "/nonexistent/sched.json"],
+            "argument --scheduler: no scheduler file at '/nonexistent/sched.json' (no such file)",
+        ),
         (["doctor", "--wait-workers", "-1"], "argument --wait-workers: -1 is not above 0"),
         (["doctor", "--workers", "0"], "argument --workers: must be 1 or more"),
         (["doctor", "--protocol", "nope"], "argument --protocol: unknown address scheme 'nope'"),

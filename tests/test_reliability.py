@@ -230,6 +230,21 @@ def test_a_stalled_rank_times_out_with_run_rank_and_phase(own_cluster):
     assert worker_leftovers(client, timeout=15) == {}
 
 
+def test_a_timeout_set_too_short_names_the_setting_and_blames_no_worker(own_cluster):
+    """A collective timeout given in the wrong unit (here 1 µs) fails the run, saying which setting
+    to raise; the workers, all alive, are not named as stopped or frozen (the scheduler's question
+    whether they are alive was bounded by that same timeout, so none could answer in time)."""
+    cluster, client = own_cluster
+    x = da.from_array(data((30, 30)), chunks=(3, 30))
+    with dask_redist.enable(engine="engines:StallingEngine", timeouts={"collective": "1us"}):
+        with pytest.raises(RedistTimeoutError) as info:
+            x.rechunk((30, 3)).compute()
+    message = str(info.value)
+    assert "redist.timeouts.collective" in message and "answered nothing" not in message, message
+    assert len(client.scheduler_info()["workers"]) == 3
+    assert worker_leftovers(client, timeout=15) == {}
+
+
 @pytest.mark.parametrize("engine", ["StopsItselfEngine", "StopsAtOnceEngine", "StopsAfterBarrierEngine"])
 def test_a_rank_stopped_mid_run_is_named_in_the_timeout(own_cluster, engine):
     """Rank 0's process is stopped (SIGSTOP) mid-run, or as its run starts (when the barrier task
@@ -498,6 +513,8 @@ def test_larger_than_worker_memory_keeps_dasks_rechunk_or_fails_clearly(cluster)
             wait(y)  # (in memory: staged where it is, by one stage task)
             with pytest.raises(RedistError, match="memory limit"):
                 y.rechunk((1024, 64, 16)).sum().compute()
+            last = scheduler_history(client)[-1]  # (it was empty: no run ended, none started)
+            assert last["outcome"] == "failed" and "memory limit" in last["why"], last
 
 
 def test_fortran_ordered_and_sliced_chunks(client):

@@ -87,6 +87,11 @@ def scheduler_address(text: str) -> str:
         if protocol in HOST_PORT_PROTOCOLS:
             parse_host_port(location)
     except (ValueError, TypeError) as e:
+        if "://" not in text and (os.sep in text or text.endswith((".json", ".yaml"))):  # (a file's path)
+            raise argparse.ArgumentTypeError(
+                f"no scheduler file at {text!r} (no such file) and no scheduler address either: "
+                "the file `dask scheduler --scheduler-file` writes, or an address like tcp://host:8786"
+            ) from None
         raise argparse.ArgumentTypeError(
             f"{text!r} is not a scheduler address ({e}): e.g. tcp://host:8786"
         ) from None

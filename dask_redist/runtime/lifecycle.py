@@ -279,7 +279,9 @@ class Rechunks:
         elif (token := self.by_output.get(key)) is not None:
             self._output_transition(token, key, finish)
         elif type(key) is str and key.startswith(BARRIER_PREFIX):
-            self._barrier_transition(key[len(BARRIER_PREFIX) :], finish, stimulus_id)
+            self._barrier_transition(
+                key[len(BARRIER_PREFIX) :], finish, stimulus_id, kwargs.get("exception_text")
+            )
 
     def _stage_transition(self, token: str, key, start: str, finish: str, worker: str | None) -> None:
         if finish == "memory" and worker is not None:
@@ -302,7 +304,7 @@ class Rechunks:
             if not run.pending:  # a cancel: nobody waits for any output of the run
                 self.abort(token, "all outputs forgotten", failure="error", outcome="cancelled")
 
-    def _barrier_transition(self, token: str, finish: str, stimulus_id: str) -> None:
+    def _barrier_transition(self, token: str, finish: str, stimulus_id: str, error: str | None) -> None:
         rechunk = self.by_token.get(token)
         if finish == "memory":
             if rechunk is not None and rechunk.pending_restart is not None:  # after this transition
@@ -311,9 +313,21 @@ class Rechunks:
             if self.active(token) is not None:
                 failure = "restart" if finish == "released" else "error"
                 self.abort(token, f"barrier {finish} ({stimulus_id})", failure=failure)
+            elif finish == "erred" and self._last_outcome(token) != "failed":
+                # refused at its barrier (memory, engine) or a task before it failed: no run ended so
+                blame = getattr(self.scheduler.tasks.get(BARRIER_PREFIX + token), "exception_blame", None)
+                text = error or getattr(blame, "exception_text", None)  # (None for a KilledWorker)
+                why = f"{blame.key if blame else 'its barrier'} failed ({stimulus_id})" + (
+                    f": {text}" if text else ""
+                )
+                self.history.append({"token": token, "outcome": "failed", "why": why})
             if finish == "forgotten":  # nobody can ask for this rechunk again: workers forget it too
                 self.by_token.pop(token, None)
                 self.send(list(self.scheduler.workers), m.Forget(token))
+
+    def _last_outcome(self, token: str) -> str | None:
+        """The outcome of the latest entry of the history for rechunk ``token``, or None."""
+        return next((h["outcome"] for h in reversed(self.history) if h["token"] == token), None)
 
     def under_way(self) -> list[str]:
         """The rechunks (tokens) whose barrier task the scheduler holds: submitted, not forgotten.

@@ -54,6 +54,7 @@ from dask_redist.runtime.rendezvous import Rendezvous, ask_each
 logger = logging.getLogger("dask_redist")
 STATUS_TIMEOUT_S = 10.0  # for each worker's answer to status()
 PEER_ANSWER_S = 5.0  # for each rank's answer after a run timed out (`RedistSchedulerPlugin._hold`)
+PEER_ANSWER_MIN_S = 1.0  # ... at least, whatever the collective timeout (a live worker answers in time)
 RUN_PLANS_KEPT = 8  # plans kept for a repeated rechunk (`RedistSchedulerPlugin._plan`) ...
 RUN_PLAN_KEPT_PIECES = 4096  # ... of at most this many pieces each
 
@@ -321,12 +322,13 @@ class RedistSchedulerPlugin(SchedulerPlugin):
         its own timeout (`dask_redist.runtime.collective`), which may come after this rank's:
         the restart once it leaves finishes the rechunk, rather than the timeout failing the
         user's computation. So ranks that do not answer get that grace to leave; if every rank
-        answers, the run is aborted at once. The wait is at most the collective timeout too:
-        the ranks' unpack tasks give up (`WorkerRun.outputs_timeout`) a timeout after that."""
+        answers, the run is aborted at once. The wait is at most the collective timeout too (the
+        unpack tasks give up a timeout and 5 s later), the question at least a second (a timeout
+        far too short, a wrong unit, named every live worker "stopped or frozen")."""
         timeout = spec.collective.settings.collective_timeout
         deadline = time.monotonic() + min(collective.STUCK_GRACE_S + PEER_ANSWER_S, timeout)
         try:
-            ask = min(PEER_ANSWER_S, timeout)
+            ask = min(PEER_ANSWER_S, max(timeout, PEER_ANSWER_MIN_S))
             answers = await ask_each(self.scheduler, {"op": "identity"}, spec.workers, ask)
             silent = [w for w, a in answers.items() if not isinstance(a, dict)]
             while silent and time.monotonic() < deadline and self._undecided(spec):

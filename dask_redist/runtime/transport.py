@@ -96,7 +96,8 @@ class CommsTransport:
                 raise
             peers = ", ".join(f"{d} ({run.spec.workers[d]})" for d in sorted(unsent))
             raise RedistTimeoutError(
-                f"{e}: ranks {peers} did not take their pieces (stopped or busy?)"
+                f"{e}: ranks {peers} did not take their pieces (stopped or busy?); "
+                "raise redist.timeouts.collective if the run is just slow"
             ) from None
         finally:
             # the packed buffers go with the send: a failure's frames, kept with the failed run,
