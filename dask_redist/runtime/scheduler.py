@@ -22,7 +22,7 @@ run id, up to ``redist.retries`` times (`dask_redist.runtime.lifecycle`, the one
 again too (copies of their markers may live on, the staged chunks died with it).
 A rank that fails for any other reason has the run aborted on every rank with its
 error, so no rank is left waiting; after a timeout, once every rank answered or a rank
-that did not had the grace its watchdog gives it to leave (`RedistSchedulerPlugin._hold`).
+that did not had the grace its watchdog gives it to leave (`dask_redist.runtime.timeouts`).
 """
 
 from __future__ import annotations
@@ -38,11 +38,11 @@ from distributed.utils import log_errors, offload
 
 from dask_redist.config import Settings, process_barrier_timeout
 from dask_redist.core import messages as m
-from dask_redist.core.spec import BARRIER_PREFIX, BarrierTask, CollectiveSpec, RunSpec, stage_token
+from dask_redist.core.spec import BARRIER_PREFIX, BarrierTask, CollectiveSpec, stage_token
 from dask_redist.engines import Request
 from dask_redist.engines.choice import EngineSelector, fft_engines
 from dask_redist.errors import FAILURES
-from dask_redist.runtime import collective, ordering, submitted
+from dask_redist.runtime import ordering, submitted
 from dask_redist.runtime.eager import EagerStarts, forget_events
 from dask_redist.runtime.lifecycle import Rechunks
 from dask_redist.planning import PlanError
@@ -50,11 +50,10 @@ from dask_redist.planning.memory import over_memory, pause_fraction
 from dask_redist.runtime.rechunks import barrier_is_current, ranks_of
 from dask_redist.runtime.restrictions import allowed_owners, restricted_plan
 from dask_redist.runtime.rendezvous import Rendezvous, ask_each
+from dask_redist.runtime.timeouts import TimedOutRuns
 
 logger = logging.getLogger("dask_redist")
 STATUS_TIMEOUT_S = 10.0  # for each worker's answer to status()
-PEER_ANSWER_S = 5.0  # for each rank's answer after a run timed out (`RedistSchedulerPlugin._hold`)
-PEER_ANSWER_MIN_S = 1.0  # ... at least, whatever the collective timeout (a live worker answers in time)
 RUN_PLANS_KEPT = 8  # plans kept for a repeated rechunk (`RedistSchedulerPlugin._plan`) ...
 RUN_PLAN_KEPT_PIECES = 4096  # ... of at most this many pieces each
 
@@ -72,7 +71,7 @@ class RedistSchedulerPlugin(SchedulerPlugin):
         self.eager = EagerStarts()
         self._plans: dict = {}  # the last plans by geometry, placement and outputs wanted (`_plan`)
         self._ready: asyncio.Event | None = None
-        self._held: set = set()  # (token, run id) of runs whose timeout waits on silent ranks (`_hold`)
+        self.timeouts = TimedOutRuns(self.rechunks)
 
     def __reduce__(self):
         """The plugin travels (registered from a task, `runtime.tasks.register`) as what it is,
@@ -304,48 +303,10 @@ class RedistSchedulerPlugin(SchedulerPlugin):
         ):
             self.rechunks.restart_once_barrier_done(token, message)
         elif failure == "timeout":
-            self._abort_unless_a_rank_leaves(run.spec, message)
+            self.timeouts.abort_unless_a_rank_leaves(self.scheduler, run.spec, message)
         else:
             self.rechunks.abort(token, message, failure=failure)
         return True
-
-    def _abort_unless_a_rank_leaves(self, spec: RunSpec, message: str) -> None:
-        """Abort run ``spec`` for a rank's timeout, once its ranks answered, or the silent ones had
-        the time to leave (`_hold`). The first timeout of a run is the one held."""
-        if (spec.token, spec.run_id) not in self._held:
-            self._held.add((spec.token, spec.run_id))
-            self.scheduler.loop.add_callback(self._hold, spec, message)
-
-    async def _hold(self, spec: RunSpec, message: str) -> None:
-        """A rank timed out waiting for peers. A peer frozen inside a native call that holds the
-        interpreter lock answers nothing, and its own watchdog ends its process a grace after
-        its own timeout (`dask_redist.runtime.collective`), which may come after this rank's:
-        the restart once it leaves finishes the rechunk, rather than the timeout failing the
-        user's computation. So ranks that do not answer get that grace to leave; if every rank
-        answers, the run is aborted at once. The wait is at most the collective timeout too (the
-        unpack tasks give up a timeout and 5 s later), the question at least a second (a timeout
-        far too short, a wrong unit, named every live worker "stopped or frozen")."""
-        timeout = spec.collective.settings.collective_timeout
-        deadline = time.monotonic() + min(collective.STUCK_GRACE_S + PEER_ANSWER_S, timeout)
-        try:
-            ask = min(PEER_ANSWER_S, max(timeout, PEER_ANSWER_MIN_S))
-            answers = await ask_each(self.scheduler, {"op": "identity"}, spec.workers, ask)
-            silent = [w for w, a in answers.items() if not isinstance(a, dict)]
-            while silent and time.monotonic() < deadline and self._undecided(spec):
-                await asyncio.sleep(0.1)
-            if self._undecided(spec):
-                if silent:
-                    message += f" (workers {silent} answered nothing either: stopped or frozen?)"
-                self.rechunks.abort(spec.token, message, failure="timeout")
-                if silent:  # (its barrier or unpack tasks may be waiting for one of them)
-                    self.rechunks.fail_stuck(spec.collective, FAILURES["timeout"](message), silent)
-        finally:
-            self._held.discard((spec.token, spec.run_id))
-
-    def _undecided(self, spec: RunSpec) -> bool:
-        """Is run ``spec`` still active, with no worker of it gone (whose restart is under way)?"""
-        active = self.rechunks.active(spec.token, spec.run_id) is not None
-        return active and not self.rechunks.worker_left_during(spec.token)
 
     def forget_world(self, engine: str | None = None) -> None:
         """The next run of ``engine`` (of every engine: None) starts its world over the workers of
