@@ -165,6 +165,11 @@ def _status(client) -> Status:
             f"the scheduler at {client.scheduler.address} did not answer dask_redist.status() within {limit:g}s "
             "(its event loop is blocked, or it is gone)"
         ) from e
+    except OSError as e:  # (distributed's comms: the connection failed or closed)
+        raise RedistTimeoutError(
+            f"dask_redist.status() could not reach the scheduler at {client.scheduler.address} ({e}): "
+            "it is gone, or not reachable from here"
+        ) from e
 
 
 #: The scheduler (its id) each Client registered the plugins with: once per scheduler, not per call.

@@ -119,3 +119,23 @@ def test_status_explain_doctor_and_bootstrap_are_awaited_with_an_asynchronous_cl
                 await started
 
     asyncio.run(main())
+
+
+def test_status_of_a_scheduler_that_is_gone_raises_a_timeout_error_naming_it():
+    """The scheduler stopped: ``status`` raises `RedistTimeoutError`, as its docstring says, not
+    distributed's ``OSError`` (2026-12-07: "Timed out trying to connect to ... after 20 s")."""
+    import dask
+    from distributed import Client, LocalCluster
+
+    with dask.config.set({"distributed.comm.timeouts.connect": "2s"}):
+        with LocalCluster(
+            n_workers=1, threads_per_worker=1, processes=False, dashboard_address=None
+        ) as cluster:
+            with Client(cluster, set_as_default=False) as c:
+                assert dask_redist.status(c)["workers"]
+                address = cluster.scheduler.address
+                c.sync(cluster.scheduler.close)
+                with pytest.raises(
+                    dask_redist.RedistTimeoutError, match=f"could not reach the scheduler at {address}"
+                ):
+                    dask_redist.status(c)
