@@ -175,9 +175,7 @@ def _replace_chain(
             annotations = hlg.layers[source].collection_annotations
             layers[source] = MaterializedLayer(inputs[1], collection_annotations=annotations)
         else:  # (and the layers generating its inputs, which they run too: `inlined_inputs`)
-            del layers[source]
-            deps[out] = (deps[out] - {source}) | deps.pop(source)
-            for name in inputs[3]:
+            for name in (source, *inputs[3]):
                 del layers[name]
                 deps[out] = (deps[out] - {name}) | deps.pop(name)
     return replace(d, spec=spec)
