@@ -303,7 +303,7 @@ class RedistSchedulerPlugin(SchedulerPlugin):
         ):
             self.rechunks.restart_once_barrier_done(token, message)
         elif failure == "timeout":
-            self.timeouts.abort_unless_a_rank_leaves(self.scheduler, run.spec, message)
+            self.timeouts.abort_unless_a_rank_leaves(run.spec, message)
         else:
             self.rechunks.abort(token, message, failure=failure)
         return True

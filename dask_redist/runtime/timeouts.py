@@ -24,20 +24,20 @@ PEER_ANSWER_MIN_S = 1.0  # ... at least, whatever the collective timeout (a live
 
 class TimedOutRuns:
     """The runs whose timeout waits on silent ranks, of the scheduler plugin's ``rechunks``
-    (`dask_redist.runtime.lifecycle.Rechunks`)."""
+    (`dask_redist.runtime.lifecycle.Rechunks`, which knows the scheduler)."""
 
     def __init__(self, rechunks):
         self.rechunks = rechunks
         self._held: set = set()  # (token, run id)
 
-    def abort_unless_a_rank_leaves(self, scheduler, spec: RunSpec, message: str) -> None:
+    def abort_unless_a_rank_leaves(self, spec: RunSpec, message: str) -> None:
         """Abort run ``spec`` for a rank's timeout, once its ranks answered, or the silent ones had
         the time to leave (`hold`). The first timeout of a run is the one held."""
         if (spec.token, spec.run_id) not in self._held:
             self._held.add((spec.token, spec.run_id))
-            scheduler.loop.add_callback(self.hold, scheduler, spec, message)
+            self.rechunks.scheduler.loop.add_callback(self.hold, spec, message)
 
-    async def hold(self, scheduler, spec: RunSpec, message: str) -> None:
+    async def hold(self, spec: RunSpec, message: str) -> None:
         """Ask the ranks of ``spec`` whether they are there, wait for the silent ones to leave, then
         abort the run unless a rank left (its restart is under way). The wait is at most the
         collective timeout too (the unpack tasks give up a timeout and 5 s later), the question at
@@ -47,7 +47,7 @@ class TimedOutRuns:
         deadline = time.monotonic() + min(collective.STUCK_GRACE_S + PEER_ANSWER_S, timeout)
         try:
             ask = min(PEER_ANSWER_S, max(timeout, PEER_ANSWER_MIN_S))
-            answers = await ask_each(scheduler, {"op": "identity"}, spec.workers, ask)
+            answers = await ask_each(self.rechunks.scheduler, {"op": "identity"}, spec.workers, ask)
             silent = [w for w, a in answers.items() if not isinstance(a, dict)]
             while silent and time.monotonic() < deadline and self._undecided(spec):
                 await asyncio.sleep(0.1)
