@@ -37,6 +37,21 @@ PRODUCERS = {
         da.from_array(np.arange(N * M * 1.0).reshape(M, N), chunks=(M, 4)).T.reshape(N, 4, 4)[:, :, ::-1] + 1,
         np.arange(N * M * 1.0).reshape(M, N).T.reshape(N, 4, 4)[:, :, ::-1] + 1,
     ),
+    # (Dask's aliases and tuple tasks: the chunks of the arrays joined, a cumsum's first chunk)
+    "concatenated": lambda: (
+        da.concatenate(
+            [da.ones((N // 2, M), chunks=(4, M)), da.arange(N // 2 * M, chunks=4 * M).reshape(-1, M)]
+        ),
+        np.concatenate([np.ones((N // 2, M)), np.arange(N // 2 * M).reshape(-1, M)]),
+    ),
+    "stacked": lambda: (
+        da.stack([da.ones((N // 2, M), chunks=(4, M)), da.zeros((N // 2, M), chunks=(4, M))]),
+        np.stack([np.ones((N // 2, M)), np.zeros((N // 2, M))]),
+    ),
+    "cumsum-within-chunks": lambda: (
+        da.from_array(np.arange(N * M * 1.0).reshape(N, M), chunks=(4, M)).cumsum(axis=1),
+        np.arange(N * M * 1.0).reshape(N, M).cumsum(axis=1),
+    ),
 }
 
 
@@ -49,7 +64,7 @@ def test_a_producer_more_than_one_layer_deep_runs_inside_the_stage_tasks(client,
     with dask.config.set({"redist.enabled": False}):
         x, a = PRODUCERS[name]()
         a = _expected(name, x, a)
-    new = (N, 2) + x.shape[2:]
+    new = x.shape[:-1] + (2,)
     y = x.rechunk(new) ** 2
     np.testing.assert_allclose(y.compute(), a**2)
     threads = sum(client.nthreads().values())
@@ -76,24 +91,6 @@ def test_a_step_over_a_persisted_array_reshaped_runs_inside_the_stage_tasks(clie
         fused = dask_redist.explain(y).entries[0].fused
         assert fused.startswith("stage tasks compute ") and fused.count(", ") == 1, fused
     del p
-
-
-def test_a_producer_shared_or_requested_keeps_its_tasks(client, enabled):  # noqa: F811
-    g = da.arange(N * M, chunks=4 * M).reshape(N, M)
-    x = 2 * g + 1
-    y = x.rechunk((N, 2))
-    both = y + g.sum()  # (g has another dependent: its tasks stay, the step's run in the stage tasks)
-    np.testing.assert_allclose(both.compute(), 2 * np.arange(N * M).reshape(N, M) + 1 + g.sum().compute())
-    fused = dask_redist.explain(both).entries[0].fused
-    assert fused.startswith(f"stage tasks compute {x.name};") and g.name not in fused, fused
-    got_y, got_g = dask.compute(y, g)  # (g requested)
-    np.testing.assert_array_equal(got_g, np.arange(N * M).reshape(N, M))
-    np.testing.assert_array_equal(got_y, 2 * got_g + 1)
-    with dask.annotate(retries=1):
-        r = da.random.default_rng(3).random((2 * N, M), chunks=(8, M))
-    z = (r[::2] * 2).rechunk((N, 2))  # (annotated: its tasks stay its own)
-    np.testing.assert_allclose(z.compute(), r[::2].compute() * 2)
-    assert r.name not in dask_redist.explain(z).entries[0].fused
 
 
 def _names(dask_scheduler) -> set:

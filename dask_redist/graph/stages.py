@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from functools import cache
 from dataclasses import replace
 
 import numpy as np
@@ -18,6 +19,7 @@ from dask.base import tokenize
 from dask.highlevelgraph import HighLevelGraph
 
 from dask_redist.compat import (
+    Alias,
     DataNode,
     GraphNode,
     Task,
@@ -40,10 +42,10 @@ def inlined_inputs(
     """The tasks of the chain's input chunks, for its stage tasks to run themselves, the rest of
     their layer, whether nothing else needs them, and the layers producing their inputs that
     they run too (`_feeders`; none of ``taken``); None where something else needs them
-    (unless ``force``: an earlier submission of these keys inlined them), they are Futures
-    or aliases, their layer is annotated, or the graph is submitted with ``retries``
-    (``compute(retries=2)``: `runtime.submitted`; unless ``force``), which Dask counts per
-    task: each chunk's task keeps its own. Chunks that are data (``da.from_array`` of a
+    (unless ``force``: an earlier submission of these keys inlined them), they are Futures or
+    aliases of tasks the stage tasks do not run, their layer is annotated, or the graph is
+    submitted with ``retries`` (``compute(retries=2)``: `runtime.submitted`; unless ``force``),
+    which Dask counts per task: each chunk's task keeps its own. Chunks that are data (``da.from_array`` of a
     NumPy array embeds them) are carried by their stage tasks.
 
     A stage task after each input task is one more task per input chunk, and at a few
@@ -59,38 +61,53 @@ def inlined_inputs(
     if not (exclusive or force) or hlg.layers[name].annotations or (submitted.retried() and not force):
         return None  # (wanted by something else, or annotated: workers, resources, retries... stay its own)
     rest = dict(hlg.layers[name])
-    chunks = {}
+    chunks, known = {}, cache(lambda: _known_keys(hlg, name))
     for idx in np.ndindex(*grid):
         key = (name, *idx)
-        task = rest.pop(key, None)
-        if _is_array(task):  # (embedded by from_array: the stage task carries it)
-            task = DataNode(key, task)
-        if isinstance(task, Task) and task.block_fusion or not isinstance(task, (Task, DataNode)):
-            return None  # (an alias, a Future, another collective's output)
+        task = _node(key, rest.pop(key, None), known)
+        if not _plain(task):
+            return None  # (a Future, another collective's output)
         chunks[key] = task
     outside = _needed_by(hlg, name, rest)
     if outside & chunks.keys():
         return None
     feeders = _feeders(hlg, name, chunks, outside, requested, taken)
+    inside = {k for tasks in feeders.values() for k in tasks}
+    if any(isinstance(t, Alias) and t.target not in inside for t in chunks.values()):
+        return None  # (an alias of a task the stage tasks do not run: it stays)
     for key, needs in _needs(chunks, feeders).items():  # (each chunk's task after what it needs)
         chunks[key] = Task.fuse(*needs, chunks[key], key=key)
     return chunks, rest, exclusive, tuple(feeders)
 
 
+def _node(key, value, known):
+    """``value`` of ``key`` as a graph node: data (``da.from_array`` embeds a NumPy array's
+    chunks, which the stage task carries) as a `DataNode`, a legacy tuple as a `Task` or an
+    `Alias` (its references among the keys ``known()`` gives: ``da.stack``'s, ``da.concatenate``'s)."""
+    if _is_array(value):
+        return DataNode(key, value)
+    if type(value) is tuple:
+        return convert_legacy_task(key, value, known())
+    return value
+
+
+def _plain(task) -> bool:
+    """Is ``task`` one that may run inside another: a plain task, data or an alias."""
+    return isinstance(task, (Task, DataNode, Alias)) and not task.block_fusion
+
+
+def _known_keys(hlg: HighLevelGraph, name: str) -> set:
+    """The keys a legacy task of layer ``name`` may refer to: its layer's and its dependencies'."""
+    layers = (name, *hlg.dependencies.get(name, ()))
+    return set().union(*(hlg.layers[n].get_output_keys() for n in layers))
+
+
 def _needed_by(hlg: HighLevelGraph, name: str, tasks: dict) -> set:
     """The keys ``tasks`` (of layer ``name``) depend on; a legacy tuple's read among the keys of
     that layer and of the layers it depends on."""
-    out, known = set(), None
-    for key, task in tasks.items():
-        if not isinstance(task, GraphNode) and type(task) is tuple:
-            if known is None:
-                known = set(hlg.layers[name].get_output_keys()).union(
-                    *(hlg.layers[d].get_output_keys() for d in hlg.dependencies.get(name, ()))
-                )
-            task = convert_legacy_task(key, task, known)
-        if isinstance(task, GraphNode):
-            out |= task.dependencies
-    return out
+    known = cache(lambda: _known_keys(hlg, name))
+    nodes = (_node(key, task, known) for key, task in tasks.items())
+    return set().union(*(t.dependencies for t in nodes if isinstance(t, GraphNode)))
 
 
 def _feeders(
@@ -127,18 +144,17 @@ def _feeders(
 
 
 def _plain_tasks(hlg: HighLevelGraph, name: str, requested: set, taken) -> dict | None:
-    """Layer ``name``'s tasks, data as `DataNode` (``da.from_array``'s chunks), where each is a
-    plain task that may fuse, and the layer is not requested, annotated, nor a rechunk's or a
+    """Layer ``name``'s tasks as graph nodes (`_node`), where each is a plain task, data or an
+    alias (`_plain`), and the layer is not requested, annotated, nor a rechunk's or a
     collective's, nor ``taken``; else None."""
     layer = hlg.layers[name]
     if name in requested or name in taken or layer.annotations or is_rechunk_layer(name, layer):
         return None
     if type(layer).__name__ in ("CollectiveLayer", "LazyRechunkStep"):
         return None
-    tasks = {k: DataNode(k, t) if _is_array(t) else t for k, t in layer.items()}
-    if all(isinstance(t, (Task, DataNode)) and not t.block_fusion for t in tasks.values()):
-        return tasks
-    return None
+    known = cache(lambda: _known_keys(hlg, name))
+    tasks = {k: _node(k, t, known) for k, t in layer.items()}
+    return tasks if all(map(_plain, tasks.values())) else None
 
 
 def _needs(chunks: dict, feeders: dict[str, dict]) -> dict:
