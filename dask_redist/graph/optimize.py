@@ -55,7 +55,8 @@ def fused_neighbours(hlg: HighLevelGraph, decisions: list[Decision], keys, held=
     out = []
     for d, fuse in zip(decisions, fusing):
         parts = []
-        if fuse and (inputs := inlined_inputs(hlg, d.chain, requested, d.spec.rechunk.old_grid)):
+        if fuse and (inputs := inlined_inputs(hlg, d.chain, requested, d.spec.rechunk.old_grid, taken=taken)):
+            taken.update(inputs[3])
             parts.append(f"stage tasks compute {', '.join((*inputs[3], d.chain.source))}")
         if fuse and (
             consumers := fusable_consumers(hlg, d.chain.output, d.spec.output_keys(), requested, taken)
@@ -152,12 +153,14 @@ def _replace_chain(
 
     def inline(force: bool, chain=d.chain, grid=d.spec.rechunk.old_grid):
         if taken is not None and force not in found:
-            found[force] = inlined_inputs(hlg, chain, requested, grid, force=force)
+            found[force] = inlined_inputs(hlg, chain, requested, grid, force=force, taken=taken)
         return found.get(force)
 
     if d.method == BUILT and consumers is None and inline(False) is None:
         return d  # (nothing to fuse: the collective stays as it was built)
     spec, groups, inputs = stage_grouping(d.spec, inline)
+    if inputs:  # (no other collective's tasks compute the layers its stage tasks run)
+        taken.update(inputs[3])
     tasks = collective_tasks(spec, groups, inputs[0] if inputs else None, consumers and consumers.tasks)
     annotations = hlg.layers[out].collection_annotations
     if consumers is not None:  # the consumer's layer is the collective's: its dependents find it by name
@@ -169,16 +172,31 @@ def _replace_chain(
         out = consumers.name
         deps[out] -= {d.chain.output, *consumers.names}
     layers[out] = CollectiveLayer(tasks, collection_annotations=annotations, decision=d if explicit else None)
-    deps[out] = {source} | (deps[source] if inputs else set()) | (deps[out] if consumers else set())
-    if inputs and inputs[2]:  # nothing else needs the input chunks: their tasks leave the layer
-        if inputs[1]:  # (what they depend on inside it stays)
-            annotations = hlg.layers[source].collection_annotations
-            layers[source] = MaterializedLayer(inputs[1], collection_annotations=annotations)
-        else:  # (and the layers generating its inputs, which they run too: `inlined_inputs`)
-            for name in (source, *inputs[3]):
-                del layers[name]
-                deps[out] = (deps[out] - {name}) | deps.pop(name)
+    deps[out] = (_inlined_away(hlg, layers, deps, source, inputs) if inputs else {source}) | (
+        deps[out] if consumers else set()
+    )
     return replace(d, spec=spec)
+
+
+def _inlined_away(hlg, layers: dict, deps: dict, source: str, inputs: tuple) -> set:
+    """The layers the stage tasks depend on where they run the input chunks' tasks and the layers
+    producing them (``inputs``: `inlined_inputs`). Where nothing else needs those chunks, their
+    tasks leave ``layers`` (``hlg``'s, changed in place, ``deps`` with them): the input layer keeps
+    the rest of its tasks, if any, and the producing layers go (no task left needs them)."""
+    chunks, rest, exclusive, feeders = inputs
+    near = ({source} | deps[source]).union(*(deps[n] for n in feeders)) - set(feeders)
+    if exclusive:
+        for name in feeders:
+            del layers[name], deps[name]
+        if rest:  # (what they depend on inside it stays)
+            annotations = hlg.layers[source].collection_annotations
+            layers[source] = MaterializedLayer(rest, collection_annotations=annotations)
+            deps[source] -= set(feeders)
+        else:
+            del layers[source], deps[source]
+            near.discard(source)
+    needed = set().union(*(t.dependencies for t in chunks.values()))
+    return {n for n in near if not needed.isdisjoint(layers.get(n, hlg.layers[n]).get_output_keys())}
 
 
 def running_on_scheduler() -> bool:

@@ -10,14 +10,25 @@ gets the same graph (`stage_grouping`).
 from __future__ import annotations
 
 import math
+from collections import Counter
+from functools import cache
 from dataclasses import replace
 
 import numpy as np
 from dask.base import tokenize
 from dask.highlevelgraph import HighLevelGraph
 
-from dask_redist.compat import DataNode, GraphNode, Task, building_graph, running_schedulers
+from dask_redist.compat import (
+    Alias,
+    DataNode,
+    GraphNode,
+    Task,
+    building_graph,
+    convert_legacy_task,
+    running_schedulers,
+)
 from dask_redist.core.spec import BARRIER_PREFIX, CollectiveSpec
+from dask_redist.graph.decide import is_rechunk_layer
 from dask_redist.runtime import submitted
 
 
@@ -26,15 +37,15 @@ def _is_array(value) -> bool:
 
 
 def inlined_inputs(
-    hlg: HighLevelGraph, chain, requested: set, grid, force: bool = False
+    hlg: HighLevelGraph, chain, requested: set, grid, force: bool = False, taken=frozenset()
 ) -> tuple[dict, dict, bool, tuple[str, ...]] | None:
     """The tasks of the chain's input chunks, for its stage tasks to run themselves, the rest of
-    their layer, whether nothing else needs them, and the layers generating their inputs that
-    they run too (`_feeders`); None where something else needs them
-    (unless ``force``: an earlier submission of these keys inlined them), they are Futures
-    or aliases, their layer is annotated, or the graph is submitted with ``retries``
-    (``compute(retries=2)``: `runtime.submitted`; unless ``force``), which Dask counts per
-    task: each chunk's task keeps its own. Chunks that are data (``da.from_array`` of a
+    their layer, whether nothing else needs them, and the layers producing their inputs that
+    they run too (`_feeders`; none of ``taken``); None where something else needs them
+    (unless ``force``: an earlier submission of these keys inlined them), they are Futures or
+    aliases of tasks the stage tasks do not run, their layer is annotated, or the graph is
+    submitted with ``retries`` (``compute(retries=2)``: `runtime.submitted`; unless ``force``),
+    which Dask counts per task: each chunk's task keeps its own. Chunks that are data (``da.from_array`` of a
     NumPy array embeds them) are carried by their stage tasks.
 
     A stage task after each input task is one more task per input chunk, and at a few
@@ -50,55 +61,116 @@ def inlined_inputs(
     if not (exclusive or force) or hlg.layers[name].annotations or (submitted.retried() and not force):
         return None  # (wanted by something else, or annotated: workers, resources, retries... stay its own)
     rest = dict(hlg.layers[name])
-    chunks = {}
+    chunks, known = {}, cache(lambda: _known_keys(hlg, name))
     for idx in np.ndindex(*grid):
         key = (name, *idx)
-        task = rest.pop(key, None)
-        if _is_array(task):  # (embedded by from_array: the stage task carries it)
-            task = DataNode(key, task)
-        if isinstance(task, Task) and task.block_fusion or not isinstance(task, (Task, DataNode)):
-            return None  # (an alias, a Future, another collective's output)
+        task = _node(key, rest.pop(key, None), known)
+        if not _plain(task):
+            return None  # (a Future, another collective's output)
         chunks[key] = task
-    if any(set(t.dependencies) & chunks.keys() for t in rest.values() if isinstance(t, GraphNode)):
+    outside = _needed_by(hlg, name, rest)
+    if outside & chunks.keys():
         return None
-    feeders = _feeders(hlg, name, chunks, requested)
+    feeders = _feeders(hlg, name, chunks, outside, requested, taken)
+    inside = {k for tasks in feeders.values() for k in tasks}
+    if any(isinstance(t, Alias) and t.target not in inside for t in chunks.values()):
+        return None  # (an alias of a task the stage tasks do not run: it stays)
     for key, needs in _needs(chunks, feeders).items():  # (each chunk's task after what it needs)
         chunks[key] = Task.fuse(*needs, chunks[key], key=key)
     return chunks, rest, exclusive, tuple(feeders)
 
 
-def _feeders(hlg: HighLevelGraph, name: str, chunks: dict, requested: set) -> dict[str, dict]:
-    """The layers layer ``name``'s ``chunks`` depend on that generate data from nothing (random
-    numbers, ``arange``: each a task without dependencies) or hold it (``da.from_array`` of a
-    NumPy array: the chunks themselves), each task used by one chunk only, the
-    layer by nothing else, not requested nor annotated, by name: their tasks. Dask's low-level
-    fusion runs such a task inside its one dependent (``(2 * rng.standard_normal(...)) ** 2`` is
-    one task per chunk); the stage tasks run them too, or they were one task more per chunk."""
-    out, dependents = {}, hlg.dependents  # (built anew on each access)
-    for dep in sorted(hlg.dependencies.get(name, ()), key=str):
-        layer = hlg.layers[dep]
-        if dep in requested or layer.annotations or dependents.get(dep) != {name}:
-            continue
-        tasks = {k: DataNode(k, t) if _is_array(t) else t for k, t in layer.items()}  # (from_array's data)
-        if not all(
-            isinstance(t, (Task, DataNode)) and not t.dependencies and not t.block_fusion
-            for t in tasks.values()
-        ):
-            continue
-        users = [k for t in chunks.values() for k in t.dependencies if k in tasks]
-        if len(users) == len(set(users)) == len(tasks):
+def _node(key, value, known):
+    """``value`` of ``key`` as a graph node: data (``da.from_array`` embeds a NumPy array's
+    chunks, which the stage task carries) as a `DataNode`, a legacy tuple as a `Task` or an
+    `Alias` (its references among the keys ``known()`` gives: ``da.stack``'s, ``da.concatenate``'s)."""
+    if _is_array(value):
+        return DataNode(key, value)
+    if type(value) is tuple:
+        return convert_legacy_task(key, value, known())
+    return value
+
+
+def _plain(task) -> bool:
+    """Is ``task`` one that may run inside another: a plain task, data or an alias."""
+    return isinstance(task, (Task, DataNode, Alias)) and not task.block_fusion
+
+
+def _known_keys(hlg: HighLevelGraph, name: str) -> set:
+    """The keys a legacy task of layer ``name`` may refer to: its layer's and its dependencies'."""
+    layers = (name, *hlg.dependencies.get(name, ()))
+    return set().union(*(hlg.layers[n].get_output_keys() for n in layers))
+
+
+def _needed_by(hlg: HighLevelGraph, name: str, tasks: dict) -> set:
+    """The keys ``tasks`` (of layer ``name``) depend on; a legacy tuple's read among the keys of
+    that layer and of the layers it depends on."""
+    known = cache(lambda: _known_keys(hlg, name))
+    nodes = (_node(key, task, known) for key, task in tasks.items())
+    return set().union(*(t.dependencies for t in nodes if isinstance(t, GraphNode)))
+
+
+def _feeders(
+    hlg: HighLevelGraph, name: str, chunks: dict, outside: set, requested: set, taken
+) -> dict[str, dict]:
+    """The layers producing the inputs of layer ``name``'s ``chunks`` that the stage tasks run
+    too, deepest first, by name: their tasks. Dask's low-level fusion runs a task inside its one
+    dependent (``(2 * rng.standard_normal(...)) ** 2``, ``2 * da.arange(n).reshape(a, b) + 1``:
+    one task per chunk); the stage tasks run them too, or they were one task more per chunk
+    each. A layer is taken where every task of it is plain (`_plain_tasks`) and used by exactly
+    one task the stage tasks run (a chunk's, or a taken layer's), by nothing else (``outside``: the
+    keys the other tasks of layer ``name`` need, which stay), and the layer is not requested,
+    annotated, a rechunk's or ``taken`` (another collective's input or consumer). Its tasks may
+    depend on other layers: the stage tasks depend on those (a persisted array's chunks)."""
+    dependents, dependencies = hlg.dependents, hlg.dependencies  # (built anew on each access)
+    inside, out = {name}, {}
+    uses = Counter(k for t in chunks.values() for k in t.dependencies)
+    refused: set = set()
+    found = True
+    while found:  # (a layer once all its dependents are inside: they use its tasks)
+        found = False
+        for dep in sorted({d for n in inside for d in dependencies.get(n, ())} - inside - refused, key=str):
+            if not dependents.get(dep, set()) <= inside:
+                continue
+            tasks = _plain_tasks(hlg, dep, requested, taken)
+            if tasks is None or outside & tasks.keys() or any(uses[k] != 1 for k in tasks):
+                refused.add(dep)
+                continue
             out[dep] = tasks
-    return out
+            inside.add(dep)
+            uses.update(k for t in tasks.values() for k in t.dependencies)
+            found = True
+    return dict(reversed(out.items()))
+
+
+def _plain_tasks(hlg: HighLevelGraph, name: str, requested: set, taken) -> dict | None:
+    """Layer ``name``'s tasks as graph nodes (`_node`), where each is a plain task, data or an
+    alias (`_plain`), and the layer is not requested, annotated, nor a rechunk's or a
+    collective's, nor ``taken``; else None."""
+    layer = hlg.layers[name]
+    if name in requested or name in taken or layer.annotations or is_rechunk_layer(name, layer):
+        return None
+    if type(layer).__name__ in ("CollectiveLayer", "LazyRechunkStep"):
+        return None
+    known = cache(lambda: _known_keys(hlg, name))
+    tasks = {k: _node(k, t, known) for k, t in layer.items()}
+    return tasks if all(map(_plain, tasks.values())) else None
 
 
 def _needs(chunks: dict, feeders: dict[str, dict]) -> dict:
-    """For each chunk's task that depends on ``feeders``' tasks: those tasks."""
+    """For each chunk's task that depends on ``feeders``' tasks: those tasks, each after the
+    tasks it needs in turn."""
     found = {k: t for tasks in feeders.values() for k, t in tasks.items()}
     out = {}
     for key, task in chunks.items():
-        needs = [found[k] for k in task.dependencies if k in found]
+        needs, todo = {}, [k for k in task.dependencies if k in found]
+        while todo:
+            k = todo.pop()
+            if k not in needs:
+                needs[k] = found[k]
+                todo.extend(d for d in found[k].dependencies if d in found)
         if needs:
-            out[key] = needs
+            out[key] = list(needs.values())
     return out
 
 
