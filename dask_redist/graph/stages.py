@@ -29,6 +29,8 @@ from dask_redist.compat import (
 )
 from dask_redist.core.spec import BARRIER_PREFIX, CollectiveSpec
 from dask_redist.graph.decide import is_rechunk_layer
+from dask_redist.graph.layer import CollectiveLayer
+from dask_redist.graph.lazy import LazyRechunkStep
 from dask_redist.runtime import submitted
 
 
@@ -150,7 +152,7 @@ def _plain_tasks(hlg: HighLevelGraph, name: str, requested: set, taken) -> dict 
     layer = hlg.layers[name]
     if name in requested or name in taken or layer.annotations or is_rechunk_layer(name, layer):
         return None
-    if type(layer).__name__ in ("CollectiveLayer", "LazyRechunkStep"):
+    if isinstance(layer, (CollectiveLayer, LazyRechunkStep)):
         return None
     known = cache(lambda: _known_keys(hlg, name))
     tasks = {k: _node(k, t, known) for k, t in layer.items()}
