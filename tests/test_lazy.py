@@ -74,7 +74,7 @@ def test_a_p2p_rechunks_prechunking_step_is_lazy_and_the_same(client):
 
 def test_the_collective_never_builds_dasks_tasks(client, monkeypatch):
     """The rewrite drops the steps unread; pickled, a step carries no tasks."""
-    from dask_redist import compat
+    from dask_redist.compat import wrapped as compat
 
     built = []
     original = compat._original_step
@@ -139,7 +139,7 @@ def test_dasks_chunk_crossings_are_computed_once_per_rechunk(client, monkeypatch
     the graph is still Dask's. Disabled, Dask's own function is back."""
     import importlib
 
-    from dask_redist import compat
+    from dask_redist.compat import wrapped as compat
 
     rechunk_module = importlib.import_module("dask.array.rechunk")  # (dask.array.rechunk is the function)
     calls = []
