@@ -132,7 +132,8 @@ class Status(dict):
                 "host": s.get("host", "-"),
                 "staged chunks": s.get("staged chunks", "-"),
                 "stage keys": s.get("stage keys", "-"),
-                "runs held": ", ".join(f"{r} ({p})" for r, p in s.get("runs", {}).items()) or "-",
+                "runs held": ", ".join(f"{r} ({p})" for r, p in s.get("runs held", s.get("runs", {})).items())
+                or "-",
                 "early pieces": s.get("early pieces", "-"),
                 "engines": _engines(s.get("engines", {})),
                 "last mark": _ago(self.taken, max(s.get("timeline", {}).values(), default=None)),

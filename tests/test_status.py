@@ -139,3 +139,24 @@ def test_status_of_a_scheduler_that_is_gone_raises_a_timeout_error_naming_it():
                     dask_redist.RedistTimeoutError, match=f"could not reach the scheduler at {address}"
                 ):
                     dask_redist.status(c)
+
+
+def test_status_names_the_runs_workers_hold_as_the_history_does(client):
+    """A worker's "runs held" cell named each run by its whole description (layer name, rank,
+    the worker's own address): ten wrapped lines per run in a notebook, and "(done)" for a run
+    the history called failed. Now the history's name ("c00e268c #1") and "failed"."""
+    from distributed import wait
+
+    x = da.from_array(np.arange(900.0).reshape(30, 30), chunks=(3, 30))
+    with dask_redist.enable(engine="engines:FailingEngine", timeouts={"collective": "60s"}):
+        y = x.rechunk((30, 3)).persist()
+        wait(y, timeout=60)
+    s = dask_redist.status(client)
+    run = s["history"][-1]
+    assert run["outcome"] == "failed", run
+    name = f"{run['token'][:8]} #{run['run']}"
+    held = [cell for w in s["workers"].values() for cell in w["runs held"].items()]
+    assert held and all(cell == (name, "failed") for cell in held), held
+    (workers,) = [rows for title, rows in s.sections() if title == "workers"]
+    assert all(row["runs held"] == f"{name} (failed)" for row in workers), workers
+    del y
