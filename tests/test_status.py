@@ -160,3 +160,15 @@ def test_status_names_the_runs_workers_hold_as_the_history_does(client):
     (workers,) = [rows for title, rows in s.sections() if title == "workers"]
     assert all(row["runs held"] == f"{name} (failed)" for row in workers), workers
     del y
+
+
+def test_status_says_why_a_run_failed(client):
+    """A failed run's why was the engine's reason ("set by redist.engine", "NumPy chunks on CPU
+    workers"): status() did not say what failed. Now the failure, the engine's reason after it."""
+    x = da.from_array(np.arange(900.0).reshape(30, 30), chunks=(3, 30))
+    with dask_redist.enable(engine="engines:FailingEngine", timeouts={"collective": "60s"}):
+        with pytest.raises(dask_redist.RedistError, match="injected failure on rank 0"):
+            x.rechunk((30, 3)).compute()
+    run = dask_redist.status(client)["history"][-1]
+    assert run["outcome"] == "failed" and "injected failure on rank 0" in run["why"], run
+    assert run["why"].endswith("(engine: set by redist.engine)"), run

@@ -126,7 +126,7 @@ class Rechunks:
             for msg, now in held[w]:
                 self._send(w, msg, now)
 
-    def _deactivate(self, token: str, outcome: str) -> ActiveRun | None:
+    def _deactivate(self, token: str, outcome: str, reason: str | None = None) -> ActiveRun | None:
         rechunk = self.by_token.get(token)
         if rechunk is None or rechunk.active is None:
             return None
@@ -136,7 +136,7 @@ class Rechunks:
             self.by_output.pop(key, None)
             if key in self.scheduler.tasks:
                 self.scheduler.set_restrictions({key: original})
-        self.history.append(run.history(outcome))
+        self.history.append(run.history(outcome, reason))
         return run
 
     def finish(self, token: str) -> None:
@@ -149,7 +149,7 @@ class Rechunks:
     def abort(self, token: str, reason: str, *, failure: str, outcome: str | None = None) -> None:
         """Fail the run on every rank with ``reason``, as the error `dask_redist.errors.FAILURES` names;
         ``outcome`` for the history (default: restarted or failed, by ``failure``)."""
-        run = self._deactivate(token, outcome or ("restarted" if failure == "restart" else "failed"))
+        run = self._deactivate(token, outcome or ("restarted" if failure == "restart" else "failed"), reason)
         if run is None:
             return
         logger.debug("aborting %s (%s): %s", run.spec.name(), failure, reason)
