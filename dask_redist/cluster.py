@@ -136,7 +136,7 @@ def status(client=None):
         ``cancelled``, or ``outputs failed`` where output tasks raised after the exchange, a step
         fused into them; the why of a run not done says how it ended), and rechunks that failed
         with no run ending so (refused at their barrier, a task before it failed: outcome and why
-        only), oldest first (the scheduler keeps the latest 200); ``active``: runs in flight; ``timeline``: the scheduler's marks of the
+        only), oldest first (the scheduler keeps the latest 200); ``active``: runs in flight (their names; ``in flight``: their entries, as the history's); ``timeline``: the scheduler's marks of the
         latest run; ``engines``: what the choice of engine depends on (capabilities, each
         engine's world); ``workers``: per worker, the chunks staged, runs and early pieces held,
         its timeline, and its engines' health and statistics; ``unanswered``: the workers that

@@ -172,3 +172,23 @@ def test_status_says_why_a_run_failed(client):
     run = dask_redist.status(client)["history"][-1]
     assert run["outcome"] == "failed" and "injected failure on rank 0" in run["why"], run
     assert run["why"].endswith("(engine: set by redist.engine)"), run
+
+
+def test_status_shows_a_run_in_flight_as_the_history_does(client):
+    """A run in flight was one cell of its whole description ("rechunk c6075e00 (rechunk-p2p-...)
+    run 1"); now a row as the history's: its name, engine, bytes, time so far and why."""
+    from conftest import wait_for_active_run
+    from distributed import wait
+
+    a = np.arange(900.0).reshape(30, 30)
+    with dask_redist.enable(engine="engines:SlowEngine", min_bytes=0):
+        y = da.from_array(a, chunks=(3, 30)).rechunk((30, 3)).persist()
+        wait_for_active_run(client, 30)
+        s = dask_redist.status(client)
+        wait(y, timeout=60)
+    np.testing.assert_array_equal(y.compute(), a)
+    ((title, rows),) = [(t, r) for t, r in s.sections() if t == "runs in flight"]
+    (row,) = rows
+    assert row["run"] == f"{s['in flight'][0]['token'][:8]} #1" and row["outcome"] == "in flight", row
+    assert row["engine"] == "engines:SlowEngine" and row["bytes"] == "7.03 kiB", row
+    assert row["run"] in str(s) and "rechunk-p2p" not in str(s), str(s)
