@@ -83,6 +83,7 @@ class CollectiveThread:
         self._closed = False
         self._thread: threading.Thread | None = None
         self._current: WorkerRun | None = None  # the run the current thread is executing
+        self._timed: WorkerRun | None = None  # the aborted run `_abandon` will look at
 
     def submit(self, run: WorkerRun) -> None:
         with self._cond:
@@ -91,7 +92,13 @@ class CollectiveThread:
                 return
             heapq.heappush(self._heap, (run.spec.seq, next(self._tie), run))
             current = self._current  # (one aborted before it started returns at once)
-            if current is not None and current.must_stop() and current.phase != "queued":
+            if (
+                current is not None
+                and current.must_stop()
+                and current.phase != "queued"
+                and self._timed is not current
+            ):
+                self._timed = current  # (one timer per aborted run, however many are queued behind it)
                 later = threading.Timer(ABANDON_AFTER_S, self._abandon, args=(current,))
                 later.daemon = True
                 later.start()
@@ -108,6 +115,8 @@ class CollectiveThread:
         """``run``, aborted, is still executing `ABANDON_AFTER_S` after a run was submitted behind
         it: the queue gets a new thread, and ``on_abandon`` is told (nothing where it returned)."""
         with self._cond:
+            if self._timed is run:
+                self._timed = None
             if self._closed or self._current is not run:
                 return
             self._current, self._thread = None, None
