@@ -132,9 +132,11 @@ def status(client=None):
         With an asynchronous Client (``Client(asynchronous=True)``, called on its event loop), an
         awaitable of it: ``await dask_redist.status()``. Printed (or shown in Jupyter) as tables with times as durations; a dict of the
         scheduler's answer, times in it as recorded (epoch seconds): ``history``: the runs
-        finished (engine, why, bytes, seconds, outcome), and rechunks that failed with no run
-        ending so (refused at their barrier, a task before it failed: outcome and why only),
-        oldest first (the scheduler keeps the latest 200); ``active``: runs in flight; ``timeline``: the scheduler's marks of the
+        finished (engine, why, bytes, seconds, outcome: ``done``, ``failed``, ``restarted``,
+        ``cancelled``, or ``outputs failed`` where output tasks raised after the exchange, a step
+        fused into them; the why of a run not done says how it ended), and rechunks that failed
+        with no run ending so (refused at their barrier, a task before it failed: outcome and why
+        only), oldest first (the scheduler keeps the latest 200); ``active``: runs in flight (their names; ``in flight``: their entries, as the history's); ``timeline``: the scheduler's marks of the
         latest run; ``engines``: what the choice of engine depends on (capabilities, each
         engine's world); ``workers``: per worker, the chunks staged, runs and early pieces held,
         its timeline, and its engines' health and statistics; ``unanswered``: the workers that

@@ -77,6 +77,19 @@ def _engines(engines: dict) -> str:
     return ", ".join(out) or "-"
 
 
+def _run_row(h: dict) -> dict:
+    """A row of the runs' tables for ``h``, an entry of the history (or of a run in flight)."""
+    return {
+        "run": f"{h.get('token', '')[:8]} #{h.get('run', '-')}",
+        "engine": h.get("engine", "-"),
+        "outcome": h.get("outcome", "-"),
+        "bytes": format_bytes(h["bytes"]) if "bytes" in h else "-",
+        "moved": format_bytes(h["bytes moved"]) if "bytes moved" in h else "-",
+        "took": format_time(h["seconds"]) if "seconds" in h else "-",
+        "why": h.get("why", ""),
+    }
+
+
 class Status(dict):
     """What `dask_redist.status` returns: the scheduler's answer as a dict, as before
     (``status["history"]``, ``["workers"]``, ``["timeline"]``..., times as the processes
@@ -99,18 +112,9 @@ class Status(dict):
     def sections(self) -> list[tuple[str, list[dict]]]:
         """(title, rows) of each table shown; empty ones left out."""
         history = list(self.get("history", ()))
-        runs = [
-            {
-                "run": f"{h.get('token', '')[:8]} #{h.get('run', '-')}",
-                "engine": h.get("engine", "-"),
-                "outcome": h.get("outcome", "-"),
-                "bytes": format_bytes(h["bytes"]) if "bytes" in h else "-",
-                "moved": format_bytes(h["bytes moved"]) if "bytes moved" in h else "-",
-                "took": format_time(h["seconds"]) if "seconds" in h else "-",
-                "why": h.get("why", ""),
-            }
-            for h in history[-RUNS_SHOWN:]
-        ]
+        runs = [_run_row(h) for h in history[-RUNS_SHOWN:]]
+        # (a scheduler of an older dask-redist names them only)
+        in_flight = [_run_row(h) for h in self["in flight"]] if "in flight" in self else None
         earlier = (
             f" ({len(history) - RUNS_SHOWN} earlier in status['history'])"
             if len(history) > RUNS_SHOWN
@@ -132,7 +136,8 @@ class Status(dict):
                 "host": s.get("host", "-"),
                 "staged chunks": s.get("staged chunks", "-"),
                 "stage keys": s.get("stage keys", "-"),
-                "runs held": ", ".join(f"{r} ({p})" for r, p in s.get("runs", {}).items()) or "-",
+                "runs held": ", ".join(f"{r} ({p})" for r, p in s.get("runs held", s.get("runs", {})).items())
+                or "-",
                 "early pieces": s.get("early pieces", "-"),
                 "engines": _engines(s.get("engines", {})),
                 "last mark": _ago(self.taken, max(s.get("timeline", {}).values(), default=None)),
@@ -141,7 +146,10 @@ class Status(dict):
         ]
         sections = [
             (f"runs finished, latest last{earlier}", runs),
-            ("runs in flight", [{"run": r} for r in self.get("active", ())]),
+            (
+                "runs in flight",
+                in_flight if in_flight is not None else [{"run": r} for r in self.get("active", ())],
+            ),
             ("latest run, on the scheduler", timeline),
             ("workers", workers),
             (

@@ -442,6 +442,28 @@ def test_explain_asks_the_workers_before_any_run():
         assert scheduler_history(c) == []  # (nothing ran: explain only asked)
 
 
+def test_a_run_before_the_workers_were_asked_names_no_gpu_threshold():
+    """A small NumPy rechunk does not make the scheduler ask the workers what they can run: its
+    history's why said "NumPy chunks, 512.00 kiB is below redist.numpy-via-gpus (1.00 MiB)" on a
+    CPU cluster (a user-style session, 2026-12-07). Now "NumPy chunks" until the workers
+    answered (explain() asks them), then "NumPy chunks on CPU workers"."""
+    if importlib.util.find_spec("cupy") is not None:
+        pytest.skip("CuPy is installed here: the workers may well run cufftmp")
+    from distributed import Client
+
+    a = data_for((256, 256), "float64")  # 512 KiB
+    x = da.from_array(a, chunks=(32, 256))
+    with local_cluster(2, processes=False) as cluster, Client(cluster) as c:
+        c.wait_for_workers(2)
+        with dask_redist.enable(engine="auto", numpy_via_gpus="1MiB", min_bytes=0):
+            np.testing.assert_array_equal(x.rechunk((256, 32)).compute(), a)
+            assert dask_redist.explain(x.rechunk((256, 16)))[0].engine_reason == "NumPy chunks on CPU workers"
+            np.testing.assert_array_equal(x.rechunk((256, 64)).compute(), a)
+        first, later = scheduler_history(c)
+    assert (first["engine"], first["why"]) == ("dask", "NumPy chunks"), first
+    assert (later["engine"], later["why"]) == ("dask", "NumPy chunks on CPU workers"), later
+
+
 def test_a_rechunk_beyond_the_workers_memory_keeps_dasks_and_explain_says_so():
     from distributed import Client
 

@@ -458,6 +458,41 @@ def test_a_fused_consumer_that_fails_once_is_retried(client, enabled, tmp_path):
         client.compute(y).result(timeout=60)  # (no retries: the user's error, as Dask's)
 
 
+def _fails_in_one_chunk(block, block_info=None):
+    """``block + 1``, raising the user's own error in output chunk (0, 0), a moment in the others."""
+    if block_info[0]["chunk-location"] == (0, 0):
+        raise ZeroDivisionError("the user's bug in chunk (0, 0)")
+    time.sleep(0.05)
+    return block + 1
+
+
+def test_a_fused_consumer_failing_in_one_chunk_leaves_the_others(client, enabled):
+    """A step fused into the unpack tasks raises in one chunk after the exchange: that chunk's
+    future gets the user's error, the others their values, as with Dask's own tasks, and status()
+    says what failed (2026-12-07: the scheduler aborted the run on that error and every output not
+    yet handed over failed with "RedistError: output task ... failed"; status said "failed"
+    with the engine's reason)."""
+    a = np.arange(4800.0).reshape(40, 120)  # (24 output chunks: more than the workers' threads)
+    before = len(scheduler_history(client))
+    y = da.from_array(a, chunks=(10, 120)).rechunk((40, 5)).map_blocks(_fails_in_one_chunk, dtype=float)
+    assert dask_redist.explain(y).entries[0].fused.endswith(f"unpack tasks compute {y.name}")
+    held = y.persist()
+    futures = {f.key: f for f in client.futures_of(held)}
+    wait(list(futures.values()), timeout=60)
+    for key, future in futures.items():
+        if key[1:] == (0, 0):
+            with pytest.raises(ZeroDivisionError, match="the user's bug"):
+                future.result()
+        else:
+            column = slice(5 * key[2], 5 * key[2] + 5)
+            np.testing.assert_array_equal(future.result(), a[:, column] + 1)
+    del held, futures
+    (run,) = scheduler_history(client)[before:]
+    assert run["outcome"] == "outputs failed", run
+    assert "failed after the exchange" in run["why"] and "the user's bug" in run["why"], run
+    assert client.submit(lambda: 1).result(timeout=30) == 1  # (the cluster is fine)
+
+
 def _fails_once_per_chunk(block, marks, block_info=None):
     """``block + 1``, failing the first time it meets each chunk (``marks``: a folder, a file a
     chunk once failed)."""

@@ -704,11 +704,14 @@ def test_a_thread_stuck_in_an_aborted_run_is_replaced():
 
 
 @pytest.mark.parametrize("gone", [(), ("tcp://b",)])
-def test_an_aborted_run_being_completed_keeps_its_thread_unless_a_rank_is_gone(gone):
+def test_an_aborted_run_being_completed_keeps_its_thread_unless_a_rank_is_gone(gone, monkeypatch):
     """A run of an engine that completes aborted runs (cufftmp) is still queuing its rounds
     after the abort: the next run waits for it on the same thread (two threads would queue
     collective calls at once) unless a rank is gone, when nothing can complete it."""
+    from dask_redist.runtime import collective
     from dask_redist.runtime.collective import CollectiveThread
+
+    monkeypatch.setattr(collective, "ABANDON_AFTER_S", 0.1)
 
     release, ran, abandoned = threading.Event(), [], []
 
@@ -733,6 +736,38 @@ def test_an_aborted_run_being_completed_keeps_its_thread_unless_a_rank_is_gone(g
         assert time.monotonic() < deadline, ran
         time.sleep(0.01)
     assert abandoned == ([first] if gone else []) and (ran[0][1] is ran[1][1]) is not bool(gone)
+    thread.close()
+
+
+def test_an_aborted_run_that_returns_soon_keeps_its_thread():
+    """A cancel and at once another rechunk (a notebook cell run again): the next run arrives
+    while the aborted one is still on its way out of its engine. It waits for that thread, which
+    returns a moment later, and nothing is abandoned (no warning that an engine has not returned;
+    before, it got a new thread at once and the worker logged it)."""
+    from dask_redist.runtime.collective import CollectiveThread
+
+    ran, abandoned = [], []
+
+    def execute(run):
+        ran.append((run.spec.seq, threading.current_thread()))
+        run.phase = "exchange"
+        if run.spec.seq == 1:
+            while not run.must_stop():
+                time.sleep(0.01)
+            time.sleep(0.3)  # on its way out: an abort is seen at the engine's next wait
+
+    thread = CollectiveThread(execute, "test", on_abandon=abandoned.append)
+    first, second = FakeRun(1), FakeRun(2)
+    thread.submit(first)
+    while not ran:
+        time.sleep(0.01)
+    first.state = "failed"
+    thread.submit(second)
+    deadline = time.monotonic() + 10
+    while len(ran) < 2:
+        assert time.monotonic() < deadline, ran
+        time.sleep(0.01)
+    assert abandoned == [] and ran[0][1] is ran[1][1]
     thread.close()
 
 

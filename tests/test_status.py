@@ -139,3 +139,56 @@ def test_status_of_a_scheduler_that_is_gone_raises_a_timeout_error_naming_it():
                     dask_redist.RedistTimeoutError, match=f"could not reach the scheduler at {address}"
                 ):
                     dask_redist.status(c)
+
+
+def test_status_names_the_runs_workers_hold_as_the_history_does(client):
+    """A worker's "runs held" cell named each run by its whole description (layer name, rank,
+    the worker's own address): ten wrapped lines per run in a notebook, and "(done)" for a run
+    the history called failed. Now the history's name ("c00e268c #1") and "failed"."""
+    from distributed import wait
+
+    x = da.from_array(np.arange(900.0).reshape(30, 30), chunks=(3, 30))
+    with dask_redist.enable(engine="engines:FailingEngine", timeouts={"collective": "60s"}):
+        y = x.rechunk((30, 3)).persist()
+        wait(y, timeout=60)
+    s = dask_redist.status(client)
+    run = s["history"][-1]
+    assert run["outcome"] == "failed", run
+    name = f"{run['token'][:8]} #{run['run']}"
+    held = [cell for w in s["workers"].values() for cell in w["runs held"].items()]
+    assert held and all(cell == (name, "failed") for cell in held), held
+    (workers,) = [rows for title, rows in s.sections() if title == "workers"]
+    assert all(row["runs held"] == f"{name} (failed)" for row in workers), workers
+    del y
+
+
+def test_status_says_why_a_run_failed(client):
+    """A failed run's why was the engine's reason ("set by redist.engine", "NumPy chunks on CPU
+    workers"): status() did not say what failed. Now the failure, the engine's reason after it."""
+    x = da.from_array(np.arange(900.0).reshape(30, 30), chunks=(3, 30))
+    with dask_redist.enable(engine="engines:FailingEngine", timeouts={"collective": "60s"}):
+        with pytest.raises(dask_redist.RedistError, match="injected failure on rank 0"):
+            x.rechunk((30, 3)).compute()
+    run = dask_redist.status(client)["history"][-1]
+    assert run["outcome"] == "failed" and "injected failure on rank 0" in run["why"], run
+    assert run["why"].endswith("(engine: set by redist.engine)"), run
+
+
+def test_status_shows_a_run_in_flight_as_the_history_does(client):
+    """A run in flight was one cell of its whole description ("rechunk c6075e00 (rechunk-p2p-...)
+    run 1"); now a row as the history's: its name, engine, bytes, time so far and why."""
+    from conftest import wait_for_active_run
+    from distributed import wait
+
+    a = np.arange(900.0).reshape(30, 30)
+    with dask_redist.enable(engine="engines:SlowEngine", min_bytes=0):
+        y = da.from_array(a, chunks=(3, 30)).rechunk((30, 3)).persist()
+        wait_for_active_run(client, 30)
+        s = dask_redist.status(client)
+        wait(y, timeout=60)
+    np.testing.assert_array_equal(y.compute(), a)
+    ((title, rows),) = [(t, r) for t, r in s.sections() if t == "runs in flight"]
+    (row,) = rows
+    assert row["run"] == f"{s['in flight'][0]['token'][:8]} #1" and row["outcome"] == "in flight", row
+    assert row["engine"] == "engines:SlowEngine" and row["bytes"] == "7.03 kiB", row
+    assert row["run"] in str(s) and "rechunk-p2p" not in str(s), str(s)

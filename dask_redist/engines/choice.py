@@ -33,13 +33,16 @@ def _passed_over(
     """Why ``auto`` does not take ``d`` (`UNASKED` where that depends on workers not asked), or None.
 
     What the workers answered comes first where every one did: on workers without GPUs the
-    reason says so, not a threshold that only matters with GPUs."""
+    reason says so, not a threshold that only matters with GPUs; where they were not asked,
+    the reason is in words true of any cluster (`EngineDescription.declines_unasked`; without a
+    Client, what the rule alone says)."""
     known = (
         capabilities is not None and bool(workers) and all(d.name in capabilities.get(w, {}) for w in workers)
     )
     if d.probes and known and (why := d.unable(_answers(d, capabilities, workers), request)):
         return why
-    if why := d.declines(request) or d.refuses(request):
+    unasked = d.probes and not known and capabilities is not None
+    if why := (d.declines_unasked(request) if unasked else d.declines(request)) or d.refuses(request):
         return why
     if d.probes and not known:
         return UNASKED

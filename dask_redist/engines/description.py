@@ -150,6 +150,11 @@ class EngineDescription:
         """Why ``auto`` does not take it for this rechunk, decided without asking the workers."""
         return None
 
+    def declines_unasked(self, request: Request) -> str | None:
+        """`declines`, said where the workers were not asked yet (the scheduler asks only where the
+        answer changes the choice): in words true of any cluster. By default `declines`."""
+        return self.declines(request)
+
     def unable(self, answers: dict[str, dict], request: Request) -> str | None:
         """Why ``auto`` cannot take it on these workers, from what each answered (``answers``:
         worker -> its ``Engine.capabilities()``, ``{}`` where it gave none)."""

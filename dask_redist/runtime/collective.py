@@ -42,6 +42,11 @@ logger = logging.getLogger("dask_redist")
 #: Seconds an engine with peer-dependent work in flight may take to return once its run was
 #: aborted (or past its collective timeout) before the watchdog ends the process (`RunExecutor._watch`).
 STUCK_GRACE_S = 10.0
+#: Seconds a run submitted behind an aborted one that is still executing waits for its thread
+#: before it gets a new one (`CollectiveThread`): an engine notices an abort at its next wait
+#: (the `dask` engine within `dask_redist.runtime.transport.STOP_POLL_S`), which an ordinary
+#: cancel followed at once by another rechunk reaches before that thread did.
+ABANDON_AFTER_S = 2.0
 
 
 def _saying_what_follows(error: RedistError, run: WorkerRun) -> RedistError:
@@ -62,8 +67,10 @@ class CollectiveThread:
     A run aborted while its thread is inside a call that cannot be interrupted
     (NVSHMEM's bootstrap retrying a dead peer, a GPU wait) would hold up every
     later run on this worker, the restarted one included. So a run submitted
-    while the current one is already aborted gets a fresh thread; the old one
-    exits whenever its call returns (``on_abandon`` is told, once).
+    while the current one is already aborted gets a fresh thread where the aborted
+    one has not returned `ABANDON_AFTER_S` later; the old one exits whenever its call
+    returns (``on_abandon`` is told, once). Most aborted runs return within that time
+    (a cancel, then another rechunk at once): the next run then keeps the thread.
     """
 
     def __init__(self, execute: Callable[[WorkerRun], None], name: str, on_abandon=None):
@@ -76,23 +83,48 @@ class CollectiveThread:
         self._closed = False
         self._thread: threading.Thread | None = None
         self._current: WorkerRun | None = None  # the run the current thread is executing
+        self._timed: WorkerRun | None = None  # the aborted run `_abandon` will look at
 
     def submit(self, run: WorkerRun) -> None:
-        abandoned = None
         with self._cond:
             if self._closed:
                 run.fail(RedistError(f"{run.name()}: worker is closing"))
                 return
             heapq.heappush(self._heap, (run.spec.seq, next(self._tie), run))
             current = self._current  # (one aborted before it started returns at once)
-            if current is not None and current.must_stop() and current.phase != "queued":
-                abandoned, self._current, self._thread = current, None, None
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._loop, name=self._name, daemon=True)
-                self._thread.start()
+            if (
+                current is not None
+                and current.must_stop()
+                and current.phase != "queued"
+                and self._timed is not current
+            ):
+                self._timed = current  # (one timer per aborted run, however many are queued behind it)
+                later = threading.Timer(ABANDON_AFTER_S, self._abandon, args=(current,))
+                later.daemon = True
+                later.start()
+            self._start_thread()
             self._cond.notify_all()
-        if abandoned is not None and self._on_abandon is not None:
-            self._on_abandon(abandoned)
+
+    def _start_thread(self) -> None:
+        """A thread for the queue where there is none (holding ``_cond``)."""
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._loop, name=self._name, daemon=True)
+            self._thread.start()
+
+    def _abandon(self, run: WorkerRun) -> None:
+        """``run``, aborted, is still executing `ABANDON_AFTER_S` after a run was submitted behind
+        it: the queue gets a new thread, and ``on_abandon`` is told (nothing where it returned)."""
+        with self._cond:
+            if self._timed is run:
+                self._timed = None
+            if self._closed or self._current is not run:
+                return
+            self._current, self._thread = None, None
+            if self._heap:
+                self._start_thread()
+            self._cond.notify_all()
+        if self._on_abandon is not None:
+            self._on_abandon(run)
 
     def _loop(self) -> None:
         me = threading.current_thread()

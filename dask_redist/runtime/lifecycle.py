@@ -126,16 +126,17 @@ class Rechunks:
             for msg, now in held[w]:
                 self._send(w, msg, now)
 
-    def _deactivate(self, token: str, outcome: str) -> ActiveRun | None:
+    def _deactivate(self, token: str, outcome: str, reason: str | None = None) -> ActiveRun | None:
         rechunk = self.by_token.get(token)
         if rechunk is None or rechunk.active is None:
             return None
         run, rechunk.active, rechunk.pending_restart = rechunk.active, None, None
+        outcome = "outputs failed" if run.erred else outcome  # (however it ends: the user saw those errors)
         for key, original in run.restrictions.items():
             self.by_output.pop(key, None)
             if key in self.scheduler.tasks:
                 self.scheduler.set_restrictions({key: original})
-        self.history.append(run.history(outcome))
+        self.history.append(run.history(outcome, reason))
         return run
 
     def finish(self, token: str) -> None:
@@ -148,7 +149,7 @@ class Rechunks:
     def abort(self, token: str, reason: str, *, failure: str, outcome: str | None = None) -> None:
         """Fail the run on every rank with ``reason``, as the error `dask_redist.errors.FAILURES` names;
         ``outcome`` for the history (default: restarted or failed, by ``failure``)."""
-        run = self._deactivate(token, outcome or ("restarted" if failure == "restart" else "failed"))
+        run = self._deactivate(token, outcome or ("restarted" if failure == "restart" else "failed"), reason)
         if run is None:
             return
         logger.debug("aborting %s (%s): %s", run.spec.name(), failure, reason)
@@ -277,7 +278,7 @@ class Rechunks:
         if (stage := stage_token(key)) is not None:
             self._stage_transition(stage, key, start, finish, kwargs.get("worker"))
         elif (token := self.by_output.get(key)) is not None:
-            self._output_transition(token, key, finish)
+            self._output_transition(token, key, finish, kwargs.get("exception_text"))
         elif type(key) is str and key.startswith(BARRIER_PREFIX):
             self._barrier_transition(
                 key[len(BARRIER_PREFIX) :], finish, stimulus_id, kwargs.get("exception_text")
@@ -289,19 +290,22 @@ class Rechunks:
         elif start == "memory" and (home := self.stage_home.pop(key, None)) is not None:
             self.send([home], m.Drop(token, key[1:]))
 
-    def _output_transition(self, token: str, key, finish: str) -> None:
+    def _output_transition(self, token: str, key, finish: str, error: str | None = None) -> None:
         run = self.active(token)
         if run is None:
             return
-        if finish == "memory":
+        if finish in ("memory", "erred"):
+            # erred: the task failed on its own (a step fused into it raised) and the run's other
+            # outputs stand, as Dask's own tasks after a rechunk would; a failure of the run
+            # itself reaches the scheduler from its rank (`RunExecutor.fail`) and aborts it
+            if finish == "erred":
+                run.erred[key] = error
             run.pending.discard(key)
             if not run.pending:
                 self.finish(token)
-        elif finish == "erred":
-            self.abort(token, f"output task {key} failed", failure="error")
         elif finish == "forgotten":
             run.pending.discard(key)
-            if not run.pending:  # a cancel: nobody waits for any output of the run
+            if not run.pending:  # a cancel (a compute given up on an output's error): nobody waits
                 self.abort(token, "all outputs forgotten", failure="error", outcome="cancelled")
 
     def _barrier_transition(self, token: str, finish: str, stimulus_id: str, error: str | None) -> None:

@@ -28,14 +28,27 @@ class ActiveRun:
     nbytes: int
     moved: int
     started: float = field(default_factory=time.time)
+    #: unpack tasks that failed on their own, the run done (a step fused into them raised), and
+    #: their errors: the run's other outputs stand (`lifecycle.Rechunks`)
+    erred: dict = field(default_factory=dict)
 
-    def history(self, outcome: str) -> dict:
-        """This run's entry of the history (``dask_redist.status(client)["history"]``)."""
+    def history(self, outcome: str, ended: str | None = None) -> dict:
+        """This run's entry of the history (``dask_redist.status(client)["history"]``): its why is
+        why the run ended so where it did not end done (``ended``: the abort's reason), the
+        engine's reason after it."""
+        why = self.spec.reason
+        if self.erred:
+            key, error = next(iter(self.erred.items()))
+            which = f"{len(self.erred)} output tasks failed after the exchange, the first {key}"
+            which = which if len(self.erred) > 1 else f"output task {key} failed after the exchange"
+            why = f"{which}: {error or 'no error text'} (engine: {why})"
+        elif ended:
+            why = f"{ended} (engine: {why})"
         return {
             "token": self.spec.token,
             "run": self.spec.run_id,
             "engine": self.spec.engine,
-            "why": self.spec.reason,
+            "why": why,
             "workers": len(self.spec.workers),
             "bytes": self.nbytes,
             "bytes moved": self.moved,

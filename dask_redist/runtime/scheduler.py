@@ -321,6 +321,7 @@ class RedistSchedulerPlugin(SchedulerPlugin):
         return {
             "history": list(self.rechunks.history),
             "active": [r.active.spec.name() for r in self.rechunks.by_token.values() if r.active is not None],
+            "in flight": [r.active.history("in flight") for r in self.rechunks.by_token.values() if r.active],
             "timeline": dict(self.rechunks.timeline),
             "engines": self.engines.state(),
             "workers": {w: a for w, a in answers.items() if isinstance(a, dict)},

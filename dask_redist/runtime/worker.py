@@ -324,6 +324,11 @@ class WorkerState:
         with self._lock:
             held = {
                 "runs": {run.name(): run.phase for run in self.runs.values()},
+                # (status()'s table: the run as the history names it, "failed" for an aborted one)
+                "runs held": {
+                    f"{r.spec.token[:8]} #{r.run_id}": "failed" if r.state == "failed" else r.phase
+                    for r in self.runs.values()
+                },
                 "early pieces": len(self.early),
                 "stage events": len(self._stage_done),  # (stage tasks running now)
             }

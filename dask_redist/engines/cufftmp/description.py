@@ -5,7 +5,8 @@ worker can run cuFFTMp over NVSHMEM; a world (NVSHMEM's) over one set of workers
 can run it, for NumPy chunks from ``redist.numpy-via-gpus`` bytes on (numeric dtypes only:
 `host_dtype_problem`). Its reasons are written for the person reading them: on workers
 without GPUs they say so ("NumPy chunks on CPU workers"), and the GPU-only threshold is
-named only where GPUs are (or nobody asked yet).
+named only where GPUs are; where the workers were not asked (a small NumPy rechunk does not
+ask them) the reason is "NumPy chunks", true on any cluster (`declines_unasked`).
 """
 
 from __future__ import annotations
@@ -49,6 +50,12 @@ class CufftMpDescription(EngineDescription):
         if request.dtype is not None and host_dtype_problem(request.dtype):
             return f"NumPy chunks of {request.dtype}, which cufftmp does not move"
         return None
+
+    def declines_unasked(self, request: Request) -> str | None:
+        """A NumPy rechunk it declines is "NumPy chunks" until the workers answered whether they
+        have GPUs: the GPU-only threshold named on a CPU cluster read as if it had GPUs."""
+        why = self.declines(request)
+        return request.chunks if why is not None and request.chunk_type != "cupy" else why
 
     def refuses(self, request: Request) -> str | None:
         return (
