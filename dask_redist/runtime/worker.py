@@ -113,6 +113,8 @@ class WorkerState:
         ):
             return None  # (nothing staged in host memory: the process's memory is not read)
         process = self.worker.monitor.get_process_memory()
+        if process <= manager.memory_pause_fraction * manager.memory_limit:
+            return None  # (below the threshold whatever Dask could spill: its data is not walked)
         return staging_beyond_pause(
             process,
             spillable_bytes(getattr(self.worker, "data", None), self.staging, self.worker.state.nbytes),
