@@ -187,6 +187,19 @@ def test_sizes_from_compute_chunk_sizes(client, enabled):
     assert runs_done(client) - before == 2
 
 
+def test_an_explicit_rechunk_on_a_local_scheduler_beside_a_client_says_so(client):
+    """``dask_redist.rechunk(x, c).compute(scheduler="sync")`` (as dask's ``assert_eq`` computes)
+    with a Client present was told to create a distributed.Client, which it had: the error now
+    says the graph went to a local scheduler and to compute it through the Client."""
+    a = np.arange(64.0).reshape(8, 8)
+    y = dask_redist.rechunk(da.from_array(a, chunks=(1, 8)), (8, 1), min_bytes=0)
+    with pytest.raises(
+        dask_redist.RedistError, match="computed on a local scheduler although a distributed Client"
+    ):
+        y.compute(scheduler="sync")
+    np.testing.assert_array_equal(y.compute(), a)
+
+
 def test_chunks_set_after_the_layer_was_built(client, enabled):
     """da.topk sets its chunks after building its layer: its rechunk is a collective too."""
     a = data_for((400, 6), "float64")

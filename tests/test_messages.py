@@ -351,10 +351,12 @@ def test_the_result_of_a_run_s_last_unpack_is_written_at_once():
     assert state.take_flush() is True and state.take_flush() is False
 
 
-def _worker_using(process: int, managed: int = 0, limit: int = 300 * 2**20, pause=0.8):
-    """A worker whose process uses ``process`` bytes, ``managed`` of them Dask's (spillable)."""
+def _worker_using(process: int, managed: int = 0, limit: int = 300 * 2**20, pause=0.8, data=None):
+    """A worker whose process uses ``process`` bytes, ``managed`` of them Dask's (spillable where
+    ``data``, its data, is no `SpillBuffer`)."""
     return SimpleNamespace(
         address=WORKERS[0],
+        data=data,
         memory_manager=SimpleNamespace(memory_limit=limit, memory_pause_fraction=pause),
         monitor=SimpleNamespace(get_process_memory=lambda: process),
         state=SimpleNamespace(nbytes=managed),
@@ -380,3 +382,28 @@ def test_a_stage_task_that_would_pause_its_worker_for_good_fails_and_keeps_nothi
         state = WorkerState(worker)
         state.stage(token, (0,), [0], [chunk.shape], [chunk])
         assert state.staging.nbytes == chunk.nbytes
+
+
+def test_a_stage_task_counts_spilled_and_staged_data_as_what_dask_cannot_free(tmp_path):
+    """Dask's ``nbytes`` counts the data it spilled to disk too, and spilling an input chunk that is
+    also staged frees nothing: a persisted input spilled under a small ``memory_limit`` and read back
+    by the stage tasks looked spillable, the stage task passed, the worker paused for good holding
+    its staged chunks, and the rechunk waited forever (2 workers of 170 MiB, 64 MiB persisted, then
+    rechunked). The stage task fails with the numbers instead; Dask's data in RAM still counts."""
+    from distributed.spill import SpillBuffer
+
+    mib, token = 2**20, "s" * 32
+    chunk, other = np.zeros(8 * mib // 8), np.ones(8 * mib // 8)
+    data = SpillBuffer(str(tmp_path), target=2**40)
+    data["x-1"] = other
+    data["x-0"] = chunk  # the input chunk the stage task stages, in RAM
+    data.evict()  # x-1, spilled to disk: still in Dask's nbytes
+    assert list(data.fast) == ["x-0"] and list(data.slow) == ["x-1"]
+    state = WorkerState(_worker_using(246 * mib, managed=16 * mib, data=data))  # 6 MiB over 80%
+    with pytest.raises(RedistError, match=r"staged input chunks \(8.00 MiB\).*over 80% of its memory limit"):
+        state.stage(token, (0,), [0], [chunk.shape], [chunk])
+    assert state.staging.nbytes == 0
+    # a chunk in Dask's RAM that is not staged can be spilled: it counts as before
+    state = WorkerState(_worker_using(246 * mib, managed=16 * mib, data=data))
+    state.stage(token, (0,), [0], [other.shape], [other.copy()])
+    assert state.staging.nbytes == other.nbytes

@@ -70,7 +70,7 @@ def over_memory(plan: Plan, ranks: list[str], limits: list[int], fraction: float
 
 def staging_beyond_pause(process: int, managed: int, staged: int, limit: int | None, fraction) -> str | None:
     """Why a worker that stages more would pause for good, or None: its memory that Dask cannot
-    spill (``process`` less ``managed``, bytes) is over ``fraction`` (distributed's pause fraction;
+    spill (``process`` less ``managed``, bytes: what Dask could free by spilling) is over ``fraction`` (distributed's pause fraction;
     False: never pauses) of its memory ``limit``, and the chunks staged on it (``staged``), which Dask
     cannot spill either, are what puts it there. Paused, it would not run the stage tasks left, so
     the barrier would never run."""

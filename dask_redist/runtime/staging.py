@@ -64,6 +64,17 @@ class StagingStore:
             self._by_key.clear()
             self.nbytes = 0
 
+    def held_ids(self) -> set[int]:
+        """The ids of the staged chunks and of the arrays they are views of."""
+        with self._lock:
+            chunks = list(self._chunks.values())
+        ids = set()
+        for chunk in chunks:
+            while chunk is not None and id(chunk) not in ids:
+                ids.add(id(chunk))
+                chunk = getattr(chunk, "base", None)
+        return ids
+
     def counts(self) -> dict[str, int]:
         with self._lock:
             return {"staged chunks": len(self._chunks), "stage keys": len(self._by_key)}
@@ -72,3 +83,18 @@ class StagingStore:
 def _host_bytes(chunk) -> int:
     """The bytes of ``chunk`` in host memory: a NumPy chunk's, none of a CuPy chunk's."""
     return int(chunk.nbytes) if isinstance(chunk, np.ndarray) else 0
+
+
+def spillable_bytes(data, staging: StagingStore, managed: int) -> int:
+    """The bytes a worker's memory manager could free by spilling: Dask's data in RAM (the fast
+    part of distributed's `SpillBuffer`, weighed as it weighs it), less the values also staged here
+    (spilling a chunk the collective holds frees nothing); ``managed`` (the worker's ``nbytes``)
+    where ``data`` is no SpillBuffer. Dask's ``nbytes`` counts what it has spilled to disk too: a
+    worker whose inputs were spilled, then read back by the stage tasks, looked as if it could free
+    them all, and paused for good holding its staged chunks, its last stage task never run."""
+    fast = getattr(data, "fast", None)
+    weights, values = getattr(fast, "weights", None), getattr(fast, "d", None)
+    if not isinstance(weights, dict) or values is None:
+        return managed
+    held = staging.held_ids()
+    return sum(w for k, w in dict(weights).items() if id(values.get(k)) not in held)

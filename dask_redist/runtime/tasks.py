@@ -23,6 +23,7 @@ from distributed import get_worker
 from distributed.protocol.pickle import dumps
 from distributed.utils import run_in_executor_with_context, set_thread_state
 
+from dask_redist.compat import default_client
 from dask_redist.config import process_barrier_timeout
 from dask_redist.core.spec import CollectiveSpec, Staged
 from dask_redist.errors import RedistError
@@ -119,10 +120,23 @@ def _worker():
     try:
         return get_worker()
     except ValueError:
-        raise RedistError(
+        raise RedistError(_not_on_a_worker()) from None
+
+
+def _not_on_a_worker() -> str:
+    """What to do about a collective task run outside a distributed worker: with no Client, make
+    one; with one, the graph went to a local scheduler instead of it (``scheduler="sync"``)."""
+    if default_client() is None:
+        return (
             "dask-redist's collective rechunk runs on a distributed cluster: create a "
             "distributed.Client (e.g. on a LocalCluster or LocalCUDACluster) before computing"
-        ) from None
+        )
+    return (
+        "dask-redist's collective rechunk runs on a distributed cluster, and this graph was computed "
+        "on a local scheduler although a distributed Client exists (compute(scheduler=...), or dask's "
+        "'scheduler' setting, as dask.array.utils.assert_eq sets 'sync'): compute it through the Client "
+        "(no scheduler= argument, or scheduler=client)"
+    )
 
 
 def plugins() -> RedistSchedulerPlugin:

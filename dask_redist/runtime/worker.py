@@ -32,7 +32,7 @@ from dask_redist.errors import FAILURES, RedistConsistencyError, RedistError
 from dask_redist.planning.memory import staging_beyond_pause
 from dask_redist.runtime.collective import RunExecutor
 from dask_redist.runtime.early import EarlyPieces
-from dask_redist.runtime.staging import StagingStore
+from dask_redist.runtime.staging import StagingStore, spillable_bytes
 from dask_redist.runtime.transport import call_on_loop
 
 logger = logging.getLogger("dask_redist")
@@ -113,9 +113,11 @@ class WorkerState:
         ):
             return None  # (nothing staged in host memory: the process's memory is not read)
         process = self.worker.monitor.get_process_memory()
+        if process <= manager.memory_pause_fraction * manager.memory_limit:
+            return None  # (below the threshold whatever Dask could spill: its data is not walked)
         return staging_beyond_pause(
             process,
-            self.worker.state.nbytes,
+            spillable_bytes(getattr(self.worker, "data", None), self.staging, self.worker.state.nbytes),
             self.staging.nbytes,
             manager.memory_limit,
             manager.memory_pause_fraction,
