@@ -58,6 +58,8 @@ What is relied on, and where:
   ``array_optimize``, read on the client when a collection becomes the expression that is
   submitted (``dask._expr.HLGExpr.from_collection``): while dask-redist is enabled it is
   read through a function that snapshots the settings there (`read_array_optimize_through`).
+* distributed's ``SpillBuffer`` (a worker's ``data``): the weights and values of its ``fast`` part,
+  what Dask holds in RAM and could spill (`spill_buffer_in_memory`; runtime.staging);
 * ``Client.scheduler_info(n_workers=-1)`` is NOT relied on for the worker set: it fetches the
   scheduler's identity into a cache and returns the cache, which the client's periodic refresh
   (``identity(n_workers=0)``, no workers) may overwrite in between; under load that returned no
@@ -118,6 +120,7 @@ __all__ = [
     "read_array_optimize_through",
     "record_explicit_methods",
     "running_schedulers",
+    "spill_buffer_in_memory",
     "use_rechunk_step",
     "with_operand",
     "worker_info",
@@ -219,3 +222,14 @@ def default_client():
         return get()
     except (ImportError, ValueError):
         return None
+
+
+def spill_buffer_in_memory(data) -> list[tuple[int, object]] | None:
+    """``(weight, value)`` of each key a worker's ``data`` holds in RAM, weighed as distributed's
+    ``SpillBuffer`` weighs it (its ``fast`` part, a zict ``LRU``: ``weights`` and ``d``, private);
+    None where ``data`` is no such buffer (a plain dict: nothing is spilled)."""
+    fast = getattr(data, "fast", None)
+    weights, values = getattr(fast, "weights", None), getattr(fast, "d", None)
+    if not isinstance(weights, dict) or values is None:
+        return None
+    return [(w, values.get(k)) for k, w in dict(weights).items()]

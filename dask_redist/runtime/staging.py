@@ -13,6 +13,8 @@ from typing import Any
 
 import numpy as np
 
+from dask_redist.compat import spill_buffer_in_memory
+
 
 class StagingStore:
     """Staged chunks by (token, flat chunk index), and which stage key staged them."""
@@ -92,9 +94,8 @@ def spillable_bytes(data, staging: StagingStore, managed: int) -> int:
     where ``data`` is no SpillBuffer. Dask's ``nbytes`` counts what it has spilled to disk too: a
     worker whose inputs were spilled, then read back by the stage tasks, looked as if it could free
     them all, and paused for good holding its staged chunks, its last stage task never run."""
-    fast = getattr(data, "fast", None)
-    weights, values = getattr(fast, "weights", None), getattr(fast, "d", None)
-    if not isinstance(weights, dict) or values is None:
+    in_memory = spill_buffer_in_memory(data)
+    if in_memory is None:
         return managed
     held = staging.held_ids()
-    return sum(w for k, w in dict(weights).items() if id(values.get(k)) not in held)
+    return sum(weight for weight, value in in_memory if id(value) not in held)
