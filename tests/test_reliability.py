@@ -1158,3 +1158,38 @@ def test_bootstrap_without_cupy_says_what_it_needs(client):
     with pytest.raises(dask_redist.errors.EngineUnavailableError, match=r"CuPy.*\[gpu\] extra") as info:
         dask_redist.bootstrap(client)
     assert "cufftmp" in str(info.value) and "dask-redist doctor" in str(info.value), str(info.value)
+
+
+def _set_status(status, dask_worker=None):
+    dask_worker.status = status
+
+
+def test_a_worker_paused_holding_a_finished_run_s_outputs_fails_the_run_and_survives():
+    """A paused worker starts no task: the unpack tasks pinned to one holding a finished run's
+    outputs (memory Dask cannot spill) never start. After a collective timeout paused, the run
+    fails with an error saying so, the scheduler fails those tasks, and the worker, unpaused,
+    runs the next rechunk (`runtime.handover`). The worker is paused by hand, its memory monitor's
+    pausing off (it would unpause a worker whose memory is low)."""
+    from distributed.core import Status
+
+    a = np.arange(64 * 512.0).reshape(64, 512)
+    with (
+        dask.config.set({"distributed.worker.memory.pause": False}),
+        local_cluster(2, threads_per_worker=1) as cluster,
+        Client(cluster) as client,
+        dask_redist.enable(engine="dask", min_bytes=0),
+    ):
+        first, second = sorted(client.scheduler_info()["workers"])
+        x = client.persist(da.from_array(a, chunks=(8, 512)), workers=[first])
+        wait(x)
+        client.run(_set_status, Status.paused, workers=[second])
+        with dask.config.set({"redist.timeouts.collective": "2s"}):
+            y = x.rechunk((64, 64)).persist()
+        with pytest.raises(RedistError, match=f"worker {second} was paused for 2s holding"):
+            client.compute(y).result(timeout=60)
+        assert scheduler_history(client)[-1]["outcome"] == "failed"
+        client.run(_set_status, Status.running, workers=[second])
+        z = x.rechunk((64, 32)).persist()
+        wait(z)
+        assert set().union(*client.who_has(z).values()) == {first, second}  # (the worker runs tasks again)
+        np.testing.assert_array_equal(z.compute(), a)

@@ -60,6 +60,8 @@ What is relied on, and where:
   read through a function that snapshots the settings there (`read_array_optimize_through`).
 * distributed's ``SpillBuffer`` (a worker's ``data``): the weights and values of its ``fast`` part,
   what Dask holds in RAM and could spill (`spill_buffer_in_memory`; runtime.staging);
+* ``Scheduler._transition``, ``_transitions`` and ``send_all``: a task that no worker may run (its
+  only allowed worker paused) failed with an aborted run's error (`fail_unrunnable`; runtime.lifecycle);
 * ``Client.scheduler_info(n_workers=-1)`` is NOT relied on for the worker set: it fetches the
   scheduler's identity into a cache and returns the cache, which the client's periodic refresh
   (``identity(n_workers=0)``, no workers) may overwrite in between; under load that returned no
@@ -119,6 +121,7 @@ __all__ = [
     "plan_dask_rechunk",
     "read_array_optimize_through",
     "record_explicit_methods",
+    "fail_unrunnable",
     "running_schedulers",
     "spill_buffer_in_memory",
     "use_rechunk_step",
@@ -233,3 +236,15 @@ def spill_buffer_in_memory(data) -> list[tuple[int, object]] | None:
     if not isinstance(weights, dict) or values is None:
         return None
     return [(w, values.get(k)) for k, w in dict(weights).items()]
+
+
+def fail_unrunnable(scheduler, key, stimulus_id: str, **details) -> None:
+    """Fail task ``key``, which waits with no worker allowed to run it (``no-worker``: its only
+    allowed worker is paused), with ``details`` (``distributed.core.error_message``'s, less its
+    status), as distributed fails a task that erred on a worker (``Scheduler._transition``,
+    ``_transitions`` and ``send_all``, private: ``stimulus_task_erred`` takes processing tasks only)."""
+    recommendations, client_msgs, worker_msgs = scheduler._transition(
+        key, "erred", stimulus_id, cause=key, **details
+    )
+    scheduler._transitions(recommendations, client_msgs, worker_msgs, stimulus_id)
+    scheduler.send_all(client_msgs, worker_msgs)

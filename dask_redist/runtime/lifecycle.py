@@ -15,11 +15,13 @@ from collections import deque
 
 import numpy as np
 from distributed.comm import CommClosedError
-from distributed.core import error_message
+from distributed.core import Status, error_message
 from distributed.protocol.serialize import ToPickle
 
+from dask_redist.compat import fail_unrunnable
 from dask_redist.core import messages as m
 from dask_redist.core.spec import BARRIER_PREFIX, STAGE_PREFIX, CollectiveSpec, RunSpec, stage_token
+from dask_redist.errors import FAILURES
 from dask_redist.runtime.rechunks import ActiveRun, PendingRestart, Rechunk, RunIds
 from dask_redist.runtime.transport import send_now
 
@@ -155,6 +157,13 @@ class Rechunks:
         logger.debug("aborting %s (%s): %s", run.spec.name(), failure, reason)
         gone = [w for w in run.spec.workers if w not in self.scheduler.workers]  # (their calls never come)
         self.send(run.spec.workers, m.Abort(token, run.spec.run_id, reason, failure, gone))
+        paused = [
+            w for w, ws in self.scheduler.workers.items() if getattr(ws, "status", None) == Status.paused
+        ]
+        if (
+            paused and failure != "restart"
+        ):  # (unpack tasks there raise the run's error once they start: never)
+            self.fail_stuck(run.spec.collective, FAILURES[failure](reason), paused)
 
     def fail_stuck(self, spec: CollectiveSpec, error: Exception, silent: list[str]) -> None:
         """Fail with ``error`` the tasks of ``spec`` that the ``silent`` workers hold up: its
@@ -177,7 +186,12 @@ class Rechunks:
             if ts is not None and ts.state == "processing" and ts.processing_on is not None
             if cut_off or ts.processing_on.address in silent
         ]
-        self._fail(stuck, spec, error)
+        unrunnable = [  # (pinned to a paused worker: the scheduler gives them none)
+            ts
+            for ts in map(self.scheduler.tasks.get, dict.fromkeys(spec.output_keys()))
+            if ts is not None and ts.state == "no-worker" and set(ts.worker_restrictions or ()) <= silent
+        ]
+        self._fail(stuck + unrunnable, spec, error)
 
     def _fail(self, tasks: list, spec: CollectiveSpec, error: Exception) -> None:
         if not tasks:
@@ -188,6 +202,9 @@ class Rechunks:
         details = {k: v for k, v in error_message(error).items() if k != "status"}
         stimulus_id = f"redist-abort-{spec.token}-{time.time()}"
         for ts in tasks:
+            if ts.state == "no-worker":
+                fail_unrunnable(self.scheduler, ts.key, stimulus_id, **details)
+                continue
             if ts.state != "processing" or ts.processing_on is None:  # (an earlier one's transitions)
                 continue
             # The worker still counts the task as its own, and a stopped one may resume fetching

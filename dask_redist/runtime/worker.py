@@ -31,6 +31,7 @@ from dask_redist.engines.registry import capabilities
 from dask_redist.errors import FAILURES, RedistConsistencyError, RedistError
 from dask_redist.planning.memory import staging_beyond_pause
 from dask_redist.runtime.collective import RunExecutor
+from dask_redist.runtime import handover
 from dask_redist.runtime.early import EarlyPieces
 from dask_redist.runtime.staging import StagingStore, spillable_bytes
 from dask_redist.runtime.transport import call_on_loop
@@ -239,6 +240,7 @@ class WorkerState:
         for src, first, arrays in early:
             if self._peer(wr, src):
                 wr.receive(src, first, arrays)
+        handover.watch(self.worker, wr, self.executor.fail)  # (its outputs on a paused worker)
         self.executor.submit(wr)
 
     async def handle_capabilities(self, engines: dict[str, str] | None = None) -> dict:
