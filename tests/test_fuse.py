@@ -31,11 +31,12 @@ def _prefixes(dask_scheduler) -> dict:
     return dict(collections.Counter(key_split(k) for k in dask_scheduler.tasks))
 
 
-def tasks_of(client, y) -> dict:
-    """The tasks, by prefix, that the scheduler holds for ``y`` persisted (nothing else held)."""
+def tasks_of(client, y, summary=_prefixes):
+    """The tasks, by prefix (or as ``summary`` of the scheduler gives them), that the scheduler
+    holds for ``y`` persisted (nothing else held)."""
     y = y.persist()
     wait(y)
-    held = client.run_on_scheduler(_prefixes)
+    held = client.run_on_scheduler(summary)
     del y
     return held
 

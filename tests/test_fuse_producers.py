@@ -99,11 +99,7 @@ def _names(dask_scheduler) -> set:
 
 def names_of(client, y) -> set:
     """The names of the tasks the scheduler holds for ``y`` persisted (nothing else held)."""
-    y = y.persist()
-    wait(y)
-    held = client.run_on_scheduler(_names)
-    del y
-    return held
+    return tasks_of(client, y, _names)
 
 
 def _with_rest(rest_needs_generator: bool, n: int = 8):
