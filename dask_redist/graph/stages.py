@@ -70,7 +70,7 @@ def inlined_inputs(
         if not _plain(task):
             return None  # (a Future, another collective's output)
         chunks[key] = task
-    outside = _needed_by(hlg, name, rest)
+    outside = _needed_by(rest, known)
     if outside & chunks.keys():
         return None
     feeders = _feeders(hlg, name, chunks, outside, requested, taken)
@@ -104,10 +104,9 @@ def _known_keys(hlg: HighLevelGraph, name: str) -> set:
     return set().union(*(hlg.layers[n].get_output_keys() for n in layers))
 
 
-def _needed_by(hlg: HighLevelGraph, name: str, tasks: dict) -> set:
-    """The keys ``tasks`` (of layer ``name``) depend on; a legacy tuple's read among the keys of
-    that layer and of the layers it depends on."""
-    known = cache(lambda: _known_keys(hlg, name))
+def _needed_by(tasks: dict, known) -> set:
+    """The keys ``tasks`` depend on; a legacy tuple's read among the keys ``known()`` gives
+    (`_known_keys` of their layer)."""
     nodes = (_node(key, task, known) for key, task in tasks.items())
     return set().union(*(t.dependencies for t in nodes if isinstance(t, GraphNode)))
 

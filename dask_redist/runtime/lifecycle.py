@@ -157,12 +157,11 @@ class Rechunks:
         logger.debug("aborting %s (%s): %s", run.spec.name(), failure, reason)
         gone = [w for w in run.spec.workers if w not in self.scheduler.workers]  # (their calls never come)
         self.send(run.spec.workers, m.Abort(token, run.spec.run_id, reason, failure, gone))
+        # (unpack tasks on a paused worker would raise the run's error once they start: never)
         paused = [
             w for w, ws in self.scheduler.workers.items() if getattr(ws, "status", None) == Status.paused
         ]
-        if (
-            paused and failure != "restart"
-        ):  # (unpack tasks there raise the run's error once they start: never)
+        if paused and failure != "restart":
             self.fail_stuck(run.spec.collective, FAILURES[failure](reason), paused)
 
     def fail_stuck(self, spec: CollectiveSpec, error: Exception, silent: list[str]) -> None:
@@ -180,18 +179,15 @@ class Rechunks:
             return
         silent = set(silent)
         cut_off = not {ws.address for ws in barrier.who_has or ()} - silent
-        stuck = [
-            ts
-            for ts in map(self.scheduler.tasks.get, dict.fromkeys(spec.output_keys()))
-            if ts is not None and ts.state == "processing" and ts.processing_on is not None
-            if cut_off or ts.processing_on.address in silent
-        ]
-        unrunnable = [  # (pinned to a paused worker: the scheduler gives them none)
-            ts
-            for ts in map(self.scheduler.tasks.get, dict.fromkeys(spec.output_keys()))
-            if ts is not None and ts.state == "no-worker" and set(ts.worker_restrictions or ()) <= silent
-        ]
-        self._fail(stuck + unrunnable, spec, error)
+
+        def held_up(ts) -> bool:
+            if ts.state == "no-worker":  # (pinned to a paused worker: the scheduler gives it none)
+                return set(ts.worker_restrictions or ()) <= silent
+            on = ts.processing_on
+            return ts.state == "processing" and on is not None and (cut_off or on.address in silent)
+
+        outputs = map(self.scheduler.tasks.get, dict.fromkeys(spec.output_keys()))
+        self._fail([ts for ts in outputs if ts is not None and held_up(ts)], spec, error)
 
     def _fail(self, tasks: list, spec: CollectiveSpec, error: Exception) -> None:
         if not tasks:

@@ -30,8 +30,8 @@ from dask_redist.engines import loaded_engines
 from dask_redist.engines.registry import capabilities
 from dask_redist.errors import FAILURES, RedistConsistencyError, RedistError
 from dask_redist.planning.memory import staging_beyond_pause
-from dask_redist.runtime.collective import RunExecutor
 from dask_redist.runtime import handover
+from dask_redist.runtime.collective import RunExecutor
 from dask_redist.runtime.early import EarlyPieces
 from dask_redist.runtime.staging import StagingStore, spillable_bytes
 from dask_redist.runtime.transport import call_on_loop
