@@ -74,18 +74,6 @@ from __future__ import annotations
 from dask._task_spec import Alias, DataNode, GraphNode, Task, TaskRef, convert_legacy_task
 from distributed.shuffle._rechunk import P2PRechunkLayer, rechunk_name
 
-from dask_redist.compat.wrapped import (
-    CONFIG_METHOD,
-    METHOD_ANNOTATION,
-    METHOD_FROM_ANNOTATION,
-    chosen_method,
-    keep_annotations_current,
-    original_rechunk,
-    original_rechunk_step,
-    read_array_optimize_through,
-    record_explicit_methods,
-    use_rechunk_step,
-)
 
 #: dask/distributed versions the test suite ran on (see the module docstring).
 TESTED_DASK = ("2026.7.1", "2026.8.0")
@@ -107,24 +95,14 @@ __all__ = [
     "TaskRef",
     "array_expr",
     "convert_legacy_task",
-    "CONFIG_METHOD",
-    "METHOD_ANNOTATION",
-    "METHOD_FROM_ANNOTATION",
-    "chosen_method",
     "building_graph",
     "cached_worker_count",
-    "keep_annotations_current",
     "meta_of",
-    "original_rechunk",
-    "original_rechunk_step",
     "p2p_layer_fields",
     "plan_dask_rechunk",
-    "read_array_optimize_through",
-    "record_explicit_methods",
     "fail_unrunnable",
     "running_schedulers",
     "spill_buffer_in_memory",
-    "use_rechunk_step",
     "with_operand",
     "worker_info",
 ]
